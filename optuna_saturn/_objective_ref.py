@@ -1,0 +1,63 @@
+"""How a worker process finds the user's objective function.
+
+Workers are fresh interpreters started by a launcher, so the objective must be found again there. A module-level
+function is found by its import path (a function in the script that is running as ``__main__`` by its file, run
+under another name so that its ``if __name__ == "__main__":`` block does not start a second sweep). Anything else
+(a lambda, a closure, a notebook function) is serialised by value with cloudpickle into the sweep's private folder.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import runpy
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+
+
+def _lookup(namespace: Any, qualname: str) -> Any:
+    for part in qualname.split("."):
+        namespace = getattr(namespace, part) if not isinstance(namespace, dict) else namespace[part]
+    return namespace
+
+
+def describe_objective(objective: Callable[..., Any], private_folder: str) -> dict:
+    """A JSON-able recipe that lets a worker get ``objective`` back."""
+    if not callable(objective):
+        raise TypeError(f"objective must be callable, got {type(objective).__name__}.")
+    module = getattr(objective, "__module__", None)
+    qualname = getattr(objective, "__qualname__", "")
+    recipe: dict = {"sys_path": [os.path.abspath(p) if p else os.getcwd() for p in sys.path]}
+    if module and "<" not in qualname:
+        if module == "__main__":
+            main_file = getattr(sys.modules["__main__"], "__file__", None)
+            if main_file and os.path.exists(main_file):
+                return {**recipe, "kind": "file", "path": os.path.abspath(main_file), "qualname": qualname}
+        else:
+            try:
+                if _lookup(importlib.import_module(module), qualname) is objective:
+                    return {**recipe, "kind": "module", "module": module, "qualname": qualname}
+            except (ImportError, AttributeError, KeyError):
+                pass
+    path = os.path.join(private_folder, "objective.pkl")
+    with open(path, "wb") as f:
+        cloudpickle.dump(objective, f)
+    return {**recipe, "kind": "pickle", "path": path}
+
+
+def load_objective(recipe: dict) -> Callable[..., Any]:
+    """The worker side of :func:`describe_objective`."""
+    for entry in reversed(recipe.get("sys_path", [])):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    kind = recipe["kind"]
+    if kind == "module":
+        return _lookup(importlib.import_module(recipe["module"]), recipe["qualname"])
+    if kind == "file":
+        namespace = runpy.run_path(recipe["path"], run_name="__saturn_main__")
+        return _lookup(namespace, recipe["qualname"])
+    with open(recipe["path"], "rb") as f:
+        return cloudpickle.load(f)

@@ -1,0 +1,70 @@
+"""The parent's side of one launched trial: it answers the worker's requests with the real ``optuna.Trial``."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import optuna
+
+_SUGGEST_METHODS = frozenset({"suggest_float", "suggest_int", "suggest_categorical"})
+
+
+class TrialSession:
+    """Serves one trial's channel and records how far it got and how it ended.
+
+    All calls into Optuna happen under the sweep's study lock: samplers and storages are then used from one
+    thread at a time, whichever worker asks.
+    """
+
+    def __init__(self, trial: optuna.Trial, study_lock: threading.Lock) -> None:
+        self.trial = trial
+        self._lock = study_lock
+        self.outcome: dict[str, Any] | None = None
+        self.worker_started_at: float | None = None
+        self.first_step_at: float | None = None
+        self.step = 0
+        self.total_steps: int | None = None
+        self.step_seconds: float | None = None
+
+    def handle(self, op: str, message: dict) -> Any:
+        if op == "hello":
+            return {"number": self.trial.number}
+        if op == "started":
+            self.worker_started_at = time.time()
+            return None
+        if op == "progress":
+            return self._progress(message)
+        if op in ("result", "pruned", "fail"):
+            self.outcome = {"op": op, **{k: v for k, v in message.items() if k != "op"}}
+            return None
+        with self._lock:
+            return self._call_trial(op, message)
+
+    def _call_trial(self, op: str, message: dict) -> Any:
+        if op == "suggest":
+            method = message["method"]
+            if method not in _SUGGEST_METHODS:
+                raise ValueError(f"{method} cannot be relayed; use one of {sorted(_SUGGEST_METHODS)}.")
+            return getattr(self.trial, method)(*message["args"], **message["kwargs"])
+        if op == "report":
+            self.trial.report(message["value"], message["step"])
+            return None
+        if op == "should_prune":
+            return self.trial.should_prune()
+        if op == "set_user_attr":
+            self.trial.set_user_attr(message["key"], message["value"])
+            return None
+        if op == "params":
+            return self.trial.params
+        raise ValueError(f"Unknown request {op!r} from a worker.")
+
+    def _progress(self, message: dict) -> None:
+        now = time.time()
+        if self.first_step_at is None:
+            self.first_step_at = now
+        self.step, self.total_steps = int(message["step"]), int(message["total"])
+        if self.step > 1:
+            self.step_seconds = float(message["elapsed"]) / self.step
+        return None

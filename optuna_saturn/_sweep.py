@@ -1,0 +1,281 @@
+"""One call of :meth:`SaturnExecutor.optimize`: ask a batch, plan it, run it, tell the results, repeat.
+
+The loop is single-threaded; only the channel server answers workers from its own threads, under the study lock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from optuna_saturn._session import TrialSession
+from optuna_saturn.channel import ChannelServer
+from optuna_saturn.devices import Device
+from optuna_saturn.estimates import RuntimeEstimator
+from optuna_saturn.planner import Assignment, Cluster, Job, Reservation, solve
+from optuna_saturn.runner import LaunchedTrial, LocalRunner, build_launch
+from optuna_saturn.strategy import Strategy
+
+_logger = optuna.logging.get_logger("optuna.saturn")
+_POLL_SECONDS = 0.05
+_LOG_TAIL_LINES = 20
+ATTR = "saturn:"
+
+
+@dataclass
+class _Scheduled:
+    trial: optuna.Trial
+    assignment: Assignment
+    planned_start: float  # seconds since the sweep started
+    planned_end: float
+
+
+@dataclass
+class _Active:
+    scheduled: _Scheduled
+    session: TrialSession
+    token: str
+    launched: LaunchedTrial
+    devices: list[int]
+    start: float
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    devices: Sequence[Device]
+    strategies: Sequence[Strategy]
+    solver: str
+    time_limit: float
+    log_dir: Path
+    isolate_network: bool
+    artifact_store: Any
+    grace_period: float
+
+
+class Sweep:
+    def __init__(
+        self,
+        settings: SweepSettings,
+        study: optuna.Study,
+        objective_recipe: Callable[[str], dict],
+        *,
+        n_trials: int | None,
+        timeout: float | None,
+        batch_size: int,
+    ) -> None:
+        self.settings = settings
+        self.study = study
+        self._objective_recipe_factory = objective_recipe
+        self.n_trials = n_trials
+        self.timeout = timeout
+        self.batch_size = batch_size
+        self._strategies = {s.name: s for s in settings.strategies}
+        self._estimator = RuntimeEstimator(settings.strategies, len(settings.devices))
+        self._lock = threading.Lock()
+        self._pending: deque[_Scheduled] = deque()
+        self._active: dict[int, _Active] = {}
+        self._free = set(range(len(settings.devices)))
+        self._asked = 0
+        self._start = time.time()
+        self._run_dir = settings.log_dir / f"{_safe(study.study_name)}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+    # -- the loop ---------------------------------------------------------------------------------------------------
+    def run(self) -> None:
+        runner = LocalRunner(grace_period=self.settings.grace_period)
+        with ChannelServer() as server:
+            recipe = self._objective_recipe_factory(os.path.dirname(server.address))
+            try:
+                while True:
+                    for launched, code in runner.poll():
+                        self._finish(self._active.pop(launched.key), code, server)
+                    if not self._pending and self._free and self._may_ask():
+                        self._ask_and_plan()
+                    self._dispatch(runner, server, recipe)
+                    if not self._pending and not self._active and not self._may_ask():
+                        break
+                    time.sleep(_POLL_SECONDS)
+            except BaseException as exc:
+                reason = "interrupted (KeyboardInterrupt)" if isinstance(exc, KeyboardInterrupt) else repr(exc)
+                self._abort(runner, server, reason)
+                raise
+        self._log_summary()
+
+    def _may_ask(self) -> bool:
+        if self.n_trials is not None and self._asked >= self.n_trials:
+            return False
+        return self.timeout is None or time.time() - self._start < self.timeout
+
+    def _elapsed(self) -> float:
+        return time.time() - self._start
+
+    # -- ask and plan -----------------------------------------------------------------------------------------------
+    def _ask_and_plan(self) -> None:
+        count = self.batch_size if self.n_trials is None else min(self.batch_size, self.n_trials - self._asked)
+        with self._lock:
+            trials = [self.study.ask() for _ in range(count)]
+        self._asked += count
+        options = self._estimator.options()
+        jobs = [Job(str(t.number), options) for t in trials]
+        now = self._elapsed()
+        busy = [
+            Reservation(0, tuple(a.devices), max(0.0, a.scheduled.planned_end - now), str(a.session.trial.number))
+            for a in self._active.values()
+        ]
+        plan = solve(jobs, Cluster([len(self.settings.devices)]), self.settings.solver, self.settings.time_limit,
+                     busy=busy)
+        by_name = {str(t.number): t for t in trials}
+        for a in sorted(plan.assignments, key=lambda a: (a.start, a.job)):
+            self._pending.append(_Scheduled(by_name[a.job], a, now + a.start, now + a.end))
+        _logger.info(
+            f"Planned trials {[t.number for t in trials]} with solver {plan.solver!r}: "
+            + ", ".join(f"#{a.job} {a.option.strategy}x{a.option.devices}" for a in plan.assignments)
+        )
+
+    # -- launch -----------------------------------------------------------------------------------------------------
+    def _dispatch(self, runner: LocalRunner, server: ChannelServer, recipe: dict) -> None:
+        """Start every pending trial whose planned devices are free and that is next in plan order on each."""
+        claimed: set[int] = set()
+        for scheduled in list(self._pending):
+            devices = set(scheduled.assignment.devices)
+            if devices <= self._free and not devices & claimed:
+                self._pending.remove(scheduled)
+                self._launch(scheduled, runner, server, recipe)
+            claimed |= devices
+
+    def _launch(self, scheduled: _Scheduled, runner: LocalRunner, server: ChannelServer, recipe: dict) -> None:
+        trial = scheduled.trial
+        strategy = self._strategies[scheduled.assignment.option.strategy]
+        device_ids = list(scheduled.assignment.devices)
+        devices = [self.settings.devices[i] for i in device_ids]
+        session = TrialSession(trial, self._lock)
+        token = server.register(session.handle)
+        spec_path = os.path.join(os.path.dirname(server.address), f"trial-{trial.number}.json")
+        with open(spec_path, "w", encoding="utf-8") as f:
+            json.dump({
+                "channel": server.address, "token": token, "objective": recipe, "trial_number": trial.number,
+                "devices": [d.to_json() for d in devices], "strategy": strategy.to_json(), "step_budget": None,
+            }, f)
+        os.chmod(spec_path, 0o600)
+        launch = build_launch(strategy, devices, spec_path, isolate_network=self.settings.isolate_network)
+        log_path = self._run_dir / f"trial-{trial.number}.log"
+        launched = runner.launch(trial.number, launch, log_path)
+        self._free -= set(device_ids)
+        self._active[trial.number] = _Active(scheduled, session, token, launched, device_ids, self._elapsed())
+        _logger.info(
+            f"Trial {trial.number} started: {strategy.name} on {', '.join(map(str, devices))} (log: {log_path})"
+        )
+
+    # -- finish -----------------------------------------------------------------------------------------------------
+    def _finish(self, active: _Active, returncode: int | None, server: ChannelServer, reason: str = "") -> None:
+        server.unregister(active.token)
+        self._free |= set(active.devices)
+        session, trial = active.session, active.session.trial
+        end = self._elapsed()
+        outcome = session.outcome or {}
+        op = outcome.get("op")
+        if not reason and op == "fail":
+            reason = outcome.get("error", "the objective raised")
+        elif not reason and op is None:
+            reason = f"worker exited with code {returncode} before reporting a result"
+        attrs = self._attrs(active, end)
+        if reason:
+            attrs[ATTR + "fail_reason"] = reason
+        state, values = TrialState.FAIL, None
+        if op == "result" and not reason:
+            state, values = TrialState.COMPLETE, outcome["values"]
+        elif op == "pruned" and not reason:
+            state = TrialState.PRUNED
+        with self._lock:
+            for key, value in attrs.items():
+                trial.set_user_attr(key, value)
+            if state == TrialState.FAIL:
+                self._keep_log(trial, active.launched.log_path)
+            try:
+                frozen = self.study.tell(trial, values, state=state)
+            except Exception as exc:  # e.g. a value of the wrong shape: the trial fails, the sweep goes on
+                trial.set_user_attr(ATTR + "fail_reason", f"could not record the result: {exc}")
+                frozen = self.study.tell(trial, state=TrialState.FAIL)
+        if frozen.state == TrialState.COMPLETE:
+            option = active.scheduled.assignment.option
+            self._estimator.observe(option.strategy, option.devices, end - active.start)
+        self._log_finished(frozen, end - active.start, reason, active.launched.log_path)
+
+    def _attrs(self, active: _Active, end: float) -> dict[str, Any]:
+        option = active.scheduled.assignment.option
+        session = active.session
+        attrs: dict[str, Any] = {
+            "strategy": option.strategy,
+            "num_devices": option.devices,
+            "devices": [str(self.settings.devices[i]) for i in active.devices],
+            "device_ids": list(active.devices),
+            "planned_start": round(active.scheduled.planned_start, 3),
+            "planned_end": round(active.scheduled.planned_end, 3),
+            "planned_runtime": round(option.runtime, 3),
+            "actual_start": round(active.start, 3),
+            "actual_end": round(end, 3),
+            "actual_runtime": round(end - active.start, 3),
+            "sweep_started_at": self._start,
+            "log": str(active.launched.log_path),
+        }
+        if session.first_step_at is not None:
+            attrs["first_step"] = round(session.first_step_at - self._start, 3)
+        if session.step_seconds is not None:
+            attrs["step_seconds"] = round(session.step_seconds, 5)
+        return {ATTR + k: v for k, v in attrs.items()}
+
+    def _keep_log(self, trial: optuna.Trial, log_path: Path) -> None:
+        if self.settings.artifact_store is None or not log_path.exists():
+            return
+        from optuna.artifacts import upload_artifact
+
+        artifact_id = upload_artifact(
+            artifact_store=self.settings.artifact_store, file_path=str(log_path), study_or_trial=trial,
+            mimetype="text/plain",
+        )
+        trial.set_user_attr(ATTR + "log_artifact_id", artifact_id)
+
+    def _abort(self, runner: LocalRunner, server: ChannelServer, reason: str) -> None:
+        """Stop every process, then end every trial this sweep holds in a clear state."""
+        _logger.warning(f"Stopping the sweep: {reason}. Stopping {len(self._active)} running trial(s).")
+        runner.stop_all()
+        for number in list(self._active):
+            self._finish(self._active.pop(number), None, server, reason=f"sweep stopped: {reason}")
+        with self._lock:
+            while self._pending:
+                trial = self._pending.popleft().trial
+                trial.set_user_attr(ATTR + "fail_reason", f"not started: sweep stopped: {reason}")
+                self.study.tell(trial, state=TrialState.FAIL)
+
+    # -- output -----------------------------------------------------------------------------------------------------
+    def _log_finished(self, frozen: optuna.trial.FrozenTrial, seconds: float, reason: str, log: Path) -> None:
+        if frozen.state == TrialState.COMPLETE:
+            _logger.info(f"Trial {frozen.number} finished in {seconds:.1f} s with value(s) {frozen.values}.")
+        elif frozen.state == TrialState.PRUNED:
+            _logger.info(f"Trial {frozen.number} pruned after {seconds:.1f} s.")
+        else:
+            _logger.warning(f"Trial {frozen.number} failed after {seconds:.1f} s: {reason}\n{_tail(log)}")
+
+    def _log_summary(self) -> None:
+        _logger.info(f"Sweep finished in {self._elapsed():.1f} s; logs in {self._run_dir}.")
+
+
+def _tail(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join("    " + line for line in lines[-_LOG_TAIL_LINES:])
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)

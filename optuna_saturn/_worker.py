@@ -1,0 +1,86 @@
+"""Entry point of every launched worker process: ``python -m optuna_saturn._worker SPEC.json``.
+
+It pins the process to its device, joins the trial's process group, connects rank 0 to the executor, runs the
+user's objective with a :class:`~optuna_saturn.trial.SaturnTrial`, and reports how it ended.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+
+def _pin_to_device(spec: dict, local_rank: int) -> dict:
+    """Pin CPU affinity and thread counts before torch starts its thread pools."""
+    device = spec["devices"][local_rank]
+    if device["kind"] == "cpu" and device["cores"]:
+        os.sched_setaffinity(0, device["cores"])
+        os.environ["OMP_NUM_THREADS"] = str(len(device["cores"]))
+    return device
+
+
+def main(spec_path: str) -> int:
+    with open(spec_path, encoding="utf-8") as f:
+        spec = json.load(f)
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    device_json = _pin_to_device(spec, local_rank)
+
+    os.environ["OPTUNA_SATURN_WORKER"] = "1"
+    import optuna
+    import torch
+    import torch.distributed as dist
+
+    from optuna_saturn._objective_ref import load_objective
+    from optuna_saturn.channel import ChannelClient
+    from optuna_saturn.engines import WorkerContext, engine_for
+    from optuna_saturn.strategy import Strategy
+    from optuna_saturn.trial import SaturnTrial
+
+    if device_json["kind"] == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        dist.init_process_group(backend="nccl", device_id=device)
+        control_group = dist.new_group(backend="gloo")
+    else:
+        if device_json["cores"]:
+            torch.set_num_threads(len(device_json["cores"]))
+        device = torch.device("cpu")
+        dist.init_process_group(backend="gloo")
+        control_group = dist.group.WORLD
+
+    channel = ChannelClient(spec["channel"], spec["token"]) if rank == 0 else None
+    strategy = Strategy.from_json(spec["strategy"])
+    context = WorkerContext(rank, local_rank, world_size, device, dict(strategy.knobs))
+    trial = SaturnTrial(
+        number=spec["trial_number"], strategy=strategy, engine=engine_for(strategy.engine, context),
+        channel=channel, control_group=control_group, step_budget=spec.get("step_budget"),
+    )
+    if channel is not None:
+        channel.call("started", world_size=world_size)
+    try:
+        value = load_objective(spec["objective"])(trial)
+        values = [float(v) for v in value] if isinstance(value, (list, tuple)) else [float(value)]
+        outcome: dict = {"op": "result", "values": values}
+    except optuna.TrialPruned as exc:
+        outcome = {"op": "pruned", "message": str(exc)}
+    except BaseException as exc:  # the trial failed; the sweep goes on
+        traceback.print_exc()
+        outcome = {"op": "fail", "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+    if channel is not None:
+        op = outcome.pop("op")
+        channel.call(op, **outcome)
+        channel.close()
+    if outcome.get("error"):
+        sys.stderr.flush()
+        os._exit(1)  # peers may be stuck in a collective; the launcher stops them
+    dist.barrier(group=control_group)  # without it gloo sometimes aborts in destroy_process_group
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

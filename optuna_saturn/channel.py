@@ -1,0 +1,128 @@
+"""The private channel between a trial's rank-0 worker and the executor (DESIGN decision 1).
+
+Newline-delimited JSON over a Unix-domain socket in a 0700 temporary folder. Only rank 0 connects; it presents the
+trial's random token, so a message can never land on another trial. The parent answers each request with the
+result of calling the real ``optuna.Trial``: the user's sampler and pruner decide, in the process that owns them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import socket
+import socketserver
+import tempfile
+import threading
+from collections.abc import Callable
+from typing import Any
+
+_logger = logging.getLogger(__name__)
+
+#: A request handler: (op, message) -> reply value. Raising sends the error back to the worker.
+Handler = Callable[[str, dict], Any]
+
+
+class RemoteError(RuntimeError):
+    """An error raised in the parent while serving a worker's request, re-raised in the worker."""
+
+    def __init__(self, type_name: str, message: str) -> None:
+        super().__init__(type_name, message)
+        self.type_name = type_name
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.type_name}: {self.message}"
+
+
+_RELAYED_BUILTINS = {"ValueError": ValueError, "TypeError": TypeError, "KeyError": KeyError}
+
+
+class ChannelServer:
+    """Serves every running trial of one sweep; each trial registers a handler under a fresh token."""
+
+    def __init__(self) -> None:
+        self._folder = tempfile.mkdtemp(prefix="optuna-saturn-")
+        os.chmod(self._folder, 0o700)
+        self.address = os.path.join(self._folder, "channel.sock")
+        self._handlers: dict[str, Handler] = {}
+        self._lock = threading.Lock()
+        server = self
+
+        class _RequestHandler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                server._serve_connection(self.rfile, self.wfile)
+
+        self._server = socketserver.ThreadingUnixStreamServer(self.address, _RequestHandler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="saturn-channel", daemon=True)
+        self._thread.start()
+
+    def register(self, handler: Handler) -> str:
+        token = secrets.token_hex(16)
+        with self._lock:
+            self._handlers[token] = handler
+        return token
+
+    def unregister(self, token: str) -> None:
+        with self._lock:
+            self._handlers.pop(token, None)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+    def __enter__(self) -> "ChannelServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _serve_connection(self, rfile: Any, wfile: Any) -> None:
+        handler: Handler | None = None
+        for line in rfile:
+            message = json.loads(line)
+            op = message.get("op", "")
+            if handler is None:
+                with self._lock:
+                    handler = self._handlers.get(message.get("token", "")) if op == "hello" else None
+                if handler is None:
+                    _logger.warning("Rejected a channel connection without a valid trial token.")
+                    return
+            try:
+                reply = {"ok": True, "value": handler(op, message)}
+            except Exception as exc:  # the worker re-raises it; the parent must keep serving
+                reply = {"ok": False, "type": type(exc).__name__, "error": str(exc)}
+            wfile.write((json.dumps(reply) + "\n").encode())
+            wfile.flush()
+
+
+class ChannelClient:
+    """Rank 0's end of the channel. Calls are synchronous and serialised by a lock."""
+
+    def __init__(self, address: str, token: str) -> None:
+        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._socket.connect(address)
+        self._file = self._socket.makefile("rwb")
+        self._lock = threading.Lock()
+        self.call("hello", token=token, pid=os.getpid())
+
+    def call(self, op: str, **fields: Any) -> Any:
+        with self._lock:
+            self._file.write((json.dumps({"op": op, **fields}) + "\n").encode())
+            self._file.flush()
+            line = self._file.readline()
+        if not line:
+            raise ConnectionError("The optuna-saturn executor closed the channel (the sweep was stopped).")
+        reply = json.loads(line)
+        if not reply["ok"]:
+            builtin = _RELAYED_BUILTINS.get(reply["type"])
+            raise builtin(reply["error"]) if builtin else RemoteError(reply["type"], reply["error"])
+        return reply["value"]
+
+    def close(self) -> None:
+        self._file.close()
+        self._socket.close()

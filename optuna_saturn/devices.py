@@ -1,0 +1,129 @@
+"""The device pool: CUDA GPUs when there are any, otherwise "CPU devices" (groups of cores, gloo backend).
+
+DESIGN decision 4: every code path, real multi-process training included, must run on a machine without a GPU.
+A CPU device is a set of cores that a trial's process is pinned to, so concurrent trials on a CPU machine do not
+fight over the same cores, exactly as concurrent trials on a GPU machine never share a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Union
+
+DeviceKind = Literal["cuda", "cpu"]
+
+
+@dataclass(frozen=True)
+class Device:
+    """One schedulable device. ``cores`` is the CPU affinity of the process that drives it (empty: any core)."""
+
+    kind: DeviceKind
+    index: int
+    cores: tuple[int, ...] = ()
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.index}"
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "index": self.index, "cores": list(self.cores)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Device":
+        return cls(kind=data["kind"], index=int(data["index"]), cores=tuple(data.get("cores", ())))
+
+
+DeviceSpec = Union[str, int, Sequence[Union[int, str, Device]]]
+
+
+def available_cores() -> list[int]:
+    """Cores this process may run on (respects taskset/cgroup affinity, not just the machine's core count)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def cuda_device_count() -> int:
+    """Number of visible CUDA devices, without initialising CUDA in this (parent) process."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def cpu_devices(count: int, *, allow_shared_cores: bool = False) -> list[Device]:
+    """Split this process's cores into ``count`` CPU devices of (nearly) equal size."""
+    cores = available_cores()
+    if count < 1:
+        raise ValueError(f"devices must be >= 1, got {count}.")
+    if count > len(cores) and not allow_shared_cores:
+        raise ValueError(
+            f"Asked for {count} CPU devices but this process may use only {len(cores)} cores, and a CPU device is "
+            f"a group of whole cores. Pass devices={len(cores)} or fewer, or allow_shared_cores=True to let "
+            "devices share cores (their trials will slow each other down)."
+        )
+    if count <= len(cores):
+        groups = [cores[i * len(cores) // count : (i + 1) * len(cores) // count] for i in range(count)]
+    else:
+        groups = [[cores[i % len(cores)]] for i in range(count)]
+    return [Device("cpu", i, tuple(g)) for i, g in enumerate(groups)]
+
+
+def resolve_devices(spec: DeviceSpec = "auto", *, allow_shared_cores: bool = False) -> list[Device]:
+    """Turn the user's ``devices=`` argument into concrete devices, or explain what is wrong with it.
+
+    ``"auto"``: every visible CUDA GPU, else one CPU device per core. ``"cpu"`` / ``"cuda"``: force the kind.
+    An int: that many devices of the auto kind. A list: CUDA indices (ints), ``"cuda:N"`` / ``"cpu:N"`` names
+    (a CPU name's N counts CPU devices of one core each), or :class:`Device` objects.
+    """
+    n_cuda = cuda_device_count()
+    if isinstance(spec, str):
+        if spec == "auto":
+            return [Device("cuda", i) for i in range(n_cuda)] if n_cuda else cpu_devices(len(available_cores()))
+        if spec == "cuda":
+            if not n_cuda:
+                raise ValueError("devices='cuda' but no CUDA GPU is visible. Use devices='auto' or 'cpu'.")
+            return [Device("cuda", i) for i in range(n_cuda)]
+        if spec == "cpu":
+            return cpu_devices(len(available_cores()))
+        if spec.startswith("cpu:") and spec[4:].isdigit():
+            return cpu_devices(int(spec[4:]), allow_shared_cores=allow_shared_cores)
+        raise ValueError(f"Unknown devices={spec!r}. Use 'auto', 'cpu', 'cuda', 'cpu:N', an int or a list.")
+    if isinstance(spec, bool):
+        raise TypeError("devices must be 'auto', an int or a list, not a bool.")
+    if isinstance(spec, int):
+        if n_cuda:
+            if spec > n_cuda:
+                raise ValueError(
+                    f"devices={spec} but only {n_cuda} CUDA GPUs are visible. Pass devices={n_cuda} or fewer."
+                )
+            return [Device("cuda", i) for i in range(spec)]
+        return cpu_devices(spec, allow_shared_cores=allow_shared_cores)
+    return _devices_from_list(list(spec), n_cuda)
+
+
+def _devices_from_list(items: list, n_cuda: int) -> list[Device]:
+    devices: list[Device] = []
+    for item in items:
+        if isinstance(item, Device):
+            devices.append(item)
+        elif isinstance(item, int) or (isinstance(item, str) and item.startswith("cuda:")):
+            index = item if isinstance(item, int) else int(item[5:])
+            if index >= n_cuda:
+                raise ValueError(
+                    f"CUDA device {index} does not exist: {n_cuda} CUDA GPUs are visible "
+                    f"(indices 0..{n_cuda - 1}). On a CPU-only machine use devices=N or 'cpu'."
+                )
+            devices.append(Device("cuda", index))
+        else:
+            raise ValueError(f"Cannot read device {item!r}: use an int (CUDA index), 'cuda:N' or a Device.")
+    if not devices:
+        raise ValueError("devices is an empty list; give at least one device.")
+    if len({(d.kind, d.index) for d in devices}) != len(devices):
+        raise ValueError(f"devices lists a device twice: {[str(d) for d in devices]}.")
+    if len({d.kind for d in devices}) > 1:
+        raise ValueError("devices mixes CUDA and CPU devices; a pool holds one kind.")
+    return devices

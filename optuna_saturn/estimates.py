@@ -1,0 +1,50 @@
+"""Runtime estimates that the planner works from, corrected by what the sweep observes.
+
+Until the profiler measures a trial, its options are priced by a scaling prior: near-linear speed-up with a 10%
+loss per doubling of devices. Every trial that completes replaces guesswork with a measurement for its
+(strategy, device count); other options are rescaled from the nearest measurement through the prior's ratios.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+
+from optuna_saturn.planner import Option
+from optuna_saturn.strategy import Strategy
+
+NOMINAL_TRIAL_SECONDS = 60.0
+SCALING_EFFICIENCY_PER_DOUBLING = 0.9
+
+
+def prior_speedup(devices: int) -> float:
+    return devices * SCALING_EFFICIENCY_PER_DOUBLING ** math.log2(devices)
+
+
+class RuntimeEstimator:
+    """Whole-trial runtime per (strategy, device count), from observations where there are any."""
+
+    def __init__(self, strategies: Sequence[Strategy], pool_size: int) -> None:
+        self._pairs = [(s.name, n) for s in strategies for n in s.device_counts(pool_size)]
+        self._observed: dict[tuple[str, int], list[float]] = defaultdict(list)
+
+    def observe(self, strategy: str, devices: int, seconds: float) -> None:
+        self._observed[(strategy, devices)].append(seconds)
+
+    def estimate(self, strategy: str, devices: int) -> float:
+        own = self._observed.get((strategy, devices))
+        if own:
+            return sum(own) / len(own)
+        single_device_equivalents = [
+            sum(v) / len(v) * prior_speedup(n) for (_, n), v in self._observed.items() if v
+        ]
+        base = (
+            sum(single_device_equivalents) / len(single_device_equivalents)
+            if single_device_equivalents
+            else NOMINAL_TRIAL_SECONDS
+        )
+        return base / prior_speedup(devices)
+
+    def options(self) -> list[Option]:
+        return [Option(strategy, n, self.estimate(strategy, n)) for strategy, n in self._pairs]

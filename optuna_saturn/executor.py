@@ -1,0 +1,118 @@
+"""``SaturnExecutor``: run an Optuna study's trials as concurrent distributed jobs on a pool of devices."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import optuna
+
+from optuna_saturn._objective_ref import describe_objective
+from optuna_saturn._sweep import Sweep, SweepSettings
+from optuna_saturn.devices import DeviceSpec, resolve_devices
+from optuna_saturn.strategy import select_strategies
+
+WORKER_ENV = "OPTUNA_SATURN_WORKER"
+
+
+class SaturnExecutor:
+    """Runs an Optuna study's trials concurrently, each as a distributed job with its own devices and strategy.
+
+    For every batch of trials it chooses a parallelism strategy and a device count per trial, plans when each
+    runs (the SPASE problem), launches them on disjoint devices, and writes every result back through
+    ``study.tell``. The study, its sampler, pruner and storage stay in this process; the objective runs in
+    launched worker processes and talks to them through a relayed ``trial``.
+
+    Args:
+        devices: ``"auto"`` (all CUDA GPUs, else one CPU device per core), an int, or a list of CUDA indices.
+        strategies: names of the strategy templates trials may use; ``None`` means every known one.
+        solver: planner backend (``"auto"``, ``"cpsat"``, ``"highs"``, ``"gurobi"``, ``"greedy"``, ...).
+        strategy_folders: extra folders of strategy templates (TOML).
+        allow_shared_cores: on CPU, allow more devices than cores (devices then share cores).
+        isolate_network: start each trial in its own loopback-only network namespace (Linux). Launchers listen
+            on every interface; use this on shared hosts and in tests.
+        log_dir: where each trial's combined log is written.
+        artifact_store: an Optuna artifact store; failed trials' logs are uploaded to it.
+        plan_time_limit: seconds the planner may spend per plan.
+        grace_period: seconds a stopped trial gets to exit after SIGTERM, before SIGKILL.
+    """
+
+    def __init__(
+        self,
+        devices: DeviceSpec = "auto",
+        strategies: Sequence[str] | None = None,
+        solver: str = "auto",
+        *,
+        strategy_folders: Sequence[str | os.PathLike] = (),
+        allow_shared_cores: bool = False,
+        isolate_network: bool = False,
+        log_dir: str | os.PathLike = "saturn-runs",
+        artifact_store: Any = None,
+        plan_time_limit: float = 10.0,
+        grace_period: float = 10.0,
+    ) -> None:
+        self.devices = resolve_devices(devices, allow_shared_cores=allow_shared_cores)
+        self.strategies = select_strategies(strategies, len(self.devices), folders=list(strategy_folders))
+        self.solver = solver
+        self._settings = SweepSettings(
+            devices=self.devices, strategies=self.strategies, solver=solver, time_limit=plan_time_limit,
+            log_dir=Path(log_dir), isolate_network=isolate_network, artifact_store=artifact_store,
+            grace_period=grace_period,
+        )
+
+    def optimize(
+        self,
+        study: optuna.Study,
+        objective: Callable[[Any], float | Sequence[float]],
+        n_trials: int | None = None,
+        timeout: float | None = None,
+        batch_size: int | None = None,
+    ) -> None:
+        """Run ``n_trials`` more trials of ``study`` (or until ``timeout`` seconds, or Ctrl-C).
+
+        ``batch_size`` trials are asked and planned together (default: the number of devices). ``timeout``
+        stops asking for new trials; trials already asked still run. Ctrl-C stops every process and ends the
+        running trials as FAIL with the reason in their user attrs, then re-raises ``KeyboardInterrupt``.
+        """
+        if os.environ.get(WORKER_ENV):
+            raise RuntimeError(
+                "SaturnExecutor.optimize() was called inside a worker process. Put the code that starts the "
+                "sweep under `if __name__ == \"__main__\":` so that workers only import your objective."
+            )
+        if not isinstance(study, optuna.Study):
+            raise TypeError(f"study must be an optuna.Study, got {type(study).__name__}.")
+        if n_trials is not None and (not isinstance(n_trials, int) or n_trials < 0):
+            raise ValueError(f"n_trials must be a non-negative int or None, got {n_trials!r}.")
+        if timeout is not None and timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}.")
+        batch = len(self.devices) if batch_size is None else batch_size
+        if not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}.")
+        sweep = Sweep(
+            self._settings, study, lambda folder: describe_objective(objective, folder),
+            n_trials=n_trials, timeout=timeout, batch_size=batch,
+        )
+        with _sigterm_as_keyboard_interrupt():
+            sweep.run()
+
+
+class _sigterm_as_keyboard_interrupt:
+    """Treat SIGTERM like Ctrl-C while a sweep runs, so a killed sweep still stops its trials cleanly."""
+
+    def __enter__(self) -> None:
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._raise)
+
+    @staticmethod
+    def _raise(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)

@@ -1,0 +1,157 @@
+"""Parallelism strategies as declarative templates (DESIGN decision 2).
+
+A strategy is a TOML file: which launcher starts the trial's processes, which engine applies the strategy to the
+user's model inside the worker, which device counts make sense, and its knobs. The package ships the files of the
+top-level ``strategies/`` folder; users add their own folders, or an installed package adds them through the
+``optuna_saturn.strategies`` entry-point group. Templates are data only: nothing is unpickled or executed.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+LAUNCHERS = ("torchrun", "accelerate", "deepspeed")
+ENGINES = ("single", "ddp", "fsdp", "deepspeed")
+ENTRY_POINT_GROUP = "optuna_saturn.strategies"
+_KEYS = {
+    "name", "description", "launcher", "engine", "min_devices", "max_devices", "power_of_two", "knobs",
+    "launcher_config",
+}
+
+
+class StrategyError(ValueError):
+    """A strategy template is malformed, unknown, or cannot run on the devices at hand."""
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A validated strategy template."""
+
+    name: str
+    launcher: str
+    engine: str
+    description: str = ""
+    min_devices: int = 1
+    max_devices: int | None = None
+    power_of_two: bool = False
+    knobs: Mapping[str, Any] = field(default_factory=dict)
+    launcher_config: Mapping[str, Any] = field(default_factory=dict)
+    source: str = ""
+
+    def allows(self, devices: int) -> bool:
+        if devices < self.min_devices or (self.max_devices is not None and devices > self.max_devices):
+            return False
+        return not self.power_of_two or devices & (devices - 1) == 0
+
+    def device_counts(self, pool_size: int) -> list[int]:
+        """Every allowed device count that fits a pool (node) of ``pool_size`` devices."""
+        return [n for n in range(1, pool_size + 1) if self.allows(n)]
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name, "launcher": self.launcher, "engine": self.engine, "description": self.description,
+            "min_devices": self.min_devices, "max_devices": self.max_devices, "power_of_two": self.power_of_two,
+            "knobs": dict(self.knobs), "launcher_config": dict(self.launcher_config), "source": self.source,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Strategy":
+        return cls(**data)
+
+
+def parse_strategy(data: Mapping[str, Any], *, source: str) -> Strategy:
+    """Validate one template's table; errors name the file and the fix."""
+    unknown = set(data) - _KEYS
+    if unknown:
+        raise StrategyError(f"{source}: unknown key(s) {sorted(unknown)}; allowed keys are {sorted(_KEYS)}.")
+    for key in ("name", "launcher", "engine"):
+        if not isinstance(data.get(key), str) or not data[key]:
+            raise StrategyError(f"{source}: '{key}' is required and must be a non-empty string.")
+    if data["launcher"] not in LAUNCHERS:
+        raise StrategyError(f"{source}: launcher {data['launcher']!r} is not one of {list(LAUNCHERS)}.")
+    if data["engine"] not in ENGINES:
+        raise StrategyError(f"{source}: engine {data['engine']!r} is not one of {list(ENGINES)}.")
+    min_devices = data.get("min_devices", 1)
+    max_devices = data.get("max_devices")
+    if not isinstance(min_devices, int) or min_devices < 1:
+        raise StrategyError(f"{source}: min_devices must be an int >= 1, got {min_devices!r}.")
+    if max_devices is not None and (not isinstance(max_devices, int) or max_devices < min_devices):
+        raise StrategyError(f"{source}: max_devices must be an int >= min_devices ({min_devices}), got {max_devices!r}.")
+    if data["engine"] == "single" and (max_devices or 0) != 1:
+        raise StrategyError(f"{source}: engine 'single' runs one process; set max_devices = 1.")
+    for key in ("knobs", "launcher_config"):
+        if not isinstance(data.get(key, {}), Mapping):
+            raise StrategyError(f"{source}: '{key}' must be a table.")
+    return Strategy(
+        name=data["name"], launcher=data["launcher"], engine=data["engine"],
+        description=data.get("description", ""), min_devices=min_devices, max_devices=max_devices,
+        power_of_two=bool(data.get("power_of_two", False)), knobs=dict(data.get("knobs", {})),
+        launcher_config=dict(data.get("launcher_config", {})), source=source,
+    )
+
+
+def _read_folder(folder: Any) -> Iterable[Strategy]:
+    for entry in sorted(folder.iterdir(), key=lambda p: p.name):
+        if entry.name.endswith(".toml"):
+            try:
+                data = tomllib.loads(entry.read_text(encoding="utf-8"))
+            except tomllib.TOMLDecodeError as exc:
+                raise StrategyError(f"{entry}: not valid TOML: {exc}") from exc
+            yield parse_strategy(data, source=str(entry))
+
+
+def builtin_folder() -> Any:
+    return importlib.resources.files("optuna_saturn._builtin_strategies")
+
+
+def load_strategies(*, folders: Sequence[str | Path] = (), use_entry_points: bool = True) -> dict[str, Strategy]:
+    """All known strategies: built-in, then entry points, then ``folders`` (later ones override by name)."""
+    sources: list[Any] = [builtin_folder()]
+    if use_entry_points:
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            sources.append(importlib.resources.files(ep.value.split(":")[0]))
+    for folder in folders:
+        path = Path(folder)
+        if not path.is_dir():
+            raise StrategyError(f"Strategy folder {str(path)!r} does not exist or is not a folder.")
+        sources.append(path)
+    known: dict[str, Strategy] = {}
+    for source in sources:
+        for strategy in _read_folder(source):
+            known[strategy.name] = strategy
+    return known
+
+
+def select_strategies(
+    names: Sequence[str] | None, pool_size: int, *, folders: Sequence[str | Path] = ()
+) -> list[Strategy]:
+    """The strategies a sweep may use: the named ones (all known if None) that fit a pool of ``pool_size``."""
+    known = load_strategies(folders=folders)
+    if names is None:
+        chosen = list(known.values())
+    else:
+        if isinstance(names, str):
+            raise StrategyError(f"strategies must be a list of names, e.g. [{names!r}], not a string.")
+        missing = [n for n in names if n not in known]
+        if missing:
+            raise StrategyError(f"Unknown strategy {missing[0]!r}. Known strategies: {sorted(known)}.")
+        chosen = [known[n] for n in names]
+    usable = [s for s in chosen if s.device_counts(pool_size)]
+    if not usable:
+        raise StrategyError(
+            f"None of the strategies {[s.name for s in chosen]} can run on {pool_size} device(s): "
+            + "; ".join(f"{s.name} needs >= {s.min_devices}" for s in chosen)
+            + ". Add devices or include 'single'."
+        )
+    return usable

@@ -1,0 +1,189 @@
+"""The ``trial`` that a launched objective receives: an Optuna trial relayed to the parent, plus the helpers a
+distributed training loop needs.
+
+Every rank calls the same trial methods in the same order. Rank 0 asks the executor, which calls the real
+``optuna.Trial`` (so the study's own sampler and pruner decide); the answer is broadcast so all ranks see the same
+hyperparameters and the same pruning decision. A pruned trial therefore stops on every rank at the same step
+instead of leaving the others hanging in a collective (the failure of optuna-examples #101).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+from optuna_saturn.channel import ChannelClient
+from optuna_saturn.engines import Engine
+from optuna_saturn.strategy import Strategy
+
+_PROGRESS_EVERY_S = 2.0
+
+
+class SaturnTrial:
+    """What ``objective(trial)`` gets inside a worker. Mirrors ``optuna.Trial`` for suggest/report/prune."""
+
+    def __init__(
+        self,
+        *,
+        number: int,
+        strategy: Strategy,
+        engine: Engine,
+        channel: ChannelClient | None,
+        control_group: Any,
+        step_budget: int | None,
+    ) -> None:
+        self.number = number
+        self.strategy = strategy
+        self._engine = engine
+        self._channel = channel
+        self._group = control_group
+        self._step_budget = step_budget
+        self._models: list[torch.nn.Module] = []
+
+    # -- where this process stands --------------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self._engine.context.rank
+
+    @property
+    def local_rank(self) -> int:
+        return self._engine.context.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self._engine.context.world_size
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def device(self) -> torch.device:
+        return self._engine.context.device
+
+    # -- Optuna, relayed ------------------------------------------------------------------------------------------
+    def _ask_and_broadcast(self, op: str, **fields: Any) -> Any:
+        """Rank 0 asks the parent; everyone gets rank 0's answer (or its error)."""
+        answer: list[Any] = [None]
+        if self._channel is not None:
+            try:
+                answer = [("ok", self._channel.call(op, **fields))]
+            except Exception as exc:  # every rank must raise the same error, not just rank 0
+                answer = [("error", exc)]
+        if self.world_size > 1:
+            dist.broadcast_object_list(answer, src=0, group=self._group)
+        status, value = answer[0]
+        if status == "error":
+            raise value
+        return value
+
+    def _relay(self, op: str, **fields: Any) -> None:
+        if self._channel is not None:
+            self._channel.call(op, **fields)
+
+    def suggest_float(self, name: str, low: float, high: float, *, step: float | None = None, log: bool = False) -> float:
+        return self._ask_and_broadcast(
+            "suggest", method="suggest_float", args=[name, low, high], kwargs={"step": step, "log": log}
+        )
+
+    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
+        return self._ask_and_broadcast(
+            "suggest", method="suggest_int", args=[name, low, high], kwargs={"step": step, "log": log}
+        )
+
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
+        return self._ask_and_broadcast("suggest", method="suggest_categorical", args=[name, list(choices)], kwargs={})
+
+    def report(self, value: float, step: int) -> None:
+        """Report an intermediate value (rank 0's value is the one recorded)."""
+        self._relay("report", value=float(value), step=int(step))
+
+    def should_prune(self) -> bool:
+        """The study's pruner decides, once, for all ranks."""
+        return bool(self._ask_and_broadcast("should_prune"))
+
+    def set_user_attr(self, key: str, value: Any) -> None:
+        self._relay("set_user_attr", key=key, value=value)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return self._ask_and_broadcast("params")
+
+    @property
+    def study(self) -> Any:
+        raise AttributeError(
+            "The study lives in the executor's process, not in the worker. Use trial.suggest_*, report, "
+            "should_prune and set_user_attr, which are relayed to it."
+        )
+
+    # -- distributed training helpers -----------------------------------------------------------------------------
+    def prepare(self, *objects: Any) -> Any:
+        """Apply the trial's strategy to a model, its optimizer and data loaders, in any order.
+
+        Returns the prepared objects in the order given (a single object when one is given). Pass the model
+        before its optimizer. A DataLoader's ``batch_size`` is the trial's global batch: it is split over ranks.
+        """
+        prepared: list[Any] = []
+        model: torch.nn.Module | None = None
+        for obj in objects:
+            if isinstance(obj, torch.nn.Module):
+                if model is not None:
+                    raise ValueError("trial.prepare() takes one model; prepare further models in another call.")
+                model = self._engine.prepare_model(obj)
+                self._models.append(model)
+                prepared.append(model)
+            elif isinstance(obj, torch.optim.Optimizer):
+                if model is None:
+                    raise ValueError("Pass the model before its optimizer: trial.prepare(model, optimizer, loader).")
+                prepared.append(self._engine.prepare_optimizer(obj, model))
+            elif isinstance(obj, DataLoader):
+                prepared.append(self._engine.prepare_dataloader(obj))
+            else:
+                raise TypeError(f"trial.prepare() cannot prepare a {type(obj).__name__}.")
+        return prepared[0] if len(prepared) == 1 else tuple(prepared)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()`` the way the strategy needs it (DeepSpeed, for one, must own the backward pass)."""
+        self._engine.backward(loss, self._models[-1] if self._models else None)
+
+    def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The user's own module inside a DDP/FSDP/DeepSpeed wrapper (for saving or inspection)."""
+        return self._engine.unwrap(model)
+
+    def reduce_mean(self, value: float | torch.Tensor) -> float:
+        """The mean of a number over all ranks, e.g. a validation loss computed on each rank's shard."""
+        tensor = torch.as_tensor(value, dtype=torch.float64).detach().cpu().reshape(1)
+        if self.world_size > 1:
+            dist.all_reduce(tensor, group=self._group)
+            tensor /= self.world_size
+        return float(tensor.item())
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier(group=self._group)
+
+    def step_budget(self, steps: int) -> int:
+        """How many of ``steps`` this run may take: all of them, unless the profiler is timing a short run."""
+        return steps if self._step_budget is None else min(steps, self._step_budget)
+
+    def steps(self, total: int) -> Iterator[int]:
+        """``range(step_budget(total))`` that also times the steps and reports progress to the executor.
+
+        The executor uses these timings for progress, ETA, and to correct the runtime estimates of later plans.
+        """
+        budget = self.step_budget(total)
+        last_report = started = time.perf_counter()
+        for step in range(budget):
+            yield step
+            now = time.perf_counter()
+            if step == 0 or now - last_report >= _PROGRESS_EVERY_S or step == budget - 1:
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                    now = time.perf_counter()
+                self._relay("progress", step=step + 1, total=budget, elapsed=now - started)
+                last_report = now

@@ -1,0 +1,1 @@
+"""Built-in strategy templates (TOML data only; installed as ``optuna_saturn._builtin_strategies``)."""
