@@ -5,6 +5,7 @@ The loop is single-threaded; only the channel server answers workers from its ow
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import threading
@@ -48,6 +49,7 @@ class _Active:
     launched: LaunchedTrial
     devices: list[int]
     start: float
+    spec_path: str
 
 
 @dataclass(frozen=True)
@@ -170,7 +172,9 @@ class Sweep:
         log_path = self._run_dir / f"trial-{trial.number}.log"
         launched = runner.launch(trial.number, launch, log_path)
         self._free -= set(device_ids)
-        self._active[trial.number] = _Active(scheduled, session, token, launched, device_ids, self._elapsed())
+        self._active[trial.number] = _Active(
+            scheduled, session, token, launched, device_ids, self._elapsed(), spec_path
+        )
         _logger.info(
             f"Trial {trial.number} started: {strategy.name} on {', '.join(map(str, devices))} (log: {log_path})"
         )
@@ -183,10 +187,10 @@ class Sweep:
         end = self._elapsed()
         outcome = session.outcome or {}
         op = outcome.get("op")
-        if not reason and op == "fail":
-            reason = outcome.get("error", "the objective raised")
-        elif not reason and op is None:
-            reason = f"worker exited with code {returncode} before reporting a result"
+        if not reason and op in ("fail", None):
+            reason = _first_rank_error(active.spec_path) or (
+                f"worker exited with code {returncode} before reporting a result"
+            )
         attrs = self._attrs(active, end)
         if reason:
             attrs[ATTR + "fail_reason"] = reason
@@ -267,6 +271,18 @@ class Sweep:
 
     def _log_summary(self) -> None:
         _logger.info(f"Sweep finished in {self._elapsed():.1f} s; logs in {self._run_dir}.")
+
+
+def _first_rank_error(spec_path: str) -> str | None:
+    """The error of the rank that failed first: its peers' errors are usually just "connection closed"."""
+    errors = []
+    for path in glob.glob(glob.escape(spec_path) + ".rank*.error.json"):
+        with open(path, encoding="utf-8") as f:
+            errors.append(json.load(f))
+    if not errors:
+        return None
+    first = min(errors, key=lambda e: e["time"])
+    return f"rank {first['rank']}: {first['error']}"
 
 
 def _tail(path: Path) -> str:

@@ -21,6 +21,19 @@ def _pin_to_device(spec: dict, local_rank: int) -> dict:
     return device
 
 
+def error_file(spec_path: str, rank: int) -> str:
+    return f"{spec_path}.rank{rank}.error.json"
+
+
+def _record_error(spec_path: str, rank: int, error: str) -> None:
+    """Every rank leaves its error behind, so the executor can name the rank that failed first (the root
+    cause), not the peers that failed because it went away."""
+    import time
+
+    with open(error_file(spec_path, rank), "w", encoding="utf-8") as f:
+        json.dump({"rank": rank, "time": time.time(), "error": error}, f)
+
+
 def main(spec_path: str) -> int:
     with open(spec_path, encoding="utf-8") as f:
         spec = json.load(f)
@@ -70,6 +83,7 @@ def main(spec_path: str) -> int:
     except BaseException as exc:  # the trial failed; the sweep goes on
         traceback.print_exc()
         outcome = {"op": "fail", "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+        _record_error(spec_path, rank, outcome["error"])
     if channel is not None:
         op = outcome.pop("op")
         channel.call(op, **outcome)

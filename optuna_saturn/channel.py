@@ -40,6 +40,13 @@ class RemoteError(RuntimeError):
 _RELAYED_BUILTINS = {"ValueError": ValueError, "TypeError": TypeError, "KeyError": KeyError}
 
 
+def _plain(value: Any) -> Any:
+    """NumPy scalars (a pruner's ``numpy.bool_``, a sampler's ``numpy.float64``) as plain JSON values."""
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"Object of type {type(value).__name__} cannot be sent to a worker.")
+
+
 class ChannelServer:
     """Serves every running trial of one sweep; each trial registers a handler under a fresh token."""
 
@@ -93,10 +100,10 @@ class ChannelServer:
                     _logger.warning("Rejected a channel connection without a valid trial token.")
                     return
             try:
-                reply = {"ok": True, "value": handler(op, message)}
+                line = json.dumps({"ok": True, "value": handler(op, message)}, default=_plain)
             except Exception as exc:  # the worker re-raises it; the parent must keep serving
-                reply = {"ok": False, "type": type(exc).__name__, "error": str(exc)}
-            wfile.write((json.dumps(reply) + "\n").encode())
+                line = json.dumps({"ok": False, "type": type(exc).__name__, "error": str(exc)})
+            wfile.write((line + "\n").encode())
             wfile.flush()
 
 

@@ -1,0 +1,20 @@
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _can_isolate_network() -> bool:
+    return shutil.which("unshare") is not None and shutil.which("ip") is not None
+
+
+@pytest.fixture
+def saturn_options(tmp_path):
+    """Executor options for tests: every launch inside its own loopback-only network namespace (DESIGN 9)."""
+    if not _can_isolate_network():
+        pytest.skip("needs unshare and ip to launch trials in a loopback-only network namespace")
+    return {"isolate_network": True, "log_dir": tmp_path / "runs", "grace_period": 5.0}

@@ -1,0 +1,90 @@
+"""Objectives that tests launch in real worker processes (importable by the workers through sys.path)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import optuna
+import torch
+import torch.distributed as dist
+
+
+def regression_data(n: int = 256, seed: int = 0) -> torch.utils.data.TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 8, generator=g)
+    w = torch.arange(1.0, 9.0).unsqueeze(1)
+    return torch.utils.data.TensorDataset(x, x @ w / 8)
+
+
+def train_linear(trial) -> float:
+    """Trains a linear model under the trial's strategy and records what the tests check."""
+    lr = trial.suggest_float("lr", 0.05, 0.2)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    loader = torch.utils.data.DataLoader(regression_data(), batch_size=32, shuffle=True)
+    model, optimizer, loader = trial.prepare(model, optimizer, loader)
+    losses = []
+    for epoch in trial.steps(15):
+        for x, y in loader:
+            loss = torch.nn.functional.mse_loss(model(x.to(trial.device)), y.to(trial.device))
+            optimizer.zero_grad()
+            trial.backward(loss)
+            optimizer.step()
+        losses.append(trial.reduce_mean(loss))
+        trial.report(losses[-1], epoch)
+    flat = torch.cat([p.detach().reshape(-1) for p in trial.unwrap(model).parameters()])
+    gathered = [None] * trial.world_size
+    pid_list = [None] * trial.world_size
+    if trial.world_size > 1:
+        dist.all_gather_object(gathered, flat)
+        dist.all_gather_object(pid_list, os.getpid())
+    else:
+        gathered, pid_list = [flat], [os.getpid()]
+    trial.set_user_attr("losses", losses)
+    trial.set_user_attr("world_size", trial.world_size)
+    trial.set_user_attr("pids", pid_list)
+    trial.set_user_attr("batches_per_epoch", len(loader))
+    trial.set_user_attr("max_param_diff_across_ranks", max(float((g - gathered[0]).abs().max()) for g in gathered))
+    return losses[-1]
+
+
+def quadratic(trial) -> float:
+    """Cheap and deterministic: lets tests compare against a plain Optuna run."""
+    x = trial.suggest_float("x", -10, 10)
+    y = trial.suggest_int("y", -5, 5)
+    kind = trial.suggest_categorical("kind", ["a", "b", "c"])
+    return (x - 2) ** 2 + (y + 1) ** 2 + {"a": 0.0, "b": 1.0, "c": 2.0}[kind]
+
+
+def curve(trial) -> float:
+    """Intermediate values follow a curve offset by ``offset``; a large offset is a bad trial to prune."""
+    offset = trial.suggest_float("offset", 0.0, 100.0)
+    value = 0.0
+    for step in trial.steps(10):
+        value = offset + 10.0 / (step + 1)
+        trial.report(value, step)
+        if trial.should_prune():
+            raise optuna.TrialPruned()
+        time.sleep(0.05)
+    return value
+
+
+def maybe_raise(trial) -> float:
+    """Raises for ``fail == 1`` on rank 0, for ``fail == 2`` on rank 1 only (a peer crash)."""
+    fail = trial.suggest_int("fail", 0, 2)
+    if fail == 1 and trial.rank == 0:
+        raise ValueError("deliberate failure on rank 0")
+    if fail == 2 and trial.rank == 1:
+        raise RuntimeError("deliberate failure on rank 1")
+    trial.barrier()
+    return float(fail)
+
+
+def sleepy(trial) -> float:
+    """Runs long enough to be interrupted."""
+    trial.suggest_float("x", 0, 1)
+    for _ in trial.steps(600):
+        time.sleep(0.1)
+    return 0.0

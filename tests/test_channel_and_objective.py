@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import optuna
+import pytest
+
+import objectives
+from optuna_saturn._objective_ref import describe_objective, load_objective
+from optuna_saturn._session import TrialSession
+from optuna_saturn.channel import ChannelClient, ChannelServer, RemoteError
+
+
+def test_requests_reach_the_real_trial_and_errors_come_back():
+    study = optuna.create_study(pruner=optuna.pruners.NopPruner())
+    trial = study.ask()
+    session = TrialSession(trial, threading.Lock())
+    with ChannelServer() as server:
+        client = ChannelClient(server.address, server.register(session.handle))
+        x = client.call("suggest", method="suggest_float", args=["x", 0.0, 1.0], kwargs={"step": None, "log": False})
+        assert trial.params == {"x": x}
+        client.call("report", value=0.5, step=3)
+        assert client.call("should_prune") is False
+        client.call("set_user_attr", key="k", value=[1, 2])
+        with pytest.raises(ValueError, match="low"):  # Optuna's own validation, relayed as the same type
+            client.call("suggest", method="suggest_float", args=["y", 2.0, 1.0], kwargs={})
+        with pytest.raises(ValueError, match="cannot be relayed"):
+            client.call("suggest", method="set_system_attr", args=["a", 1], kwargs={})
+        client.call("result", values=[1.0])
+        client.close()
+    assert study.trials[0].intermediate_values == {3: 0.5}
+    assert study.trials[0].user_attrs == {"k": [1, 2]}
+    assert session.outcome == {"op": "result", "values": [1.0]}
+
+
+def test_numpy_values_are_sent_as_plain_json():
+    session_value = {"flag": np.bool_(True), "x": np.float64(0.25)}
+    with ChannelServer() as server:
+        client = ChannelClient(server.address, server.register(lambda op, msg: session_value if op != "hello" else 0))
+        assert client.call("anything") == {"flag": True, "x": 0.25}
+
+
+def test_connection_without_a_valid_token_is_refused():
+    with ChannelServer() as server:
+        server.register(lambda op, msg: None)
+        with pytest.raises(ConnectionError):
+            ChannelClient(server.address, "not-a-token")
+
+
+def test_remote_error_survives_pickling_for_broadcast():
+    import pickle
+
+    error = pickle.loads(pickle.dumps(RemoteError("GurobiError", "boom")))
+    assert str(error) == "GurobiError: boom"
+
+
+def test_objective_references(tmp_path):
+    recipe = describe_objective(objectives.quadratic, str(tmp_path))
+    assert recipe["kind"] == "module" and load_objective(recipe) is objectives.quadratic
+    offset = 3.0
+    closure = lambda trial: offset  # noqa: E731
+    recipe = describe_objective(closure, str(tmp_path))
+    assert recipe["kind"] == "pickle" and load_objective(recipe)(None) == 3.0
+    with pytest.raises(TypeError, match="callable"):
+        describe_objective(42, str(tmp_path))  # type: ignore[arg-type]

@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import pytest
+
+from optuna_saturn import SaturnExecutor, StrategyError
+from optuna_saturn.devices import Device, available_cores, cpu_devices, resolve_devices
+from optuna_saturn.runner.launch import build_launch
+from optuna_saturn.strategy import load_strategies, parse_strategy, select_strategies
+
+
+def test_cpu_devices_split_cores_without_overlap():
+    cores = available_cores()
+    devices = cpu_devices(len(cores))
+    assert [d.kind for d in devices] == ["cpu"] * len(cores)
+    assert sorted(c for d in devices for c in d.cores) == cores
+
+
+def test_more_cpu_devices_than_cores_needs_consent():
+    n = len(available_cores()) + 1
+    with pytest.raises(ValueError, match="allow_shared_cores=True"):
+        resolve_devices(n)
+    assert len(resolve_devices(n, allow_shared_cores=True)) == n
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [("gpu", "Unknown devices='gpu'"), ([], "empty list"), ([0], "CUDA device 0 does not exist"), (True, "bool")],
+)
+def test_bad_device_specs_name_the_fix(spec, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        resolve_devices(spec)
+
+
+def test_builtin_strategies_load_and_allow_sane_device_counts():
+    known = load_strategies()
+    assert {"single", "ddp"} <= set(known)
+    assert known["single"].device_counts(8) == [1]
+    assert known["ddp"].device_counts(8) == [2, 4, 8]
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ({"name": "x", "launcher": "torchrun", "engine": "ddp", "colour": "red"}, "unknown key"),
+        ({"name": "x", "launcher": "mpirun", "engine": "ddp"}, "launcher 'mpirun'"),
+        ({"name": "x", "launcher": "torchrun", "engine": "magic"}, "engine 'magic'"),
+        ({"name": "x", "launcher": "torchrun", "engine": "ddp", "min_devices": 0}, "min_devices"),
+        ({"name": "x", "launcher": "torchrun", "engine": "ddp", "min_devices": 4, "max_devices": 2}, "max_devices"),
+        ({"name": "x", "launcher": "torchrun", "engine": "single", "max_devices": 2}, "max_devices = 1"),
+        ({"launcher": "torchrun", "engine": "ddp"}, "'name' is required"),
+    ],
+)
+def test_malformed_templates_are_rejected_with_the_reason(table, message):
+    with pytest.raises(StrategyError, match=message):
+        parse_strategy(table, source="my.toml")
+
+
+def test_user_folder_adds_and_overrides_strategies(tmp_path):
+    (tmp_path / "ddp4.toml").write_text('name = "ddp4"\nlauncher = "torchrun"\nengine = "ddp"\nmin_devices = 4\n')
+    known = load_strategies(folders=[tmp_path])
+    assert known["ddp4"].device_counts(6) == [4, 5, 6]
+    (tmp_path / "broken.toml").write_text("name = \n")
+    with pytest.raises(StrategyError, match="not valid TOML"):
+        load_strategies(folders=[tmp_path])
+    with pytest.raises(StrategyError, match="does not exist"):
+        load_strategies(folders=[tmp_path / "missing"])
+
+
+def test_unknown_or_impossible_strategies_are_reported():
+    with pytest.raises(StrategyError, match="Unknown strategy 'zero9'.*Known strategies"):
+        select_strategies(["zero9"], 2)
+    with pytest.raises(StrategyError, match="ddp needs >= 2"):
+        select_strategies(["ddp"], 1)
+    with pytest.raises(StrategyError, match="list of names"):
+        select_strategies("ddp", 2)  # type: ignore[arg-type]
+    with pytest.raises(StrategyError, match="Unknown strategy"):
+        SaturnExecutor(devices=1, strategies=["nope"])
+
+
+def test_launch_pins_devices_and_isolates_the_network():
+    single = load_strategies()["single"]
+    cpu = Device("cpu", 3, (3,))
+    launch = build_launch(single, [cpu], "/tmp/spec.json", isolate_network=True)
+    assert launch.command[:1] == ["unshare"] and "--net" in launch.command
+    assert "--standalone" in launch.command and "--nproc-per-node=1" in launch.command
+    assert launch.command[-1] == "/tmp/spec.json"
+    assert launch.env["CUDA_VISIBLE_DEVICES"] == "" and launch.env["OMP_NUM_THREADS"] == "1"
+    gpus = build_launch(load_strategies()["ddp"], [Device("cuda", 2), Device("cuda", 5)], "/tmp/s.json")
+    assert gpus.command[0] != "unshare" and "--nproc-per-node=2" in gpus.command
+    assert gpus.env["CUDA_VISIBLE_DEVICES"] == "2,5"

@@ -1,0 +1,113 @@
+"""Real multi-process sweeps: every trial is launched through torchrun, inside a loopback-only namespace."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import TrialState
+
+import objectives
+from optuna_saturn import SaturnExecutor
+
+pytestmark = pytest.mark.launch
+
+
+def test_ddp_trial_really_trains_and_ranks_agree(saturn_options):
+    study = optuna.create_study()
+    SaturnExecutor(devices=2, strategies=["ddp"], **saturn_options).optimize(study, objectives.train_linear, n_trials=1)
+
+    trial = study.trials[0]
+    assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
+    attrs = trial.user_attrs
+    assert attrs["saturn:strategy"] == "ddp" and attrs["saturn:num_devices"] == 2
+    assert attrs["world_size"] == 2 and len(set(attrs["pids"])) == 2
+    losses = attrs["losses"]
+    assert losses[-1] < 0.1 * losses[0], losses
+    assert attrs["max_param_diff_across_ranks"] == 0.0
+    assert trial.value == pytest.approx(losses[-1])
+    assert sorted(trial.intermediate_values) == list(range(15))
+    for key in ("planned_start", "planned_end", "actual_start", "actual_end", "first_step", "devices", "log"):
+        assert "saturn:" + key in attrs
+    assert attrs["saturn:actual_end"] > attrs["saturn:first_step"] > attrs["saturn:actual_start"]
+
+
+def test_worker_suggestions_come_from_the_studys_sampler(saturn_options):
+    def sampler() -> optuna.samplers.BaseSampler:
+        return optuna.samplers.TPESampler(seed=7, n_startup_trials=2)
+
+    plain = optuna.create_study(sampler=sampler())
+    plain.optimize(objectives.quadratic, n_trials=5)
+    relayed = optuna.create_study(sampler=sampler())
+    executor = SaturnExecutor(devices=1, strategies=["single"], **saturn_options)
+    executor.optimize(relayed, objectives.quadratic, n_trials=5, batch_size=1)
+
+    assert [t.params for t in relayed.trials] == [t.params for t in plain.trials]
+    assert [t.value for t in relayed.trials] == [t.value for t in plain.trials]
+
+
+def test_median_pruner_stops_a_bad_ddp_trial_on_every_rank(saturn_options):
+    study = optuna.create_study(pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1))
+    for offset in (0.0, 1.0, 90.0):
+        study.enqueue_trial({"offset": offset})
+    executor = SaturnExecutor(devices=2, strategies=["ddp"], **saturn_options)
+    executor.optimize(study, objectives.curve, n_trials=3, batch_size=1)
+
+    states = [t.state for t in study.trials]
+    assert states == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.PRUNED]
+    pruned = study.trials[2]
+    assert max(pruned.intermediate_values) < 9  # stopped early, not after the last step
+    assert "saturn:fail_reason" not in pruned.user_attrs
+
+
+def test_a_failing_trial_fails_alone(saturn_options):
+    study = optuna.create_study()
+    for fail in (1, 0, 2, 0):
+        study.enqueue_trial({"fail": fail})
+    executor = SaturnExecutor(devices=2, strategies=["ddp"], **saturn_options)
+    executor.optimize(study, objectives.maybe_raise, n_trials=4)
+
+    states = [t.state for t in study.trials]
+    assert states == [TrialState.FAIL, TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE]
+    rank0, rank1 = study.trials[0], study.trials[2]
+    assert rank0.user_attrs["saturn:fail_reason"] == "rank 0: ValueError: deliberate failure on rank 0"
+    assert "deliberate failure on rank 0" in open(rank0.user_attrs["saturn:log"]).read()
+    assert rank1.user_attrs["saturn:fail_reason"].startswith("rank 1: RuntimeError: deliberate failure on rank 1")
+    assert "deliberate failure on rank 1" in open(rank1.user_attrs["saturn:log"]).read()
+
+
+def test_failed_trial_log_is_uploaded_as_an_artifact(saturn_options, tmp_path):
+    from optuna.artifacts import FileSystemArtifactStore
+
+    store = FileSystemArtifactStore(str(tmp_path / "artifacts"))
+    (tmp_path / "artifacts").mkdir()
+    study = optuna.create_study()
+    study.enqueue_trial({"fail": 1})
+    SaturnExecutor(devices=1, strategies=["single"], artifact_store=store, **saturn_options).optimize(
+        study, objectives.maybe_raise, n_trials=1
+    )
+    artifact_id = study.trials[0].user_attrs["saturn:log_artifact_id"]
+    with store.open_reader(artifact_id) as f:
+        assert b"deliberate failure on rank 0" in f.read()
+
+
+@pytest.mark.parametrize("storage_kind", ["sqlite", "journal", "memory"])
+def test_storages_and_continuing_a_study(saturn_options, tmp_path, storage_kind):
+    storage = {
+        "sqlite": f"sqlite:///{tmp_path / 'study.sqlite3'}",
+        "journal": JournalStorage(JournalFileBackend(str(tmp_path / "journal.log"))),
+        "memory": None,
+    }[storage_kind]
+    study = optuna.create_study(study_name="s", storage=storage, sampler=optuna.samplers.RandomSampler(seed=1))
+    executor = SaturnExecutor(devices=2, strategies=["single"], **saturn_options)
+    executor.optimize(study, objectives.quadratic, n_trials=2)
+    if storage_kind != "memory":  # a fresh process would load the study like this
+        study = optuna.load_study(study_name="s", storage=storage, sampler=optuna.samplers.RandomSampler(seed=2))
+    executor.optimize(study, objectives.quadratic, n_trials=2)
+
+    trials = study.trials
+    assert [t.number for t in trials] == [0, 1, 2, 3]
+    assert all(t.state == TrialState.COMPLETE for t in trials)
+    assert all(t.value == objectives.quadratic(optuna.trial.FixedTrial(t.params)) for t in trials)
+    assert {t.user_attrs["saturn:devices"][0] for t in trials[:2]} == {"cpu:0", "cpu:1"}  # ran side by side

@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import psutil
+import pytest
+from optuna.trial import TrialState
+
+pytestmark = pytest.mark.launch
+HERE = os.path.dirname(__file__)
+
+
+def _is_worker(process: psutil.Process) -> bool:
+    try:
+        return "optuna_saturn._worker" in " ".join(process.cmdline())
+    except psutil.Error:  # exited (or a zombie) while we looked
+        return False
+
+
+def _workers(process: psutil.Process) -> list[psutil.Process]:
+    return [p for p in process.children(recursive=True) if _is_worker(p)]
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_stops_every_process_and_ends_every_trial(saturn_options, tmp_path, signum):
+    storage = f"sqlite:///{tmp_path / 'study.sqlite3'}"
+    sweep = subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "sweep_to_interrupt.py"), storage, str(tmp_path / "runs")],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")])},
+    )
+    parent = psutil.Process(sweep.pid)
+    deadline = time.monotonic() + 60
+    while len(_workers(parent)) < 2:
+        assert sweep.poll() is None, "the sweep exited before its trials started"
+        assert time.monotonic() < deadline, "trials did not start within 60 s"
+        time.sleep(0.2)
+    time.sleep(1.0)
+    descendants = parent.children(recursive=True)
+    sweep.send_signal(signum)
+    sweep.wait(timeout=60)
+
+    assert sweep.returncode != 0
+    alive = [p for p in descendants if _alive(p)]
+    assert alive == [], [p.pid for p in alive]
+    trials = optuna.load_study(study_name="interrupted", storage=storage).trials
+    assert len(trials) == 2
+    assert all(t.state == TrialState.FAIL for t in trials)
+    assert all("interrupted" in t.user_attrs["saturn:fail_reason"] for t in trials)
