@@ -23,6 +23,7 @@ from optuna_saturn._session import TrialSession
 from optuna_saturn.channel import ChannelServer
 from optuna_saturn.devices import Device
 from optuna_saturn.estimates import RuntimeEstimator
+from optuna_saturn.events import SweepListener, TrialProgress, TrialStart
 from optuna_saturn.planner import Assignment, Cluster, Job, Reservation, solve
 from optuna_saturn.runner import LaunchedTrial, LocalRunner, build_launch
 from optuna_saturn.strategy import Strategy
@@ -50,6 +51,7 @@ class _Active:
     devices: list[int]
     start: float
     spec_path: str
+    reported_step: int = 0
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class SweepSettings:
     isolate_network: bool
     artifact_store: Any
     grace_period: float
+    listeners: Sequence[SweepListener] = ()
 
 
 class Sweep:
@@ -90,10 +93,20 @@ class Sweep:
         self._asked = 0
         self._start = time.time()
         self._run_dir = settings.log_dir / f"{_safe(study.study_name)}-{time.strftime('%Y%m%d-%H%M%S')}"
+        self._listeners = list(settings.listeners)
+
+    def _notify(self, method: str, *args: Any) -> None:
+        for listener in list(self._listeners):
+            try:
+                getattr(listener, method)(self.study, *args)
+            except Exception:
+                _logger.exception(f"Listener {listener!r} failed in {method}; it is dropped, the sweep goes on.")
+                self._listeners.remove(listener)
 
     # -- the loop ---------------------------------------------------------------------------------------------------
     def run(self) -> None:
         runner = LocalRunner(grace_period=self.settings.grace_period)
+        self._notify("on_sweep_start", [str(d) for d in self.settings.devices], self._start)
         with ChannelServer() as server:
             recipe = self._objective_recipe_factory(os.path.dirname(server.address))
             try:
@@ -103,14 +116,27 @@ class Sweep:
                     if not self._pending and self._free and self._may_ask():
                         self._ask_and_plan()
                     self._dispatch(runner, server, recipe)
+                    self._relay_progress()
                     if not self._pending and not self._active and not self._may_ask():
                         break
                     time.sleep(_POLL_SECONDS)
             except BaseException as exc:
                 reason = "interrupted (KeyboardInterrupt)" if isinstance(exc, KeyboardInterrupt) else repr(exc)
                 self._abort(runner, server, reason)
+                self._notify("on_sweep_end", self._elapsed(), True)
                 raise
         self._log_summary()
+        self._notify("on_sweep_end", self._elapsed(), False)
+
+    def _relay_progress(self) -> None:
+        for active in self._active.values():
+            session = active.session
+            if session.step != active.reported_step:
+                active.reported_step = session.step
+                self._notify(
+                    "on_trial_progress",
+                    TrialProgress(session.trial.number, session.step, session.total_steps, session.step_seconds),
+                )
 
     def _may_ask(self) -> bool:
         if self.n_trials is not None and self._asked >= self.n_trials:
@@ -138,6 +164,7 @@ class Sweep:
         by_name = {str(t.number): t for t in trials}
         for a in sorted(plan.assignments, key=lambda a: (a.start, a.job)):
             self._pending.append(_Scheduled(by_name[a.job], a, now + a.start, now + a.end))
+        self._notify("on_plan", plan, [t.number for t in trials], now)
         _logger.info(
             f"Planned trials {[t.number for t in trials]} with solver {plan.solver!r}: "
             + ", ".join(f"#{a.job} {a.option.strategy}x{a.option.devices}" for a in plan.assignments)
@@ -178,6 +205,10 @@ class Sweep:
         _logger.info(
             f"Trial {trial.number} started: {strategy.name} on {', '.join(map(str, devices))} (log: {log_path})"
         )
+        self._notify("on_trial_start", TrialStart(
+            trial.number, strategy.name, tuple(map(str, devices)), scheduled.planned_start, scheduled.planned_end,
+            self._active[trial.number].start,
+        ))
 
     # -- finish -----------------------------------------------------------------------------------------------------
     def _finish(self, active: _Active, returncode: int | None, server: ChannelServer, reason: str = "") -> None:
@@ -213,6 +244,7 @@ class Sweep:
             option = active.scheduled.assignment.option
             self._estimator.observe(option.strategy, option.devices, end - active.start)
         self._log_finished(frozen, end - active.start, reason, active.launched.log_path)
+        self._notify("on_trial_end", frozen, end)
 
     def _attrs(self, active: _Active, end: float) -> dict[str, Any]:
         option = active.scheduled.assignment.option

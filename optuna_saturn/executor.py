@@ -15,6 +15,7 @@ import optuna
 from optuna_saturn._objective_ref import describe_objective
 from optuna_saturn._sweep import Sweep, SweepSettings
 from optuna_saturn.devices import DeviceSpec, resolve_devices
+from optuna_saturn.events import SweepListener
 from optuna_saturn.strategy import select_strategies
 
 WORKER_ENV = "OPTUNA_SATURN_WORKER"
@@ -40,6 +41,8 @@ class SaturnExecutor:
         artifact_store: an Optuna artifact store; failed trials' logs are uploaded to it.
         plan_time_limit: seconds the planner may spend per plan.
         grace_period: seconds a stopped trial gets to exit after SIGTERM, before SIGKILL.
+        listeners: :class:`~optuna_saturn.events.SweepListener` objects told about plans, starts, progress and
+            ends (progress displays, dashboard publishers).
     """
 
     def __init__(
@@ -55,6 +58,7 @@ class SaturnExecutor:
         artifact_store: Any = None,
         plan_time_limit: float = 10.0,
         grace_period: float = 10.0,
+        listeners: Sequence[SweepListener] = (),
     ) -> None:
         self.devices = resolve_devices(devices, allow_shared_cores=allow_shared_cores)
         self.strategies = select_strategies(strategies, len(self.devices), folders=list(strategy_folders))
@@ -62,7 +66,7 @@ class SaturnExecutor:
         self._settings = SweepSettings(
             devices=self.devices, strategies=self.strategies, solver=solver, time_limit=plan_time_limit,
             log_dir=Path(log_dir), isolate_network=isolate_network, artifact_store=artifact_store,
-            grace_period=grace_period,
+            grace_period=grace_period, listeners=tuple(listeners),
         )
 
     def optimize(

@@ -10,6 +10,7 @@ from optuna.trial import TrialState
 
 import objectives
 from optuna_saturn import SaturnExecutor
+from optuna_saturn.events import SweepListener
 
 pytestmark = pytest.mark.launch
 
@@ -111,3 +112,45 @@ def test_storages_and_continuing_a_study(saturn_options, tmp_path, storage_kind)
     assert all(t.state == TrialState.COMPLETE for t in trials)
     assert all(t.value == objectives.quadratic(optuna.trial.FixedTrial(t.params)) for t in trials)
     assert {t.user_attrs["saturn:devices"][0] for t in trials[:2]} == {"cpu:0", "cpu:1"}  # ran side by side
+
+
+class _Recorder(SweepListener):
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+
+    def on_sweep_start(self, study, devices, started_at):
+        self.events.append(("sweep_start", tuple(devices)))
+
+    def on_plan(self, study, plan, trial_numbers, now):
+        self.events.append(("plan", tuple(trial_numbers), len(plan.assignments)))
+
+    def on_trial_start(self, study, start):
+        self.events.append(("start", start.number, start.strategy))
+
+    def on_trial_progress(self, study, progress):
+        self.events.append(("progress", progress.number, progress.step, progress.total))
+
+    def on_trial_end(self, study, trial, now):
+        self.events.append(("end", trial.number, trial.state))
+
+    def on_sweep_end(self, study, now, interrupted):
+        self.events.append(("sweep_end", interrupted))
+
+
+class _Broken(SweepListener):
+    def on_plan(self, study, plan, trial_numbers, now):
+        raise RuntimeError("a buggy listener")
+
+
+def test_listeners_hear_the_whole_sweep_and_a_broken_one_is_dropped(saturn_options):
+    study = optuna.create_study()
+    recorder = _Recorder()
+    executor = SaturnExecutor(devices=1, strategies=["single"], listeners=[_Broken(), recorder], **saturn_options)
+    executor.optimize(study, objectives.curve, n_trials=1)
+
+    assert study.trials[0].state == TrialState.COMPLETE
+    kinds = [e[0] for e in recorder.events]
+    assert kinds[:3] == ["sweep_start", "plan", "start"] and kinds[-2:] == ["end", "sweep_end"]
+    assert ("plan", (0,), 1) in recorder.events and ("end", 0, TrialState.COMPLETE) in recorder.events
+    progress = [e for e in recorder.events if e[0] == "progress"]
+    assert progress[0][2] == 1 and progress[-1][2:] == (10, 10)

@@ -1,0 +1,54 @@
+"""Listening to a sweep: progress displays, dashboard publishers and reports subscribe here.
+
+The sweep calls every listener from its own (main) thread. A listener must be quick and must not raise: an
+exception is logged and the listener is dropped, the sweep goes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import optuna
+
+from optuna_saturn.planner import Plan
+
+
+@dataclass(frozen=True)
+class TrialStart:
+    number: int
+    strategy: str
+    devices: tuple[str, ...]
+    planned_start: float  # seconds since the sweep started
+    planned_end: float
+    start: float
+
+
+@dataclass(frozen=True)
+class TrialProgress:
+    number: int
+    step: int
+    total: int | None
+    step_seconds: float | None
+
+
+class SweepListener:
+    """Override what you need; every method defaults to doing nothing. Times are seconds since the sweep began."""
+
+    def on_sweep_start(self, study: optuna.Study, devices: Sequence[str], started_at: float) -> None:
+        """``started_at`` is the epoch time the sweep began (the origin of every other time)."""
+
+    def on_plan(self, study: optuna.Study, plan: Plan, trial_numbers: Sequence[int], now: float) -> None:
+        """A batch was planned; the plan's times are relative to ``now``."""
+
+    def on_trial_start(self, study: optuna.Study, start: TrialStart) -> None:
+        pass
+
+    def on_trial_progress(self, study: optuna.Study, progress: TrialProgress) -> None:
+        pass
+
+    def on_trial_end(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, now: float) -> None:
+        pass
+
+    def on_sweep_end(self, study: optuna.Study, now: float, interrupted: bool) -> None:
+        pass
