@@ -162,6 +162,11 @@ class Sweep:
         plan = solve(jobs, Cluster([len(self.settings.devices)]), self.settings.solver, self.settings.time_limit,
                      busy=busy)
         by_name = {str(t.number): t for t in trials}
+        with self._lock:  # what the planner chose from, so `optuna-saturn plan/simulate` can re-plan later
+            for trial in trials:
+                trial.set_user_attr(ATTR + "options", [
+                    {"strategy": o.strategy, "devices": o.devices, "runtime": round(o.runtime, 3)} for o in options
+                ])
         for a in sorted(plan.assignments, key=lambda a: (a.start, a.job)):
             self._pending.append(_Scheduled(by_name[a.job], a, now + a.start, now + a.end))
         self._notify("on_plan", plan, [t.number for t in trials], now)

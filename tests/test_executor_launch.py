@@ -29,6 +29,7 @@ def test_ddp_trial_really_trains_and_ranks_agree(saturn_options):
     assert attrs["max_param_diff_across_ranks"] == 0.0
     assert trial.value == pytest.approx(losses[-1])
     assert sorted(trial.intermediate_values) == list(range(15))
+    assert attrs["saturn:options"] and attrs["saturn:options"][0]["strategy"] == "ddp"
     for key in ("planned_start", "planned_end", "actual_start", "actual_end", "first_step", "devices", "log"):
         assert "saturn:" + key in attrs
     assert attrs["saturn:actual_end"] > attrs["saturn:first_step"] > attrs["saturn:actual_start"]
