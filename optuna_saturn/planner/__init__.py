@@ -5,32 +5,28 @@ Pure: no processes, no Optuna. See DESIGN.md decision 6.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from optuna_saturn.planner._greedy import greedy
+from optuna_saturn.planner._baselines import sequential_max, task_parallel
+from optuna_saturn.planner._bounds import lower_bound
+from optuna_saturn.planner._options import prune_options
+from optuna_saturn.planner._replan import replan
+from optuna_saturn.planner._solve import SOLVERS, solve
 from optuna_saturn.planner._types import Assignment, Cluster, Job, Option, Plan, Reservation
+from optuna_saturn.planner._validate import plan_problems, validate
 
-__all__ = ["Assignment", "Cluster", "Job", "Option", "Plan", "Reservation", "lower_bound", "solve"]
-
-
-def lower_bound(jobs: Sequence[Job], cluster: Cluster) -> float:
-    """max(longest job at its fastest, total device-seconds at each job's cheapest / total devices)."""
-    if not jobs:
-        return 0.0
-    longest = max(min(o.runtime for o in j.options) for j in jobs)
-    area = sum(min(o.devices * o.runtime for o in j.options) for j in jobs) / cluster.total_devices
-    return max(longest, area)
-
-
-def solve(
-    jobs: Sequence[Job],
-    cluster: Cluster,
-    solver: str = "auto",
-    time_limit: float = 10.0,
-    *,
-    busy: Sequence[Reservation] = (),
-    seed: int = 0,
-) -> Plan:
-    """Plan ``jobs`` on ``cluster``. ``busy`` holds devices already taken by running trials."""
-    plan = greedy(jobs, cluster, busy=busy)
-    return Plan(plan.assignments, solver=plan.solver, lower_bound=lower_bound(jobs, cluster))
+__all__ = [
+    "Assignment",
+    "Cluster",
+    "Job",
+    "Option",
+    "Plan",
+    "Reservation",
+    "SOLVERS",
+    "lower_bound",
+    "plan_problems",
+    "prune_options",
+    "replan",
+    "sequential_max",
+    "solve",
+    "task_parallel",
+    "validate",
+]

@@ -1,0 +1,118 @@
+"""OR-Tools CP-SAT backend: optional intervals per (job, option, node), one cumulative per node.
+
+Why: a cumulative constraint states "devices in a node are interchangeable" directly, so the model is exact for
+the SPASE problem (up to the integer time grid) and has no device symmetry; concrete devices are assigned
+afterwards by a sweep (``_devices.assign_devices``), which always succeeds under the cumulative constraint.
+Times are scaled to integers: durations are rounded up, so a schedule valid on the grid stays valid with the true
+runtimes, then ``compact`` pulls jobs back to the earliest time their devices allow.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from optuna_saturn.planner._devices import assign_devices, compact
+from optuna_saturn.planner._types import Cluster, Job, Option, Plan, Reservation
+
+_RESOLUTION = 20_000  # grid steps across the hint's makespan; rounding costs at most ~1/20000 per job
+
+
+def solve_cpsat(
+    jobs: Sequence[Job],
+    cluster: Cluster,
+    *,
+    busy: Sequence[Reservation] = (),
+    time_limit: float,
+    seed: int,
+    hint: Plan,
+    lower_bound: float = 0.0,
+    workers: int = 1,
+) -> Plan | None:
+    """Improve on ``hint`` (a valid plan) within ``time_limit``; None if CP-SAT found nothing.
+
+    ``workers=1`` (the default) makes a run reproducible for a given ``seed`` whenever it ends before the time
+    limit; more workers search faster but are not deterministic.
+    """
+    try:
+        from ortools.sat.python import cp_model
+    except ImportError:  # pragma: no cover
+        return None
+    if not jobs:
+        return hint
+    unit = _unit(jobs, busy, hint.makespan)
+
+    def ticks(t: float) -> int:
+        return int(math.ceil(t / unit - 1e-9))
+
+    # Hint on the grid: keep the hint's devices and per-device order, start each job when its devices free up.
+    hint_start: dict[str, int] = {}
+    free: dict[tuple[int, int], int] = {}
+    for r in busy:
+        for d in r.devices:
+            free[(r.node, d)] = max(free.get((r.node, d), 0), ticks(r.until))
+    for a in sorted(hint.assignments, key=lambda a: (a.start, a.job)):
+        s = max(free.get((a.node, d), 0) for d in a.devices)
+        hint_start[a.job] = s
+        for d in a.devices:
+            free[(a.node, d)] = s + ticks(a.option.runtime)
+    horizon = max(free.values(), default=0) + 1
+    hint_choice = {a.job: (a.option, a.node) for a in hint.assignments}
+
+    m = cp_model.CpModel()
+    makespan = m.NewIntVar(min(int(math.floor(lower_bound / unit)), horizon), horizon, "makespan")
+    per_node: list[tuple[list, list]] = [([], []) for _ in cluster.nodes]
+    for r in busy:
+        if r.until > 0 and r.devices:
+            per_node[r.node][0].append(m.NewFixedSizeIntervalVar(0, ticks(r.until), f"busy_{r.job}"))
+            per_node[r.node][1].append(len(r.devices))
+    choices: list[tuple[str, Option, int, object, object]] = []
+    for j, job in enumerate(jobs):
+        start = m.NewIntVar(0, horizon, f"s{j}")
+        m.AddHint(start, hint_start[job.name])
+        lits = []
+        for option in job.options:
+            dur = ticks(option.runtime)
+            if dur > horizon:
+                continue
+            for node, size in enumerate(cluster.nodes):
+                if option.devices > size:
+                    continue
+                lit = m.NewBoolVar(f"p{j}_{option.strategy}_{option.devices}_{node}")
+                iv = m.NewOptionalFixedSizeIntervalVar(start, dur, lit, f"i{j}")
+                per_node[node][0].append(iv)
+                per_node[node][1].append(option.devices)
+                m.Add(makespan >= start + dur).OnlyEnforceIf(lit)
+                m.AddHint(lit, hint_choice[job.name] == (option, node))
+                lits.append(lit)
+                choices.append((job.name, option, node, lit, start))
+        m.AddExactlyOne(lits)
+    for node, (intervals, demands) in enumerate(per_node):
+        if intervals:
+            m.AddCumulative(intervals, demands, cluster.nodes[node])
+    m.Minimize(makespan)
+
+    solver = cp_model.CpSolver()
+    p = solver.parameters
+    p.max_time_in_seconds = max(time_limit, 0.01)
+    p.num_workers = workers
+    p.random_seed = seed
+    p.log_search_progress = False
+    status = solver.Solve(m)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    items = [(name, option, node, solver.Value(start) * unit)
+             for name, option, node, lit, start in choices if solver.BooleanValue(lit)]
+    assignments = compact(assign_devices(items, cluster, busy=busy), cluster, busy=busy)
+    plan = Plan(tuple(sorted(assignments, key=lambda a: (a.start, a.job))), solver="cpsat")
+    plan.info.update(cpsat_optimal=status == cp_model.OPTIMAL, exact_grid=unit == 1.0,
+                     cpsat_bound=solver.BestObjectiveBound() * unit, grid=unit)
+    return plan
+
+
+def _unit(jobs: Sequence[Job], busy: Sequence[Reservation], horizon: float) -> float:
+    """1 second when every time is a whole number of seconds and the horizon is small; else a fine grid."""
+    times = [o.runtime for j in jobs for o in j.options] + [float(r.until) for r in busy]
+    if horizon <= 10 * _RESOLUTION and all(abs(t - round(t)) < 1e-9 for t in times):
+        return 1.0
+    return max(horizon, 1e-9) / _RESOLUTION

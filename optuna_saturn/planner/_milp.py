@@ -1,0 +1,398 @@
+"""A compact MILP for SPASE on aligned device blocks, built once and emitted to Gurobi or HiGHS.
+
+Why this formulation. Devices in a node are interchangeable, so one variable per job per GPU (as in the original
+Saturn) wastes the licence budget and the solver's time on symmetry. Instead each node is cut into a laminar
+family of aligned blocks (buddy blocks of 1, 2, 4, ... devices, plus the whole node when its size is not a power of
+two), and a job picks one (option, block) with the smallest block size that holds the option. For a laminar
+family a schedule is easy to build: run each block's jobs back to back once every block below it is done
+(bottom-up stacking). So with ``L_B`` the summed runtime of the jobs on block ``B``:
+
+    min  Cmax
+    s.t. sum_{o, B} x[j, o, B] = 1                       for every job j
+         C[leaf d] >= busy_until(d) + L_leaf              for every device d
+         C[B] >= C[child] + L_B                           for every block B and child block
+         Cmax >= C[root of node]                          for every node
+         Cmax >= lower_bound                              (a valid cut; lets the solver stop at a proven optimum)
+         C[left] >= C[right]                              for sibling subtrees that are identical (symmetry)
+
+Size: (jobs x options x blocks of the right size) binaries plus one continuous variable per block, and about
+jobs + 2 x devices rows: 24 jobs with 6 options on one 8-device node is a few hundred variables, well inside the
+pip Gurobi licence. The block restriction can cost optimality (a 2-device job may not sit on devices 1-2), so a
+proven block optimum is reported as optimal only when it meets the global lower bound; ``solve`` may still
+improve it with CP-SAT.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from optuna_saturn.planner._devices import compact
+from optuna_saturn.planner._types import Assignment, Cluster, Job, Option, Plan, Reservation
+
+
+class SolverUnavailable(RuntimeError):
+    """A backend cannot run here (not installed, no licence, model over the licence's size limit)."""
+
+
+@dataclass
+class LinearModel:
+    """A MILP in row form: ``min c.x`` s.t. ``row_lo <= A x <= row_hi``, bounds, integrality."""
+
+    cost: list[float] = field(default_factory=list)
+    lower: list[float] = field(default_factory=list)
+    upper: list[float] = field(default_factory=list)
+    integer: list[bool] = field(default_factory=list)
+    rows: list[tuple[list[int], list[float], float, float]] = field(default_factory=list)
+
+    def add_var(self, *, cost: float = 0.0, lower: float = 0.0, upper: float = math.inf, integer: bool = False) -> int:
+        self.cost.append(cost)
+        self.lower.append(lower)
+        self.upper.append(upper)
+        self.integer.append(integer)
+        return len(self.cost) - 1
+
+    def add_row(self, coefs: dict[int, float], lo: float, hi: float) -> None:
+        idx = sorted(coefs)
+        self.rows.append((idx, [coefs[i] for i in idx], lo, hi))
+
+    @property
+    def num_vars(self) -> int:
+        return len(self.cost)
+
+
+@dataclass(frozen=True)
+class Block:
+    node: int
+    offset: int
+    size: int
+    children: tuple[int, ...]  # indices into the block list
+
+
+def node_blocks(cluster: Cluster) -> list[Block]:
+    """The laminar block family of every node (buddy blocks, plus the whole node if not a power of two).
+
+    Blocks are listed children first, so a single pass in list order visits every child before its parent.
+    """
+    blocks: list[Block] = []
+    for node, n in enumerate(cluster.nodes):
+        spans = []
+        size = 1
+        while size <= n:
+            spans += [(off, size) for off in range(0, n - size + 1, size)]
+            size *= 2
+        if (n & (n - 1)) != 0:
+            spans.append((0, n))
+        spans.sort(key=lambda s: (s[1], s[0]))
+        first = len(blocks)
+
+        def inside(a: tuple[int, int], b: tuple[int, int]) -> bool:
+            return b[0] <= a[0] and a[0] + a[1] <= b[0] + b[1] and a[1] < b[1]
+
+        for k, span in enumerate(spans):
+            below = [c for c in spans[:k] if inside(c, span)]
+            children = tuple(first + spans.index(c) for c in below if not any(inside(c, p) for p in below))
+            blocks.append(Block(node, span[0], span[1], children))
+    return blocks
+
+
+@dataclass
+class BlockModel:
+    model: LinearModel
+    choices: list[tuple[int, int, Option, int]]  # (var, job index, option, block index)
+    blocks: list[Block]
+    cmax: int
+
+
+def build_block_model(
+    jobs: Sequence[Job], cluster: Cluster, *, busy: Sequence[Reservation] = (), lower_bound: float = 0.0
+) -> BlockModel:
+    """The aligned-block MILP described in the module docstring."""
+    blocks = node_blocks(cluster)
+    m = LinearModel()
+    busy_until: dict[tuple[int, int], float] = {}
+    for r in busy:
+        for d in r.devices:
+            busy_until[(r.node, d)] = max(busy_until.get((r.node, d), 0.0), float(r.until))
+    horizon = sum(max(o.runtime for o in j.options) for j in jobs) + max(busy_until.values(), default=0.0)
+    cmax = m.add_var(cost=1.0, lower=lower_bound, upper=max(horizon, lower_bound))
+    comp = [m.add_var(upper=max(horizon, lower_bound)) for _ in blocks]
+    sizes_by_node: dict[int, list[int]] = {}
+    for b in blocks:
+        sizes_by_node.setdefault(b.node, []).append(b.size)
+    choices: list[tuple[int, int, Option, int]] = []
+    load: dict[int, dict[int, float]] = {i: {} for i in range(len(blocks))}
+    for j, job in enumerate(jobs):
+        row: dict[int, float] = {}
+        for option in job.options:
+            for node, sizes in sizes_by_node.items():
+                fit = [s for s in sizes if s >= option.devices]
+                if not fit:
+                    continue
+                size = min(fit)
+                for bi, b in enumerate(blocks):
+                    if b.node == node and b.size == size:
+                        v = m.add_var(upper=1.0, integer=True)
+                        choices.append((v, j, option, bi))
+                        row[v] = 1.0
+                        load[bi][v] = option.runtime
+        if not row:
+            raise ValueError(f"Job {job.name!r} has no option that fits any node.")
+        m.add_row(row, 1.0, 1.0)
+    for bi, b in enumerate(blocks):
+        if not b.children:
+            coefs = {comp[bi]: 1.0}
+            for v, r in load[bi].items():
+                coefs[v] = -r
+            m.add_row(coefs, busy_until.get((b.node, b.offset), 0.0), math.inf)
+        for c in b.children:
+            coefs = {comp[bi]: 1.0, comp[c]: -1.0}
+            for v, r in load[bi].items():
+                coefs[v] = -r
+            m.add_row(coefs, 0.0, math.inf)
+    for node in range(len(cluster.nodes)):
+        root = max((bi for bi, b in enumerate(blocks) if b.node == node), key=lambda bi: blocks[bi].size)
+        m.add_row({cmax: 1.0, comp[root]: -1.0}, 0.0, math.inf)
+    # Symmetry: identical sibling subtrees (same size, no reservation inside) are interchangeable.
+    for b in blocks:
+        kids = [c for c in b.children if not any(
+            (blocks[c].node, d) in busy_until for d in range(blocks[c].offset, blocks[c].offset + blocks[c].size))]
+        for c1, c2 in zip(kids, kids[1:]):
+            if blocks[c1].size == blocks[c2].size:
+                m.add_row({comp[c1]: 1.0, comp[c2]: -1.0}, 0.0, math.inf)
+    return BlockModel(m, choices, blocks, cmax)
+
+
+def warm_start(bm: BlockModel, jobs: Sequence[Job], plan: Plan, busy: Sequence[Reservation]) -> list[float]:
+    """A complete MIP start that keeps ``plan``'s option and node per job, on aligned blocks.
+
+    Jobs are placed in ``plan``'s start order, each on the block of its size (on its node) that is free first;
+    then identical sibling subtrees are swapped so the start also satisfies the symmetry rows.
+    """
+    index = {job.name: j for j, job in enumerate(jobs)}
+    busy_until = _busy_until(busy)
+    free = dict(busy_until)
+    where: dict[int, tuple[Option, int]] = {}
+    for a in sorted(plan.assignments, key=lambda a: (a.start, a.job)):
+        j = index[a.job]
+        cands = [bi for v, jj, o, bi in bm.choices if jj == j and o == a.option and bm.blocks[bi].node == a.node]
+        if not cands:
+            cands = [bi for v, jj, o, bi in bm.choices if jj == j]
+            option = next(o for v, jj, o, bi in bm.choices if jj == j and bi == cands[0])
+        else:
+            option = a.option
+
+        def ready(bi: int) -> float:
+            b = bm.blocks[bi]
+            return max(free.get((b.node, d), 0.0) for d in range(b.offset, b.offset + b.size))
+
+        bi = min(cands, key=lambda bi: (ready(bi), bi))
+        b = bm.blocks[bi]
+        end = ready(bi) + option.runtime
+        for d in range(b.offset, b.offset + b.size):
+            free[(b.node, d)] = end
+        where[j] = (option, bi)
+    _canonicalise(bm, where, busy_until)
+    values = [0.0] * bm.model.num_vars
+    lookup = {(j, o, bi): v for v, j, o, bi in bm.choices}
+    for j, (option, bi) in where.items():
+        values[lookup[(j, option, bi)]] = 1.0
+    comp = _completions(bm, where, busy_until)
+    for bi, c in enumerate(comp):
+        values[bm.cmax + 1 + bi] = c
+    values[bm.cmax] = max([c for c in comp] + [bm.model.lower[bm.cmax]])
+    return values
+
+
+def _busy_until(busy: Sequence[Reservation]) -> dict[tuple[int, int], float]:
+    out: dict[tuple[int, int], float] = {}
+    for r in busy:
+        for d in r.devices:
+            out[(r.node, d)] = max(out.get((r.node, d), 0.0), float(r.until))
+    return out
+
+
+def _completions(bm: BlockModel, where: dict[int, tuple[Option, int]], busy_until: dict) -> list[float]:
+    """C[B] exactly as the model rows define it (tight), for a given (option, block) per job."""
+    load = [0.0] * len(bm.blocks)
+    for option, bi in where.values():
+        load[bi] += option.runtime
+    comp = [0.0] * len(bm.blocks)
+    for bi, b in enumerate(bm.blocks):
+        base = max((comp[c] for c in b.children), default=busy_until.get((b.node, b.offset), 0.0))
+        comp[bi] = base + load[bi]
+    return comp
+
+
+def _canonicalise(bm: BlockModel, where: dict[int, tuple[Option, int]], busy_until: dict) -> None:
+    """Swap identical sibling subtrees, largest blocks first, so completions are non-increasing left to right."""
+    by_span = {(b.node, b.offset, b.size): bi for bi, b in enumerate(bm.blocks)}
+    for parent in sorted(range(len(bm.blocks)), key=lambda bi: -bm.blocks[bi].size):
+        kids = [c for c in bm.blocks[parent].children if not _has_busy(bm.blocks[c], busy_until)]
+        for size in sorted({bm.blocks[c].size for c in kids}):
+            group = [c for c in kids if bm.blocks[c].size == size]
+            if len(group) < 2:
+                continue
+            comp = _completions(bm, where, busy_until)
+            order = sorted(group, key=lambda c: (-comp[c], c))  # target: group[i] receives order[i]'s content
+            moves = {bm.blocks[src].offset: bm.blocks[dst].offset for src, dst in zip(order, group)}
+            for j, (option, bi) in list(where.items()):
+                b = bm.blocks[bi]
+                for src_off, dst_off in moves.items():
+                    if b.node == bm.blocks[parent].node and src_off <= b.offset < src_off + size and b.size <= size:
+                        where[j] = (option, by_span[(b.node, b.offset - src_off + dst_off, b.size)])
+                        break
+
+
+def _has_busy(b: Block, busy_until: dict) -> bool:
+    return any((b.node, d) in busy_until for d in range(b.offset, b.offset + b.size))
+
+
+def decode(bm: BlockModel, jobs: Sequence[Job], values: Sequence[float], cluster: Cluster,
+           busy: Sequence[Reservation]) -> list[Assignment]:
+    """Bottom-up stacked schedule of the chosen (option, block) pairs, then compacted."""
+    on_block: dict[int, list[tuple[int, Option]]] = {}
+    for v, j, option, bi in bm.choices:
+        if values[v] > 0.5:
+            on_block.setdefault(bi, []).append((j, option))
+    free: dict[tuple[int, int], float] = {}
+    for r in busy:
+        for d in r.devices:
+            free[(r.node, d)] = max(free.get((r.node, d), 0.0), float(r.until))
+    out = []
+    for bi, b in enumerate(bm.blocks):  # children come before parents
+        devices = list(range(b.offset, b.offset + b.size))
+        t = max(free.get((b.node, d), 0.0) for d in devices)
+        for j, option in sorted(on_block.get(bi, []), key=lambda x: (-x[1].runtime, jobs[x[0]].name)):
+            out.append(Assignment(jobs[j].name, option, b.node, tuple(devices[: option.devices]), t, t + option.runtime))
+            t += option.runtime
+        for d in devices:
+            free[(b.node, d)] = t
+    return compact(out, cluster, busy=busy)
+
+
+@dataclass
+class MilpResult:
+    values: list[float] | None
+    optimal: bool
+    bound: float
+
+
+def solve_gurobi(model: LinearModel, *, time_limit: float, seed: int, start: list[float] | None) -> MilpResult:
+    """Solve with gurobipy (one thread). Raises ``SolverUnavailable`` on import, licence or size-limit errors."""
+    try:
+        import gurobipy as gp
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise SolverUnavailable(f"gurobipy is not installed ({e})") from e
+    try:
+        env = gp.Env(empty=True)
+        env.setParam("OutputFlag", 0)
+        env.start()
+        g = gp.Model(env=env)
+        g.Params.Threads = 1
+        g.Params.Seed = seed
+        g.Params.TimeLimit = max(time_limit, 0.01)
+        g.Params.MIPGap = 1e-6
+        vtypes = [gp.GRB.INTEGER if i else gp.GRB.CONTINUOUS for i in model.integer]
+        upper = [u if math.isfinite(u) else gp.GRB.INFINITY for u in model.upper]
+        x = g.addMVar(model.num_vars, lb=model.lower, ub=upper, obj=model.cost, vtype=vtypes)
+        xs = x.tolist()
+        for idx, coefs, lo, hi in model.rows:
+            expr = gp.LinExpr(coefs, [xs[i] for i in idx])
+            if lo == hi:
+                g.addLConstr(expr, gp.GRB.EQUAL, lo)
+            else:
+                if math.isfinite(lo):
+                    g.addLConstr(expr, gp.GRB.GREATER_EQUAL, lo)
+                if math.isfinite(hi):
+                    g.addLConstr(expr, gp.GRB.LESS_EQUAL, hi)
+        if start is not None:
+            for i, v in enumerate(start):
+                xs[i].Start = v
+        g.optimize()
+        if g.SolCount == 0:
+            return MilpResult(None, False, g.ObjBound if g.Status == gp.GRB.OPTIMAL else -math.inf)
+        return MilpResult(list(x.X), g.Status == gp.GRB.OPTIMAL, g.ObjBound)
+    except gp.GurobiError as e:
+        if getattr(e, "errno", None) == 10010:
+            raise SolverUnavailable(
+                f"Gurobi's size-limited licence refused the model ({model.num_vars} variables, {len(model.rows)} "
+                f"constraints; GurobiError 10010: {e})"
+            ) from e
+        raise SolverUnavailable(f"Gurobi failed: {e} (errno {getattr(e, 'errno', None)})") from e
+
+
+def solve_highs(model: LinearModel, *, time_limit: float, seed: int, start: list[float] | None) -> MilpResult:
+    """Solve with HiGHS (one thread, fixed random seed)."""
+    try:
+        import highspy
+    except ImportError as e:  # pragma: no cover
+        raise SolverUnavailable(f"highspy is not installed ({e})") from e
+    # The core class: the Python wrapper prints a banner on construction even before options can silence it.
+    h = highspy._core._Highs() if hasattr(highspy, "_core") else highspy.Highs()
+    for k, v in {"output_flag": False, "random_seed": seed, "time_limit": max(time_limit, 0.01),
+                 "mip_rel_gap": 1e-6, "threads": 1}.items():
+        h.setOptionValue(k, v)
+    inf = highspy.kHighsInf
+    lp = highspy.HighsLp()
+    lp.num_col_ = model.num_vars
+    lp.num_row_ = len(model.rows)
+    lp.col_cost_ = model.cost
+    lp.col_lower_ = model.lower
+    lp.col_upper_ = [u if math.isfinite(u) else inf for u in model.upper]
+    lp.row_lower_ = [lo if math.isfinite(lo) else -inf for _, _, lo, _ in model.rows]
+    lp.row_upper_ = [hi if math.isfinite(hi) else inf for _, _, _, hi in model.rows]
+    starts, index, value = [0], [], []
+    for idx, coefs, _, _ in model.rows:
+        index += idx
+        value += coefs
+        starts.append(len(index))
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.num_col_ = model.num_vars
+    lp.a_matrix_.num_row_ = len(model.rows)
+    lp.a_matrix_.start_ = starts
+    lp.a_matrix_.index_ = index
+    lp.a_matrix_.value_ = value
+    kinds = highspy.HighsVarType
+    lp.integrality_ = [kinds.kInteger if i else kinds.kContinuous for i in model.integer]
+    h.passModel(lp)
+    if start is not None:
+        sol = highspy.HighsSolution()
+        sol.col_value = start
+        sol.value_valid = True
+        h.setSolution(sol)
+    h.run()
+    status = h.getModelStatus()
+    info = h.getInfo()
+    sol = h.getSolution()
+    has = info.primal_solution_status >= 1 and len(sol.col_value) == model.num_vars
+    bound = info.mip_dual_bound if math.isfinite(info.mip_dual_bound) else -math.inf
+    return MilpResult(list(sol.col_value) if has else None, status == highspy.HighsModelStatus.kOptimal, bound)
+
+
+BACKENDS = {"gurobi": solve_gurobi, "highs": solve_highs}
+
+
+def solve_block_milp(
+    jobs: Sequence[Job],
+    cluster: Cluster,
+    *,
+    backend: str,
+    busy: Sequence[Reservation] = (),
+    time_limit: float,
+    seed: int,
+    hint: Plan | None,
+    lower_bound: float,
+) -> Plan | None:
+    """Build the block model, solve it with ``backend`` and decode; None if no solution was found in time."""
+    bm = build_block_model(jobs, cluster, busy=busy, lower_bound=lower_bound)
+    start = warm_start(bm, jobs, hint, busy) if hint is not None else None
+    result = BACKENDS[backend](bm.model, time_limit=time_limit, seed=seed, start=start)
+    if result.values is None:
+        return None
+    assignments = decode(bm, jobs, result.values, cluster, busy)
+    plan = Plan(tuple(sorted(assignments, key=lambda a: (a.start, a.job))), solver=backend)
+    plan.info.update(model_vars=bm.model.num_vars, model_rows=len(bm.model.rows), block_optimal=result.optimal,
+                     milp_bound=result.bound)
+    return plan

@@ -1,0 +1,94 @@
+"""Event-driven re-planning with hysteresis (DESIGN.md decision 7).
+
+The executor calls ``replan`` whenever a trial ends, is pruned or fails, or new trials arrive. Running trials are
+fixed (``busy``, with their estimated remaining time); pending trials are free. The previous plan, shifted to the
+new "now" and repaired (kept devices and order, corrected runtimes, new trials appended), competes with a fresh
+solve; the fresh plan wins only if it is shorter by ``min_improvement``. This keeps a tiny gain from reshuffling
+every trial's devices (which would invalidate the launcher's device choices and warm caches for nothing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from optuna_saturn.planner._list import schedule_in_order
+from optuna_saturn.planner._options import check_inputs
+from optuna_saturn.planner._solve import solve
+from optuna_saturn.planner._types import Assignment, Cluster, Job, Option, Plan, Reservation
+
+
+def replan(
+    previous: Plan | None,
+    jobs: Sequence[Job],
+    cluster: Cluster,
+    *,
+    busy: Sequence[Reservation] = (),
+    solver: str = "auto",
+    time_limit: float = 5.0,
+    seed: int = 0,
+    min_improvement: float = 0.02,
+    min_gain: float = 0.0,
+) -> Plan:
+    """Re-plan the pending ``jobs`` (times from now) given running trials in ``busy``.
+
+    ``previous`` is the plan being executed (any time origin: only its options, nodes, devices and order are
+    reused). The fresh plan replaces the repaired previous one only if its makespan is lower by more than
+    ``min_improvement`` (relative) and by more than ``min_gain`` seconds. ``plan.info["replan"]`` says which won
+    ("kept", "replaced" or "fresh" when there was nothing to keep), with both makespans.
+    """
+    check_inputs(jobs, cluster, busy)
+    kept = repair(previous, jobs, cluster, busy=busy) if previous is not None else None
+    fresh = solve(jobs, cluster, solver=solver, time_limit=time_limit, busy=busy, seed=seed, hint=kept)
+    if kept is None:
+        fresh.info.update(replan="fresh", fresh_makespan=fresh.makespan)
+        return fresh
+    threshold = min(kept.makespan * (1.0 - min_improvement), kept.makespan - min_gain)
+    winner = fresh if fresh.makespan < threshold - 1e-9 else kept
+    out = Plan(winner.assignments, solver=winner.solver if winner is fresh else "kept", lower_bound=fresh.lower_bound,
+               solve_seconds=fresh.solve_seconds, optimal=winner.makespan <= fresh.lower_bound * (1 + 1e-9))
+    out.info.update(replan="replaced" if winner is fresh else "kept", kept_makespan=kept.makespan,
+                    fresh_makespan=fresh.makespan)
+    return out
+
+
+def repair(previous: Plan, jobs: Sequence[Job], cluster: Cluster, *, busy: Sequence[Reservation] = ()) -> Plan:
+    """``previous`` made valid for the current state, changing as little as possible.
+
+    Jobs that were planned keep their node, devices and relative order, with the option of the same strategy and
+    device count (now with its corrected runtime); each starts as soon as its devices are free (after ``busy`` and
+    its predecessors). Jobs that were not planned, or whose option or devices no longer exist, are appended with
+    the earliest-finish rule.
+    """
+    by_name = {j.name: j for j in jobs}
+    free = [[0.0] * n for n in cluster.nodes]
+    for r in busy:
+        for d in r.devices:
+            free[r.node][d] = max(free[r.node][d], float(r.until))
+    out: list[Assignment] = []
+    placed: set[str] = set()
+    for a in sorted(previous.assignments, key=lambda a: (a.start, a.end, a.job)):
+        job = by_name.get(a.job)
+        if job is None or a.node >= len(cluster.nodes) or any(d >= cluster.nodes[a.node] for d in a.devices):
+            continue
+        option = _same_option(job, a.option)
+        if option is None or option.devices != len(a.devices):
+            continue
+        start = max(free[a.node][d] for d in a.devices)
+        for d in a.devices:
+            free[a.node][d] = start + option.runtime
+        out.append(Assignment(job.name, option, a.node, a.devices, start, start + option.runtime))
+        placed.add(job.name)
+    rest = [(j, j.options) for j in jobs if j.name not in placed]
+    rest.sort(key=lambda x: (-min(o.runtime for o in x[1]), x[0].name))
+    if rest:
+        # Append after everything kept: reservations for the kept jobs' device occupancy up to their ends.
+        hold = [Reservation(n, (d,), free[n][d]) for n, row in enumerate(free) for d in range(len(row)) if row[d] > 0]
+        out += schedule_in_order(rest, cluster, busy=hold)
+    return Plan(tuple(sorted(out, key=lambda a: (a.start, a.job))), solver="kept")
+
+
+def _same_option(job: Job, old: Option) -> Option | None:
+    for o in job.options:
+        if o.strategy == old.strategy and o.devices == old.devices:
+            return o
+    return None

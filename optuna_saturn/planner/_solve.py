@@ -1,0 +1,153 @@
+"""``solve``: heuristics first (always a valid plan), then the chosen backend improves it within the time limit."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from optuna_saturn.planner._baselines import sequential_max, task_parallel
+from optuna_saturn.planner._bounds import lower_bound
+from optuna_saturn.planner._cpsat import solve_cpsat
+from optuna_saturn.planner._greedy import greedy
+from optuna_saturn.planner._list import list_schedule
+from optuna_saturn.planner._milp import SolverUnavailable, solve_block_milp
+from optuna_saturn.planner._options import check_inputs, prune_jobs
+from optuna_saturn.planner._types import Cluster, Job, Plan, Reservation
+from optuna_saturn.planner._validate import plan_problems
+
+_logger = logging.getLogger("optuna_saturn.planner")
+
+SOLVERS = ("auto", "gurobi", "highs", "cpsat", "list", "greedy", "sequential-max", "task-parallel")
+_BASELINES = {"sequential-max": sequential_max, "task-parallel": task_parallel}
+# Above this many (job, option, block) binaries the block MILP is not worth building; CP-SAT takes over.
+_MILP_MAX_VARS = 20_000
+# "auto" gives small instances to the MILP first; above this many jobs it goes straight to CP-SAT.
+_AUTO_MILP_JOBS = 60
+# Above this many (job, option, node) intervals, "auto" trusts the list heuristic over CP-SAT.
+_AUTO_CPSAT_INTERVALS = 12_000
+
+
+def solve(
+    jobs: Sequence[Job],
+    cluster: Cluster,
+    solver: str = "auto",
+    time_limit: float = 10.0,
+    *,
+    busy: Sequence[Reservation] = (),
+    seed: int = 0,
+    hint: Plan | None = None,
+) -> Plan:
+    """Plan ``jobs`` on ``cluster``, minimising the makespan. ``busy`` holds devices already taken.
+
+    ``solver`` is one of ``SOLVERS``. Every backend starts from the best heuristic plan (greedy and moldable list
+    scheduling), is warm-started with it, and its answer is kept only if it is shorter, so a backend can never
+    make the plan worse; the returned plan always passes ``validate``. ``time_limit`` covers the whole call.
+    ``hint``, a valid plan of the same jobs (e.g. the previous plan, repaired), joins the warm-start candidates.
+    """
+    t0 = time.perf_counter()
+    if solver not in SOLVERS:
+        raise ValueError(f"Unknown solver {solver!r}; choose one of {SOLVERS}.")
+    check_inputs(jobs, cluster, busy)
+    if not jobs:
+        return Plan((), solver=solver, lower_bound=0.0)
+    if solver in _BASELINES:
+        plan = _BASELINES[solver](jobs, cluster, busy=busy)
+        return _finish(plan, jobs, cluster, busy, lower_bound(jobs, cluster, busy=busy), t0)
+
+    pruned = prune_jobs(jobs, cluster)
+    lb = lower_bound(pruned, cluster, busy=busy)
+    plain = greedy(pruned, cluster, busy=busy)
+    if solver == "greedy":
+        return _finish(plain, jobs, cluster, busy, lb, t0)
+    listed = list_schedule(pruned, cluster, busy=busy, lower=lb, upper=plain.makespan,
+                           time_limit=max(0.05, 0.25 * time_limit))
+    candidates = [plain, listed]
+    if hint is not None and not plan_problems(hint, jobs, cluster, busy=busy):
+        candidates.append(hint)
+    best = min(candidates, key=lambda p: p.makespan)
+    if solver == "list" or best.makespan <= lb * (1 + 1e-9):
+        return _finish(best, jobs, cluster, busy, lb, t0)
+
+    def left() -> float:
+        return max(0.0, time_limit - (time.perf_counter() - t0))
+
+    intervals = sum(len(j.options) for j in pruned) * len(cluster.nodes)
+    if solver == "auto":
+        if len(jobs) <= _AUTO_MILP_JOBS:
+            stages = [(_milp_name(), 0.4), ("cpsat", 1.0)]
+        elif intervals <= _AUTO_CPSAT_INTERVALS:
+            stages = [("cpsat", 1.0)]
+        else:
+            stages = []
+    else:
+        stages = [(solver, 1.0)]
+    notes: dict = {}
+    for name, share in stages:
+        if best.makespan <= lb * (1 + 1e-9) or left() <= 0.02:
+            break
+        candidate = _run_backend(name, pruned, cluster, busy, left() * share, seed, best, lb, notes,
+                                 level=logging.WARNING if solver == name else logging.INFO)
+        if candidate is not None and candidate.makespan < best.makespan - 1e-9:
+            best = candidate
+    return _finish(best, jobs, cluster, busy, lb, t0, notes)
+
+
+def _milp_name() -> str:
+    try:
+        import gurobipy  # noqa: F401
+    except ImportError:
+        return "highs"
+    return "gurobi"
+
+
+def _run_backend(
+    name: str,
+    jobs: list[Job],
+    cluster: Cluster,
+    busy: Sequence[Reservation],
+    time_limit: float,
+    seed: int,
+    hint: Plan,
+    lb: float,
+    notes: dict,
+    level: int = logging.WARNING,
+) -> Plan | None:
+    """Run one backend; on ``SolverUnavailable`` log and fall back (recorded in ``notes``).
+
+    The log line is a WARNING when the user asked for this backend, INFO when "auto" merely tried it.
+    """
+    notes.setdefault("backends", []).append(name)
+    if name == "cpsat":
+        return solve_cpsat(jobs, cluster, busy=busy, time_limit=time_limit, seed=seed, hint=hint, lower_bound=lb)
+    try:
+        return solve_block_milp(jobs, cluster, backend=name, busy=busy, time_limit=time_limit, seed=seed,
+                                hint=hint, lower_bound=lb)
+    except SolverUnavailable as e:
+        if name != "gurobi":
+            _logger.log(level, "%s backend unavailable: %s; keeping the heuristic plan.", name, e)
+            notes["fallback"] = f"{name} -> heuristic: {e}"
+            return None
+        fallback = "highs" if _block_vars(jobs, cluster) <= _MILP_MAX_VARS else "cpsat"
+        _logger.log(level, "gurobi backend unavailable: %s; falling back to %r.", e, fallback)
+        notes["fallback"] = f"gurobi -> {fallback}: {e}"
+        return _run_backend(fallback, jobs, cluster, busy, time_limit, seed, hint, lb, notes, level=level)
+
+
+def _block_vars(jobs: Sequence[Job], cluster: Cluster) -> int:
+    """Roughly how many binaries the block MILP would have (options times blocks of that size)."""
+    return sum(len(j.options) for j in jobs) * sum(cluster.nodes)
+
+
+def _finish(plan: Plan, jobs: Sequence[Job], cluster: Cluster, busy: Sequence[Reservation], lb: float,
+            t0: float, notes: dict | None = None) -> Plan:
+    problems = plan_problems(plan, jobs, cluster, busy=busy)
+    if problems:  # a bug in a backend: never hand out an invalid plan silently
+        raise RuntimeError(f"Planner produced an invalid plan ({plan.solver}): {problems[:5]}")
+    info = dict(plan.info)
+    info.update(notes or {})
+    optimal = plan.makespan <= lb * (1 + 1e-9) or bool(info.get("cpsat_optimal") and info.get("exact_grid"))
+    out = Plan(tuple(sorted(plan.assignments, key=lambda a: (a.start, a.job))), solver=plan.solver,
+               lower_bound=lb, solve_seconds=time.perf_counter() - t0, optimal=optimal)
+    out.info.update(info)
+    return out
