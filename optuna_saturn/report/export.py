@@ -1,0 +1,80 @@
+"""Write the chart to files: self-contained HTML (works offline) and PNG.
+
+PNG goes through kaleido (plotly's exporter, which drives a local Chrome/Chromium) when it is installed; without
+it, a headless Chromium screenshot of the HTML does the same job. Either way nothing is fetched from the network:
+the HTML embeds plotly.js.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import plotly.graph_objects as go
+
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "chrome")
+# Flags for a headless Chromium that talks to nobody: no sandbox (root in containers), no background traffic.
+CHROMIUM_FLAGS = (
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
+)
+
+
+class ExportError(RuntimeError):
+    """A PNG could not be written; the message names what to install."""
+
+
+def write_html(fig: go.Figure, path: str | os.PathLike) -> Path:
+    """A single HTML file with plotly.js inside, so it opens without a network."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.write_html(path, include_plotlyjs=True, full_html=True)
+    return path
+
+
+def write_png(fig: go.Figure, path: str | os.PathLike, *, width: int = 1200, height: int | None = None) -> str:
+    """Write ``fig`` as PNG; returns how (``"kaleido"`` or ``"chromium"``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    height = height or int(fig.layout.height or 500)
+    try:
+        import kaleido  # noqa: F401
+    except ImportError:
+        kaleido_error: Exception | None = None
+    else:
+        try:
+            fig.write_image(path, format="png", width=width, height=height)
+            return "kaleido"
+        except Exception as exc:  # e.g. kaleido finds no Chrome: try Chromium directly
+            kaleido_error = exc
+    browser = find_chromium()
+    if browser is None:
+        hint = f" (kaleido failed: {kaleido_error})" if kaleido_error else ""
+        raise ExportError(
+            f"Cannot write PNG{hint}: install kaleido (pip install kaleido) with Chrome/Chromium, or Chromium "
+            "(e.g. apt-get install chromium). The HTML report does not need either."
+        )
+    _chromium_screenshot(browser, fig, path, width=width, height=height)
+    return "chromium"
+
+
+def find_chromium() -> str | None:
+    """The first Chrome/Chromium on PATH (``$CHROMIUM`` wins when set)."""
+    if os.environ.get("CHROMIUM"):
+        return os.environ["CHROMIUM"]
+    return next((found for name in CHROMIUM_NAMES if (found := shutil.which(name))), None)
+
+
+def _chromium_screenshot(browser: str, fig: go.Figure, path: Path, *, width: int, height: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="saturn-png-") as tmp:
+        page = write_html(go.Figure(fig).update_layout(width=width, height=height), Path(tmp) / "chart.html")
+        command = [
+            browser, *CHROMIUM_FLAGS, f"--user-data-dir={tmp}/profile", f"--window-size={width},{height}",
+            f"--screenshot={path.resolve()}", page.resolve().as_uri(),
+        ]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        if result.returncode != 0 or not path.exists():
+            raise ExportError(f"Chromium could not write {path}: {result.stderr.strip()[-500:]}")

@@ -1,0 +1,201 @@
+"""The ``optuna-saturn`` command line, on a real small study and on bad input.
+
+One real sweep (the ``optuna-saturn`` script, each trial in a loopback-only network namespace) is recorded once
+per module; ``plan``, ``simulate`` and ``report`` read it. Bad input runs in-process through typer's CliRunner and
+must end with a message that names the fix and exit code 2, before anything is created.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+from typer.testing import CliRunner
+
+from optuna_saturn.cli import app
+from optuna_saturn.report import GRAPH_OBJECT_ID
+
+TESTS = Path(__file__).resolve().parent
+OBJECTIVES = TESTS / "objectives.py"
+STUDY = "cli-sweep"
+runner = CliRunner()
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """The installed ``optuna-saturn`` script, as a user runs it."""
+    script = shutil.which("optuna-saturn") or str(Path(sys.executable).with_name("optuna-saturn"))
+    return subprocess.run([script, *args], capture_output=True, text=True, cwd=cwd, timeout=240)
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args))
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> str:
+    """A storage holding one real sweep of 3 trials on 2 CPU devices, run by ``optuna-saturn run``."""
+    if not (shutil.which("unshare") and shutil.which("ip")):  # the same requirement as conftest's saturn_options
+        message = "needs unshare and ip to launch trials in a loopback-only network namespace"
+        pytest.fail(message) if in_ci() else pytest.skip(message)
+    folder = tmp_path_factory.mktemp("cli")
+    storage = f"sqlite:///{folder / 'sweep.sqlite3'}"
+    result = cli("run", f"{OBJECTIVES}:curve", "--storage", storage, "--study", STUDY, "--n-trials", "3",
+                 "--devices", "2", "--strategies", "single,ddp", "--isolate-network", "--progress", "plain",
+                 "--log-dir", str(folder / "runs"), cwd=folder)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return storage
+
+
+def table_rows(output: str) -> list[list[str]]:
+    """The body rows of a rich table, as lists of cell texts."""
+    rows = [[cell.strip() for cell in line.strip().strip("│").split("│")] for line in output.splitlines()
+            if line.startswith("│")]
+    return rows
+
+
+# -- run --------------------------------------------------------------------------------------------------------------
+@pytest.mark.launch
+def test_run_records_a_sweep_and_can_continue_it(recorded: str, tmp_path: Path) -> None:
+    study = optuna.load_study(study_name=STUDY, storage=recorded)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
+    for trial in study.trials:
+        assert trial.user_attrs["saturn:strategy"] in ("single", "ddp")
+        assert trial.user_attrs["saturn:options"]
+    attrs = study._storage.get_study_system_attrs(study._study_id)
+    assert any(k.startswith(f"dashboard:plot_data:{GRAPH_OBJECT_ID}:") for k in attrs)  # published by default
+
+    # Started again, on the same study, with the objective given as module:function from its folder.
+    again = cli("run", "objectives:curve", "--storage", recorded, "--study", STUDY, "--n-trials", "1",
+                "--devices", "1", "--strategies", "single", "--isolate-network", "--quiet",
+                "--log-dir", str(tmp_path / "runs"), cwd=TESTS)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.stdout == ""  # --quiet
+    study = optuna.load_study(study_name=STUDY, storage=recorded)
+    assert len(study.trials) == 4 and study.trials[-1].state == TrialState.COMPLETE
+    started = {t.user_attrs["saturn:sweep_started_at"] for t in study.trials}
+    assert len(started) == 2  # two sweeps in one study
+
+
+# -- plan, simulate, report -------------------------------------------------------------------------------------------
+@pytest.mark.launch
+def test_plan_prints_a_plan_with_makespan_and_bound(recorded: str) -> None:
+    result = invoke("plan", "--storage", recorded, "--study", STUDY, "--nodes", "1,1", "--solver", "greedy")
+    assert result.exit_code == 0, result.output
+    rows = table_rows(result.output)
+    assert sorted(int(r[0]) for r in rows) == [0, 1, 2, 3][: len(rows)] and len(rows) >= 3
+    assert {r[3] for r in rows} <= {"0", "1"}  # node index
+    assert all(r[1] == "single" for r in rows)  # ddp needs 2 devices in one node: it cannot run on 1+1
+    assert "makespan" in result.output and "lower bound" in result.output
+
+
+@pytest.mark.launch
+def test_simulate_compares_device_counts(recorded: str) -> None:
+    study = optuna.load_study(study_name=STUDY, storage=recorded)
+    result = invoke("simulate", "--storage", recorded, "--study", STUDY, "--devices", "1,2,4")
+    assert result.exit_code == 0, result.output
+    rows = {int(r[1]): r for r in table_rows(result.output)}
+    assert sorted(rows) == [1, 2, 4]
+    makespans = {n: float(rows[n][2]) for n in rows}
+    assert makespans[1] >= makespans[2] >= makespans[4] > 0
+    # On one device every trial runs alone with 'single', as long as it really took (observed runtimes).
+    alone = 0.0
+    for trial in study.trials:
+        single = next(o["runtime"] for o in trial.user_attrs["saturn:options"] if o["strategy"] == "single")
+        attrs = trial.user_attrs
+        alone += single * attrs["saturn:actual_runtime"] / attrs["saturn:planned_runtime"]
+    assert makespans[1] == pytest.approx(alone, abs=0.1 * len(study.trials))
+
+
+@pytest.mark.launch
+def test_report_writes_html_png_summary_and_publishes(recorded: str, tmp_path: Path) -> None:
+    from optuna_saturn.report.export import find_chromium
+
+    if find_chromium() is None:
+        message = "Chromium is missing for PNG export; install it with .ci/install-browser"
+        pytest.fail(message) if in_ci() else pytest.skip(message)
+    result = invoke("report", "--storage", recorded, "--study", STUDY, "--out", str(tmp_path), "--publish")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "schedule.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "Plotly.newPlot" in (tmp_path / "schedule.html").read_text()
+    summary = (tmp_path / "summary.txt").read_text()
+    assert "COMPLETE" in summary and "makespan:" in summary and "lower bound" in summary
+    assert "utilisation:" in summary and "strategies:" in summary
+
+    from optuna_dashboard import get_note
+
+    assert "Saturn schedule" in get_note(optuna.load_study(study_name=STUDY, storage=recorded))
+
+
+# -- help and bad input -----------------------------------------------------------------------------------------------
+def test_help_lists_every_command() -> None:
+    result = invoke("--help")
+    assert result.exit_code == 0
+    for command in ("run", "plan", "simulate", "report"):
+        assert command in result.output
+        sub = invoke(command, "--help")
+        assert sub.exit_code == 0 and "--storage" in sub.output
+
+
+def error_of(result) -> str:
+    assert result.exit_code == 2, result.output
+    return " ".join(result.output.split())  # rich may wrap lines
+
+
+def test_missing_function(tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    message = error_of(invoke("run", f"{OBJECTIVES}:no_such_function", "--storage", storage))
+    assert "No function 'no_such_function'" in message and "quadratic" in message  # lists what is there
+    message = error_of(invoke("run", f"{tmp_path / 'missing.py'}:f", "--storage", storage))
+    assert "does not exist" in message
+    message = error_of(invoke("run", "objectives", "--storage", storage))
+    assert "path/to/file.py:function or module:function" in message
+    assert not (tmp_path / "s.db").exists()  # nothing was created
+
+
+def test_malformed_storage_url(tmp_path: Path) -> None:
+    message = error_of(invoke("run", f"{OBJECTIVES}:quadratic", "--storage", "sweep.db", "--devices", "1"))
+    assert "Malformed storage URL" in message and "sqlite:///" in message
+    message = error_of(invoke("plan", "--storage", "sqlite:/x.db"))
+    assert "Malformed storage URL" in message
+    message = error_of(invoke("report", "--storage", f"sqlite:///{tmp_path / 'nope.db'}"))
+    assert "No database file" in message and not (tmp_path / "nope.db").exists()
+
+
+def test_more_devices_than_exist(tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    message = error_of(invoke("run", f"{OBJECTIVES}:quadratic", "--storage", storage, "--devices", "1000"))
+    assert "1000" in message and ("or fewer" in message or "Pass devices=" in message)
+    assert not (tmp_path / "s.db").exists()
+
+
+def test_unknown_strategy(tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    message = error_of(invoke("run", f"{OBJECTIVES}:quadratic", "--storage", storage, "--devices", "1",
+                              "--strategies", "single,warp-drive"))
+    assert "Unknown strategy 'warp-drive'" in message and "single" in message
+    assert not (tmp_path / "s.db").exists()
+
+
+def test_study_that_does_not_exist(tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    optuna.create_study(storage=storage, study_name="there")
+    for command in ("plan", "simulate", "report"):
+        message = error_of(invoke(command, "--storage", storage, "--study", "not-there"))
+        assert "Study 'not-there' does not exist" in message and "there" in message
+
+
+def test_study_without_saturn_trials(tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    optuna.create_study(storage=storage, study_name="plain").optimize(lambda t: t.suggest_float("x", 0, 1), 2)
+    message = error_of(invoke("plan", "--storage", storage, "--devices", "2"))  # the only study is picked
+    assert "saturn:options" in message and "optuna-saturn run" in message
