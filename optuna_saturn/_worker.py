@@ -67,7 +67,9 @@ def main(spec_path: str) -> int:
 
     channel = ChannelClient(spec["channel"], spec["token"]) if rank == 0 else None
     strategy = Strategy.from_json(spec["strategy"])
-    context = WorkerContext(rank, local_rank, world_size, device, dict(strategy.knobs))
+    context = WorkerContext(
+        rank, local_rank, world_size, device, dict(strategy.knobs), dict(strategy.launcher_config)
+    )
     trial = SaturnTrial(
         number=spec["trial_number"], strategy=strategy, engine=engine_for(strategy.engine, context),
         channel=channel, control_group=control_group, step_budget=spec.get("step_budget"),

@@ -125,22 +125,26 @@ class SaturnTrial:
     def prepare(self, *objects: Any) -> Any:
         """Apply the trial's strategy to a model, its optimizer and data loaders, in any order.
 
-        Returns the prepared objects in the order given (a single object when one is given). Pass the model
-        before its optimizer. A DataLoader's ``batch_size`` is the trial's global batch: it is split over ranks.
+        Returns the prepared objects in the order given (a single object when one is given). Create the
+        optimizer before calling: sharding strategies rebuild it over the sharded parameters. A DataLoader's
+        ``batch_size`` is the trial's global batch: it is split over ranks.
         """
+        modules = [o for o in objects if isinstance(o, torch.nn.Module)]
+        optimizers = [o for o in objects if isinstance(o, torch.optim.Optimizer)]
+        if len(modules) > 1 or len(optimizers) > 1:
+            raise ValueError("trial.prepare() takes one model and one optimizer; prepare others in another call.")
+        if optimizers and not modules:
+            raise ValueError("Pass the model with its optimizer: trial.prepare(model, optimizer, loader).")
+        model = optimizer = None
+        if modules:
+            model, optimizer = self._engine.prepare_model_and_optimizer(modules[0], optimizers[0] if optimizers else None)
+            self._models.append(model)
         prepared: list[Any] = []
-        model: torch.nn.Module | None = None
         for obj in objects:
             if isinstance(obj, torch.nn.Module):
-                if model is not None:
-                    raise ValueError("trial.prepare() takes one model; prepare further models in another call.")
-                model = self._engine.prepare_model(obj)
-                self._models.append(model)
                 prepared.append(model)
             elif isinstance(obj, torch.optim.Optimizer):
-                if model is None:
-                    raise ValueError("Pass the model before its optimizer: trial.prepare(model, optimizer, loader).")
-                prepared.append(self._engine.prepare_optimizer(obj, model))
+                prepared.append(optimizer)
             elif isinstance(obj, DataLoader):
                 prepared.append(self._engine.prepare_dataloader(obj))
             else:

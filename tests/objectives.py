@@ -88,3 +88,61 @@ def sleepy(trial) -> float:
     for _ in trial.steps(600):
         time.sleep(0.1)
     return 0.0
+
+
+class Blocks(torch.nn.Module):
+    """A small model with repeated blocks, as FSDP and activation checkpointing expect."""
+
+    def __init__(self, width: int = 16, depth: int = 3) -> None:
+        super().__init__()
+        self.inp = torch.nn.Linear(8, width)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh()) for _ in range(depth)
+        )
+        self.out = torch.nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for block in self.blocks:
+            x = x + block(x)
+        return self.out(x)
+
+
+def strategy_facts(model, optimizer) -> dict:
+    """What a test needs to see that a strategy is really applied."""
+    from torch.distributed.tensor import DTensor
+
+    facts: dict = {"optimizer": type(getattr(optimizer, "optimizer", optimizer)).__name__}
+    params = list(model.parameters())
+    dtensors = [p for p in params if isinstance(p, DTensor)]
+    if dtensors:
+        facts["sharded_params"] = len(dtensors) == len(params)
+        facts["local_fraction"] = sum(p.to_local().numel() for p in dtensors) / sum(p.numel() for p in dtensors)
+        state = model._get_fsdp_state()
+        facts["fsdp_offload"] = type(state._fsdp_param_group.offload_policy).__name__
+    if hasattr(model, "zero_optimization_stage"):
+        facts["zero_stage"] = model.zero_optimization_stage()
+        facts["zero_offload_optimizer"] = bool(model.zero_offload_optimizer())
+        facts["zero_offload_param"] = bool(model.zero_offload_param())
+    return facts
+
+
+def same_curve(trial) -> float:
+    """Identical data, seed and global batch under any strategy: the loss curve must not depend on it."""
+    torch.manual_seed(0)
+    model = Blocks()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    loader = torch.utils.data.DataLoader(regression_data(128), batch_size=16, shuffle=False)
+    model, optimizer, loader = trial.prepare(model, optimizer, loader)
+    losses = []
+    batches = iter(loader)
+    for step in trial.steps(8):
+        x, y = next(batches)
+        loss = torch.nn.functional.mse_loss(model(x.to(trial.device)), y.to(trial.device))
+        optimizer.zero_grad()
+        trial.backward(loss)
+        optimizer.step()
+        losses.append(trial.reduce_mean(loss))
+    trial.set_user_attr("losses", losses)
+    trial.set_user_attr("facts", strategy_facts(model, optimizer))
+    return losses[-1]

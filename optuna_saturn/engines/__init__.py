@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from optuna_saturn.engines._base import Engine, WorkerContext
 from optuna_saturn.engines._ddp import DDPEngine
+from optuna_saturn.engines._deepspeed import DeepSpeedEngine
+from optuna_saturn.engines._fsdp import FSDPEngine
 from optuna_saturn.engines._single import SingleEngine
 
-ENGINES: dict[str, type[Engine]] = {"single": SingleEngine, "ddp": DDPEngine}
+ENGINES: dict[str, type[Engine]] = {
+    "single": SingleEngine, "ddp": DDPEngine, "fsdp": FSDPEngine, "deepspeed": DeepSpeedEngine,
+}
 
 
 def engine_for(name: str, context: WorkerContext) -> Engine:

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -17,6 +17,7 @@ class WorkerContext:
     world_size: int
     device: torch.device
     knobs: dict
+    launcher_config: dict = field(default_factory=dict)
 
 
 class _EpochAwareLoader(DataLoader):
@@ -44,6 +45,13 @@ class Engine:
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> Any:
         return optimizer
+
+    def prepare_model_and_optimizer(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+    ) -> tuple[torch.nn.Module, Any]:
+        """Most strategies wrap the model first and keep the optimizer; sharding ones must see both at once."""
+        model = self.prepare_model(model)
+        return model, (None if optimizer is None else self.prepare_optimizer(optimizer, model))
 
     def prepare_dataloader(self, loader: DataLoader) -> DataLoader:
         return loader

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from optuna_saturn.devices import Device
 from optuna_saturn.strategy import Strategy
@@ -39,28 +41,75 @@ def network_isolation_prefix() -> list[str]:
     return ["unshare", *user_namespace, "--net", "--", "sh", "-c", _LOOPBACK_ONLY, "sh"]
 
 
-def _torchrun(nprocs: int) -> list[str]:
+def free_port() -> int:
+    """A free TCP port on loopback, for launchers that need one named (in an isolated namespace any port is)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _torchrun(devices: Sequence[Device]) -> tuple[list[str], dict[str, str]]:
     # --standalone: a private c10d rendezvous on a free port, so concurrent trials never share one.
-    return [
+    command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-        f"--nproc-per-node={nprocs}", "--max-restarts=0", "--monitor-interval=0.1", "-m", WORKER_MODULE,
+        f"--nproc-per-node={len(devices)}", "--max-restarts=0", "--monitor-interval=0.1", "-m", WORKER_MODULE,
     ]
+    return command, _visible_devices(devices)
+
+
+def _deepspeed(devices: Sequence[Device]) -> tuple[list[str], dict[str, str]]:
+    # The deepspeed launcher rewrites CUDA_VISIBLE_DEVICES itself: name the GPUs with --include instead.
+    command = [
+        sys.executable, "-m", "deepspeed.launcher.runner", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+        "--no_local_rank", "--module",
+    ]
+    env = {"TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(_extensions_cache()))}
+    if devices[0].kind == "cuda":
+        command[3:3] = [f"--include=localhost:{','.join(str(d.index) for d in devices)}"]
+        env["CUDA_VISIBLE_DEVICES"] = None  # type: ignore[assignment]  (removed below)
+    else:
+        command[3:3] = [f"--num_gpus={len(devices)}"]
+        env.update(_visible_devices(devices))
+    return command + [WORKER_MODULE], env
+
+
+def _accelerate(devices: Sequence[Device]) -> tuple[list[str], dict[str, str]]:
+    # On CPU, only ACCELERATE_USE_CPU=1 with --multi_gpu starts N synchronised processes (notes/cpu-facts.md).
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--num_machines=1", f"--num_processes={len(devices)}",
+        f"--main_process_port={free_port()}", "--mixed_precision=no", "--dynamo_backend=no",
+    ]
+    env = _visible_devices(devices)
+    if len(devices) > 1:
+        command.append("--multi_gpu")
+    if devices[0].kind == "cpu":
+        env["ACCELERATE_USE_CPU"] = "1"
+    return command + ["-m", WORKER_MODULE], env
+
+
+def _visible_devices(devices: Sequence[Device]) -> dict[str, str]:
+    if devices[0].kind == "cuda":
+        return {"CUDA_VISIBLE_DEVICES": ",".join(str(d.index) for d in devices)}
+    return {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(max(1, len(devices[0].cores)))}
+
+
+def _extensions_cache() -> Path:
+    """DeepSpeed compiles its CPU ops on first use (about 90 s); keep them across trials and sweeps."""
+    return Path.home() / ".cache" / "optuna-saturn" / "torch_extensions"
+
+
+_LAUNCHERS = {"torchrun": _torchrun, "deepspeed": _deepspeed, "accelerate": _accelerate}
 
 
 def build_launch(
     strategy: Strategy, devices: Sequence[Device], spec_path: str, *, isolate_network: bool = False
 ) -> Launch:
     """The command and environment that start ``len(devices)`` workers of one trial."""
-    if strategy.launcher != "torchrun":
-        raise NotImplementedError(f"launcher {strategy.launcher!r} (strategy {strategy.name!r}) is not wired yet.")
-    command = _torchrun(len(devices)) + [spec_path]
-    env = dict(os.environ)
-    env["PYTHONUNBUFFERED"] = "1"
-    if devices[0].kind == "cuda":
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d.index) for d in devices)
-    else:
-        env["CUDA_VISIBLE_DEVICES"] = ""
-        env["OMP_NUM_THREADS"] = str(max(1, len(devices[0].cores)))
+    command, extra_env = _LAUNCHERS[strategy.launcher](devices)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **extra_env}
+    env = {k: v for k, v in env.items() if v is not None}
+    command = command + [spec_path]
     if isolate_network:
         command = network_isolation_prefix() + command
+        env["GLOO_SOCKET_IFNAME"] = "lo"  # the host name may resolve to an address this namespace lacks
     return Launch(command=command, env=env)

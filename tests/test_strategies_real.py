@@ -1,0 +1,66 @@
+"""Every shipped strategy is what it says, on CPU too (DESIGN decision 3), and trains like ``single``."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+import objectives
+from optuna_saturn import SaturnExecutor
+
+pytestmark = pytest.mark.launch
+
+#: Float32 on CPU; sharded reductions sum in a different order than one process does.
+LOSS_TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One sweep runs every strategy on the same objective (single strategies on 1 device, the rest on 2)."""
+    tmp = tmp_path_factory.mktemp("strategies")
+    results = {}
+    names = ["single", "single-ckpt", "ddp", "fsdp", "fsdp-ckpt", "fsdp-offload", "zero1", "zero2", "zero3",
+             "zero3-offload"]
+    for name in names:
+        study = optuna.create_study()
+        devices = 1 if name.startswith("single") else 2
+        SaturnExecutor(devices=devices, strategies=[name], isolate_network=True, log_dir=tmp, grace_period=5).optimize(
+            study, objectives.same_curve, n_trials=1
+        )
+        results[name] = study.trials[0]
+    return results
+
+
+def _complete(trial):
+    assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
+    return trial.user_attrs
+
+
+@pytest.mark.parametrize("name", ["single-ckpt", "ddp", "fsdp", "fsdp-ckpt", "fsdp-offload", "zero1", "zero2",
+                                  "zero3", "zero3-offload"])
+def test_loss_curve_matches_single(runs, name):
+    reference = _complete(runs["single"])["losses"]
+    losses = _complete(runs[name])["losses"]
+    assert losses == pytest.approx(reference, rel=LOSS_TOLERANCE)
+    assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("name", ["fsdp", "fsdp-ckpt", "fsdp-offload"])
+def test_fsdp_parameters_are_sharded_dtensors(runs, name):
+    facts = _complete(runs[name])["facts"]
+    assert facts["sharded_params"] is True
+    assert facts["local_fraction"] == pytest.approx(0.5, abs=0.05)  # each of 2 ranks holds about half
+    assert facts["fsdp_offload"] == ("CPUOffloadPolicy" if name == "fsdp-offload" else "OffloadPolicy")
+
+
+@pytest.mark.parametrize(
+    ("name", "stage", "optimizer"),
+    [("zero1", 1, "DeepSpeedZeroOptimizer"), ("zero2", 2, "DeepSpeedZeroOptimizer"),
+     ("zero3", 3, "DeepSpeedZeroOptimizer_Stage3"), ("zero3-offload", 3, "DeepSpeedZeroOptimizer_Stage3")],
+)
+def test_deepspeed_optimizer_is_the_zero_stage_optimizer(runs, name, stage, optimizer):
+    facts = _complete(runs[name])["facts"]
+    assert facts["zero_stage"] == stage and facts["optimizer"] == optimizer
+    offload = name.endswith("offload")
+    assert facts["zero_offload_optimizer"] is offload and facts["zero_offload_param"] is offload
