@@ -22,6 +22,7 @@ class TrialSession:
         self.trial = trial
         self._lock = study_lock
         self.outcome: dict[str, Any] | None = None
+        self.outcome_at: float | None = None
         self.worker_started_at: float | None = None
         self.first_step_at: float | None = None
         self.step = 0
@@ -38,6 +39,7 @@ class TrialSession:
             return self._progress(message)
         if op in ("result", "pruned", "fail"):
             self.outcome = {"op": op, **{k: v for k, v in message.items() if k != "op"}}
+            self.outcome_at = time.time()
             return None
         with self._lock:
             return self._call_trial(op, message)

@@ -24,12 +24,13 @@ from optuna_saturn.channel import ChannelServer
 from optuna_saturn.devices import Device
 from optuna_saturn.estimates import RuntimeEstimator
 from optuna_saturn.events import SweepListener, TrialProgress, TrialStart
-from optuna_saturn.planner import Assignment, Cluster, Job, Reservation, solve
+from optuna_saturn.planner import Assignment, Cluster, Job, Plan, Reservation, replan, solve
 from optuna_saturn.runner import LaunchedTrial, LocalRunner, build_launch
 from optuna_saturn.strategy import Strategy
 
 _logger = optuna.logging.get_logger("optuna.saturn")
 _POLL_SECONDS = 0.05
+_REPLAN_SECONDS = 1.0  # re-plans happen while devices may be idle: keep them short
 _LOG_TAIL_LINES = 20
 ATTR = "saturn:"
 
@@ -111,8 +112,11 @@ class Sweep:
             recipe = self._objective_recipe_factory(os.path.dirname(server.address))
             try:
                 while True:
-                    for launched, code in runner.poll():
+                    ended = runner.poll() + self._reap_lingering(runner)
+                    for launched, code in ended:
                         self._finish(self._active.pop(launched.key), code, server)
+                    if ended:
+                        self._replan()
                     if not self._pending and self._free and self._may_ask():
                         self._ask_and_plan()
                     self._dispatch(runner, server, recipe)
@@ -127,6 +131,18 @@ class Sweep:
                 raise
         self._log_summary()
         self._notify("on_sweep_end", self._elapsed(), False)
+
+    def _reap_lingering(self, runner: LocalRunner) -> list[tuple[LaunchedTrial, int | None]]:
+        """Stop trials that reported how they ended but whose processes have not exited after the grace period:
+        their result is safe with us, and their devices are needed."""
+        now = time.time()
+        lingering = [
+            a for a in self._active.values()
+            if a.session.outcome_at is not None and now - a.session.outcome_at > self.settings.grace_period
+        ]
+        for active in lingering:
+            _logger.warning(f"Trial {active.session.trial.number} reported its result but did not exit; stopping it.")
+        return [(a.launched, runner.stop(a.launched.key)) for a in lingering]
 
     def _relay_progress(self) -> None:
         for active in self._active.values():
@@ -153,27 +169,52 @@ class Sweep:
             trials = [self.study.ask() for _ in range(count)]
         self._asked += count
         options = self._estimator.options()
-        jobs = [Job(str(t.number), options) for t in trials]
-        now = self._elapsed()
-        busy = [
-            Reservation(0, tuple(a.devices), max(0.0, a.scheduled.planned_end - now), str(a.session.trial.number))
-            for a in self._active.values()
-        ]
-        plan = solve(jobs, Cluster([len(self.settings.devices)]), self.settings.solver, self.settings.time_limit,
-                     busy=busy)
-        by_name = {str(t.number): t for t in trials}
         with self._lock:  # what the planner chose from, so `optuna-saturn plan/simulate` can re-plan later
             for trial in trials:
                 trial.set_user_attr(ATTR + "options", [
                     {"strategy": o.strategy, "devices": o.devices, "runtime": round(o.runtime, 3)} for o in options
                 ])
-        for a in sorted(plan.assignments, key=lambda a: (a.start, a.job)):
-            self._pending.append(_Scheduled(by_name[a.job], a, now + a.start, now + a.end))
-        self._notify("on_plan", plan, [t.number for t in trials], now)
+        self._plan([(t, None) for t in trials], solve_time=self.settings.time_limit)
         _logger.info(
-            f"Planned trials {[t.number for t in trials]} with solver {plan.solver!r}: "
-            + ", ".join(f"#{a.job} {a.option.strategy}x{a.option.devices}" for a in plan.assignments)
+            f"Planned trials {[t.number for t in trials]} with solver {self._last_plan.solver!r}: "
+            + ", ".join(f"#{a.job} {a.option.strategy}x{a.option.devices}" for a in self._last_plan.assignments)
         )
+
+    def _replan(self) -> None:
+        """Event-driven re-plan of the trials not started yet, with runtimes corrected by what was observed;
+        the planner keeps the current plan unless the new one is clearly better (hysteresis)."""
+        if self._pending:
+            self._plan([(s.trial, s.assignment) for s in self._pending], solve_time=_REPLAN_SECONDS)
+
+    def _plan(self, pending: list[tuple[optuna.Trial, Assignment | None]], *, solve_time: float) -> None:
+        now = self._elapsed()
+        options = self._estimator.options()
+        jobs = [Job(str(t.number), options) for t, _ in pending]
+        busy = [
+            Reservation(0, tuple(a.devices), self._remaining(a, now), str(a.session.trial.number))
+            for a in self._active.values()
+        ]
+        previous = [a for _, a in pending if a is not None]
+        cluster = Cluster([len(self.settings.devices)])
+        if previous:
+            plan = replan(Plan(tuple(previous)), jobs, cluster, busy=busy, solver=self.settings.solver,
+                          time_limit=solve_time)
+        else:
+            plan = solve(jobs, cluster, self.settings.solver, solve_time, busy=busy)
+        self._last_plan = plan
+        by_name = {str(t.number): t for t, _ in pending}
+        self._pending = deque(
+            _Scheduled(by_name[a.job], a, now + a.start, now + a.end)
+            for a in sorted(plan.assignments, key=lambda a: (a.start, a.job))
+        )
+        self._notify("on_plan", plan, [t.number for t, _ in pending], now)
+
+    def _remaining(self, active: _Active, now: float) -> float:
+        """Seconds a running trial still needs: from its measured step rate when it reports one."""
+        session = active.session
+        if session.step_seconds is not None and session.total_steps:
+            return max(0.0, (session.total_steps - session.step) * session.step_seconds)
+        return max(0.0, active.start + active.scheduled.assignment.option.runtime - now)
 
     # -- launch -----------------------------------------------------------------------------------------------------
     def _dispatch(self, runner: LocalRunner, server: ChannelServer, recipe: dict) -> None:
@@ -266,6 +307,7 @@ class Sweep:
             "actual_end": round(end, 3),
             "actual_runtime": round(end - active.start, 3),
             "sweep_started_at": self._start,
+            "pool": [str(d) for d in self.settings.devices],
             "log": str(active.launched.log_path),
         }
         if session.first_step_at is not None:

@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import traceback
+from typing import NoReturn
 
 
 def _pin_to_device(spec: dict, local_rank: int) -> dict:
@@ -34,7 +35,7 @@ def _record_error(spec_path: str, rank: int, error: str) -> None:
         json.dump({"rank": rank, "time": time.time(), "error": error}, f)
 
 
-def main(spec_path: str) -> int:
+def main(spec_path: str) -> NoReturn:
     with open(spec_path, encoding="utf-8") as f:
         spec = json.load(f)
     rank = int(os.environ.get("RANK", "0"))
@@ -91,12 +92,20 @@ def main(spec_path: str) -> int:
         channel.call(op, **outcome)
         channel.close()
     if outcome.get("error"):
-        sys.stderr.flush()
-        os._exit(1)  # peers may be stuck in a collective; the launcher stops them
+        _exit_now(1)  # peers may be stuck in a collective; the launcher stops them
     dist.barrier(group=control_group)  # without it gloo sometimes aborts in destroy_process_group
     dist.destroy_process_group()
-    return 0
+    _exit_now(0)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Exit while the trial's objects are still referenced. The outcome is already with the executor; letting
+    Python free a DDP reducer can deadlock (its gloo thread wants the GIL the deallocation holds: seen here)
+    and would keep the trial's devices busy for nothing."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    main(sys.argv[1])

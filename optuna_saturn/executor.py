@@ -16,6 +16,7 @@ from optuna_saturn._objective_ref import describe_objective
 from optuna_saturn._sweep import Sweep, SweepSettings
 from optuna_saturn.devices import DeviceSpec, resolve_devices
 from optuna_saturn.events import SweepListener
+from optuna_saturn.progress import ProgressMode, make_progress
 from optuna_saturn.strategy import select_strategies
 
 WORKER_ENV = "OPTUNA_SATURN_WORKER"
@@ -43,6 +44,10 @@ class SaturnExecutor:
         grace_period: seconds a stopped trial gets to exit after SIGTERM, before SIGKILL.
         listeners: :class:`~optuna_saturn.events.SweepListener` objects told about plans, starts, progress and
             ends (progress displays, dashboard publishers).
+        progress: ``"auto"`` (a live rich table on a terminal, plain log lines otherwise), ``"rich"``,
+            ``"plain"``, ``"quiet"``, or ``None`` for no progress listener at all.
+        dashboard: publish the per-device schedule chart and a plan note to the study for optuna-dashboard.
+            ``None``: when optuna-dashboard is installed; ``True``: always (error if it is not installed).
     """
 
     def __init__(
@@ -59,6 +64,8 @@ class SaturnExecutor:
         plan_time_limit: float = 10.0,
         grace_period: float = 10.0,
         listeners: Sequence[SweepListener] = (),
+        progress: ProgressMode | None = "auto",
+        dashboard: bool | None = None,
     ) -> None:
         self.devices = resolve_devices(devices, allow_shared_cores=allow_shared_cores)
         self.strategies = select_strategies(strategies, len(self.devices), folders=list(strategy_folders))
@@ -66,7 +73,7 @@ class SaturnExecutor:
         self._settings = SweepSettings(
             devices=self.devices, strategies=self.strategies, solver=solver, time_limit=plan_time_limit,
             log_dir=Path(log_dir), isolate_network=isolate_network, artifact_store=artifact_store,
-            grace_period=grace_period, listeners=tuple(listeners),
+            grace_period=grace_period, listeners=tuple(_default_listeners(progress, dashboard)) + tuple(listeners),
         )
 
     def optimize(
@@ -103,6 +110,21 @@ class SaturnExecutor:
         )
         with _sigterm_as_keyboard_interrupt():
             sweep.run()
+
+
+def _default_listeners(progress: ProgressMode | None, dashboard: bool | None) -> list[SweepListener]:
+    listeners: list[SweepListener] = []
+    if progress is not None:
+        listeners.append(make_progress(progress))
+    if dashboard is not False:
+        try:
+            from optuna_saturn.report import DashboardPublisher
+
+            listeners.append(DashboardPublisher())
+        except ImportError:
+            if dashboard:
+                raise
+    return listeners
 
 
 class _sigterm_as_keyboard_interrupt:

@@ -7,7 +7,6 @@ must end with a message that names the fix and exit code 2, before anything is c
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from support import require
 from optuna.trial import TrialState
 from typer.testing import CliRunner
 
@@ -25,10 +25,6 @@ TESTS = Path(__file__).resolve().parent
 OBJECTIVES = TESTS / "objectives.py"
 STUDY = "cli-sweep"
 runner = CliRunner()
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() == "true"
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -44,9 +40,8 @@ def invoke(*args: str):
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory) -> str:
     """A storage holding one real sweep of 3 trials on 2 CPU devices, run by ``optuna-saturn run``."""
-    if not (shutil.which("unshare") and shutil.which("ip")):  # the same requirement as conftest's saturn_options
-        message = "needs unshare and ip to launch trials in a loopback-only network namespace"
-        pytest.fail(message) if in_ci() else pytest.skip(message)
+    require(bool(shutil.which("unshare") and shutil.which("ip")), "unshare or ip (util-linux, iproute2)",
+            fix="they launch trials in a loopback-only network namespace")
     folder = tmp_path_factory.mktemp("cli")
     storage = f"sqlite:///{folder / 'sweep.sqlite3'}"
     result = cli("run", f"{OBJECTIVES}:curve", "--storage", storage, "--study", STUDY, "--n-trials", "3",
@@ -120,9 +115,7 @@ def test_simulate_compares_device_counts(recorded: str) -> None:
 def test_report_writes_html_png_summary_and_publishes(recorded: str, tmp_path: Path) -> None:
     from optuna_saturn.report.export import find_chromium
 
-    if find_chromium() is None:
-        message = "Chromium is missing for PNG export; install it with .ci/install-browser"
-        pytest.fail(message) if in_ci() else pytest.skip(message)
+    require(find_chromium() is not None, "Chromium (for PNG export)")
     result = invoke("report", "--storage", recorded, "--study", STUDY, "--out", str(tmp_path), "--publish")
     assert result.exit_code == 0, result.output
     assert (tmp_path / "schedule.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

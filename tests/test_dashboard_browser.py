@@ -21,6 +21,7 @@ from pathlib import Path
 import optuna
 import psutil
 import pytest
+from support import require
 
 import objectives
 from optuna_saturn import SaturnExecutor
@@ -33,16 +34,6 @@ pytestmark = pytest.mark.launch
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver")
 SCREENSHOT_COPY = os.environ.get("SATURN_DASHBOARD_SCREENSHOT")  # e.g. docs/dashboard.png, to refresh the docs
-
-
-def require(condition: bool, what: str) -> None:
-    """Skip when something is missing, except in CI (CI=true), where that is a failure."""
-    if condition:
-        return
-    message = f"{what} is missing; install it with .ci/install-browser"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(message)
-    pytest.skip(message)
 
 
 def free_port() -> int:

@@ -7,13 +7,15 @@ test_dashboard_browser.py.
 
 from __future__ import annotations
 
+import importlib.util
+
 import io
-import os
 import sys
 import time
 
 import optuna
 import pytest
+from support import require
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 from rich.console import Console
@@ -228,10 +230,7 @@ def test_publisher_draws_waiting_and_running_trials_and_throttles() -> None:
 def need_chromium() -> None:
     from optuna_saturn.report.export import find_chromium
 
-    if find_chromium() is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("Chromium is missing; install it with .ci/install-browser")
-        pytest.skip("Chromium is missing; install it with .ci/install-browser")
+    require(find_chromium() is not None, "Chromium")
 
 
 def test_html_is_self_contained(study: optuna.Study, tmp_path) -> None:
@@ -246,7 +245,7 @@ def test_png_export(study: optuna.Study, tmp_path, monkeypatch, exporter: str) -
     if exporter == "chromium":
         monkeypatch.setitem(sys.modules, "kaleido", None)  # as if kaleido were not installed
     else:
-        pytest.importorskip("kaleido") if os.environ.get("CI", "").lower() != "true" else __import__("kaleido")
+        require(importlib.util.find_spec("kaleido") is not None, "kaleido")
     path = tmp_path / "chart.png"
     assert write_png(schedule_figure(read_study(study)), path, width=900) == exporter
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5_000
