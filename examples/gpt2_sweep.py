@@ -133,6 +133,8 @@ def main() -> None:
     )
     executor.optimize(study, objective, n_trials=args.n_trials)
 
+    if not any(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials):
+        raise SystemExit("No trial completed; see the trials' saturn:fail_reason and their logs.")
     best = study.best_trial
     print(f"\nBest trial #{best.number}: validation loss {best.value:.4f} with {best.params}")
     print(f"  ran as {best.user_attrs['saturn:strategy']} on {best.user_attrs['saturn:devices']}")

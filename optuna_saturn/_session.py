@@ -37,7 +37,7 @@ class TrialSession:
             return None
         if op == "progress":
             return self._progress(message)
-        if op in ("result", "pruned", "fail"):
+        if op in ("result", "pruned", "fail", "profile"):
             self.outcome = {"op": op, **{k: v for k, v in message.items() if k != "op"}}
             self.outcome_at = time.time()
             return None

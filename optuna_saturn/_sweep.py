@@ -19,12 +19,14 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from optuna_saturn._profiling import BatchProfiler, ProfileJob
 from optuna_saturn._session import TrialSession
 from optuna_saturn.channel import ChannelServer
 from optuna_saturn.devices import Device
 from optuna_saturn.estimates import RuntimeEstimator
 from optuna_saturn.events import SweepListener, TrialProgress, TrialStart
-from optuna_saturn.planner import Assignment, Cluster, Job, Plan, Reservation, replan, solve
+from optuna_saturn.planner import Assignment, Cluster, Job, Option, Plan, Reservation, replan, solve
+from optuna_saturn.profiler import ProfileStore
 from optuna_saturn.runner import LaunchedTrial, LocalRunner, build_launch
 from optuna_saturn.strategy import Strategy
 
@@ -66,6 +68,19 @@ class SweepSettings:
     artifact_store: Any
     grace_period: float
     listeners: Sequence[SweepListener] = ()
+    profile_store: ProfileStore | None = None  # None: plan from runtime estimates only
+    profile_steps: tuple[int, int] = (2, 5)  # warm-up steps, timed steps
+    profile_budget: float | None = None  # seconds of profiling per batch
+
+
+@dataclass
+class _Measuring:
+    job: ProfileJob
+    session: TrialSession
+    token: str
+    launched: LaunchedTrial
+    devices: list[int]
+    launched_at: float
 
 
 class Sweep:
@@ -73,6 +88,7 @@ class Sweep:
         self,
         settings: SweepSettings,
         study: optuna.Study,
+        objective: Callable[..., Any],
         objective_recipe: Callable[[str], dict],
         *,
         n_trials: int | None,
@@ -95,6 +111,19 @@ class Sweep:
         self._start = time.time()
         self._run_dir = settings.log_dir / f"{_safe(study.study_name)}-{time.strftime('%Y%m%d-%H%M%S')}"
         self._listeners = list(settings.listeners)
+        self._options: dict[int, list[Option]] = {}  # profile-based options, per trial number
+        self._waiting: list[optuna.Trial] = []  # asked, waiting for their profiles before planning
+        self._measure_queue: deque[ProfileJob] = deque()
+        self._measuring: dict[str, _Measuring] = {}
+        self._profile_deadline = float("inf")
+        self._profile_seconds = 0.0  # device-seconds spent in profiling runs
+        self._profile_wall = 0.0  # seconds batches waited for their profiles
+        self._profile_runs = 0
+        self._profile_started = 0.0
+        self._profiler = None if settings.profile_store is None else BatchProfiler(
+            objective=objective, strategies=settings.strategies, pool=settings.devices,
+            store=settings.profile_store, estimator=self._estimator, lock=self._lock,
+        )
 
     def _notify(self, method: str, *args: Any) -> None:
         for listener in list(self._listeners):
@@ -112,16 +141,22 @@ class Sweep:
             recipe = self._objective_recipe_factory(os.path.dirname(server.address))
             try:
                 while True:
-                    ended = runner.poll() + self._reap_lingering(runner)
-                    for launched, code in ended:
-                        self._finish(self._active.pop(launched.key), code, server)
-                    if ended:
+                    trial_ended = False
+                    for launched, code in runner.poll() + self._reap_lingering(runner):
+                        if launched.key in self._measuring:
+                            self._finish_measurement(self._measuring.pop(launched.key), server)
+                        else:
+                            self._finish(self._active.pop(launched.key), code, server)
+                            trial_ended = True
+                    if trial_ended:
                         self._replan()
-                    if not self._pending and self._free and self._may_ask():
-                        self._ask_and_plan()
+                    if not self._pending and not self._waiting and self._free and self._may_ask():
+                        self._ask_batch()
+                    if self._waiting:
+                        self._advance_profiling(runner, server, recipe)
                     self._dispatch(runner, server, recipe)
                     self._relay_progress()
-                    if not self._pending and not self._active and not self._may_ask():
+                    if not (self._pending or self._active or self._waiting or self._may_ask()):
                         break
                     time.sleep(_POLL_SECONDS)
             except BaseException as exc:
@@ -163,20 +198,102 @@ class Sweep:
         return time.time() - self._start
 
     # -- ask and plan -----------------------------------------------------------------------------------------------
-    def _ask_and_plan(self) -> None:
+    def _ask_batch(self) -> None:
         count = self.batch_size if self.n_trials is None else min(self.batch_size, self.n_trials - self._asked)
         with self._lock:
             trials = [self.study.ask() for _ in range(count)]
         self._asked += count
-        options = self._estimator.options()
-        with self._lock:  # what the planner chose from, so `optuna-saturn plan/simulate` can re-plan later
-            for trial in trials:
+        self._waiting = trials
+        if self._profiler is not None:
+            jobs = self._profiler.plan_measurements(trials)
+            self._measure_queue = deque(jobs)
+            budget = self.settings.profile_budget
+            self._profile_deadline = time.time() + budget if budget is not None else float("inf")
+            self._profile_started = time.time()
+            if jobs:
+                _logger.info(
+                    f"Profiling {len(jobs)} option(s) for trials {[t.number for t in trials]}: "
+                    + ", ".join(f"{j.name} (trial {j.trial.number})" for j in jobs)
+                )
+
+    def _advance_profiling(self, runner: LocalRunner, server: ChannelServer, recipe: dict) -> None:
+        """Measure what the batch needs on the free devices (largest first), then plan the batch."""
+        if time.time() > self._profile_deadline and (self._measure_queue or self._measuring):
+            _logger.warning(
+                f"Profiling budget of {self.settings.profile_budget} s spent; {len(self._measure_queue)} option(s) "
+                "left unmeasured are estimated from the measured ones."
+            )
+            self._measure_queue.clear()
+            for key in list(self._measuring):
+                runner.stop(key)
+                self._finish_measurement(self._measuring.pop(key), server)
+        for job in list(self._measure_queue):
+            if job.devices <= len(self._free):
+                self._measure_queue.remove(job)
+                self._start_measurement(job, runner, server, recipe)
+        if not self._measure_queue and not self._measuring:
+            self._plan_batch()
+
+    def _start_measurement(self, job: ProfileJob, runner: LocalRunner, server: ChannelServer, recipe: dict) -> None:
+        device_ids = sorted(self._free)[: job.devices]
+        key = f"profile-{job.key}"
+        warmup, timed = self.settings.profile_steps
+        session, token, launched, _ = self._start_process(
+            job.trial, job.strategy, device_ids, runner, server, recipe, key=key,
+            profile={"warmup": warmup, "timed": timed}, log_name=f"profile-{job.trial.number}-{job.name}.log",
+        )
+        self._measuring[key] = _Measuring(job, session, token, launched, device_ids, time.time())
+
+    def _finish_measurement(self, measuring: _Measuring, server: ChannelServer) -> None:
+        server.unregister(measuring.token)
+        self._free |= set(measuring.devices)
+        self._profile_seconds += (time.time() - measuring.launched_at) * len(measuring.devices)
+        self._profile_runs += 1
+        outcome = measuring.session.outcome
+        first_step_at = (outcome or {}).get("first_step_at")
+        startup = first_step_at - measuring.launched_at if first_step_at else None
+        record = self._profiler.record(measuring.job, outcome, startup or 0.0)
+        job = measuring.job
+        if record is None:
+            _logger.warning(f"Profiling {job.name} failed (log: {measuring.launched.log_path}); it is estimated.")
+        elif not record.feasible:
+            _logger.info(f"Profiled {job.name}: does not fit ({record.error}).")
+        else:
+            _logger.info(
+                f"Profiled {job.name}: {record.step_seconds * 1e3:.1f} ms/step, start-up {record.startup_seconds:.1f} s, "
+                f"peak {record.peak_memory_bytes / 2**20:.0f} MiB."
+            )
+
+    def _plan_batch(self) -> None:
+        if self._profile_started:
+            self._profile_wall += time.time() - self._profile_started
+            self._profile_started = 0.0
+        trials, self._waiting = self._waiting, []
+        runnable = []
+        for trial in trials:
+            options, profiles = (
+                self._profiler.options_for(trial) if self._profiler is not None else (self._estimator.options(), [])
+            )
+            with self._lock:  # what the planner chose from, so `optuna-saturn plan/simulate` can re-plan later
                 trial.set_user_attr(ATTR + "options", [
                     {"strategy": o.strategy, "devices": o.devices, "runtime": round(o.runtime, 3)} for o in options
                 ])
-        self._plan([(t, None) for t in trials], solve_time=self.settings.time_limit)
+                if profiles:
+                    trial.set_user_attr(ATTR + "profiles", profiles)
+                if not options:
+                    reason = "no strategy fits this trial on these devices (every option ran out of memory)"
+                    trial.set_user_attr(ATTR + "fail_reason", reason)
+                    self.study.tell(trial, state=TrialState.FAIL)
+                    _logger.warning(f"Trial {trial.number} failed: {reason}.")
+                    continue
+            if profiles:
+                self._options[trial.number] = options
+            runnable.append(trial)
+        if not runnable:
+            return
+        self._plan([(t, None) for t in runnable], solve_time=self.settings.time_limit)
         _logger.info(
-            f"Planned trials {[t.number for t in trials]} with solver {self._last_plan.solver!r}: "
+            f"Planned trials {[t.number for t in runnable]} with solver {self._last_plan.solver!r}: "
             + ", ".join(f"#{a.job} {a.option.strategy}x{a.option.devices}" for a in self._last_plan.assignments)
         )
 
@@ -188,8 +305,7 @@ class Sweep:
 
     def _plan(self, pending: list[tuple[optuna.Trial, Assignment | None]], *, solve_time: float) -> None:
         now = self._elapsed()
-        options = self._estimator.options()
-        jobs = [Job(str(t.number), options) for t, _ in pending]
+        jobs = [Job(str(t.number), self._job_options(t.number)) for t, _ in pending]
         busy = [
             Reservation(0, tuple(a.devices), self._remaining(a, now), str(a.session.trial.number))
             for a in self._active.values()
@@ -208,6 +324,13 @@ class Sweep:
             for a in sorted(plan.assignments, key=lambda a: (a.start, a.job))
         )
         self._notify("on_plan", plan, [t.number for t, _ in pending], now)
+
+    def _job_options(self, number: int) -> list[Option]:
+        """Profile-based options corrected by what this sweep observed so far, else the estimator's guesses."""
+        measured = self._options.get(number)
+        if not measured:
+            return self._estimator.options()
+        return [Option(o.strategy, o.devices, self._estimator.corrected(o.runtime)) for o in measured]
 
     def _remaining(self, active: _Active, now: float) -> float:
         """Seconds a running trial still needs: from its measured step rate when it reports one."""
@@ -231,30 +354,51 @@ class Sweep:
         trial = scheduled.trial
         strategy = self._strategies[scheduled.assignment.option.strategy]
         device_ids = list(scheduled.assignment.devices)
-        devices = [self.settings.devices[i] for i in device_ids]
-        session = TrialSession(trial, self._lock)
-        token = server.register(session.handle)
-        spec_path = os.path.join(os.path.dirname(server.address), f"trial-{trial.number}.json")
-        with open(spec_path, "w", encoding="utf-8") as f:
-            json.dump({
-                "channel": server.address, "token": token, "objective": recipe, "trial_number": trial.number,
-                "devices": [d.to_json() for d in devices], "strategy": strategy.to_json(), "step_budget": None,
-            }, f)
-        os.chmod(spec_path, 0o600)
-        launch = build_launch(strategy, devices, spec_path, isolate_network=self.settings.isolate_network)
-        log_path = self._run_dir / f"trial-{trial.number}.log"
-        launched = runner.launch(trial.number, launch, log_path)
-        self._free -= set(device_ids)
+        session, token, launched, spec_path = self._start_process(
+            trial, strategy, device_ids, runner, server, recipe, key=trial.number, log_name=f"trial-{trial.number}.log"
+        )
         self._active[trial.number] = _Active(
             scheduled, session, token, launched, device_ids, self._elapsed(), spec_path
         )
+        devices = [self.settings.devices[i] for i in device_ids]
         _logger.info(
-            f"Trial {trial.number} started: {strategy.name} on {', '.join(map(str, devices))} (log: {log_path})"
+            f"Trial {trial.number} started: {strategy.name} on {', '.join(map(str, devices))} "
+            f"(log: {launched.log_path})"
         )
         self._notify("on_trial_start", TrialStart(
             trial.number, strategy.name, tuple(map(str, devices)), scheduled.planned_start, scheduled.planned_end,
             self._active[trial.number].start,
         ))
+
+    def _start_process(
+        self,
+        trial: optuna.Trial,
+        strategy: Strategy,
+        device_ids: list[int],
+        runner: LocalRunner,
+        server: ChannelServer,
+        recipe: dict,
+        *,
+        key: Any,
+        log_name: str,
+        profile: dict | None = None,
+    ) -> tuple[TrialSession, str, LaunchedTrial, str]:
+        """Write the worker's spec (in the private folder) and launch it on ``device_ids``."""
+        devices = [self.settings.devices[i] for i in device_ids]
+        session = TrialSession(trial, self._lock)
+        token = server.register(session.handle)
+        spec_path = os.path.join(os.path.dirname(server.address), f"{_safe(str(key))}.json")
+        with open(spec_path, "w", encoding="utf-8") as f:
+            json.dump({
+                "channel": server.address, "token": token, "objective": recipe, "trial_number": trial.number,
+                "devices": [d.to_json() for d in devices], "strategy": strategy.to_json(), "step_budget": None,
+                "profile": profile,
+            }, f)
+        os.chmod(spec_path, 0o600)
+        launch = build_launch(strategy, devices, spec_path, isolate_network=self.settings.isolate_network)
+        launched = runner.launch(key, launch, self._run_dir / log_name)
+        self._free -= set(device_ids)
+        return session, token, launched, spec_path
 
     # -- finish -----------------------------------------------------------------------------------------------------
     def _finish(self, active: _Active, returncode: int | None, server: ChannelServer, reason: str = "") -> None:
@@ -289,6 +433,9 @@ class Sweep:
         if frozen.state == TrialState.COMPLETE:
             option = active.scheduled.assignment.option
             self._estimator.observe(option.strategy, option.devices, end - active.start)
+            measured = {(o.strategy, o.devices): o.runtime for o in self._options.get(trial.number, [])}
+            if (option.strategy, option.devices) in measured:
+                self._estimator.observe_prediction(measured[(option.strategy, option.devices)], end - active.start)
         self._log_finished(frozen, end - active.start, reason, active.launched.log_path)
         self._notify("on_trial_end", frozen, end)
 
@@ -333,9 +480,11 @@ class Sweep:
         runner.stop_all()
         for number in list(self._active):
             self._finish(self._active.pop(number), None, server, reason=f"sweep stopped: {reason}")
+        unstarted = [s.trial for s in self._pending] + self._waiting
+        self._pending.clear()
+        self._waiting = []
         with self._lock:
-            while self._pending:
-                trial = self._pending.popleft().trial
+            for trial in unstarted:
                 trial.set_user_attr(ATTR + "fail_reason", f"not started: sweep stopped: {reason}")
                 self.study.tell(trial, state=TrialState.FAIL)
 
@@ -349,7 +498,19 @@ class Sweep:
             _logger.warning(f"Trial {frozen.number} failed after {seconds:.1f} s: {reason}\n{_tail(log)}")
 
     def _log_summary(self) -> None:
-        _logger.info(f"Sweep finished in {self._elapsed():.1f} s; logs in {self._run_dir}.")
+        wall = self._elapsed()
+        stats = {
+            "started_at": self._start, "wall_seconds": round(wall, 3), "trials": self._asked,
+            "profiling_runs": self._profile_runs, "profiling_wall_seconds": round(self._profile_wall, 3),
+            "profiling_device_seconds": round(self._profile_seconds, 3),
+        }
+        with self._lock:
+            self.study.set_user_attr(ATTR + "last_sweep", stats)
+        profiling = (
+            f" ({self._profile_runs} profiling runs; batches waited {self._profile_wall:.1f} s for profiles)"
+            if self._profile_runs else ""
+        )
+        _logger.info(f"Sweep finished in {wall:.1f} s{profiling}; logs in {self._run_dir}.")
 
 
 def _first_rank_error(spec_path: str) -> str | None:

@@ -52,7 +52,7 @@ def main(spec_path: str) -> NoReturn:
     from optuna_saturn.channel import ChannelClient
     from optuna_saturn.engines import WorkerContext, engine_for
     from optuna_saturn.strategy import Strategy
-    from optuna_saturn.trial import SaturnTrial
+    from optuna_saturn.trial import ProfileComplete, SaturnTrial
 
     if device_json["kind"] == "cuda":
         torch.cuda.set_device(local_rank)
@@ -74,6 +74,7 @@ def main(spec_path: str) -> NoReturn:
     trial = SaturnTrial(
         number=spec["trial_number"], strategy=strategy, engine=engine_for(strategy.engine, context),
         channel=channel, control_group=control_group, step_budget=spec.get("step_budget"),
+        profile=spec.get("profile"),
     )
     if channel is not None:
         channel.call("started", world_size=world_size)
@@ -83,10 +84,18 @@ def main(spec_path: str) -> NoReturn:
         outcome: dict = {"op": "result", "values": values}
     except optuna.TrialPruned as exc:
         outcome = {"op": "pruned", "message": str(exc)}
+    except ProfileComplete as done:
+        outcome = {"op": "profile", "step_seconds": _max_over_ranks(done.step_seconds, world_size, control_group),
+                   "first_step_at": done.first_step_at,
+                   "peak_memory_bytes": _max_over_ranks([_peak_memory(device)], world_size, control_group)[0]}
     except BaseException as exc:  # the trial failed; the sweep goes on
         traceback.print_exc()
-        outcome = {"op": "fail", "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
-        _record_error(spec_path, rank, outcome["error"])
+        error = f"{type(exc).__name__}: {exc}"
+        if spec.get("profile") is not None and isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+            outcome = {"op": "profile", "oom": True, "error": error[:500]}  # an infeasible option, not a failure
+        else:
+            outcome = {"op": "fail", "error": error, "traceback": traceback.format_exc()}
+            _record_error(spec_path, rank, error)
     if channel is not None:
         op = outcome.pop("op")
         channel.call(op, **outcome)
@@ -96,6 +105,28 @@ def main(spec_path: str) -> NoReturn:
     dist.barrier(group=control_group)  # without it gloo sometimes aborts in destroy_process_group
     dist.destroy_process_group()
     _exit_now(0)
+
+
+def _peak_memory(device: object) -> float:
+    """Peak memory of this rank: allocated on the GPU, or this process's peak resident set on CPU."""
+    import resource
+
+    import torch
+
+    if getattr(device, "type", "cpu") == "cuda":
+        return float(torch.cuda.max_memory_allocated(device))
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+
+def _max_over_ranks(values: list[float], world_size: int, group: object) -> list[float]:
+    """Element-wise max over ranks: a step takes as long as its slowest rank."""
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor(values, dtype=torch.float64)
+    if world_size > 1 and len(values):
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+    return tensor.tolist()
 
 
 def _exit_now(code: int) -> NoReturn:

@@ -28,9 +28,23 @@ class RuntimeEstimator:
     def __init__(self, strategies: Sequence[Strategy], pool_size: int) -> None:
         self._pairs = [(s.name, n) for s in strategies for n in s.device_counts(pool_size)]
         self._observed: dict[tuple[str, int], list[float]] = defaultdict(list)
+        self._ratios: list[float] = []
 
     def observe(self, strategy: str, devices: int, seconds: float) -> None:
         self._observed[(strategy, devices)].append(seconds)
+
+    def observe_prediction(self, predicted: float, actual: float) -> None:
+        """A trial planned from a profile finished: remember how far off the profile-based estimate was."""
+        if predicted > 0 and actual > 0:
+            self._ratios.append(actual / predicted)
+
+    def corrected(self, predicted: float) -> float:
+        """A profile-based runtime, corrected by the median error seen so far in this sweep (evaluation passes,
+        checkpointing and other work outside the timed steps show up here)."""
+        if not self._ratios:
+            return predicted
+        ratios = sorted(self._ratios)
+        return predicted * ratios[len(ratios) // 2]
 
     def estimate(self, strategy: str, devices: int) -> float:
         own = self._observed.get((strategy, devices))

@@ -16,6 +16,7 @@ from optuna_saturn._objective_ref import describe_objective
 from optuna_saturn._sweep import Sweep, SweepSettings
 from optuna_saturn.devices import DeviceSpec, resolve_devices
 from optuna_saturn.events import SweepListener
+from optuna_saturn.profiler import ProfileStore
 from optuna_saturn.progress import ProgressMode, make_progress
 from optuna_saturn.strategy import select_strategies
 
@@ -48,6 +49,13 @@ class SaturnExecutor:
             ``"plain"``, ``"quiet"``, or ``None`` for no progress listener at all.
         dashboard: publish the per-device schedule chart and a plan note to the study for optuna-dashboard.
             ``None``: when optuna-dashboard is installed; ``True``: always (error if it is not installed).
+        profile: measure each trial's step time under every feasible (strategy, device count) with short real
+            runs before planning it. Needs an objective that uses ``trial.prepare`` and ``trial.steps``; others
+            are planned from runtime estimates corrected by the trials that finish.
+        profile_store: folder (or :class:`~optuna_saturn.profiler.ProfileStore`) where profiles are cached, by
+            what affects speed: reused across trials, sweeps and restarts.
+        profile_budget: seconds of profiling allowed per batch; what is left unmeasured is estimated.
+        profile_steps: (warm-up, timed) steps of each profiling run.
     """
 
     def __init__(
@@ -66,6 +74,10 @@ class SaturnExecutor:
         listeners: Sequence[SweepListener] = (),
         progress: ProgressMode | None = "auto",
         dashboard: bool | None = None,
+        profile: bool = True,
+        profile_store: str | os.PathLike | ProfileStore = "profiles",
+        profile_budget: float | None = None,
+        profile_steps: tuple[int, int] = (2, 5),
     ) -> None:
         self.devices = resolve_devices(devices, allow_shared_cores=allow_shared_cores)
         self.strategies = select_strategies(strategies, len(self.devices), folders=list(strategy_folders))
@@ -74,6 +86,11 @@ class SaturnExecutor:
             devices=self.devices, strategies=self.strategies, solver=solver, time_limit=plan_time_limit,
             log_dir=Path(log_dir), isolate_network=isolate_network, artifact_store=artifact_store,
             grace_period=grace_period, listeners=tuple(_default_listeners(progress, dashboard)) + tuple(listeners),
+            profile_store=(
+                None if not profile else
+                profile_store if isinstance(profile_store, ProfileStore) else ProfileStore(profile_store)
+            ),
+            profile_budget=profile_budget, profile_steps=tuple(profile_steps),
         )
 
     def optimize(
@@ -105,7 +122,7 @@ class SaturnExecutor:
         if not isinstance(batch, int) or batch < 1:
             raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}.")
         sweep = Sweep(
-            self._settings, study, lambda folder: describe_objective(objective, folder),
+            self._settings, study, objective, lambda folder: describe_objective(objective, folder),
             n_trials=n_trials, timeout=timeout, batch_size=batch,
         )
         with _sigterm_as_keyboard_interrupt():

@@ -24,6 +24,16 @@ from optuna_saturn.strategy import Strategy
 _PROGRESS_EVERY_S = 2.0
 
 
+class ProfileComplete(BaseException):
+    """Ends a profiling run after its timed steps. A BaseException, so the objective's own ``except Exception``
+    does not swallow it."""
+
+    def __init__(self, step_seconds: list[float], first_step_at: float) -> None:
+        super().__init__(step_seconds, first_step_at)
+        self.step_seconds = step_seconds
+        self.first_step_at = first_step_at
+
+
 class SaturnTrial:
     """What ``objective(trial)`` gets inside a worker. Mirrors ``optuna.Trial`` for suggest/report/prune."""
 
@@ -36,6 +46,7 @@ class SaturnTrial:
         channel: ChannelClient | None,
         control_group: Any,
         step_budget: int | None,
+        profile: dict | None = None,
     ) -> None:
         self.number = number
         self.strategy = strategy
@@ -43,6 +54,7 @@ class SaturnTrial:
         self._channel = channel
         self._group = control_group
         self._step_budget = step_budget
+        self._profile = profile
         self._models: list[torch.nn.Module] = []
 
     # -- where this process stands --------------------------------------------------------------------------------
@@ -101,14 +113,16 @@ class SaturnTrial:
 
     def report(self, value: float, step: int) -> None:
         """Report an intermediate value (rank 0's value is the one recorded)."""
-        self._relay("report", value=float(value), step=int(step))
+        if self._profile is None:
+            self._relay("report", value=float(value), step=int(step))
 
     def should_prune(self) -> bool:
         """The study's pruner decides, once, for all ranks."""
-        return bool(self._ask_and_broadcast("should_prune"))
+        return self._profile is None and bool(self._ask_and_broadcast("should_prune"))
 
     def set_user_attr(self, key: str, value: Any) -> None:
-        self._relay("set_user_attr", key=key, value=value)
+        if self._profile is None:
+            self._relay("set_user_attr", key=key, value=value)
 
     @property
     def params(self) -> dict[str, Any]:
@@ -171,23 +185,51 @@ class SaturnTrial:
         if self.world_size > 1:
             dist.barrier(group=self._group)
 
+    @property
+    def is_profiling(self) -> bool:
+        """True in a short profiling run: ``steps()`` stops after a few timed steps; reports are not recorded."""
+        return self._profile is not None
+
     def step_budget(self, steps: int) -> int:
         """How many of ``steps`` this run may take: all of them, unless the profiler is timing a short run."""
+        if self._profile is not None:
+            return min(steps, self._profile["warmup"] + self._profile["timed"])
         return steps if self._step_budget is None else min(steps, self._step_budget)
 
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def steps(self, total: int) -> Iterator[int]:
-        """``range(step_budget(total))`` that also times the steps and reports progress to the executor.
+        """``range(total)`` that also times the steps and reports progress to the executor.
 
         The executor uses these timings for progress, ETA, and to correct the runtime estimates of later plans.
+        In a profiling run it yields a few steps only, timed with device synchronisation, then ends the run.
         """
+        if self._profile is not None:
+            yield from self._profiled_steps(total)
+            return
         budget = self.step_budget(total)
         last_report = started = time.perf_counter()
         for step in range(budget):
             yield step
             now = time.perf_counter()
             if step == 0 or now - last_report >= _PROGRESS_EVERY_S or step == budget - 1:
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)
-                    now = time.perf_counter()
+                self._synchronize()
+                now = time.perf_counter()
                 self._relay("progress", step=step + 1, total=budget, elapsed=now - started)
                 last_report = now
+
+    def _profiled_steps(self, total: int) -> Iterator[int]:
+        warmup = self._profile["warmup"]
+        budget = self.step_budget(total)
+        first_step_at = time.time()
+        durations: list[float] = []
+        self._synchronize()
+        for step in range(budget):
+            began = time.perf_counter()
+            yield step
+            self._synchronize()
+            if step >= warmup:
+                durations.append(time.perf_counter() - began)
+        raise ProfileComplete(durations, first_step_at)

@@ -146,3 +146,33 @@ def same_curve(trial) -> float:
     trial.set_user_attr("losses", losses)
     trial.set_user_attr("facts", strategy_facts(model, optimizer))
     return losses[-1]
+
+
+def profiled(trial) -> float:
+    """Only the learning rate varies: every trial shares one profile per (strategy, device count)."""
+    lr = trial.suggest_float("lr", 0.01, 0.1, log=True)
+    torch.manual_seed(0)
+    model = Blocks(width=32)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    loader = torch.utils.data.DataLoader(regression_data(512), batch_size=32, shuffle=True, drop_last=True)
+    model, optimizer, loader = trial.prepare(model, optimizer, loader)
+    batches = iter(loader)
+    loss = torch.zeros(())
+    for step in trial.steps(40):
+        try:
+            x, y = next(batches)
+        except StopIteration:
+            batches = iter(loader)
+            x, y = next(batches)
+        loss = torch.nn.functional.mse_loss(model(x.to(trial.device)), y.to(trial.device))
+        optimizer.zero_grad()
+        trial.backward(loss)
+        optimizer.step()
+    return trial.reduce_mean(loss)
+
+
+def single_does_not_fit(trial) -> float:
+    """Runs out of memory on one device (as a model too big for one GPU would); fits when sharded over two."""
+    if trial.is_profiling and trial.world_size == 1:
+        raise MemoryError("simulated: the model does not fit one device")
+    return profiled(trial)

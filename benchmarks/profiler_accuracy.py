@@ -1,0 +1,78 @@
+"""How well profiles predict whole-trial runtimes, and what profiling costs, on the example GPT-2 sweep.
+
+For every completed trial: the runtime the planner used (profile-based, corrected by the sweep's observations
+so far) against the measured one. The same sweep runs twice: with an empty profile store (cold) and again with
+the store it filled (warm: the same models and batch sizes with new learning rates), and reports profiling's share of the sweep's wall time in each.
+
+    python benchmarks/profiler_accuracy.py [--n-trials 8] [--devices 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+
+import optuna
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
+
+import gpt2_sweep  # noqa: E402
+
+from optuna_saturn import SaturnExecutor  # noqa: E402
+
+
+def sweep(store: str, n_trials: int, devices: int, log_dir: str, seed: int, architectures=()) -> optuna.Study:
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))  # no pruner: all complete
+    for params in architectures:  # the same models and batch sizes again; the learning rate is sampled anew
+        study.enqueue_trial({k: v for k, v in params.items() if k != "lr"})
+    executor = SaturnExecutor(
+        devices=devices, strategies=["single", "ddp"], profile_store=store, log_dir=log_dir, isolate_network=True,
+        progress="quiet", dashboard=False,
+    )
+    executor.optimize(study, gpt2_sweep.objective, n_trials=n_trials)
+    return study
+
+
+def row(label: str, study: optuna.Study) -> str:
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    for t in study.trials:
+        if t.state != optuna.trial.TrialState.COMPLETE:
+            print(f"  (trial {t.number} {t.state.name}: {t.user_attrs.get('saturn:fail_reason')})", file=sys.stderr)
+    errors = [
+        abs(t.user_attrs["saturn:planned_runtime"] - t.user_attrs["saturn:actual_runtime"])
+        / t.user_attrs["saturn:actual_runtime"]
+        for t in done
+    ]
+    stats = study.user_attrs["saturn:last_sweep"]
+    share = stats["profiling_wall_seconds"] / stats["wall_seconds"]
+    return (
+        f"| {label} | {len(done)} | {100 * statistics.median(errors):.1f}% | {100 * max(errors):.1f}% | "
+        f"{stats['profiling_runs']} | {stats['profiling_wall_seconds']:.1f} | {stats['wall_seconds']:.1f} | "
+        f"{100 * share:.1f}% |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n-trials", type=int, default=8)
+    parser.add_argument("--devices", type=int, default=2)
+    args = parser.parse_args()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    gpt2_sweep.token_ids()
+    print("| profile store | completed trials | median abs. runtime error | max error | profiling runs "
+          "| profiling wall (s) | sweep wall (s) | profiling share |")
+    print("|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        store, logs = os.path.join(tmp, "profiles"), os.path.join(tmp, "runs")
+        cold = sweep(store, args.n_trials, args.devices, logs, seed=0)
+        print(row("cold (empty)", cold), flush=True)
+        warm = sweep(store, args.n_trials, args.devices, logs, seed=1, architectures=[t.params for t in cold.trials])
+        print(row("warm (same models, new learning rates)", warm), flush=True)
+
+
+if __name__ == "__main__":
+    main()

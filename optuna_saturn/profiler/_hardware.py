@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import platform
+from collections.abc import Sequence
+
+from optuna_saturn.devices import Device
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def hardware_fingerprint(device: Device) -> str:
+    """What makes one device faster than another: the GPU model and memory, or the CPU model and core count."""
+    if device.kind == "cuda":
+        import torch
+
+        props = torch.cuda.get_device_properties(device.index)
+        return f"cuda:{props.name}:{props.total_memory // 2**30}GiB"
+    return f"cpu:{_cpu_model()}:{len(device.cores) or 1}cores"
+
+
+def device_memory_bytes(devices: Sequence[Device]) -> int:
+    """Memory one device of the pool can use: the GPU's, or a CPU device's share of the machine's RAM."""
+    if devices[0].kind == "cuda":
+        import torch
+
+        return min(torch.cuda.get_device_properties(d.index).total_memory for d in devices)
+    import psutil
+
+    return psutil.virtual_memory().total // len(devices)

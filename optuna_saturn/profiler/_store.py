@@ -1,0 +1,75 @@
+"""Profiles on disk: one small JSON file per key, written atomically, so concurrent sweeps can share a store."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from optuna_saturn.strategy import Strategy
+
+
+def profile_key(model_signature: str, batch_signature: str, strategy: Strategy, devices: int, hardware: str) -> str:
+    """What affects speed, and nothing else (never the learning rate)."""
+    parts = {
+        "model": model_signature, "batch": batch_signature, "strategy": strategy.name,
+        "engine": strategy.engine, "knobs": dict(strategy.knobs), "config": dict(strategy.launcher_config),
+        "devices": devices, "hardware": hardware,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+@dataclass
+class ProfileRecord:
+    """One measured (workload, strategy, device count). ``feasible`` is False when the run ran out of memory."""
+
+    key: str
+    strategy: str
+    devices: int
+    hardware: str
+    feasible: bool
+    step_seconds: float | None = None
+    startup_seconds: float | None = None
+    peak_memory_bytes: int | None = None
+    timed_steps: int = 0
+    error: str = ""
+    n_params: int = 0
+    batch_signature: str = ""
+    measured_at: float = field(default_factory=time.time)
+
+    def whole_trial_seconds(self, total_steps: int) -> float | None:
+        """Start-up plus every step at the measured rate, each measured."""
+        if not self.feasible or self.step_seconds is None:
+            return None
+        return (self.startup_seconds or 0.0) + total_steps * self.step_seconds
+
+
+class ProfileStore:
+    """A folder of profiles (default: ``profiles/`` in the working directory), reused across trials, sweeps and
+    restarts."""
+
+    def __init__(self, folder: str | os.PathLike = "profiles") -> None:
+        self.folder = Path(folder)
+
+    def get(self, key: str) -> ProfileRecord | None:
+        try:
+            data = json.loads((self.folder / f"{key}.json").read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return None  # a damaged file is re-measured, not trusted
+        return ProfileRecord(**data)
+
+    def put(self, record: ProfileRecord) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".tmp-", suffix=".json")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(asdict(record), f, indent=1, sort_keys=True)
+        os.replace(tmp, self.folder / f"{record.key}.json")
+
+    def __len__(self) -> int:
+        return len(list(self.folder.glob("*.json"))) if self.folder.is_dir() else 0

@@ -1,0 +1,119 @@
+"""The profiler: dry-run description, cache keys, analytic memory bound, and real profiling runs."""
+
+from __future__ import annotations
+
+import threading
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+import objectives
+from optuna_saturn import SaturnExecutor
+from optuna_saturn.devices import Device
+from optuna_saturn.profiler import ProfileRecord, ProfileStore, model_state_bytes, probe_workload, profile_key
+from optuna_saturn.strategy import load_strategies
+
+
+def _probe(params: dict):
+    study = optuna.create_study()
+    study.enqueue_trial(params)
+    trial = study.ask()
+    return probe_workload(objectives.profiled, trial, threading.Lock()), trial
+
+
+def test_dry_run_describes_the_workload_without_allocating_and_fixes_the_params():
+    workload, trial = _probe({"lr": 0.02})
+    assert workload.total_steps == 40
+    assert workload.n_params == sum(p.numel() for p in objectives.Blocks(width=32).parameters())
+    assert workload.batch_signature.startswith("batch=32;")
+    assert trial.params == {"lr": 0.02}  # decided once, in the executor's process
+
+
+def test_learning_rate_does_not_change_the_profile_key_but_shape_does():
+    (a, _), (b, _) = _probe({"lr": 0.02}), _probe({"lr": 0.09})
+    ddp = load_strategies()["ddp"]
+    assert profile_key(a.model_signature, a.batch_signature, ddp, 2, "hw") == profile_key(
+        b.model_signature, b.batch_signature, ddp, 2, "hw"
+    )
+    keys = {
+        profile_key(a.model_signature, a.batch_signature, ddp, 2, "hw"),
+        profile_key(a.model_signature, a.batch_signature, ddp, 4, "hw"),
+        profile_key(a.model_signature, a.batch_signature, load_strategies()["fsdp"], 2, "hw"),
+        profile_key(a.model_signature, "batch=64", ddp, 2, "hw"),
+        profile_key(a.model_signature, a.batch_signature, ddp, 2, "other-gpu"),
+    }
+    assert len(keys) == 5
+
+
+def test_objective_that_cannot_be_dry_run_is_reported():
+    def no_steps(trial):
+        trial.suggest_float("x", 0, 1)
+        return 0.0
+
+    trial = optuna.create_study().ask()
+    with pytest.raises(RuntimeError, match=r"trial.steps\(n\)"):
+        probe_workload(no_steps, trial, threading.Lock())
+
+
+def test_analytic_model_state_shrinks_as_each_strategy_shards():
+    s = load_strategies()
+    n = 1_000_000  # fp32: 4 MB of parameters, 4 MB of gradients
+    assert model_state_bytes(n, 4, s["single"], 1) == model_state_bytes(n, 4, s["ddp"], 4) == 8e6
+    assert model_state_bytes(n, 4, s["fsdp"], 4) == model_state_bytes(n, 4, s["zero3"], 4) == 2e6
+    assert model_state_bytes(n, 4, s["zero1"], 4) == 8e6 and model_state_bytes(n, 4, s["zero2"], 4) == 5e6
+    assert model_state_bytes(n, 4, s["fsdp-offload"], 2) == model_state_bytes(n, 4, s["zero3-offload"], 2) == 0
+
+
+def test_store_round_trip_and_whole_trial_runtime(tmp_path):
+    store = ProfileStore(tmp_path)
+    record = ProfileRecord(key="k", strategy="ddp", devices=2, hardware="hw", feasible=True, step_seconds=0.05,
+                           startup_seconds=4.0, peak_memory_bytes=1, timed_steps=5)
+    store.put(record)
+    assert store.get("k") == record and len(store) == 1 and store.get("missing") is None
+    assert record.whole_trial_seconds(100) == pytest.approx(9.0)
+    (tmp_path / "bad.json").write_text("{")
+    assert store.get("bad") is None
+
+
+def _run_dir_logs(tmp_path, prefix: str) -> list:
+    return sorted(p.name for p in (tmp_path / "runs").rglob(f"{prefix}*.log"))
+
+
+@pytest.mark.launch
+def test_profiles_are_measured_once_and_reused_by_a_sweep_that_varies_only_the_learning_rate(saturn_options, tmp_path):
+    store = tmp_path / "profiles"
+    executor = SaturnExecutor(devices=2, strategies=["single", "ddp"], profile_store=store, **saturn_options)
+    first = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    executor.optimize(first, objectives.profiled, n_trials=2)
+
+    assert len(_run_dir_logs(tmp_path, "profile-")) == 2  # single x1 and ddp x2, shared by both trials
+    assert len(ProfileStore(store)) == 2
+    profiles = first.trials[0].user_attrs["saturn:profiles"]
+    assert {(p["strategy"], p["devices"]) for p in profiles} == {("single", 1), ("ddp", 2)}
+    assert all(p["feasible"] and p["step_seconds"] > 0 and p["startup_seconds"] > 0 for p in profiles)
+    options = {(o["strategy"], o["devices"]) for o in first.trials[0].user_attrs["saturn:options"]}
+    assert options == {("single", 1), ("ddp", 2)}
+
+    second = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    executor.optimize(second, objectives.profiled, n_trials=3)
+    assert len(_run_dir_logs(tmp_path, "profile-")) == 2  # no new profiling run
+    assert {t.params["lr"] for t in second.trials}.isdisjoint({t.params["lr"] for t in first.trials})
+    assert all(t.state == TrialState.COMPLETE for t in first.trials + second.trials)
+    assert second.trials[0].user_attrs["saturn:profiles"] == profiles
+
+
+@pytest.mark.launch
+def test_out_of_memory_in_profiling_marks_the_option_infeasible(saturn_options, tmp_path):
+    study = optuna.create_study()
+    executor = SaturnExecutor(
+        devices=2, strategies=["single", "ddp"], profile_store=tmp_path / "profiles", **saturn_options
+    )
+    executor.optimize(study, objectives.single_does_not_fit, n_trials=1)
+
+    trial = study.trials[0]
+    assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
+    profiles = {(p["strategy"], p["devices"]): p for p in trial.user_attrs["saturn:profiles"]}
+    assert profiles[("single", 1)]["feasible"] is False and profiles[("ddp", 2)]["feasible"] is True
+    assert [o["strategy"] for o in trial.user_attrs["saturn:options"]] == ["ddp"]
+    assert trial.user_attrs["saturn:strategy"] == "ddp"
