@@ -26,7 +26,9 @@ from optuna_saturn import SaturnExecutor  # noqa: E402
 
 
 def sweep(store: str, n_trials: int, devices: int, log_dir: str, seed: int, architectures=()) -> optuna.Study:
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))  # no pruner: all complete
+    study = optuna.create_study(  # no pruner: every trial runs to the end, so its runtime can be compared
+        sampler=optuna.samplers.RandomSampler(seed=seed), pruner=optuna.pruners.NopPruner()
+    )
     for params in architectures:  # the same models and batch sizes again; the learning rate is sampled anew
         study.enqueue_trial({k: v for k, v in params.items() if k != "lr"})
     executor = SaturnExecutor(

@@ -71,6 +71,7 @@ class SweepSettings:
     profile_store: ProfileStore | None = None  # None: plan from runtime estimates only
     profile_steps: tuple[int, int] = (2, 5)  # warm-up steps, timed steps
     profile_budget: float | None = None  # seconds of profiling per batch
+    profile_only: bool = False  # measure and record profiles, run no trial
 
 
 @dataclass
@@ -289,7 +290,7 @@ class Sweep:
             if profiles:
                 self._options[trial.number] = options
             runnable.append(trial)
-        if not runnable:
+        if not runnable or self.settings.profile_only:
             return
         self._plan([(t, None) for t in runnable], solve_time=self.settings.time_limit)
         _logger.info(

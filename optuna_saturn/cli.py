@@ -43,6 +43,21 @@ StudyOption = Annotated[str | None, typer.Option(
 SolverOption = Annotated[str, typer.Option(
     "--solver", help="Planner backend: auto, gurobi, highs, cpsat, list, greedy, sequential-max, task-parallel.",
 )]
+DevicesOption = Annotated[str, typer.Option(
+    "--devices", help="'auto' (every GPU, else one CPU device per core), 'cpu', 'cuda', a number, or "
+    "comma-separated CUDA indices such as 0,1,3.")]
+StrategiesOption = Annotated[str | None, typer.Option(
+    "--strategies", help="Comma-separated strategy names, e.g. single,ddp (default: every known one).",
+    show_default=False)]
+StrategyFolderOption = Annotated[list[Path] | None, typer.Option(
+    "--strategy-folder", help="A folder of extra strategy templates (TOML); may be repeated.")]
+IsolateOption = Annotated[bool, typer.Option(
+    "--isolate-network", help="Run each trial in its own loopback-only network namespace (Linux; root or "
+    "user namespaces). Launchers listen on every interface; use this on shared hosts.")]
+LogDirOption = Annotated[Path, typer.Option("--log-dir", help="Where each trial's log is written.")]
+ProfileStoreOption = Annotated[Path, typer.Option(
+    "--profile-store", help="Folder of cached profiles, keyed by what affects speed (model shape, batch, "
+    "strategy, device count, hardware).")]
 RuntimesOption = Annotated[str, typer.Option(
     "--runtimes",
     help="'observed': each trial's options rescaled by its actual / planned runtime (what really happened); "
@@ -71,14 +86,9 @@ def run(
     = "saturn",
     n_trials: Annotated[int | None, typer.Option(
         "--n-trials", min=0, help="Trials to add (counts new trials, like study.optimize).")] = None,
-    devices: Annotated[str, typer.Option(
-        "--devices", help="'auto' (every GPU, else one CPU device per core), 'cpu', 'cuda', a number, or "
-        "comma-separated CUDA indices such as 0,1,3.")] = "auto",
-    strategies: Annotated[str | None, typer.Option(
-        "--strategies", help="Comma-separated strategy names, e.g. single,ddp (default: every known one).",
-        show_default=False)] = None,
-    strategy_folder: Annotated[list[Path] | None, typer.Option(
-        "--strategy-folder", help="A folder of extra strategy templates (TOML); may be repeated.")] = None,
+    devices: DevicesOption = "auto",
+    strategies: StrategiesOption = None,
+    strategy_folder: StrategyFolderOption = None,
     timeout: Annotated[float | None, typer.Option(
         "--timeout", min=0.001, help="Stop asking for new trials after this many seconds.")] = None,
     batch_size: Annotated[int | None, typer.Option(
@@ -86,11 +96,15 @@ def run(
     solver: SolverOption = "auto",
     direction: Annotated[str, typer.Option(
         "--direction", help="minimize or maximize; used when the study is created.")] = "minimize",
-    isolate_network: Annotated[bool, typer.Option(
-        "--isolate-network", help="Run each trial in its own loopback-only network namespace (Linux; root or "
-        "user namespaces). Launchers listen on every interface; use this on shared hosts.")] = False,
-    log_dir: Annotated[Path, typer.Option("--log-dir", help="Where each trial's log is written.")]
-    = Path("saturn-runs"),
+    isolate_network: IsolateOption = False,
+    log_dir: LogDirOption = Path("saturn-runs"),
+    profile: Annotated[bool, typer.Option(
+        "--profile/--no-profile", help="Measure each trial's options with short real runs before planning.")]
+    = True,
+    profile_store: ProfileStoreOption = Path("profiles"),
+    profile_budget: Annotated[float | None, typer.Option(
+        "--profile-budget", min=0.001, help="Seconds of profiling allowed per batch; the rest is estimated.")]
+    = None,
     progress: Annotated[str, typer.Option(
         "--progress", help="Live progress: auto (a table on a terminal, log lines otherwise), rich, plain, quiet.",
     )] = "auto",
@@ -103,8 +117,6 @@ def run(
         show_default=False)] = None,
 ) -> None:
     """Run a sweep: add --n-trials trials to the study, each planned and launched on the device pool."""
-    from optuna_saturn import SaturnExecutor
-
     if progress not in PROGRESS_MODES:
         fail(f"--progress must be one of {', '.join(PROGRESS_MODES)}, got {progress!r}.")
     if direction not in ("minimize", "maximize"):
@@ -117,10 +129,9 @@ def run(
     if publisher is not None:
         listeners.append(publisher)
     try:
-        executor = SaturnExecutor(
-            devices=parse_devices(devices), strategies=_split(strategies) if strategies else None, solver=solver,
-            strategy_folders=strategy_folder or (), isolate_network=isolate_network, log_dir=log_dir,
-            listeners=listeners,
+        executor = _executor(
+            devices, strategies, strategy_folder, isolate_network, log_dir, solver=solver, listeners=listeners,
+            profile=profile, profile_store=profile_store, profile_budget=profile_budget,
         )
     except (ValueError, TypeError) as exc:  # StrategyError is a ValueError
         fail(str(exc))
@@ -310,13 +321,79 @@ def report(
     typer.echo("Wrote " + ", ".join(str(p) for p in written))
 
 
-# The `profile` command belongs to the profiler (DESIGN.md, "Profiler"); it registers itself here with
-# `app.command()(profile)` when optuna_saturn.profiler lands. No placeholder: `--help` lists only what works.
+# --------------------------------------------------------------------------------------------------------------------
+# profile
+# --------------------------------------------------------------------------------------------------------------------
+@app.command()
+def profile(
+    objective: Annotated[str, typer.Argument(
+        help="The objective, as for `run`. It must use trial.prepare(...) and trial.steps(n).", show_default=False,
+    )],
+    n_trials: Annotated[int, typer.Option("--n-trials", min=1, help="Sampled configurations to profile.")] = 4,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the random sampler that draws them.")] = 0,
+    devices: DevicesOption = "auto",
+    strategies: StrategiesOption = None,
+    strategy_folder: StrategyFolderOption = None,
+    profile_store: ProfileStoreOption = Path("profiles"),
+    isolate_network: IsolateOption = False,
+    log_dir: LogDirOption = Path("saturn-runs"),
+) -> None:
+    """Profile only: measure sampled configurations under every feasible strategy and device count, fill the
+    profile store, and print the table. Runs no trial and writes nothing to any study."""
+    function = load_objective(objective)
+    try:
+        executor = _executor(devices, strategies, strategy_folder, isolate_network, log_dir,
+                             profile_store=profile_store, progress=None)
+    except (ValueError, TypeError) as exc:
+        fail(str(exc))
+    try:
+        measured = executor.profile(function, n_trials, seed=seed)
+    except KeyboardInterrupt:
+        raise typer.Exit(INTERRUPTED) from None
+    if not any(t.user_attrs.get("saturn:profiles") for t in measured.trials):
+        fail("Nothing could be profiled: the objective must build its model and data loader, call "
+             "trial.prepare(model, optimizer, loader), then loop over trial.steps(n).")
+    from rich.table import Table
+
+    table = Table(title=f"Profiles in {profile_store}")
+    for column in ("trial", "params", "strategy", "devices", "ms/step", "start-up s", "peak MiB", "fits", "trial s"):
+        table.add_column(column, justify="left" if column in ("params", "strategy") else "right")
+    for trial in measured.trials:
+        runtimes = {(o["strategy"], o["devices"]): o["runtime"] for o in trial.user_attrs.get("saturn:options", [])}
+        for p in trial.user_attrs.get("saturn:profiles", []):
+            ok = p["feasible"]
+            table.add_row(
+                str(trial.number), ", ".join(f"{k}={_short(v)}" for k, v in trial.params.items()), p["strategy"],
+                str(p["devices"]), f"{p['step_seconds'] * 1e3:.1f}" if ok else "-",
+                f"{p['startup_seconds']:.1f}" if ok else "-",
+                f"{p['peak_memory_bytes'] / 2**20:.0f}" if ok else "-", "yes" if ok else "no",
+                f"{runtimes[(p['strategy'], p['devices'])]:.1f}" if ok else "-",
+            )
+    _console().print(table)
 
 
 # --------------------------------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------------------------------
+def _executor(
+    devices: str, strategies: str | None, strategy_folder: list[Path] | None, isolate_network: bool, log_dir: Path,
+    **options: Any,
+) -> Any:
+    """The executor for the options `run` and `profile` share; progress and the dashboard are the CLI's own."""
+    from optuna_saturn import SaturnExecutor
+
+    options.setdefault("progress", None)
+    return SaturnExecutor(
+        devices=parse_devices(devices), strategies=_split(strategies) if strategies else None,
+        strategy_folders=strategy_folder or (), isolate_network=isolate_network, log_dir=log_dir,
+        dashboard=False, **options,
+    )
+
+
+def _short(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
 def load_objective(spec: str) -> Callable[..., Any]:
     """``path/to/file.py:function`` or ``package.module:function``, importable again by worker processes.
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import signal
 import threading
@@ -82,6 +84,7 @@ class SaturnExecutor:
         self.devices = resolve_devices(devices, allow_shared_cores=allow_shared_cores)
         self.strategies = select_strategies(strategies, len(self.devices), folders=list(strategy_folders))
         self.solver = solver
+        self._quiet_own_log = progress is not None
         self._settings = SweepSettings(
             devices=self.devices, strategies=self.strategies, solver=solver, time_limit=plan_time_limit,
             log_dir=Path(log_dir), isolate_network=isolate_network, artifact_store=artifact_store,
@@ -107,11 +110,6 @@ class SaturnExecutor:
         stops asking for new trials; trials already asked still run. Ctrl-C stops every process and ends the
         running trials as FAIL with the reason in their user attrs, then re-raises ``KeyboardInterrupt``.
         """
-        if os.environ.get(WORKER_ENV):
-            raise RuntimeError(
-                "SaturnExecutor.optimize() was called inside a worker process. Put the code that starts the "
-                "sweep under `if __name__ == \"__main__\":` so that workers only import your objective."
-            )
         if not isinstance(study, optuna.Study):
             raise TypeError(f"study must be an optuna.Study, got {type(study).__name__}.")
         if n_trials is not None and (not isinstance(n_trials, int) or n_trials < 0):
@@ -121,12 +119,44 @@ class SaturnExecutor:
         batch = len(self.devices) if batch_size is None else batch_size
         if not isinstance(batch, int) or batch < 1:
             raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}.")
-        sweep = Sweep(
+        self._run(Sweep(
             self._settings, study, objective, lambda folder: describe_objective(objective, folder),
             n_trials=n_trials, timeout=timeout, batch_size=batch,
-        )
-        with _sigterm_as_keyboard_interrupt():
-            sweep.run()
+        ))
+
+    def profile(
+        self, objective: Callable[[Any], float | Sequence[float]], n_trials: int, *, seed: int = 0
+    ) -> optuna.Study:
+        """Profile ``n_trials`` sampled configurations of ``objective`` into the profile store, and run nothing.
+
+        Warms the cache for later sweeps. Returns a throw-away in-memory study whose trials carry the
+        ``saturn:profiles`` and ``saturn:options`` user attributes; the trials themselves are never run.
+        """
+        if self._settings.profile_store is None:
+            raise ValueError("profile() needs profiling on: create the executor with profile=True.")
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+        settings = dataclasses.replace(self._settings, profile_only=True)
+        self._run(Sweep(
+            settings, study, objective, lambda folder: describe_objective(objective, folder),
+            n_trials=n_trials, timeout=None, batch_size=max(n_trials, 1),
+        ))
+        return study
+
+    def _run(self, sweep: Sweep) -> None:
+        if os.environ.get(WORKER_ENV):
+            raise RuntimeError(
+                "SaturnExecutor was called inside a worker process. Put the code that starts the sweep under "
+                "`if __name__ == \"__main__\":` so that workers only import your objective."
+            )
+        saturn_logger = logging.getLogger("optuna.saturn")
+        level = saturn_logger.level
+        if self._quiet_own_log:  # the progress display says the same, better
+            saturn_logger.setLevel(logging.WARNING)
+        try:
+            with _sigterm_as_keyboard_interrupt():
+                sweep.run()
+        finally:
+            saturn_logger.setLevel(level)
 
 
 def _default_listeners(progress: ProgressMode | None, dashboard: bool | None) -> list[SweepListener]:

@@ -137,6 +137,29 @@ def test_help_lists_every_command() -> None:
         assert command in result.output
         sub = invoke(command, "--help")
         assert sub.exit_code == 0 and "--storage" in sub.output
+    assert "profile" in result.output
+    assert "--profile-store" in invoke("profile", "--help").output
+
+
+@pytest.mark.launch
+def test_profile_fills_the_store_and_prints_the_table(tmp_path: Path) -> None:
+    require(bool(shutil.which("unshare") and shutil.which("ip")), "unshare or ip (util-linux, iproute2)",
+            fix="they launch trials in a loopback-only network namespace")
+    store = tmp_path / "profiles"
+    result = cli("profile", f"{OBJECTIVES}:profiled", "--n-trials", "2", "--devices", "2", "--strategies",
+                 "single,ddp", "--profile-store", str(store), "--isolate-network", "--log-dir", str(tmp_path / "runs"),
+                 cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = table_rows(result.stdout)
+    assert sorted((r[2], r[3], r[7]) for r in rows) == [("ddp", "2", "yes")] * 2 + [("single", "1", "yes")] * 2
+    assert all(float(r[4]) > 0 for r in rows)
+    assert len(list(store.glob("*.json"))) == 2  # the two trials differ only in lr: measured once each
+
+
+def test_profile_explains_an_objective_it_cannot_profile(tmp_path: Path) -> None:
+    message = error_of(invoke("profile", f"{OBJECTIVES}:quadratic", "--devices", "1", "--strategies", "single",
+                              "--profile-store", str(tmp_path / "p"), "--log-dir", str(tmp_path / "runs")))
+    assert "trial.steps" in message
 
 
 def error_of(result) -> str:
