@@ -88,3 +88,18 @@ def test_launch_pins_devices_and_isolates_the_network():
     gpus = build_launch(load_strategies()["ddp"], [Device("cuda", 2), Device("cuda", 5)], "/tmp/s.json")
     assert gpus.command[0] != "unshare" and "--nproc-per-node=2" in gpus.command
     assert gpus.env["CUDA_VISIBLE_DEVICES"] == "2,5"
+
+
+def test_deepspeed_and_accelerate_command_lines():
+    known = load_strategies()
+    cpus = [Device("cpu", 0, (0,)), Device("cpu", 1, (1,))]
+    ds = build_launch(known["zero2"], cpus, "/tmp/s.json")
+    assert "deepspeed.launcher.runner" in ds.command and "--num_gpus=2" in ds.command
+    assert "--no_local_rank" in ds.command and ds.command[-2:] == ["optuna_saturn._worker", "/tmp/s.json"]
+    assert "TORCH_EXTENSIONS_DIR" in ds.env  # compiled ops are cached across trials
+    gpu_ds = build_launch(known["zero2"], [Device("cuda", 2), Device("cuda", 5)], "/tmp/s.json")
+    assert "--include=localhost:2,5" in gpu_ds.command and "CUDA_VISIBLE_DEVICES" not in gpu_ds.env
+    accelerate = parse_strategy({"name": "a", "launcher": "accelerate", "engine": "ddp", "min_devices": 2}, source="a")
+    acc = build_launch(accelerate, cpus, "/tmp/s.json")
+    assert "accelerate.commands.launch" in acc.command and "--multi_gpu" in acc.command
+    assert "--num_processes=2" in acc.command and acc.env["ACCELERATE_USE_CPU"] == "1"

@@ -155,3 +155,21 @@ def test_listeners_hear_the_whole_sweep_and_a_broken_one_is_dropped(saturn_optio
     assert ("plan", (0,), 1) in recorder.events and ("end", 0, TrialState.COMPLETE) in recorder.events
     progress = [e for e in recorder.events if e[0] == "progress"]
     assert progress[0][2] == 1 and progress[-1][2:] == (10, 10)
+
+
+def test_accelerate_launcher_from_a_user_strategy_folder(saturn_options, tmp_path):
+    """`accelerate launch` on CPU needs ACCELERATE_USE_CPU=1 and --multi_gpu to start N synchronised processes."""
+    folder = tmp_path / "strategies"
+    folder.mkdir()
+    (folder / "ddp-accelerate.toml").write_text(
+        'name = "ddp-accelerate"\nlauncher = "accelerate"\nengine = "ddp"\nmin_devices = 2\n'
+    )
+    study = optuna.create_study()
+    executor = SaturnExecutor(devices=2, strategies=["ddp-accelerate"], strategy_folders=[folder], **saturn_options)
+    executor.optimize(study, objectives.train_linear, n_trials=1)
+
+    attrs = study.trials[0].user_attrs
+    assert study.trials[0].state == TrialState.COMPLETE, attrs.get("saturn:fail_reason")
+    assert attrs["world_size"] == 2 and len(set(attrs["pids"])) == 2
+    assert attrs["max_param_diff_across_ranks"] == 0.0 and attrs["losses"][-1] < 0.1 * attrs["losses"][0]
+    assert attrs["saturn:strategy"] == "ddp-accelerate"
