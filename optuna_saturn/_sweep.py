@@ -24,7 +24,7 @@ from optuna_saturn._session import TrialSession
 from optuna_saturn.channel import ChannelServer
 from optuna_saturn.devices import Device
 from optuna_saturn.estimates import RuntimeEstimator
-from optuna_saturn.events import SweepListener, TrialProgress, TrialStart
+from optuna_saturn.events import ProfileEvent, SweepListener, TrialProgress, TrialStart
 from optuna_saturn.planner import Assignment, Cluster, Job, Option, Plan, Reservation, replan, solve
 from optuna_saturn.profiler import ProfileStore
 from optuna_saturn.runner import LaunchedTrial, LocalRunner, build_launch
@@ -244,6 +244,7 @@ class Sweep:
             profile={"warmup": warmup, "timed": timed}, log_name=f"profile-{job.trial.number}-{job.name}.log",
         )
         self._measuring[key] = _Measuring(job, session, token, launched, device_ids, time.time())
+        self._notify("on_profile", ProfileEvent(job.trial.number, job.name, "started"))
 
     def _finish_measurement(self, measuring: _Measuring, server: ChannelServer) -> None:
         server.unregister(measuring.token)
@@ -256,14 +257,16 @@ class Sweep:
         record = self._profiler.record(measuring.job, outcome, startup or 0.0)
         job = measuring.job
         if record is None:
-            _logger.warning(f"Profiling {job.name} failed (log: {measuring.launched.log_path}); it is estimated.")
+            summary = f"failed, so it is estimated (log: {measuring.launched.log_path})"
         elif not record.feasible:
-            _logger.info(f"Profiled {job.name}: does not fit ({record.error}).")
+            summary = f"does not fit ({record.error})"
         else:
-            _logger.info(
-                f"Profiled {job.name}: {record.step_seconds * 1e3:.1f} ms/step, start-up {record.startup_seconds:.1f} s, "
-                f"peak {record.peak_memory_bytes / 2**20:.0f} MiB."
+            summary = (
+                f"{record.step_seconds * 1e3:.1f} ms/step, start-up {record.startup_seconds:.1f} s, "
+                f"peak {record.peak_memory_bytes / 2**20:.0f} MiB"
             )
+        (_logger.warning if record is None else _logger.info)(f"Profiled {job.name} (trial {job.trial.number}): {summary}.")
+        self._notify("on_profile", ProfileEvent(job.trial.number, job.name, "done", summary))
 
     def _plan_batch(self) -> None:
         if self._profile_started:

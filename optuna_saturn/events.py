@@ -32,6 +32,17 @@ class TrialProgress:
     step_seconds: float | None
 
 
+@dataclass(frozen=True)
+class ProfileEvent:
+    """A profiling run of the batch being prepared: ``phase`` is "started" or "done"; ``summary`` says what
+    was measured (step time, start-up, peak memory) or why nothing was."""
+
+    trial: int
+    option: str  # e.g. "ddpx2"
+    phase: str
+    summary: str = ""
+
+
 class SweepListener:
     """Override what you need; every method defaults to doing nothing. Times are seconds since the sweep began."""
 
@@ -40,6 +51,9 @@ class SweepListener:
 
     def on_plan(self, study: optuna.Study, plan: Plan, trial_numbers: Sequence[int], now: float) -> None:
         """A batch was planned; the plan's times are relative to ``now``."""
+
+    def on_profile(self, study: optuna.Study, event: ProfileEvent) -> None:
+        pass
 
     def on_trial_start(self, study: optuna.Study, start: TrialStart) -> None:
         pass

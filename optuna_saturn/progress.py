@@ -17,7 +17,7 @@ from typing import IO, Literal
 
 import optuna
 
-from optuna_saturn.events import SweepListener, TrialProgress, TrialStart
+from optuna_saturn.events import ProfileEvent, SweepListener, TrialProgress, TrialStart
 from optuna_saturn.planner import Plan
 
 ProgressMode = Literal["auto", "rich", "plain", "quiet"]
@@ -162,6 +162,12 @@ class PlainProgress(SweepListener):
         self._write(f"planned {len(plan.assignments)} trial(s) ({chosen}); "
                     f"batch ends in ~{format_duration(plan.makespan)}")
 
+    def on_profile(self, study: optuna.Study, event: ProfileEvent) -> None:
+        if event.phase == "done":
+            self._write(f"profiled {event.option} for trial {event.trial}: {event.summary}")
+        else:
+            self._write(f"profiling {event.option} for trial {event.trial}")
+
     def on_trial_start(self, study: optuna.Study, start: TrialStart) -> None:
         status = self.tracker.trial_start(start)
         self._last_line[start.number] = self.tracker.now()
@@ -227,6 +233,10 @@ class RichProgress(SweepListener):
     def on_plan(self, study: optuna.Study, plan: Plan, trial_numbers: Sequence[int], now: float) -> None:
         with self._lock:
             self.tracker.plan(plan, now)
+
+    def on_profile(self, study: optuna.Study, event: ProfileEvent) -> None:
+        if event.phase == "done":  # printed above the live table
+            self.console.print(f"profiled {event.option} for trial {event.trial}: {event.summary}")
 
     def on_trial_start(self, study: optuna.Study, start: TrialStart) -> None:
         with self._lock:

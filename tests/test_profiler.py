@@ -10,7 +10,7 @@ from optuna.trial import TrialState
 
 import objectives
 from optuna_saturn import SaturnExecutor
-from optuna_saturn.devices import Device
+from optuna_saturn.events import SweepListener
 from optuna_saturn.profiler import ProfileRecord, ProfileStore, model_state_bytes, probe_workload, profile_key
 from optuna_saturn.strategy import load_strategies
 
@@ -76,6 +76,14 @@ def test_store_round_trip_and_whole_trial_runtime(tmp_path):
     assert store.get("bad") is None
 
 
+class _ProfileEvents(SweepListener):
+    def __init__(self) -> None:
+        self.events = []
+
+    def on_profile(self, study, event):
+        self.events.append(event)
+
+
 def _run_dir_logs(tmp_path, prefix: str) -> list:
     return sorted(p.name for p in (tmp_path / "runs").rglob(f"{prefix}*.log"))
 
@@ -83,9 +91,16 @@ def _run_dir_logs(tmp_path, prefix: str) -> list:
 @pytest.mark.launch
 def test_profiles_are_measured_once_and_reused_by_a_sweep_that_varies_only_the_learning_rate(saturn_options, tmp_path):
     store = tmp_path / "profiles"
-    executor = SaturnExecutor(devices=2, strategies=["single", "ddp"], profile_store=store, **saturn_options)
+    heard = _ProfileEvents()
+    executor = SaturnExecutor(
+        devices=2, strategies=["single", "ddp"], profile_store=store, listeners=[heard], **saturn_options
+    )
     first = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     executor.optimize(first, objectives.profiled, n_trials=2)
+    assert sorted((e.option, e.phase) for e in heard.events) == [
+        ("ddpx2", "done"), ("ddpx2", "started"), ("singlex1", "done"), ("singlex1", "started")
+    ]
+    assert all("ms/step" in e.summary for e in heard.events if e.phase == "done")
 
     assert len(_run_dir_logs(tmp_path, "profile-")) == 2  # single x1 and ddp x2, shared by both trials
     assert len(ProfileStore(store)) == 2
@@ -98,6 +113,7 @@ def test_profiles_are_measured_once_and_reused_by_a_sweep_that_varies_only_the_l
     second = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
     executor.optimize(second, objectives.profiled, n_trials=3)
     assert len(_run_dir_logs(tmp_path, "profile-")) == 2  # no new profiling run
+    assert len(heard.events) == 4
     assert {t.params["lr"] for t in second.trials}.isdisjoint({t.params["lr"] for t in first.trials})
     assert all(t.state == TrialState.COMPLETE for t in first.trials + second.trials)
     assert second.trials[0].user_attrs["saturn:profiles"] == profiles
