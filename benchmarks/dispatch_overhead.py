@@ -52,7 +52,9 @@ def bare_launcher_startup(nprocs: int, repeats: int) -> list[float]:
 def sweep_gaps(strategy: str, devices: int, n_trials: int, log_dir: str) -> dict[str, list[float]]:
     """Run trials back to back on the same devices and measure each hand-over."""
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-    executor = SaturnExecutor(devices=devices, strategies=[strategy], log_dir=log_dir)
+    executor = SaturnExecutor(
+        devices=devices, strategies=[strategy], log_dir=log_dir, progress=None, dashboard=False, profile=False
+    )
     executor.optimize(study, tiny_objective, n_trials=n_trials, batch_size=1)
     trials = sorted(study.trials, key=lambda t: t.user_attrs["saturn:actual_start"])
     gaps: dict[str, list[float]] = {"reaction": [], "startup": [], "idle": []}

@@ -49,6 +49,10 @@ def row(label: str, study: optuna.Study) -> str:
         / t.user_attrs["saturn:actual_runtime"]
         for t in done
     ]
+    for t in done:
+        print(f"  trial {t.number}: {t.user_attrs['saturn:strategy']} predicted "
+              f"{t.user_attrs['saturn:planned_runtime']:.1f} s, actual {t.user_attrs['saturn:actual_runtime']:.1f} s",
+              file=sys.stderr)
     stats = study.user_attrs["saturn:last_sweep"]
     share = stats["profiling_wall_seconds"] / stats["wall_seconds"]
     return (
