@@ -20,12 +20,9 @@ def sequential_max(
     option with the most devices that fits (fastest among those). Trials run in the given order, each on the node
     that frees first (with one node, strictly one after another).
     """
-    largest = max(cluster.nodes)
     seq = []
     for job in jobs:
-        fitting = [o for o in job.options if o.devices <= largest]
-        if not fitting:
-            raise ValueError(f"Job {job.name!r} has no option that fits any node of {list(cluster.nodes)}.")
+        fitting = _fitting(job, cluster)
         pool = [o for o in fitting if o.strategy == strategy] or fitting
         option = max(pool, key=lambda o: (o.devices, -o.runtime))
         seq.append((job, (option,)))
@@ -49,13 +46,18 @@ def task_parallel(jobs: Sequence[Job], cluster: Cluster, *, busy: Sequence[Reser
     Trials that fit on no single device take the fastest option with the smallest device count that fits. Trials
     are taken in the given order (like a worker pool pulling from a queue), each as soon as enough devices free up.
     """
-    largest = max(cluster.nodes)
     seq = []
     for job in jobs:
-        fitting = [o for o in job.options if o.devices <= largest]
-        if not fitting:
-            raise ValueError(f"Job {job.name!r} has no option that fits any node of {list(cluster.nodes)}.")
+        fitting = _fitting(job, cluster)
         fewest = min(o.devices for o in fitting)
         option: Option = min((o for o in fitting if o.devices == fewest), key=lambda o: (o.runtime, o.strategy))
         seq.append((job, (option,)))
     return Plan(tuple(schedule_in_order(seq, cluster, busy=busy)), solver="task-parallel")
+
+
+def _fitting(job: Job, cluster: Cluster) -> list[Option]:
+    """The job's options that fit the largest node (a baseline never splits a trial across nodes)."""
+    fitting = [o for o in job.options if o.devices <= max(cluster.nodes)]
+    if not fitting:
+        raise ValueError(f"Job {job.name!r} has no option that fits any node of {list(cluster.nodes)}.")
+    return fitting
