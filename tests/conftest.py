@@ -17,4 +17,7 @@ def saturn_options(tmp_path):
     """Executor options for tests: every launch inside its own loopback-only network namespace (DESIGN 9)."""
     if not _can_isolate_network():
         pytest.skip("needs unshare and ip to launch trials in a loopback-only network namespace")
-    return {"isolate_network": True, "log_dir": tmp_path / "runs", "grace_period": 5.0}
+    return {
+        "isolate_network": True, "log_dir": tmp_path / "runs", "grace_period": 5.0,
+        "profile_store": tmp_path / "profiles", "progress": "plain", "dashboard": False,
+    }

@@ -90,11 +90,9 @@ def _run_dir_logs(tmp_path, prefix: str) -> list:
 
 @pytest.mark.launch
 def test_profiles_are_measured_once_and_reused_by_a_sweep_that_varies_only_the_learning_rate(saturn_options, tmp_path):
-    store = tmp_path / "profiles"
+    store = saturn_options["profile_store"]
     heard = _ProfileEvents()
-    executor = SaturnExecutor(
-        devices=2, strategies=["single", "ddp"], profile_store=store, listeners=[heard], **saturn_options
-    )
+    executor = SaturnExecutor(devices=2, strategies=["single", "ddp"], listeners=[heard], **saturn_options)
     first = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     executor.optimize(first, objectives.profiled, n_trials=2)
     assert sorted((e.option, e.phase) for e in heard.events) == [
@@ -122,9 +120,7 @@ def test_profiles_are_measured_once_and_reused_by_a_sweep_that_varies_only_the_l
 @pytest.mark.launch
 def test_out_of_memory_in_profiling_marks_the_option_infeasible(saturn_options, tmp_path):
     study = optuna.create_study()
-    executor = SaturnExecutor(
-        devices=2, strategies=["single", "ddp"], profile_store=tmp_path / "profiles", **saturn_options
-    )
+    executor = SaturnExecutor(devices=2, strategies=["single", "ddp"], **saturn_options)
     executor.optimize(study, objectives.single_does_not_fit, n_trials=1)
 
     trial = study.trials[0]

@@ -25,7 +25,9 @@ def runs(tmp_path_factory):
     for name in names:
         study = optuna.create_study()
         devices = 1 if name.startswith("single") else 2
-        SaturnExecutor(devices=devices, strategies=[name], isolate_network=True, log_dir=tmp, grace_period=5).optimize(
+        SaturnExecutor(
+            devices=devices, strategies=[name], isolate_network=True, log_dir=tmp, grace_period=5, profile=False
+        ).optimize(
             study, objectives.same_curve, n_trials=1
         )
         results[name] = study.trials[0]
