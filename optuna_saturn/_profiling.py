@@ -34,17 +34,18 @@ _logger = optuna.logging.get_logger("optuna.saturn.profiler")
 
 @dataclass(frozen=True)
 class ProfileJob:
-    """One short real run to measure: ``trial``'s objective under ``strategy`` on ``devices`` devices."""
+    """One short real launch: ``trial``'s objective timed under each of ``strategies`` (same launcher, same
+    device count) in turn, so the launch is paid once for all of them."""
 
-    key: str
     trial: optuna.Trial
-    strategy: Strategy
+    strategies: tuple[Strategy, ...]
+    keys: tuple[str, ...]
     devices: int
     workload: Workload
 
     @property
     def name(self) -> str:
-        return f"{self.strategy.name}x{self.devices}"
+        return "+".join(s.name for s in self.strategies) + f"x{self.devices}"
 
 
 class BatchProfiler:
@@ -72,8 +73,15 @@ class BatchProfiler:
         self._warned_probe = False
 
     def plan_measurements(self, trials: Sequence[optuna.Trial]) -> list[ProfileJob]:
-        """Dry-run each trial; return one job per uncached, possibly-feasible key (shared keys measured once)."""
-        jobs: dict[str, ProfileJob] = {}
+        """Dry-run each trial; return the launches that measure every uncached, possibly-feasible key once.
+
+        Keys shared by several trials (they differ only in, say, learning rate) are measured once. Strategies
+        of one launcher and device count share a launch, least memory first (so an out-of-memory run stops
+        before the strategies that would need even more).
+        """
+        seen: set[str] = set()
+        groups: dict[tuple[int, int, str], list[tuple[Strategy, str]]] = {}
+        workloads: dict[int, Workload] = {}
         for trial in trials:
             workload = self._probe(trial)
             self._workloads[trial.number] = workload
@@ -81,26 +89,60 @@ class BatchProfiler:
                 continue
             for strategy, devices in self._candidates(workload):
                 key = self._key(workload, strategy, devices)
-                if key not in jobs and self._store.get(key) is None:
-                    jobs[key] = ProfileJob(key, trial, strategy, devices, workload)
-        return sorted(jobs.values(), key=lambda j: (-j.devices, j.strategy.name))
+                if key in seen or self._store.get(key) is not None:
+                    continue
+                seen.add(key)
+                workloads[trial.number] = workload
+                groups.setdefault((trial.number, devices, strategy.launcher), []).append((strategy, key))
+        by_number = {t.number: t for t in trials}
+        jobs = []
+        for (number, devices, _), members in groups.items():
+            workload = workloads[number]
+            members.sort(key=lambda m: model_state_bytes(workload.n_params, workload.bytes_per_param, m[0], devices))
+            jobs.append(ProfileJob(
+                by_number[number], tuple(m[0] for m in members), tuple(m[1] for m in members), devices, workload
+            ))
+        return sorted(jobs, key=lambda j: (-j.devices, j.name))
 
-    def record(self, job: ProfileJob, outcome: dict | None, startup_seconds: float) -> ProfileRecord | None:
-        """Store what a profiling run measured; an out-of-memory run marks the option infeasible."""
-        common = {"key": job.key, "strategy": job.strategy.name, "devices": job.devices, "hardware": self._hardware,
-                  "n_params": job.workload.n_params, "batch_signature": job.workload.batch_signature}
-        if outcome and outcome.get("oom"):
-            record = ProfileRecord(**common, feasible=False, error=outcome.get("error", "out of memory"))
-        elif outcome and outcome.get("step_seconds"):
-            steps = sorted(outcome["step_seconds"])
-            record = ProfileRecord(
-                **common, feasible=True, step_seconds=steps[len(steps) // 2], startup_seconds=startup_seconds,
-                peak_memory_bytes=int(outcome.get("peak_memory_bytes") or 0), timed_steps=len(steps),
-            )
-        else:
-            return None  # the run failed for another reason: unknown, not infeasible; the trial will tell
-        self._store.put(record)
-        return record
+    def record(self, job: ProfileJob, results: Sequence[dict], launched_at: float) -> list[ProfileRecord | None]:
+        """Store what a launch measured, one record per strategy it reached (None: it failed otherwise).
+
+        Each strategy's start-up is the launch's own (process start to the first objective call) plus that
+        strategy's set-up (objective call to first step), as if it had been launched alone.
+        """
+        by_name = {r.get("strategy"): r for r in results}
+        first = results[0] if results else {}
+        launch_overhead = max(0.0, first.get("objective_started_at", launched_at) - launched_at)
+        records = []
+        for strategy, key in zip(job.strategies, job.keys):
+            outcome = by_name.get(strategy.name)
+            common = {"key": key, "strategy": strategy.name, "devices": job.devices, "hardware": self._hardware,
+                      "n_params": job.workload.n_params, "batch_signature": job.workload.batch_signature}
+            if outcome is None:
+                records.append(None)
+                continue
+            if outcome.get("oom"):
+                record = ProfileRecord(**common, feasible=False, error=outcome.get("error", "out of memory"))
+            else:
+                steps = sorted(outcome["step_seconds"])
+                record = ProfileRecord(
+                    **common, feasible=True, step_seconds=steps[len(steps) // 2],
+                    startup_seconds=launch_overhead + outcome["first_step_at"] - outcome["objective_started_at"],
+                    peak_memory_bytes=int(outcome.get("peak_memory_bytes") or 0), timed_steps=len(steps),
+                )
+            self._store.put(record)
+            records.append(record)
+        return records
+
+    @staticmethod
+    def unfinished(job: ProfileJob, records: Sequence[ProfileRecord | None]) -> ProfileJob | None:
+        """After an out-of-memory stop, the strategies the launch did not reach, as a new launch."""
+        if not any(r is not None and not r.feasible for r in records):
+            return None
+        rest = [(s, k) for s, k, r in zip(job.strategies, job.keys, records) if r is None]
+        if not rest:
+            return None
+        return ProfileJob(job.trial, tuple(s for s, _ in rest), tuple(k for _, k in rest), job.devices, job.workload)
 
     def options_for(self, trial: optuna.Trial) -> tuple[list[Option], list[dict]]:
         """Every feasible option of the trial (not only the best per device count), with measured runtimes not yet

@@ -22,6 +22,7 @@ class TrialSession:
         self.trial = trial
         self._lock = study_lock
         self.outcome: dict[str, Any] | None = None
+        self.profiles: list[dict[str, Any]] = []  # one per strategy timed by a profiling launch
         self.outcome_at: float | None = None
         self.worker_started_at: float | None = None
         self.first_step_at: float | None = None
@@ -37,7 +38,10 @@ class TrialSession:
             return None
         if op == "progress":
             return self._progress(message)
-        if op in ("result", "pruned", "fail", "profile"):
+        if op == "profile":
+            self.profiles.append(message)
+            return None
+        if op in ("result", "pruned", "fail"):
             self.outcome = {"op": op, **{k: v for k, v in message.items() if k != "op"}}
             self.outcome_at = time.time()
             return None

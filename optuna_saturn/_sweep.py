@@ -237,11 +237,12 @@ class Sweep:
 
     def _start_measurement(self, job: ProfileJob, runner: LocalRunner, server: ChannelServer, recipe: dict) -> None:
         device_ids = sorted(self._free)[: job.devices]
-        key = f"profile-{job.key}"
+        key = f"profile-{job.trial.number}-{job.name}"
         warmup, timed = self.settings.profile_steps
         session, token, launched, _ = self._start_process(
-            job.trial, job.strategy, device_ids, runner, server, recipe, key=key,
-            profile={"warmup": warmup, "timed": timed}, log_name=f"profile-{job.trial.number}-{job.name}.log",
+            job.trial, job.strategies[0], device_ids, runner, server, recipe, key=key,
+            profile={"warmup": warmup, "timed": timed, "strategies": [s.to_json() for s in job.strategies]},
+            log_name=f"{key}.log",
         )
         self._measuring[key] = _Measuring(job, session, token, launched, device_ids, time.time())
         self._notify("on_profile", ProfileEvent(job.trial.number, job.name, "started"))
@@ -251,22 +252,28 @@ class Sweep:
         self._free |= set(measuring.devices)
         self._profile_seconds += (time.time() - measuring.launched_at) * len(measuring.devices)
         self._profile_runs += 1
-        outcome = measuring.session.outcome
-        first_step_at = (outcome or {}).get("first_step_at")
-        startup = first_step_at - measuring.launched_at if first_step_at else None
-        record = self._profiler.record(measuring.job, outcome, startup or 0.0)
         job = measuring.job
-        if record is None:
-            summary = f"failed, so it is estimated (log: {measuring.launched.log_path})"
-        elif not record.feasible:
-            summary = f"does not fit ({record.error})"
-        else:
-            summary = (
-                f"{record.step_seconds * 1e3:.1f} ms/step, start-up {record.startup_seconds:.1f} s, "
-                f"peak {record.peak_memory_bytes / 2**20:.0f} MiB"
-            )
-        (_logger.warning if record is None else _logger.info)(f"Profiled {job.name} (trial {job.trial.number}): {summary}.")
-        self._notify("on_profile", ProfileEvent(job.trial.number, job.name, "done", summary))
+        records = self._profiler.record(job, measuring.session.profiles, measuring.launched_at)
+        rest = self._profiler.unfinished(job, records)
+        if rest is not None:
+            self._measure_queue.append(rest)
+        for strategy, record in zip(job.strategies, records):
+            option = f"{strategy.name}x{job.devices}"
+            if record is None:
+                summary = (
+                    "not reached (an earlier strategy ran out of memory)" if rest is not None
+                    else f"failed, so it is estimated (log: {measuring.launched.log_path})"
+                )
+            elif not record.feasible:
+                summary = f"does not fit ({record.error})"
+            else:
+                summary = (
+                    f"{record.step_seconds * 1e3:.1f} ms/step, start-up {record.startup_seconds:.1f} s, "
+                    f"peak {record.peak_memory_bytes / 2**20:.0f} MiB"
+                )
+            log = _logger.warning if record is None and rest is None else _logger.info
+            log(f"Profiled {option} (trial {job.trial.number}): {summary}.")
+            self._notify("on_profile", ProfileEvent(job.trial.number, option, "done", summary))
 
     def _plan_batch(self) -> None:
         if self._profile_started:

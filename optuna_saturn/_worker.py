@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
 from typing import NoReturn
 
@@ -29,8 +30,6 @@ def error_file(spec_path: str, rank: int) -> str:
 def _record_error(spec_path: str, rank: int, error: str) -> None:
     """Every rank leaves its error behind, so the executor can name the rank that failed first (the root
     cause), not the peers that failed because it went away."""
-    import time
-
     with open(error_file(spec_path, rank), "w", encoding="utf-8") as f:
         json.dump({"rank": rank, "time": time.time(), "error": error}, f)
 
@@ -67,44 +66,74 @@ def main(spec_path: str) -> NoReturn:
         control_group = dist.group.WORLD
 
     channel = ChannelClient(spec["channel"], spec["token"]) if rank == 0 else None
-    strategy = Strategy.from_json(spec["strategy"])
-    context = WorkerContext(
-        rank, local_rank, world_size, device, dict(strategy.knobs), dict(strategy.launcher_config)
-    )
-    trial = SaturnTrial(
-        number=spec["trial_number"], strategy=strategy, engine=engine_for(strategy.engine, context),
-        channel=channel, control_group=control_group, step_budget=spec.get("step_budget"),
-        profile=spec.get("profile"),
-    )
+    objective = load_objective(spec["objective"])
+    profile = spec.get("profile")
+
+    def run(strategy_json: dict) -> dict:
+        """Run the objective once under one strategy; how it ended, as the message rank 0 sends."""
+        strategy = Strategy.from_json(strategy_json)
+        context = WorkerContext(
+            rank, local_rank, world_size, device, dict(strategy.knobs), dict(strategy.launcher_config)
+        )
+        trial = SaturnTrial(
+            number=spec["trial_number"], strategy=strategy, engine=engine_for(strategy.engine, context),
+            channel=channel, control_group=control_group, step_budget=spec.get("step_budget"), profile=profile,
+        )
+        started_at = time.time()
+        try:
+            value = objective(trial)
+            values = [float(v) for v in value] if isinstance(value, (list, tuple)) else [float(value)]
+            return {"op": "result", "values": values}
+        except optuna.TrialPruned as exc:
+            return {"op": "pruned", "message": str(exc)}
+        except ProfileComplete as done:
+            return {
+                "op": "profile", "strategy": strategy.name, "objective_started_at": started_at,
+                "first_step_at": done.first_step_at,
+                "step_seconds": _max_over_ranks(done.step_seconds, world_size, control_group),
+                "peak_memory_bytes": _max_over_ranks([_peak_memory(device)], world_size, control_group)[0],
+            }
+        except BaseException as exc:  # the trial failed; the sweep goes on
+            traceback.print_exc()
+            error = f"{type(exc).__name__}: {exc}"
+            if profile is not None and isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+                # an infeasible option, not a failure
+                return {"op": "profile", "strategy": strategy.name, "oom": True, "error": error[:500]}
+            _record_error(spec_path, rank, error)
+            return {"op": "fail", "error": error, "traceback": traceback.format_exc()}
+
+    def send(outcome: dict) -> None:
+        if channel is not None:
+            channel.call(outcome["op"], **{k: v for k, v in outcome.items() if k != "op"})
+
     if channel is not None:
         channel.call("started", world_size=world_size)
-    try:
-        value = load_objective(spec["objective"])(trial)
-        values = [float(v) for v in value] if isinstance(value, (list, tuple)) else [float(value)]
-        outcome: dict = {"op": "result", "values": values}
-    except optuna.TrialPruned as exc:
-        outcome = {"op": "pruned", "message": str(exc)}
-    except ProfileComplete as done:
-        outcome = {"op": "profile", "step_seconds": _max_over_ranks(done.step_seconds, world_size, control_group),
-                   "first_step_at": done.first_step_at,
-                   "peak_memory_bytes": _max_over_ranks([_peak_memory(device)], world_size, control_group)[0]}
-    except BaseException as exc:  # the trial failed; the sweep goes on
-        traceback.print_exc()
-        error = f"{type(exc).__name__}: {exc}"
-        if spec.get("profile") is not None and isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
-            outcome = {"op": "profile", "oom": True, "error": error[:500]}  # an infeasible option, not a failure
-        else:
-            outcome = {"op": "fail", "error": error, "traceback": traceback.format_exc()}
-            _record_error(spec_path, rank, error)
+    # One launch can time several strategies of the same launcher and device count: the launch is paid once.
+    for strategy_json in profile["strategies"] if profile is not None else [spec["strategy"]]:
+        outcome = run(strategy_json)
+        send(outcome)
+        if "error" in outcome:
+            break
+        _release_memory(device)
     if channel is not None:
-        op = outcome.pop("op")
-        channel.call(op, **outcome)
         channel.close()
-    if outcome.get("error"):
+    if "error" in outcome:
         _exit_now(1)  # peers may be stuck in a collective; the launcher stops them
     dist.barrier(group=control_group)  # without it gloo sometimes aborts in destroy_process_group
     dist.destroy_process_group()
     _exit_now(0)
+
+
+def _release_memory(device: object) -> None:
+    """Between two strategies timed in one launch, give back what the first one held."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if getattr(device, "type", "cpu") == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
 
 
 def _peak_memory(device: object) -> float:

@@ -118,14 +118,34 @@ def test_profiles_are_measured_once_and_reused_by_a_sweep_that_varies_only_the_l
 
 
 @pytest.mark.launch
+def test_one_launch_times_every_strategy_of_a_launcher_and_device_count(saturn_options, tmp_path):
+    study = optuna.create_study()
+    executor = SaturnExecutor(devices=2, strategies=["single", "single-ckpt", "ddp", "fsdp"], **saturn_options)
+    executor.optimize(study, objectives.profiled, n_trials=1)
+
+    launches = _run_dir_logs(tmp_path, "profile-")
+    assert launches == ["profile-0-fsdp+ddpx2.log", "profile-0-single+single-ckptx1.log"]  # least memory first
+    trial = study.trials[0]
+    assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
+    profiles = {(p["strategy"], p["devices"]): p for p in trial.user_attrs["saturn:profiles"]}
+    assert set(profiles) == {("single", 1), ("single-ckpt", 1), ("ddp", 2), ("fsdp", 2)}
+    assert all(p["feasible"] and p["step_seconds"] > 0 and p["startup_seconds"] > 1.0 for p in profiles.values())
+    options = {(o["strategy"], o["devices"]) for o in trial.user_attrs["saturn:options"]}
+    assert options == set(profiles)  # the planner gets every feasible option, not only the best per device count
+
+
+@pytest.mark.launch
 def test_out_of_memory_in_profiling_marks_the_option_infeasible(saturn_options, tmp_path):
     study = optuna.create_study()
-    executor = SaturnExecutor(devices=2, strategies=["single", "ddp"], **saturn_options)
+    executor = SaturnExecutor(devices=2, strategies=["single", "single-ckpt", "ddp"], **saturn_options)
     executor.optimize(study, objectives.single_does_not_fit, n_trials=1)
 
     trial = study.trials[0]
     assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
     profiles = {(p["strategy"], p["devices"]): p for p in trial.user_attrs["saturn:profiles"]}
-    assert profiles[("single", 1)]["feasible"] is False and profiles[("ddp", 2)]["feasible"] is True
+    assert profiles[("single", 1)]["feasible"] is False and profiles[("single-ckpt", 1)]["feasible"] is False
+    assert profiles[("ddp", 2)]["feasible"] is True
+    # single ran out of memory first; the launch stopped and single-ckpt got a launch of its own
+    assert len(_run_dir_logs(tmp_path, "profile-")) == 3
     assert [o["strategy"] for o in trial.user_attrs["saturn:options"]] == ["ddp"]
     assert trial.user_attrs["saturn:strategy"] == "ddp"
