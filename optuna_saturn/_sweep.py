@@ -149,7 +149,8 @@ class Sweep:
                         else:
                             self._finish(self._active.pop(launched.key), code, server)
                             trial_ended = True
-                    if trial_ended:
+                    if trial_ended:  # start what the plan has next at once, then re-plan the rest
+                        self._dispatch(runner, server, recipe)
                         self._replan()
                     if not self._pending and not self._waiting and self._free and self._may_ask():
                         self._ask_batch()

@@ -173,3 +173,26 @@ def test_accelerate_launcher_from_a_user_strategy_folder(saturn_options, tmp_pat
     assert attrs["world_size"] == 2 and len(set(attrs["pids"])) == 2
     assert attrs["max_param_diff_across_ranks"] == 0.0 and attrs["losses"][-1] < 0.1 * attrs["losses"][0]
     assert attrs["saturn:strategy"] == "ddp-accelerate"
+
+
+class _Plans(SweepListener):
+    def __init__(self) -> None:
+        self.plans = []
+
+    def on_plan(self, study, plan, trial_numbers, now):
+        self.plans.append((tuple(trial_numbers), plan.info.get("replan")))
+
+
+def test_every_trial_end_re_plans_the_trials_not_started(saturn_options):
+    heard = _Plans()
+    study = optuna.create_study()
+    executor = SaturnExecutor(devices=2, strategies=["single"], listeners=[heard], **saturn_options)
+    executor.optimize(study, objectives.quadratic, n_trials=4, batch_size=4)
+
+    assert all(t.state == TrialState.COMPLETE for t in study.trials)
+    first, *replans = heard.plans
+    assert first == ((0, 1, 2, 3), None)
+    assert replans and all(how in ("kept", "replaced") for _, how in replans)
+    assert all(len(numbers) < 4 for numbers, _ in replans)  # only the trials not started yet
+    corrected = study.trials[-1].user_attrs["saturn:planned_runtime"]
+    assert corrected != 60.0  # re-planned with the runtimes observed, not the 60 s placeholder
