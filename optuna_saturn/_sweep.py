@@ -121,6 +121,7 @@ class Sweep:
         self._profile_wall = 0.0  # seconds batches waited for their profiles
         self._profile_runs = 0
         self._profile_started = 0.0
+        self._profiling_runs: dict[int, list[dict]] = {}  # per trial: where and when its profiling launches ran
         self._profiler = None if settings.profile_store is None else BatchProfiler(
             objective=objective, strategies=settings.strategies, pool=settings.devices,
             store=settings.profile_store, estimator=self._estimator, lock=self._lock,
@@ -255,6 +256,7 @@ class Sweep:
         self._profile_runs += 1
         job = measuring.job
         records = self._profiler.record(job, measuring.session.profiles, measuring.launched_at)
+        self._record_profiling_run(measuring)
         rest = self._profiler.unfinished(job, records)
         if rest is not None:
             self._measure_queue.append(rest)
@@ -275,6 +277,19 @@ class Sweep:
             log = _logger.warning if record is None and rest is None else _logger.info
             log(f"Profiled {option} (trial {job.trial.number}): {summary}.")
             self._notify("on_profile", ProfileEvent(job.trial.number, option, "done", summary))
+
+    def _record_profiling_run(self, measuring: _Measuring) -> None:
+        """Keep where and when the launch ran on its trial, so the schedule chart can show the devices' time
+        spent profiling (the trial is still RUNNING: its attributes can still be set)."""
+        trial = measuring.job.trial
+        run = {
+            "option": measuring.job.name, "devices": [str(self.settings.devices[i]) for i in measuring.devices],
+            "start": round(measuring.launched_at - self._start, 3), "end": round(self._elapsed(), 3),
+        }
+        runs = self._profiling_runs.setdefault(trial.number, [])
+        runs.append(run)
+        with self._lock:
+            trial.set_user_attr(ATTR + "profiling", runs)
 
     def _plan_batch(self) -> None:
         if self._profile_started:

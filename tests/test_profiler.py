@@ -132,6 +132,11 @@ def test_one_launch_times_every_strategy_of_a_launcher_and_device_count(saturn_o
     assert all(p["feasible"] and p["step_seconds"] > 0 and p["startup_seconds"] > 1.0 for p in profiles.values())
     options = {(o["strategy"], o["devices"]) for o in trial.user_attrs["saturn:options"]}
     assert options == set(profiles)  # the planner gets every feasible option, not only the best per device count
+    launches = trial.user_attrs["saturn:profiling"]  # for the schedule chart
+    assert sorted((r["option"], tuple(r["devices"])) for r in launches) == [
+        ("fsdp+ddpx2", ("cpu:0", "cpu:1")), ("single+single-ckptx1", ("cpu:0",))
+    ]
+    assert all(0 <= r["start"] < r["end"] <= trial.user_attrs["saturn:actual_start"] for r in launches)
 
 
 @pytest.mark.launch

@@ -38,6 +38,7 @@ OPTIONS = [{"strategy": "single", "devices": 1, "runtime": 10.0}, {"strategy": "
 def saturn_trial(
     number: int, state: TrialState, strategy: str, device_ids: list[int], planned: tuple[float, float],
     actual: tuple[float, float], *, started: float = T0, options: list[dict] = OPTIONS, value: float | None = 1.0,
+    profiling: list[dict] | None = None,
 ) -> optuna.trial.FrozenTrial:
     """A finished trial as the sweep records it (times in seconds since the sweep started)."""
     attrs = {
@@ -46,6 +47,8 @@ def saturn_trial(
         "planned_runtime": planned[1] - planned[0], "actual_start": actual[0], "actual_end": actual[1],
         "actual_runtime": actual[1] - actual[0], "sweep_started_at": started, "options": options,
     }
+    if profiling is not None:
+        attrs["profiling"] = profiling
     trial = optuna.trial.create_trial(
         state=state, value=value if state == TrialState.COMPLETE else None, params={"lr": 0.01 * (number + 1)},
         distributions={"lr": FloatDistribution(1e-4, 1.0)},
@@ -93,6 +96,21 @@ def test_one_row_per_device_used(study: optuna.Study) -> None:
     rows = ["cpu:0", "cpu:1", "cpu:3"]  # cpu:2 ran nothing, so it has no row
     assert list(fig.layout.yaxis.categoryarray) == rows
     assert {y for trace in fig.data for y in trace.y} == set(rows)
+
+
+def test_profiling_launches_are_drawn_on_the_devices_they_used() -> None:
+    profiled = make_study([
+        saturn_trial(0, TrialState.COMPLETE, "single", [0], (9.0, 19.0), (9.5, 20.0), profiling=[
+            {"option": "fsdp+ddpx2", "devices": ["cpu:0", "cpu:1"], "start": 0.0, "end": 4.5},
+            {"option": "singlex1", "devices": ["cpu:0"], "start": 4.6, "end": 8.0},
+        ]),
+    ])
+    fig = schedule_figure(read_study(profiled))
+    assert bars(fig, "profiling") == [("cpu:0", 0.0, 4.5), ("cpu:0", 4.6, 3.4), ("cpu:1", 0.0, 4.5)]
+    assert list(fig.layout.yaxis.categoryarray) == ["cpu:0", "cpu:1"]  # a device used only for profiling has a row
+    assert not [t for t in schedule_figure(read_study(make_study([
+        saturn_trial(0, TrialState.COMPLETE, "single", [0], (0.0, 10.0), (0.5, 12.0)),
+    ]))).data if t.name == "profiling"]
 
 
 def test_bars_match_actual_times_and_are_coloured_by_state(study: optuna.Study) -> None:

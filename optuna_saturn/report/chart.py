@@ -23,6 +23,8 @@ STATE_COLOURS = {
     "RUNNING": "#3b7dd8",
 }
 PLANNED_NAME = "planned"
+PROFILING_NAME = "profiling"
+PROFILING_COLOUR = "#b8b8b8"
 LINE_STYLES = {  # shape name -> (colour, dash, label); labels stack above the plot in this order
     "makespan": ("#222222", "solid", "makespan"),
     "planned makespan": ("#888888", "dot", "planned"),
@@ -38,8 +40,14 @@ def schedule_figure(sweeps: Sequence[SweepRecord], *, title: str = TITLE) -> go.
     gets vertical lines named ``makespan``, ``planned makespan`` and ``lower bound`` (``layout.shapes[i].name``).
     """
     origin = min((s.started_at for s in sweeps), default=0.0)
-    rows = sorted({d for s in sweeps for r in s.runs for d in r.devices}, key=device_sort_key)
+    rows = sorted(
+        {d for s in sweeps for r in s.runs for d in (*r.devices, *(d for p in r.profiling for d in p.devices))},
+        key=device_sort_key,
+    )
     fig = go.Figure()
+    profiling = [(s.started_at - origin, r) for s in sweeps for r in s.runs if r.profiling]
+    if profiling:
+        fig.add_trace(_profiling_bars(profiling))
     planned = [(s.started_at - origin, r) for s in sweeps for r in s.runs if r.planned_runtime is not None]
     fig.add_trace(_bars(PLANNED_NAME, planned, start="planned", outline=True))
     for state, colour in STATE_COLOURS.items():
@@ -98,6 +106,25 @@ def _bars(
         text=texts, textposition="inside", insidetextanchor="start", textangle=0,
         textfont={"color": "white", "size": 11},
         hovertext=hovers, hoverinfo="text", cliponaxis=False,
+    )
+
+
+def _profiling_bars(runs: Sequence[tuple[float, TrialRun]]) -> go.Bar:
+    """Grey bars for the devices' time spent in short profiling launches, before the trials were planned."""
+    ys, bases, lengths, texts, hovers = [], [], [], [], []
+    for offset, run in runs:
+        for p in run.profiling:
+            for device in p.devices:
+                ys.append(device)
+                bases.append(offset + p.start)
+                lengths.append(max(p.end - p.start, 0.0))
+                texts.append(f"profile #{run.number}")
+                hovers.append(f"profiling for trial {run.number}: {p.option}<br>{p.start:.1f} s to {p.end:.1f} s")
+    return go.Bar(
+        name=PROFILING_NAME, y=ys, x=lengths, base=bases, orientation="h", width=0.5,
+        marker={"color": PROFILING_COLOUR, "line": {"color": "white", "width": 0.5}},
+        text=texts, textposition="inside", insidetextanchor="start", textangle=0,
+        textfont={"color": "#333333", "size": 10}, hovertext=hovers, hoverinfo="text", cliponaxis=False,
     )
 
 

@@ -25,6 +25,16 @@ WAITING = "WAITING"  # planned, not started yet (a live state; Optuna calls such
 
 
 @dataclass(frozen=True)
+class ProfilingRun:
+    """A profiling launch made for a trial: which options it timed, on which devices, when."""
+
+    option: str
+    devices: tuple[str, ...]
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
 class TrialRun:
     """One trial of a sweep: its chosen strategy and devices, its planned and actual times, and its outcome."""
 
@@ -40,6 +50,7 @@ class TrialRun:
     params: Mapping[str, Any] = field(default_factory=dict)
     values: tuple[float, ...] | None = None
     fail_reason: str | None = None
+    profiling: tuple[ProfilingRun, ...] = ()
 
     @property
     def ran(self) -> bool:
@@ -146,6 +157,11 @@ def run_from_trial(trial: FrozenTrial) -> TrialRun:
         params=dict(trial.params),
         values=tuple(trial.values) if trial.values is not None else None,
         fail_reason=attrs.get(ATTR + "fail_reason"),
+        profiling=tuple(
+            ProfilingRun(str(p["option"]), tuple(str(d) for d in p["devices"]), float(p["start"]), float(p["end"]))
+            for p in attrs.get(ATTR + "profiling", ()) or ()
+            if isinstance(p, Mapping)
+        ),
     )
 
 
