@@ -24,7 +24,6 @@ class TrialSession:
         self.outcome: dict[str, Any] | None = None
         self.profiles: list[dict[str, Any]] = []  # one per strategy timed by a profiling launch
         self.outcome_at: float | None = None
-        self.worker_started_at: float | None = None
         self.first_step_at: float | None = None
         self.step = 0
         self.total_steps: int | None = None
@@ -33,9 +32,6 @@ class TrialSession:
     def handle(self, op: str, message: dict) -> Any:
         if op == "hello":
             return {"number": self.trial.number}
-        if op == "started":
-            self.worker_started_at = time.time()
-            return None
         if op == "progress":
             return self._progress(message)
         if op == "profile":

@@ -318,10 +318,10 @@ class Sweep:
             runnable.append(trial)
         if not runnable or self.settings.profile_only:
             return
-        self._plan([(t, None) for t in runnable], solve_time=self.settings.time_limit)
+        plan = self._plan([(t, None) for t in runnable], solve_time=self.settings.time_limit)
         _logger.info(
-            f"Planned trials {[t.number for t in runnable]} with solver {self._last_plan.solver!r}: "
-            + ", ".join(f"#{a.job} {a.option.strategy}x{a.option.devices}" for a in self._last_plan.assignments)
+            f"Planned trials {[t.number for t in runnable]} with solver {plan.solver!r}: "
+            + ", ".join(f"#{a.job} {a.option.strategy}x{a.option.devices}" for a in plan.assignments)
         )
 
     def _replan(self) -> None:
@@ -330,7 +330,7 @@ class Sweep:
         if self._pending:
             self._plan([(s.trial, s.assignment) for s in self._pending], solve_time=_REPLAN_SECONDS)
 
-    def _plan(self, pending: list[tuple[optuna.Trial, Assignment | None]], *, solve_time: float) -> None:
+    def _plan(self, pending: list[tuple[optuna.Trial, Assignment | None]], *, solve_time: float) -> Plan:
         now = self._elapsed()
         jobs = [Job(str(t.number), self._job_options(t.number)) for t, _ in pending]
         busy = [
@@ -344,13 +344,13 @@ class Sweep:
                           time_limit=solve_time)
         else:
             plan = solve(jobs, cluster, self.settings.solver, solve_time, busy=busy)
-        self._last_plan = plan
         by_name = {str(t.number): t for t, _ in pending}
         self._pending = deque(
             _Scheduled(by_name[a.job], a, now + a.start, now + a.end)
             for a in sorted(plan.assignments, key=lambda a: (a.start, a.job))
         )
         self._notify("on_plan", plan, [t.number for t, _ in pending], now)
+        return plan
 
     def _job_options(self, number: int) -> list[Option]:
         """Profile-based options corrected by what this sweep observed so far, else the estimator's guesses."""
@@ -418,7 +418,7 @@ class Sweep:
         with open(spec_path, "w", encoding="utf-8") as f:
             json.dump({
                 "channel": server.address, "token": token, "objective": recipe, "trial_number": trial.number,
-                "devices": [d.to_json() for d in devices], "strategy": strategy.to_json(), "step_budget": None,
+                "devices": [d.to_json() for d in devices], "strategy": strategy.to_json(),
                 "profile": profile,
             }, f)
         os.chmod(spec_path, 0o600)

@@ -77,7 +77,7 @@ def main(spec_path: str) -> NoReturn:
         )
         trial = SaturnTrial(
             number=spec["trial_number"], strategy=strategy, engine=engine_for(strategy.engine, context),
-            channel=channel, control_group=control_group, step_budget=spec.get("step_budget"), profile=profile,
+            channel=channel, control_group=control_group, profile=profile,
         )
         started_at = time.time()
         try:
@@ -106,8 +106,6 @@ def main(spec_path: str) -> NoReturn:
         if channel is not None:
             channel.call(outcome["op"], **{k: v for k, v in outcome.items() if k != "op"})
 
-    if channel is not None:
-        channel.call("started", world_size=world_size)
     # One launch can time several strategies of the same launcher and device count: the launch is paid once.
     for strategy_json in profile["strategies"] if profile is not None else [spec["strategy"]]:
         outcome = run(strategy_json)

@@ -45,7 +45,6 @@ class SaturnTrial:
         engine: Engine,
         channel: ChannelClient | None,
         control_group: Any,
-        step_budget: int | None,
         profile: dict | None = None,
     ) -> None:
         self.number = number
@@ -53,7 +52,6 @@ class SaturnTrial:
         self._engine = engine
         self._channel = channel
         self._group = control_group
-        self._step_budget = step_budget
         self._profile = profile
         self._models: list[torch.nn.Module] = []
 
@@ -194,7 +192,7 @@ class SaturnTrial:
         """How many of ``steps`` this run may take: all of them, unless the profiler is timing a short run."""
         if self._profile is not None:
             return min(steps, self._profile["warmup"] + self._profile["timed"])
-        return steps if self._step_budget is None else min(steps, self._step_budget)
+        return steps
 
     def _synchronize(self) -> None:
         if self.device.type == "cuda":

@@ -60,11 +60,11 @@ class _ProbeLoader:
 
 
 class _ProbeTrial:
-    def __init__(self, trial: optuna.Trial, lock: threading.Lock, strategy: Any) -> None:
+    def __init__(self, trial: optuna.Trial, lock: threading.Lock) -> None:
         self._trial = trial
         self._lock = lock
         self.number = trial.number
-        self.strategy = strategy
+        self.strategy = None  # not chosen yet: the dry run comes before planning
         self.rank = self.local_rank = 0
         self.world_size = 1
         self.is_main_process = True
@@ -149,10 +149,10 @@ def _batch_signature(loader: DataLoader) -> str:
     return f"batch={loader.batch_size};sample={shapes}"
 
 
-def probe_workload(objective: Any, trial: optuna.Trial, lock: threading.Lock, strategy: Any = None) -> Workload:
+def probe_workload(objective: Any, trial: optuna.Trial, lock: threading.Lock) -> Workload:
     """Dry-run ``objective`` for ``trial`` on the meta device. Raises ``RuntimeError`` with the reason when the
     objective cannot be described this way (then the trial is planned from estimates instead)."""
-    probe = _ProbeTrial(trial, lock, strategy)
+    probe = _ProbeTrial(trial, lock)
     try:
         with torch.device("meta"):
             objective(probe)
