@@ -13,7 +13,7 @@ reservations held for their estimated remaining time; the simulated clock does n
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from optuna_saturn.planner import Assignment, Cluster, Job, Option, Plan, Reservation, replan, solve
 
@@ -59,7 +59,7 @@ def simulate(
     if mode not in ("static", "replan", "clairvoyant"):
         raise ValueError(f"mode must be 'static', 'replan' or 'clairvoyant', got {mode!r}.")
     if mode == "clairvoyant":
-        truth = [Job(j.name, [Option(o.strategy, o.devices, true_runtime(o, j.name, noise, prune_at))
+        truth = [Job(j.name, [replace(o, runtime=true_runtime(o, j.name, noise, prune_at))
                               for o in j.options]) for j in jobs]
         current = plan or solve(truth, cluster, solver=solver, time_limit=time_limit, seed=seed)
         # Map back to the estimated options so the true runtime is recomputed the same way as in other modes.
@@ -129,6 +129,6 @@ def _queues(plan: Plan) -> dict[tuple[int, int], list[str]]:
 
 def _match(job: Job, option: Option) -> Option:
     for o in job.options:
-        if o.strategy == option.strategy and o.devices == option.devices:
+        if o.choice == option.choice:
             return o
     raise KeyError(f"{job.name}: {option}")

@@ -50,7 +50,7 @@ def task_parallel(jobs: Sequence[Job], cluster: Cluster, *, busy: Sequence[Reser
     for job in jobs:
         fitting = _fitting(job, cluster)
         fewest = min(o.devices for o in fitting)
-        option: Option = min((o for o in fitting if o.devices == fewest), key=lambda o: (o.runtime, o.strategy))
+        option: Option = min((o for o in fitting if o.devices == fewest), key=lambda o: (o.runtime, o.choice))
         seq.append((job, (option,)))
     return Plan(tuple(schedule_in_order(seq, cluster, busy=busy)), solver="task-parallel")
 

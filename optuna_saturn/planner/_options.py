@@ -38,7 +38,7 @@ def prune_options(options: Sequence[Option], max_devices: int) -> tuple[Option, 
 
     Among exact ties (same devices and runtime) the first by strategy name is kept, so pruning is deterministic.
     """
-    fitting = sorted((o for o in options if o.devices <= max_devices), key=lambda o: (o.devices, o.runtime, o.strategy))
+    fitting = sorted((o for o in options if o.devices <= max_devices), key=lambda o: (o.devices, o.runtime, o.choice))
     kept: list[Option] = []
     for o in fitting:
         # Sorted by devices ascending: o is dominated iff some kept option (fewer or equal devices) is as fast.

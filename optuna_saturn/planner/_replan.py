@@ -89,6 +89,6 @@ def repair(previous: Plan, jobs: Sequence[Job], cluster: Cluster, *, busy: Seque
 
 def _same_option(job: Job, old: Option) -> Option | None:
     for o in job.options:
-        if o.strategy == old.strategy and o.devices == old.devices:
+        if o.choice == old.choice:
             return o
     return None

@@ -13,17 +13,50 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class Option:
-    """One way to run a job: a parallelism strategy on a number of devices, taking ``runtime`` seconds in all."""
+    """One way to run a job: a parallelism strategy on a number of devices, taking ``runtime`` seconds in all.
+
+    ``gradient_accumulation`` splits each device's share of a batch into that many micro-batches (the global
+    batch stays the same): slower, but it fits where the whole batch would run out of memory.
+    """
 
     strategy: str
     devices: int
     runtime: float
+    gradient_accumulation: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.devices, int) or self.devices < 1:
             raise ValueError(f"Option.devices must be a positive int, got {self.devices!r}.")
         if not (isinstance(self.runtime, (int, float)) and math.isfinite(self.runtime) and self.runtime >= 0):
             raise ValueError(f"Option.runtime must be a finite number of seconds >= 0, got {self.runtime!r}.")
+        if not isinstance(self.gradient_accumulation, int) or self.gradient_accumulation < 1:
+            raise ValueError(
+                f"Option.gradient_accumulation must be a positive int, got {self.gradient_accumulation!r}."
+            )
+
+    @property
+    def choice(self) -> tuple[str, int, int]:
+        """What the option runs as, whatever its runtime: equal choices are the same option re-priced."""
+        return (self.strategy, self.devices, self.gradient_accumulation)
+
+    @property
+    def label(self) -> str:
+        """Short human name, e.g. ``fsdpx4`` or ``singlex1-accum4``."""
+        accumulation = f"-accum{self.gradient_accumulation}" if self.gradient_accumulation > 1 else ""
+        return f"{self.strategy}x{self.devices}{accumulation}"
+
+    def to_json(self) -> dict:
+        data = {"strategy": self.strategy, "devices": self.devices, "runtime": round(self.runtime, 3)}
+        if self.gradient_accumulation > 1:
+            data["gradient_accumulation"] = self.gradient_accumulation
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Option":
+        return cls(
+            str(data["strategy"]), int(data["devices"]), float(data["runtime"]),
+            int(data.get("gradient_accumulation", 1)),
+        )
 
 
 @dataclass(frozen=True)

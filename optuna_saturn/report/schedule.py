@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import optuna
@@ -140,7 +140,7 @@ def run_from_trial(trial: FrozenTrial) -> TrialRun:
         return float(value) if isinstance(value, (int, float)) else None
 
     options = tuple(
-        Option(str(o["strategy"]), int(o["devices"]), float(o["runtime"]))
+        Option.from_json(o)
         for o in attrs.get(ATTR + "options", ()) or ()
         if isinstance(o, Mapping)
     )
@@ -233,6 +233,6 @@ def jobs_from_runs(runs: Iterable[TrialRun], *, observed: bool = False) -> list[
         scale = 1.0
         if observed and run.actual_runtime is not None and run.planned_runtime:
             scale = run.actual_runtime / run.planned_runtime
-        jobs.append(Job(str(run.number), [Option(o.strategy, o.devices, o.runtime * scale) for o in run.options]))
+        jobs.append(Job(str(run.number), [replace(o, runtime=o.runtime * scale) for o in run.options]))
     return jobs
 
