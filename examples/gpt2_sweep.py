@@ -98,10 +98,10 @@ def objective(trial) -> float:
         except StopIteration:
             batches = iter(train_loader)
             (x,) = next(batches)
-        x = x.to(trial.device)
-        loss = model(input_ids=x, labels=x).loss
         optimizer.zero_grad()
-        trial.backward(loss)
+        for part in trial.micro_batches(x.to(trial.device)):  # one part, unless the batch must be split to fit
+            loss = model(input_ids=part, labels=part).loss
+            trial.backward(loss)
         optimizer.step()
         if (step + 1) % EVAL_EVERY == 0:
             loss = validation_loss()

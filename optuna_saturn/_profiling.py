@@ -34,18 +34,30 @@ _logger = optuna.logging.get_logger("optuna.saturn.profiler")
 
 @dataclass(frozen=True)
 class ProfileJob:
-    """One short real launch: ``trial``'s objective timed under each of ``strategies`` (same launcher, same
-    device count) in turn, so the launch is paid once for all of them."""
+    """One short real launch: ``trial``'s objective timed under each of ``strategies`` (same launcher, device
+    count and gradient accumulation) in turn, so the launch is paid once for all of them."""
 
     trial: optuna.Trial
     strategies: tuple[Strategy, ...]
     keys: tuple[str, ...]
     devices: int
     workload: Workload
+    gradient_accumulation: int = 1
 
     @property
     def name(self) -> str:
-        return "+".join(s.name for s in self.strategies) + f"x{self.devices}"
+        accumulation = f"-accum{self.gradient_accumulation}" if self.gradient_accumulation > 1 else ""
+        return "+".join(s.name for s in self.strategies) + f"x{self.devices}{accumulation}"
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    """Where a (strategy, device count) stands in the store: the accumulation factor that fits (``record``
+    feasible), the one to measure next (``record`` None), or none that can (``record`` infeasible)."""
+
+    gradient_accumulation: int
+    key: str
+    record: ProfileRecord | None
 
 
 class BatchProfiler:
@@ -79,28 +91,34 @@ class BatchProfiler:
         of one launcher and device count share a launch, least memory first (so an out-of-memory run stops
         before the strategies that would need even more).
         """
-        seen: set[str] = set()
-        groups: dict[tuple[int, int, str], list[tuple[Strategy, str]]] = {}
-        workloads: dict[int, Workload] = {}
+        wanted = []
         for trial in trials:
             workload = self._probe(trial)
             self._workloads[trial.number] = workload
-            if workload is None:
+            if workload is not None:
+                wanted += [(trial, workload, s, n) for s, n in self._candidates(workload)]
+        return self._launches(wanted, seen=set())
+
+    def _launches(
+        self, wanted: Sequence[tuple[optuna.Trial, Workload, Strategy, int]], *, seen: set[str]
+    ) -> list[ProfileJob]:
+        """Group what still needs measuring into launches, skipping keys in ``seen`` (measured by another)."""
+        groups: dict[tuple[int, int, str, int], list[tuple[Strategy, str]]] = {}
+        context: dict[int, tuple[optuna.Trial, Workload]] = {}
+        for trial, workload, strategy, devices in wanted:
+            resolved = self._resolve(workload, strategy, devices)
+            if resolved is None or resolved.record is not None or resolved.key in seen:
                 continue
-            for strategy, devices in self._candidates(workload):
-                key = self._key(workload, strategy, devices)
-                if key in seen or self._store.get(key) is not None:
-                    continue
-                seen.add(key)
-                workloads[trial.number] = workload
-                groups.setdefault((trial.number, devices, strategy.launcher), []).append((strategy, key))
-        by_number = {t.number: t for t in trials}
+            seen.add(resolved.key)
+            context[trial.number] = (trial, workload)
+            group = (trial.number, devices, strategy.launcher, resolved.gradient_accumulation)
+            groups.setdefault(group, []).append((strategy, resolved.key))
         jobs = []
-        for (number, devices, _), members in groups.items():
-            workload = workloads[number]
+        for (number, devices, _, accumulation), members in groups.items():
+            trial, workload = context[number]
             members.sort(key=lambda m: model_state_bytes(workload.n_params, workload.bytes_per_param, m[0], devices))
             jobs.append(ProfileJob(
-                by_number[number], tuple(m[0] for m in members), tuple(m[1] for m in members), devices, workload
+                trial, tuple(m[0] for m in members), tuple(m[1] for m in members), devices, workload, accumulation
             ))
         return sorted(jobs, key=lambda j: (-j.devices, j.name))
 
@@ -117,12 +135,16 @@ class BatchProfiler:
         for strategy, key in zip(job.strategies, job.keys):
             outcome = by_name.get(strategy.name)
             common = {"key": key, "strategy": strategy.name, "devices": job.devices, "hardware": self._hardware,
-                      "n_params": job.workload.n_params, "batch_signature": job.workload.batch_signature}
+                      "n_params": job.workload.n_params, "batch_signature": job.workload.batch_signature,
+                      "gradient_accumulation": job.gradient_accumulation}
             if outcome is None:
                 records.append(None)
                 continue
-            if outcome.get("oom"):
-                record = ProfileRecord(**common, feasible=False, error=outcome.get("error", "out of memory"))
+            if outcome.get("infeasible"):
+                record = ProfileRecord(
+                    **common, feasible=False, more_micro_batches_may_fit=bool(outcome.get("oom_in_steps")),
+                    error=outcome.get("error", "out of memory"),
+                )
             else:
                 steps = sorted(outcome["step_seconds"])
                 record = ProfileRecord(
@@ -134,15 +156,16 @@ class BatchProfiler:
             records.append(record)
         return records
 
-    @staticmethod
-    def unfinished(job: ProfileJob, records: Sequence[ProfileRecord | None]) -> ProfileJob | None:
-        """After an out-of-memory stop, the strategies the launch did not reach, as a new launch."""
+    def follow_ups(self, job: ProfileJob, records: Sequence[ProfileRecord | None]) -> list[ProfileJob]:
+        """After a launch stopped at an infeasible strategy: that strategy again with more micro-batches (if it
+        ran out of memory and has more to try), and the strategies the launch did not reach, as new launches."""
         if not any(r is not None and not r.feasible for r in records):
-            return None
-        rest = [(s, k) for s, k, r in zip(job.strategies, job.keys, records) if r is None]
-        if not rest:
-            return None
-        return ProfileJob(job.trial, tuple(s for s, _ in rest), tuple(k for _, k in rest), job.devices, job.workload)
+            return []
+        again = [
+            (job.trial, job.workload, s, job.devices)
+            for s, r in zip(job.strategies, records) if r is None or not r.feasible
+        ]
+        return self._launches(again, seen=set())
 
     def options_for(self, trial: optuna.Trial) -> tuple[list[Option], list[dict]]:
         """Every feasible option of the trial (not only the best per device count), with measured runtimes not yet
@@ -152,19 +175,60 @@ class BatchProfiler:
             return self._estimator.options(), []
         options, profiles = [], []
         for strategy, devices in self._candidates(workload):
-            record = self._store.get(self._key(workload, strategy, devices))
-            if record is None:  # not measured (profiling budget): scale from what was measured
-                options.append(Option(strategy.name, devices, self._estimator.estimate(strategy.name, devices)))
+            resolved = self._resolve(workload, strategy, devices)
+            if resolved is None:
                 continue
-            profiles.append({
-                "strategy": record.strategy, "devices": record.devices, "feasible": record.feasible,
-                "step_seconds": record.step_seconds, "startup_seconds": record.startup_seconds,
-                "peak_memory_bytes": record.peak_memory_bytes, "key": record.key,
-            })
+            profiles += [self._summary(r) for r in self._tried(workload, strategy, devices, resolved)]
+            record, accumulation = resolved.record, resolved.gradient_accumulation
+            if record is None:  # not measured (profiling budget): scale from what was measured
+                estimate = self._estimator.estimate(strategy.name, devices)
+                options.append(Option(strategy.name, devices, estimate, accumulation))
+                continue
             runtime = record.whole_trial_seconds(workload.total_steps)
             if runtime is not None:
-                options.append(Option(strategy.name, devices, runtime))
+                options.append(Option(strategy.name, devices, runtime, accumulation))
         return options, profiles
+
+    def _resolve(self, workload: Workload, strategy: Strategy, devices: int) -> _Resolved | None:
+        """Walk the strategy's accumulation factors, fewest micro-batches first, past those that ran out of
+        memory. None: no factor splits this trial's batch on ``devices`` devices."""
+        last = None
+        for accumulation in self._accumulation_factors(workload, strategy, devices):
+            key = self._key(workload, strategy, devices, accumulation)
+            last = _Resolved(accumulation, key, self._store.get(key))
+            if last.record is None or last.record.feasible or not last.record.more_micro_batches_may_fit:
+                return last
+        return last
+
+    def _tried(self, workload: Workload, strategy: Strategy, devices: int, resolved: _Resolved) -> list[ProfileRecord]:
+        """The measurements that led to ``resolved``: the out-of-memory ones before it, and its own."""
+        factors = self._accumulation_factors(workload, strategy, devices)
+        keys = [self._key(workload, strategy, devices, a) for a in factors if a < resolved.gradient_accumulation]
+        records = [self._store.get(k) for k in keys] + [resolved.record]
+        return [r for r in records if r is not None]
+
+    @staticmethod
+    def _summary(record: ProfileRecord) -> dict:
+        summary = {
+            "strategy": record.strategy, "devices": record.devices, "feasible": record.feasible,
+            "step_seconds": record.step_seconds, "startup_seconds": record.startup_seconds,
+            "peak_memory_bytes": record.peak_memory_bytes, "key": record.key,
+        }
+        if record.gradient_accumulation > 1:
+            summary["gradient_accumulation"] = record.gradient_accumulation
+        if not record.feasible:
+            summary["error"] = record.error
+        return summary
+
+    @staticmethod
+    def _accumulation_factors(workload: Workload, strategy: Strategy, devices: int) -> list[int]:
+        """The strategy's factors that split each device's share of the batch evenly (all, if the batch size is
+        unknown; then a bad split is reported by the run)."""
+        factors = list(strategy.accumulation_factors)
+        if workload.global_batch is None or workload.global_batch % devices:
+            return factors
+        per_device = workload.global_batch // devices
+        return [a for a in factors if per_device % a == 0] or factors[:1]
 
     def _candidates(self, workload: Workload) -> list[tuple[Strategy, int]]:
         """(strategy, device count) pairs whose model state can fit at all (analytic bound, no launch)."""
@@ -175,8 +239,11 @@ class BatchProfiler:
             if model_state_bytes(workload.n_params, workload.bytes_per_param, strategy, devices) <= self._memory
         ]
 
-    def _key(self, workload: Workload, strategy: Strategy, devices: int) -> str:
-        return profile_key(workload.model_signature, workload.batch_signature, strategy, devices, self._hardware)
+    def _key(self, workload: Workload, strategy: Strategy, devices: int, gradient_accumulation: int) -> str:
+        return profile_key(
+            workload.model_signature, workload.batch_signature, strategy, devices, self._hardware,
+            gradient_accumulation,
+        )
 
     def _probe(self, trial: optuna.Trial) -> Workload | None:
         try:

@@ -12,7 +12,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -243,7 +243,10 @@ class Sweep:
         warmup, timed = self.settings.profile_steps
         session, token, launched, _ = self._start_process(
             job.trial, job.strategies[0], device_ids, runner, server, recipe, key=key,
-            profile={"warmup": warmup, "timed": timed, "strategies": [s.to_json() for s in job.strategies]},
+            profile={
+                "warmup": warmup, "timed": timed, "strategies": [s.to_json() for s in job.strategies],
+                "gradient_accumulation": job.gradient_accumulation,
+            },
             log_name=f"{key}.log",
         )
         self._measuring[key] = _Measuring(job, session, token, launched, device_ids, time.time())
@@ -257,14 +260,14 @@ class Sweep:
         job = measuring.job
         records = self._profiler.record(job, measuring.session.profiles, measuring.launched_at)
         self._record_profiling_run(measuring)
-        rest = self._profiler.unfinished(job, records)
-        if rest is not None:
-            self._measure_queue.append(rest)
+        follow_ups = self._profiler.follow_ups(job, records)
+        self._measure_queue.extend(follow_ups)
+        accumulation = f"-accum{job.gradient_accumulation}" if job.gradient_accumulation > 1 else ""
         for strategy, record in zip(job.strategies, records):
-            option = f"{strategy.name}x{job.devices}"
+            option = f"{strategy.name}x{job.devices}{accumulation}"
             if record is None:
                 summary = (
-                    "not reached (an earlier strategy ran out of memory)" if rest is not None
+                    "not reached (an earlier strategy did not fit)" if follow_ups
                     else f"failed, so it is estimated (log: {measuring.launched.log_path})"
                 )
             elif not record.feasible:
@@ -274,7 +277,7 @@ class Sweep:
                     f"{record.step_seconds * 1e3:.1f} ms/step, start-up {record.startup_seconds:.1f} s, "
                     f"peak {record.peak_memory_bytes / 2**20:.0f} MiB"
                 )
-            log = _logger.warning if record is None and rest is None else _logger.info
+            log = _logger.warning if record is None and not follow_ups else _logger.info
             log(f"Profiled {option} (trial {job.trial.number}): {summary}.")
             self._notify("on_profile", ProfileEvent(job.trial.number, option, "done", summary))
 
@@ -302,9 +305,7 @@ class Sweep:
                 self._profiler.options_for(trial) if self._profiler is not None else (self._estimator.options(), [])
             )
             with self._lock:  # what the planner chose from, so `optuna-saturn plan/simulate` can re-plan later
-                trial.set_user_attr(ATTR + "options", [
-                    {"strategy": o.strategy, "devices": o.devices, "runtime": round(o.runtime, 3)} for o in options
-                ])
+                trial.set_user_attr(ATTR + "options", [o.to_json() for o in options])
                 if profiles:
                     trial.set_user_attr(ATTR + "profiles", profiles)
                 if not options:
@@ -321,7 +322,7 @@ class Sweep:
         plan = self._plan([(t, None) for t in runnable], solve_time=self.settings.time_limit)
         _logger.info(
             f"Planned trials {[t.number for t in runnable]} with solver {plan.solver!r}: "
-            + ", ".join(f"#{a.job} {a.option.strategy}x{a.option.devices}" for a in plan.assignments)
+            + ", ".join(f"#{a.job} {a.option.label}" for a in plan.assignments)
         )
 
     def _replan(self) -> None:
@@ -357,7 +358,7 @@ class Sweep:
         measured = self._options.get(number)
         if not measured:
             return self._estimator.options()
-        return [Option(o.strategy, o.devices, self._estimator.corrected(o.runtime)) for o in measured]
+        return [replace(o, runtime=self._estimator.corrected(o.runtime)) for o in measured]
 
     def _remaining(self, active: _Active, now: float) -> float:
         """Seconds a running trial still needs: from its measured step rate when it reports one."""
@@ -382,14 +383,16 @@ class Sweep:
         strategy = self._strategies[scheduled.assignment.option.strategy]
         device_ids = list(scheduled.assignment.devices)
         session, token, launched, spec_path = self._start_process(
-            trial, strategy, device_ids, runner, server, recipe, key=trial.number, log_name=f"trial-{trial.number}.log"
+            trial, strategy, device_ids, runner, server, recipe, key=trial.number, log_name=f"trial-{trial.number}.log",
+            gradient_accumulation=scheduled.assignment.option.gradient_accumulation,
         )
         self._active[trial.number] = _Active(
             scheduled, session, token, launched, device_ids, self._elapsed(), spec_path
         )
         devices = [self.settings.devices[i] for i in device_ids]
         _logger.info(
-            f"Trial {trial.number} started: {strategy.name} on {', '.join(map(str, devices))} "
+            f"Trial {trial.number} started: {strategy.name} on {', '.join(map(str, devices))}"
+            + _accumulation_note(scheduled.assignment.option.gradient_accumulation) + " "
             f"(log: {launched.log_path})"
         )
         self._notify("on_trial_start", TrialStart(
@@ -409,6 +412,7 @@ class Sweep:
         key: Any,
         log_name: str,
         profile: dict | None = None,
+        gradient_accumulation: int = 1,
     ) -> tuple[TrialSession, str, LaunchedTrial, str]:
         """Write the worker's spec (in the private folder) and launch it on ``device_ids``."""
         devices = [self.settings.devices[i] for i in device_ids]
@@ -419,7 +423,7 @@ class Sweep:
             json.dump({
                 "channel": server.address, "token": token, "objective": recipe, "trial_number": trial.number,
                 "devices": [d.to_json() for d in devices], "strategy": strategy.to_json(),
-                "profile": profile,
+                "profile": profile, "gradient_accumulation": gradient_accumulation,
             }, f)
         os.chmod(spec_path, 0o600)
         launch = build_launch(strategy, devices, spec_path, isolate_network=self.settings.isolate_network)
@@ -460,9 +464,9 @@ class Sweep:
         if frozen.state == TrialState.COMPLETE:
             option = active.scheduled.assignment.option
             self._estimator.observe(option.strategy, option.devices, end - active.start)
-            measured = {(o.strategy, o.devices): o.runtime for o in self._options.get(trial.number, [])}
-            if (option.strategy, option.devices) in measured:
-                self._estimator.observe_prediction(measured[(option.strategy, option.devices)], end - active.start)
+            measured = {o.choice: o.runtime for o in self._options.get(trial.number, [])}
+            if option.choice in measured:
+                self._estimator.observe_prediction(measured[option.choice], end - active.start)
         self._log_finished(frozen, end - active.start, reason, active.launched.log_path)
         self._notify("on_trial_end", frozen, end)
 
@@ -472,6 +476,7 @@ class Sweep:
         attrs: dict[str, Any] = {
             "strategy": option.strategy,
             "num_devices": option.devices,
+            "gradient_accumulation": option.gradient_accumulation,
             "devices": [str(self.settings.devices[i]) for i in active.devices],
             "device_ids": list(active.devices),
             "planned_start": round(active.scheduled.planned_start, 3),
@@ -562,3 +567,7 @@ def _tail(path: Path) -> str:
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def _accumulation_note(gradient_accumulation: int) -> str:
+    return f", {gradient_accumulation} micro-batches per step" if gradient_accumulation > 1 else ""

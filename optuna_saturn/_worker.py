@@ -50,6 +50,7 @@ def main(spec_path: str) -> NoReturn:
     from optuna_saturn._objective_ref import load_objective
     from optuna_saturn.channel import ChannelClient
     from optuna_saturn.engines import WorkerContext, engine_for
+    from optuna_saturn.microbatch import AccumulationError
     from optuna_saturn.strategy import Strategy
     from optuna_saturn.trial import ProfileComplete, SaturnTrial
 
@@ -68,12 +69,13 @@ def main(spec_path: str) -> NoReturn:
     channel = ChannelClient(spec["channel"], spec["token"]) if rank == 0 else None
     objective = load_objective(spec["objective"])
     profile = spec.get("profile")
+    accumulation = int((profile or spec).get("gradient_accumulation", 1))
 
     def run(strategy_json: dict) -> dict:
         """Run the objective once under one strategy; how it ended, as the message rank 0 sends."""
         strategy = Strategy.from_json(strategy_json)
         context = WorkerContext(
-            rank, local_rank, world_size, device, dict(strategy.knobs), dict(strategy.launcher_config)
+            rank, local_rank, world_size, device, dict(strategy.knobs), dict(strategy.launcher_config), accumulation
         )
         trial = SaturnTrial(
             number=spec["trial_number"], strategy=strategy, engine=engine_for(strategy.engine, context),
@@ -96,9 +98,13 @@ def main(spec_path: str) -> NoReturn:
         except BaseException as exc:  # the trial failed; the sweep goes on
             traceback.print_exc()
             error = f"{type(exc).__name__}: {exc}"
-            if profile is not None and isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
-                # an infeasible option, not a failure
-                return {"op": "profile", "strategy": strategy.name, "oom": True, "error": error[:500]}
+            if profile is not None and isinstance(exc, (torch.OutOfMemoryError, MemoryError, AccumulationError)):
+                # an infeasible option, not a failure. Out of memory in the steps: more micro-batches may fit.
+                oom_in_steps = trial.steps_started and not isinstance(exc, AccumulationError)
+                return {
+                    "op": "profile", "strategy": strategy.name, "infeasible": True, "oom_in_steps": oom_in_steps,
+                    "error": error[:500],
+                }
             _record_error(spec_path, rank, error)
             return {"op": "fail", "error": error, "traceback": traceback.format_exc()}
 

@@ -356,18 +356,24 @@ def profile(
     from rich.table import Table
 
     table = Table(title=f"Profiles in {profile_store}")
-    for column in ("trial", "params", "strategy", "devices", "ms/step", "start-up s", "peak MiB", "fits", "trial s"):
+    columns = ("trial", "params", "strategy", "devices", "micro-batches", "ms/step", "start-up s", "peak MiB", "fits",
+               "trial s")
+    for column in columns:
         table.add_column(column, justify="left" if column in ("params", "strategy") else "right")
     for trial in measured.trials:
-        runtimes = {(o["strategy"], o["devices"]): o["runtime"] for o in trial.user_attrs.get("saturn:options", [])}
+        runtimes = {
+            (o["strategy"], o["devices"], o.get("gradient_accumulation", 1)): o["runtime"]
+            for o in trial.user_attrs.get("saturn:options", [])
+        }
         for p in trial.user_attrs.get("saturn:profiles", []):
             ok = p["feasible"]
+            accumulation = p.get("gradient_accumulation", 1)
             table.add_row(
                 str(trial.number), ", ".join(f"{k}={_short(v)}" for k, v in trial.params.items()), p["strategy"],
-                str(p["devices"]), f"{p['step_seconds'] * 1e3:.1f}" if ok else "-",
+                str(p["devices"]), str(accumulation), f"{p['step_seconds'] * 1e3:.1f}" if ok else "-",
                 f"{p['startup_seconds']:.1f}" if ok else "-",
                 f"{p['peak_memory_bytes'] / 2**20:.0f}" if ok else "-", "yes" if ok else "no",
-                f"{runtimes[(p['strategy'], p['devices'])]:.1f}" if ok else "-",
+                f"{runtimes[(p['strategy'], p['devices'], accumulation)]:.1f}" if ok else "-",
             )
     _console().print(table)
 

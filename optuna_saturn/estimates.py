@@ -26,7 +26,10 @@ class RuntimeEstimator:
     """Whole-trial runtime per (strategy, device count), from observations where there are any."""
 
     def __init__(self, strategies: Sequence[Strategy], pool_size: int) -> None:
-        self._pairs = [(s.name, n) for s in strategies for n in s.device_counts(pool_size)]
+        # Unprofiled options use the fewest micro-batches a strategy allows (no evidence that more are needed).
+        self._choices = [
+            (s.name, n, s.accumulation_factors[0]) for s in strategies for n in s.device_counts(pool_size)
+        ]
         self._observed: dict[tuple[str, int], list[float]] = defaultdict(list)
         self._ratios: list[float] = []
 
@@ -61,4 +64,4 @@ class RuntimeEstimator:
         return base / prior_speedup(devices)
 
     def options(self) -> list[Option]:
-        return [Option(strategy, n, self.estimate(strategy, n)) for strategy, n in self._pairs]
+        return [Option(strategy, n, self.estimate(strategy, n), accumulation) for strategy, n, accumulation in self._choices]

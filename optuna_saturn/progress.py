@@ -158,7 +158,7 @@ class PlainProgress(SweepListener):
 
     def on_plan(self, study: optuna.Study, plan: Plan, trial_numbers: Sequence[int], now: float) -> None:
         self.tracker.plan(plan, now)
-        chosen = ", ".join(f"#{a.job} {a.option.strategy}x{a.option.devices}" for a in plan.assignments)
+        chosen = ", ".join(f"#{a.job} {a.option.label}" for a in plan.assignments)
         self._write(f"planned {len(plan.assignments)} trial(s) ({chosen}); "
                     f"batch ends in ~{format_duration(plan.makespan)}")
 

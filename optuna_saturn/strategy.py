@@ -28,6 +28,13 @@ _KEYS = {
     "name", "description", "launcher", "engine", "min_devices", "max_devices", "power_of_two", "knobs",
     "launcher_config",
 }
+#: Knobs the engines understand, with what each must be.
+KNOBS = {
+    "activation_checkpointing": "true or false: recompute each block's activations in backward",
+    "cpu_offload": "true or false (engine 'fsdp'): keep sharded state in host memory",
+    "gradient_accumulation": "a list of micro-batch counts to try, e.g. [1, 2, 4, 8]: more only when fewer "
+    "runs out of memory",
+}
 
 
 class StrategyError(ValueError):
@@ -53,6 +60,12 @@ class Strategy:
         if devices < self.min_devices or (self.max_devices is not None and devices > self.max_devices):
             return False
         return not self.power_of_two or devices & (devices - 1) == 0
+
+    @property
+    def accumulation_factors(self) -> tuple[int, ...]:
+        """Micro-batches per device batch to try, fewest first: each split keeps the global batch but needs
+        less activation memory, and is slower, so the profiler tries the next one only after an out-of-memory."""
+        return tuple(self.knobs.get("gradient_accumulation", (1,)))
 
     def device_counts(self, pool_size: int) -> list[int]:
         """Every allowed device count that fits a pool (node) of ``pool_size`` devices."""
@@ -93,12 +106,46 @@ def parse_strategy(data: Mapping[str, Any], *, source: str) -> Strategy:
     for key in ("knobs", "launcher_config"):
         if not isinstance(data.get(key, {}), Mapping):
             raise StrategyError(f"{source}: '{key}' must be a table.")
+    knobs = _check_knobs(dict(data.get("knobs", {})), data["engine"], source)
+    config = data.get("launcher_config", {})
+    if "gradient_accumulation_steps" in config or "train_batch_size" in config:
+        raise StrategyError(
+            f"{source}: set gradient accumulation with knobs.gradient_accumulation, not in launcher_config "
+            "(the trial's own loop fixes the global batch; the planner chooses the accumulation)."
+        )
     return Strategy(
         name=data["name"], launcher=data["launcher"], engine=data["engine"],
         description=data.get("description", ""), min_devices=min_devices, max_devices=max_devices,
-        power_of_two=bool(data.get("power_of_two", False)), knobs=dict(data.get("knobs", {})),
+        power_of_two=bool(data.get("power_of_two", False)), knobs=knobs,
         launcher_config=dict(data.get("launcher_config", {})), source=source,
     )
+
+
+def _check_knobs(knobs: dict[str, Any], engine: str, source: str) -> dict[str, Any]:
+    unknown = set(knobs) - set(KNOBS)
+    if unknown:
+        allowed = "; ".join(f"{k}: {v}" for k, v in KNOBS.items())
+        raise StrategyError(f"{source}: unknown knob(s) {sorted(unknown)}. Known knobs: {allowed}.")
+    for key in ("activation_checkpointing", "cpu_offload"):
+        if key in knobs and not isinstance(knobs[key], bool):
+            raise StrategyError(f"{source}: knobs.{key} must be true or false, got {knobs[key]!r}.")
+    if knobs.get("cpu_offload") and engine != "fsdp":
+        raise StrategyError(
+            f"{source}: knobs.cpu_offload applies to engine 'fsdp' only; for DeepSpeed set "
+            "launcher_config.zero_optimization.offload_optimizer / offload_param."
+        )
+    factors = knobs.get("gradient_accumulation")
+    if factors is not None:
+        if (
+            not isinstance(factors, list) or not factors
+            or any(not isinstance(f, int) or isinstance(f, bool) or f < 1 for f in factors)
+            or factors != sorted(set(factors))
+        ):
+            raise StrategyError(
+                f"{source}: knobs.gradient_accumulation must be a non-empty, increasing list of positive ints, "
+                f"e.g. [1, 2, 4, 8]; got {factors!r}."
+            )
+    return knobs
 
 
 def _read_folder(folder: Any) -> Iterable[Strategy]:

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 
 from optuna_saturn.channel import ChannelClient
 from optuna_saturn.engines import Engine
+from optuna_saturn.microbatch import AccumulationError, split_batch
 from optuna_saturn.strategy import Strategy
 
 _PROGRESS_EVERY_S = 2.0
@@ -54,6 +55,8 @@ class SaturnTrial:
         self._group = control_group
         self._profile = profile
         self._models: list[torch.nn.Module] = []
+        self._micro_batch: tuple[int, int] | None = None  # (index, count) while inside micro_batches()
+        self.steps_started = False  # the training loop began: memory now goes to activations, not the model
 
     # -- where this process stands --------------------------------------------------------------------------------
     @property
@@ -163,9 +166,51 @@ class SaturnTrial:
                 raise TypeError(f"trial.prepare() cannot prepare a {type(obj).__name__}.")
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
+    @property
+    def gradient_accumulation(self) -> int:
+        """Micro-batches per optimizer step on each device (1: none). The planner raises it only for options
+        where the whole per-device batch runs out of memory; ``micro_batches`` applies it."""
+        return self._engine.context.gradient_accumulation
+
+    def micro_batches(self, batch: Any) -> Iterator[Any]:
+        """The batch as the micro-batches this trial accumulates over: forward and ``trial.backward`` each one,
+        then step the optimizer once, as usual.
+
+        ::
+
+            for step in trial.steps(n):
+                x, y = next(batches)
+                optimizer.zero_grad()
+                for mx, my in trial.micro_batches((x, y)):
+                    trial.backward(loss_fn(model(mx), my))
+                optimizer.step()
+
+        The global batch and the samples each step sees do not change, so neither does the result (up to float
+        rounding). With one micro-batch (the usual case) the batch itself is yielded, untouched.
+        """
+        count = self.gradient_accumulation
+        model = self._models[-1] if self._models else None
+        for index, part in enumerate(split_batch(batch, count)):
+            self._micro_batch = (index, count)
+            try:
+                with self._engine.gradient_sync(model, sync=index == count - 1):
+                    yield part
+            finally:
+                self._micro_batch = None
+
     def backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()`` the way the strategy needs it (DeepSpeed, for one, must own the backward pass)."""
-        self._engine.backward(loss, self._models[-1] if self._models else None)
+        """``loss.backward()`` the way the strategy needs it (DeepSpeed, for one, must own the backward pass).
+
+        Inside ``micro_batches`` the loss is that micro-batch's mean; accumulated, the gradients are the whole
+        batch's."""
+        if self.gradient_accumulation > 1 and self._micro_batch is None:
+            raise AccumulationError(
+                f"This trial runs with gradient accumulation over {self.gradient_accumulation} micro-batches, but "
+                "trial.backward() was called outside `for part in trial.micro_batches(batch):`. Split each batch "
+                "with trial.micro_batches(), or remove accumulation from the strategy's knobs."
+            )
+        last = self._micro_batch is None or self._micro_batch[0] == self._micro_batch[1] - 1
+        self._engine.backward(loss, self._models[-1] if self._models else None, last_micro_batch=last)
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """The user's own module inside a DDP/FSDP/DeepSpeed wrapper (for saving or inspection)."""
@@ -204,6 +249,7 @@ class SaturnTrial:
         The executor uses these timings for progress, ETA, and to correct the runtime estimates of later plans.
         In a profiling run it yields a few steps only, timed with device synchronisation, then ends the run.
         """
+        self.steps_started = True
         if self._profile is not None:
             yield from self._profiled_steps(total)
             return

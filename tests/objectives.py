@@ -134,22 +134,29 @@ def same_curve(trial) -> float:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     loader = torch.utils.data.DataLoader(regression_data(128), batch_size=16, shuffle=False)
     model, optimizer, loader = trial.prepare(model, optimizer, loader)
-    losses = []
+    losses, micro_rows = [], set()
     batches = iter(loader)
     for step in trial.steps(8):
         x, y = next(batches)
-        loss = torch.nn.functional.mse_loss(model(x.to(trial.device)), y.to(trial.device))
         optimizer.zero_grad()
-        trial.backward(loss)
+        parts = []
+        for mx, my in trial.micro_batches((x, y)):
+            micro_rows.add(len(mx))
+            loss = torch.nn.functional.mse_loss(model(mx.to(trial.device)), my.to(trial.device))
+            trial.backward(loss)
+            parts.append(loss.detach())
         optimizer.step()
-        losses.append(trial.reduce_mean(loss))
+        losses.append(trial.reduce_mean(torch.stack(parts).mean()))  # the whole batch's loss
     trial.set_user_attr("losses", losses)
-    trial.set_user_attr("facts", strategy_facts(model, optimizer))
+    facts = strategy_facts(model, optimizer)
+    facts.update(gradient_accumulation=trial.gradient_accumulation, micro_batch_rows=sorted(micro_rows))
+    trial.set_user_attr("facts", facts)
     return losses[-1]
 
 
-def profiled(trial) -> float:
-    """Only the learning rate varies: every trial shares one profile per (strategy, device count)."""
+def _train_blocks(trial, steps: int, *, largest_micro_batch: int | None = None) -> float:
+    """Trains ``Blocks`` on a global batch of 32; a micro-batch over ``largest_micro_batch`` rows runs out of
+    memory (as on a GPU), in profiling and in the real run alike."""
     lr = trial.suggest_float("lr", 0.01, 0.1, log=True)
     torch.manual_seed(0)
     model = Blocks(width=32)
@@ -158,17 +165,31 @@ def profiled(trial) -> float:
     model, optimizer, loader = trial.prepare(model, optimizer, loader)
     batches = iter(loader)
     loss = torch.zeros(())
-    for step in trial.steps(40):
+    for step in trial.steps(steps):
         try:
             x, y = next(batches)
         except StopIteration:
             batches = iter(loader)
             x, y = next(batches)
-        loss = torch.nn.functional.mse_loss(model(x.to(trial.device)), y.to(trial.device))
         optimizer.zero_grad()
-        trial.backward(loss)
+        for mx, my in trial.micro_batches((x, y)):
+            if largest_micro_batch is not None and len(mx) > largest_micro_batch:
+                raise torch.OutOfMemoryError(f"simulated: a micro-batch of {len(mx)} rows does not fit")
+            loss = torch.nn.functional.mse_loss(model(mx.to(trial.device)), my.to(trial.device))
+            trial.backward(loss)
         optimizer.step()
+    trial.set_user_attr("gradient_accumulation_seen", trial.gradient_accumulation)
     return trial.reduce_mean(loss)
+
+
+def profiled(trial) -> float:
+    """Only the learning rate varies: every trial shares one profile per (strategy, device count)."""
+    return _train_blocks(trial, 40)
+
+
+def needs_small_micro_batches(trial) -> float:
+    """Fits only as micro-batches of 8 rows: 4 per step on one device, 2 on each of two."""
+    return _train_blocks(trial, 20, largest_micro_batch=8)
 
 
 def single_does_not_fit(trial) -> float:

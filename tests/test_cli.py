@@ -151,8 +151,10 @@ def test_profile_fills_the_store_and_prints_the_table(tmp_path: Path) -> None:
                  cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     rows = table_rows(result.stdout)
-    assert sorted((r[2], r[3], r[7]) for r in rows) == [("ddp", "2", "yes")] * 2 + [("single", "1", "yes")] * 2
-    assert all(float(r[4]) > 0 for r in rows)
+    assert sorted((r[2], r[3], r[4], r[8]) for r in rows) == (
+        [("ddp", "2", "1", "yes")] * 2 + [("single", "1", "1", "yes")] * 2  # one micro-batch: the batch fits
+    )
+    assert all(float(r[5]) > 0 for r in rows)
     assert len(list(store.glob("*.json"))) == 2  # the two trials differ only in lr: measured once each
 
 

@@ -36,6 +36,7 @@ def test_builtin_strategies_load_and_allow_sane_device_counts():
     assert {"single", "ddp"} <= set(known)
     assert known["single"].device_counts(8) == [1]
     assert known["ddp"].device_counts(8) == [2, 4, 8]
+    assert all(s.accumulation_factors == (1, 2, 4, 8) for s in known.values())  # more only when out of memory
 
 
 @pytest.mark.parametrize(
@@ -48,6 +49,17 @@ def test_builtin_strategies_load_and_allow_sane_device_counts():
         ({"name": "x", "launcher": "torchrun", "engine": "ddp", "min_devices": 4, "max_devices": 2}, "max_devices"),
         ({"name": "x", "launcher": "torchrun", "engine": "single", "max_devices": 2}, "max_devices = 1"),
         ({"launcher": "torchrun", "engine": "ddp"}, "'name' is required"),
+        ({"name": "x", "launcher": "torchrun", "engine": "ddp", "knobs": {"micro_batch": 4}}, "unknown knob.*Known knobs"),
+        ({"name": "x", "launcher": "torchrun", "engine": "ddp", "knobs": {"gradient_accumulation": [4, 2]}},
+         r"increasing list of positive ints, e.g. \[1, 2, 4, 8\]"),
+        ({"name": "x", "launcher": "torchrun", "engine": "ddp", "knobs": {"gradient_accumulation": 4}},
+         "gradient_accumulation must be"),
+        ({"name": "x", "launcher": "torchrun", "engine": "ddp", "knobs": {"activation_checkpointing": "yes"}},
+         "true or false"),
+        ({"name": "x", "launcher": "deepspeed", "engine": "deepspeed", "knobs": {"cpu_offload": True}},
+         "offload_optimizer"),
+        ({"name": "x", "launcher": "deepspeed", "engine": "deepspeed",
+          "launcher_config": {"gradient_accumulation_steps": 4}}, "knobs.gradient_accumulation"),
     ],
 )
 def test_malformed_templates_are_rejected_with_the_reason(table, message):

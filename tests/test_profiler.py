@@ -154,3 +154,33 @@ def test_out_of_memory_in_profiling_marks_the_option_infeasible(saturn_options, 
     assert len(_run_dir_logs(tmp_path, "profile-")) == 3
     assert [o["strategy"] for o in trial.user_attrs["saturn:options"]] == ["ddp"]
     assert trial.user_attrs["saturn:strategy"] == "ddp"
+
+
+@pytest.mark.launch
+def test_out_of_memory_retries_with_more_micro_batches_and_the_cache_remembers(saturn_options, tmp_path):
+    """A batch of 32 that only fits as micro-batches of 8 rows: 4 per step on one device, 2 on each of two."""
+    executor = SaturnExecutor(devices=2, strategies=["single", "ddp"], **saturn_options)
+    study = optuna.create_study()
+    executor.optimize(study, objectives.needs_small_micro_batches, n_trials=1)
+
+    trial = study.trials[0]
+    assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
+    tried = {(p["strategy"], p["devices"], p.get("gradient_accumulation", 1)): p["feasible"]
+             for p in trial.user_attrs["saturn:profiles"]}
+    assert tried == {("single", 1, 1): False, ("single", 1, 2): False, ("single", 1, 4): True,
+                     ("ddp", 2, 1): False, ("ddp", 2, 2): True}
+    options = {(o["strategy"], o["devices"], o.get("gradient_accumulation", 1))
+               for o in trial.user_attrs["saturn:options"]}
+    assert options == {("single", 1, 4), ("ddp", 2, 2)}
+    chosen = trial.user_attrs["saturn:gradient_accumulation"]
+    assert chosen == trial.user_attrs["gradient_accumulation_seen"] == {"single": 4, "ddp": 2}[
+        trial.user_attrs["saturn:strategy"]]
+    launches = _run_dir_logs(tmp_path, "profile-")
+    assert launches == ["profile-0-ddpx2-accum2.log", "profile-0-ddpx2.log", "profile-0-singlex1-accum2.log",
+                        "profile-0-singlex1-accum4.log", "profile-0-singlex1.log"]
+
+    again = optuna.create_study()
+    executor.optimize(again, objectives.needs_small_micro_batches, n_trials=1)
+    assert len(_run_dir_logs(tmp_path, "profile-")) == 5  # every answer, the out-of-memory ones too, was cached
+    assert again.trials[0].state == TrialState.COMPLETE
+    assert again.trials[0].user_attrs["saturn:options"] == trial.user_attrs["saturn:options"]

@@ -8,6 +8,7 @@ from optuna.trial import TrialState
 
 import objectives
 from optuna_saturn import SaturnExecutor
+from optuna_saturn.strategy import load_strategies
 
 pytestmark = pytest.mark.launch
 
@@ -15,18 +16,43 @@ pytestmark = pytest.mark.launch
 LOSS_TOLERANCE = 1e-4
 
 
+#: Shipped strategies forced to accumulate gradients (a user folder may do this; the planner otherwise
+#: accumulates only where the whole batch runs out of memory): name -> (base strategy, micro-batches).
+ACCUMULATING = {"single-accum4": ("single", 4), "ddp-accum2": ("ddp", 2), "fsdp-accum2": ("fsdp", 2),
+                "zero2-accum2": ("zero2", 2), "zero3-accum2": ("zero3", 2)}
+
+
+def _accumulating_folder(folder):
+    shipped = load_strategies()
+    for name, (base, micro_batches) in ACCUMULATING.items():
+        template = shipped[base].to_json()
+        text = (
+            f'name = "{name}"\nlauncher = "{template["launcher"]}"\nengine = "{template["engine"]}"\n'
+            f'min_devices = {template["min_devices"]}\n'
+            + (f'max_devices = {template["max_devices"]}\n' if template["max_devices"] else "")
+            + f"[knobs]\ngradient_accumulation = [{micro_batches}]\n"
+        )
+        stage = template["launcher_config"].get("zero_optimization", {}).get("stage")
+        if stage is not None:
+            text += f"[launcher_config.zero_optimization]\nstage = {stage}\n"
+        (folder / f"{name}.toml").write_text(text)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """One sweep runs every strategy on the same objective (single strategies on 1 device, the rest on 2)."""
     tmp = tmp_path_factory.mktemp("strategies")
+    folder = _accumulating_folder(tmp_path_factory.mktemp("accumulating"))
     results = {}
     names = ["single", "single-ckpt", "ddp", "fsdp", "fsdp-ckpt", "fsdp-offload", "zero1", "zero2", "zero3",
-             "zero3-offload"]
+             "zero3-offload", *ACCUMULATING]
     for name in names:
         study = optuna.create_study()
         devices = 1 if name.startswith("single") else 2
         SaturnExecutor(
-            devices=devices, strategies=[name], isolate_network=True, log_dir=tmp, grace_period=5, profile=False
+            devices=devices, strategies=[name], strategy_folders=[folder], isolate_network=True, log_dir=tmp,
+            grace_period=5, profile=False,
         ).optimize(
             study, objectives.same_curve, n_trials=1
         )
@@ -40,12 +66,23 @@ def _complete(trial):
 
 
 @pytest.mark.parametrize("name", ["single-ckpt", "ddp", "fsdp", "fsdp-ckpt", "fsdp-offload", "zero1", "zero2",
-                                  "zero3", "zero3-offload"])
+                                  "zero3", "zero3-offload", *ACCUMULATING])
 def test_loss_curve_matches_single(runs, name):
     reference = _complete(runs["single"])["losses"]
     losses = _complete(runs[name])["losses"]
     assert losses == pytest.approx(reference, rel=LOSS_TOLERANCE)
     assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("name", list(ACCUMULATING))
+def test_gradient_accumulation_splits_each_device_batch(runs, name):
+    """Global batch 16: each micro-batch holds 16 / (devices x micro-batches) rows, and the curve still matches."""
+    attrs = _complete(runs[name])
+    micro_batches = ACCUMULATING[name][1]
+    devices = 1 if name.startswith("single") else 2
+    assert attrs["saturn:gradient_accumulation"] == attrs["facts"]["gradient_accumulation"] == micro_batches
+    assert attrs["facts"]["micro_batch_rows"] == [16 // (devices * micro_batches)]
+    assert _complete(runs[ACCUMULATING[name][0]])["facts"]["micro_batch_rows"] == [16 // devices]
 
 
 @pytest.mark.parametrize("name", ["fsdp", "fsdp-ckpt", "fsdp-offload"])

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +20,7 @@ class WorkerContext:
     device: torch.device
     knobs: dict
     launcher_config: dict = field(default_factory=dict)
+    gradient_accumulation: int = 1
 
 
 class _EpochAwareLoader(DataLoader):
@@ -56,8 +59,17 @@ class Engine:
     def prepare_dataloader(self, loader: DataLoader) -> DataLoader:
         return loader
 
-    def backward(self, loss: torch.Tensor, model: torch.nn.Module | None) -> None:
-        loss.backward()
+    def backward(self, loss: torch.Tensor, model: torch.nn.Module | None, *, last_micro_batch: bool = True) -> None:
+        """Accumulated gradients must add up to the whole batch's mean: each micro-batch's mean loss counts
+        ``1 / gradient_accumulation``."""
+        accumulation = self.context.gradient_accumulation
+        (loss / accumulation if accumulation > 1 else loss).backward()
+
+    @contextlib.contextmanager
+    def gradient_sync(self, model: torch.nn.Module | None, sync: bool) -> Iterator[None]:
+        """Around one micro-batch: whether its backward synchronises gradients across ranks. Only the last
+        micro-batch of a step needs to; strategies that can skip the others do."""
+        yield
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return model

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
@@ -19,6 +22,14 @@ class DDPEngine(Engine):
 
     def prepare_dataloader(self, loader: DataLoader) -> DataLoader:
         return self.shard_dataloader(loader)
+
+    @contextlib.contextmanager
+    def gradient_sync(self, model: torch.nn.Module | None, sync: bool) -> Iterator[None]:
+        if sync or not isinstance(model, DistributedDataParallel):
+            yield
+            return
+        with model.no_sync():  # gradients accumulate locally; the last micro-batch all-reduces their sum
+            yield
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return model.module if isinstance(model, DistributedDataParallel) else model

@@ -45,9 +45,10 @@ class DeepSpeedEngine(Engine):
 
             enable_activation_checkpointing(model)
         config = copy.deepcopy(self.context.launcher_config)
-        # The trial's own loop decides the batch; these only need to be consistent for DeepSpeed's bookkeeping.
+        # The trial's own loop decides the batch; these only need to be consistent for DeepSpeed's bookkeeping,
+        # except the accumulation, which DeepSpeed applies itself (loss scaling, optimizer step at the boundary).
         config.setdefault("train_micro_batch_size_per_gpu", 1)
-        config.setdefault("gradient_accumulation_steps", 1)
+        config["gradient_accumulation_steps"] = self.context.gradient_accumulation
         config["train_batch_size"] = (
             config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * self.context.world_size
         )
@@ -64,8 +65,12 @@ class DeepSpeedEngine(Engine):
     def prepare_dataloader(self, loader: DataLoader) -> DataLoader:
         return self.shard_dataloader(loader)
 
-    def backward(self, loss: torch.Tensor, model: torch.nn.Module | None) -> None:
-        model.backward(loss)
+    def backward(self, loss: torch.Tensor, model: torch.nn.Module | None, *, last_micro_batch: bool = True) -> None:
+        model.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps itself
+        if not last_micro_batch:
+            # DeepSpeed counts micro-batches in step(): before the boundary it only advances the count. The
+            # user's optimizer.step() after the last micro-batch is the step at the boundary.
+            model.step()
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return getattr(model, "module", model)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -49,6 +51,17 @@ class FSDPEngine(Engine):
 
     def prepare_dataloader(self, loader: DataLoader) -> DataLoader:
         return self.shard_dataloader(loader)
+
+    @contextlib.contextmanager
+    def gradient_sync(self, model: torch.nn.Module | None, sync: bool) -> Iterator[None]:
+        if not isinstance(model, FSDPModule):
+            yield
+            return
+        model.set_requires_gradient_sync(sync)  # skip the reduce-scatter until the last micro-batch
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return model

@@ -35,6 +35,7 @@ class Workload:
     bytes_per_param: int
     batch_signature: str  # global batch size and one sample's shapes and dtypes
     total_steps: int
+    global_batch: int | None = None  # the DataLoader's batch size: how far micro-batching can split it
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -69,6 +70,7 @@ class _ProbeTrial:
         self.world_size = 1
         self.is_main_process = True
         self.is_profiling = False
+        self.gradient_accumulation = 1
         self.device = torch.device("meta")
         self.model: torch.nn.Module | None = None
         self.loader: DataLoader | None = None
@@ -109,6 +111,9 @@ class _ProbeTrial:
                 obj = _ProbeLoader(obj)
             prepared.append(obj)
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
+
+    def micro_batches(self, batch: Any):
+        yield batch
 
     def backward(self, loss: torch.Tensor) -> None:
         raise _ProbeDone
@@ -166,4 +171,7 @@ def probe_workload(objective: Any, trial: optuna.Trial, lock: threading.Lock) ->
             "for its runtime to be profiled"
         )
     model_sig, n_params, bytes_per_param = _model_signature(probe.model)
-    return Workload(model_sig, n_params, bytes_per_param, _batch_signature(probe.loader), probe.total_steps)
+    return Workload(
+        model_sig, n_params, bytes_per_param, _batch_signature(probe.loader), probe.total_steps,
+        probe.loader.batch_size,
+    )

@@ -13,19 +13,28 @@ from pathlib import Path
 from optuna_saturn.strategy import Strategy
 
 
-def profile_key(model_signature: str, batch_signature: str, strategy: Strategy, devices: int, hardware: str) -> str:
-    """What affects speed, and nothing else (never the learning rate)."""
+def profile_key(
+    model_signature: str, batch_signature: str, strategy: Strategy, devices: int, hardware: str,
+    gradient_accumulation: int = 1,
+) -> str:
+    """What affects speed, and nothing else (never the learning rate). The list of accumulation factors a
+    strategy may try is not part of it: only the factor this measurement ran with."""
+    knobs = {k: v for k, v in strategy.knobs.items() if k != "gradient_accumulation"}
     parts = {
         "model": model_signature, "batch": batch_signature, "strategy": strategy.name,
-        "engine": strategy.engine, "knobs": dict(strategy.knobs), "config": dict(strategy.launcher_config),
+        "engine": strategy.engine, "knobs": knobs, "config": dict(strategy.launcher_config),
         "devices": devices, "hardware": hardware,
     }
+    if gradient_accumulation > 1:
+        parts["gradient_accumulation"] = gradient_accumulation
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 
 @dataclass
 class ProfileRecord:
-    """One measured (workload, strategy, device count). ``feasible`` is False when the run ran out of memory."""
+    """One measured (workload, strategy, device count, accumulation). ``feasible`` is False when the run ran out
+    of memory or cannot run this way at all. ``more_micro_batches_may_fit`` when it ran out of memory in the
+    training steps (activations), not while setting up (the model itself)."""
 
     key: str
     strategy: str
@@ -37,6 +46,8 @@ class ProfileRecord:
     peak_memory_bytes: int | None = None
     timed_steps: int = 0
     error: str = ""
+    more_micro_batches_may_fit: bool = False
+    gradient_accumulation: int = 1
     n_params: int = 0
     batch_signature: str = ""
     measured_at: float = field(default_factory=time.time)

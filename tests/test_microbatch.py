@@ -1,0 +1,79 @@
+"""Splitting a device's batch into the micro-batches of gradient accumulation."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import pytest
+import torch
+
+from optuna_saturn.microbatch import AccumulationError, split_batch
+from optuna_saturn.planner import Option
+
+
+def test_one_micro_batch_is_the_batch_itself():
+    batch = (torch.arange(6),)
+    assert split_batch(batch, 1)[0] is batch
+
+
+def test_nested_batches_split_along_the_first_dimension_in_order():
+    Pair = namedtuple("Pair", "x y")
+    batch = {"ids": torch.arange(8).view(4, 2), "pair": Pair(torch.arange(4), [torch.ones(4), "tag"]), "n": 3}
+    parts = split_batch(batch, 2)
+    assert len(parts) == 2
+    assert torch.equal(torch.cat([p["ids"] for p in parts]), batch["ids"])
+    assert isinstance(parts[1]["pair"], Pair) and parts[1]["pair"].x.tolist() == [2, 3]
+    assert parts[0]["pair"].y[1] == "tag" and parts[0]["n"] == 3  # non-tensor leaves go to every part
+    assert parts[0]["pair"].y[0].shape == (2,)
+
+
+@pytest.mark.parametrize(
+    ("batch", "parts", "message"),
+    [
+        ((torch.zeros(6, 2),), 4, r"batch of 6 samples does not split into 4 equal parts.*divisible by \(devices x 4\)"),
+        ((torch.zeros(4), torch.zeros(6)), 2, "same first dimension"),
+        ({"flag": True}, 2, "no tensor with a batch dimension"),
+    ],
+)
+def test_batches_that_cannot_split_evenly_name_the_fix(batch, parts, message):
+    with pytest.raises(AccumulationError, match=message):
+        split_batch(batch, parts)
+
+
+def test_option_with_accumulation_round_trips_through_json_and_keeps_its_identity():
+    plain, split = Option("single", 1, 10.0), Option("single", 1, 14.0, gradient_accumulation=4)
+    assert plain.to_json() == {"strategy": "single", "devices": 1, "runtime": 10.0}  # unchanged for plain options
+    assert Option.from_json(split.to_json()) == split and split.label == "singlex1-accum4"
+    assert plain.choice != split.choice
+    with pytest.raises(ValueError, match="gradient_accumulation must be a positive int"):
+        Option("single", 1, 1.0, gradient_accumulation=0)
+
+
+def _trial(gradient_accumulation: int):
+    from optuna_saturn.engines import WorkerContext, engine_for
+    from optuna_saturn.strategy import load_strategies
+    from optuna_saturn.trial import SaturnTrial
+
+    context = WorkerContext(0, 0, 1, torch.device("cpu"), {}, {}, gradient_accumulation)
+    return SaturnTrial(number=0, strategy=load_strategies()["single"], engine=engine_for("single", context),
+                       channel=None, control_group=None)
+
+
+def test_accumulated_gradients_equal_the_whole_batch_gradient():
+    x, y = torch.randn(8, 3), torch.randn(8, 1)
+    grads = []
+    for micro_batches in (1, 4):
+        trial = _trial(micro_batches)
+        torch.manual_seed(0)
+        model = trial.prepare(torch.nn.Linear(3, 1))
+        for mx, my in trial.micro_batches((x, y)):
+            trial.backward(torch.nn.functional.mse_loss(model(mx), my))
+        grads.append(model.weight.grad.clone())
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+
+
+def test_backward_outside_micro_batches_is_refused_when_accumulating():
+    trial = _trial(2)
+    model = trial.prepare(torch.nn.Linear(3, 1))
+    with pytest.raises(AccumulationError, match=r"outside `for part in trial.micro_batches\(batch\):`"):
+        trial.backward(model(torch.randn(4, 3)).sum())
