@@ -1,27 +1,42 @@
 """Workloads for the planner benchmarks: an analytic cost model for a paper-like sweep, and random instances.
 
-Cost model (documented so that the numbers can be checked by hand; constants are module-level).
+Cost model (documented so that the numbers can be checked by hand; constants are module-level, each with its
+source or marked as an assumption; benchmarks/README.md "Cost model review" lists the evidence).
 
-Hardware: one node of 8 A100/H100-class GPUs with 80 GB each, bf16 peak 312 TFLOP/s, NVLink/NVSwitch with an
-effective collective bus bandwidth of 150 GB/s, PCIe at 16 GB/s per GPU to the host, and a host-side CPU Adam
-that updates 2e9 parameters per second (shared by the node).
+Hardware: one node of 8 A100-80GB-class GPUs, bf16 peak 312 TFLOP/s and HBM 2.0 TB/s (NVIDIA A100 datasheet),
+NVLink/NVSwitch with an effective collective bus bandwidth of 150 GB/s (assumption, conservative: nccl-tests
+report ~208 GB/s all-reduce bus bandwidth between NVLink-connected A100s for large messages,
+NVIDIA/nccl-tests#178, and one block's parameters are 40-430 MB here) and a per-collective latency of 20 us
+(nccl-tests small-message time on A100 is ~10 us for 2 GPUs, NVIDIA/nccl#583; doubled for an 8-GPU ring,
+assumption), PCIe at 16 GB/s per GPU to the host (assumption), and a host-side CPU Adam that updates 2e9
+parameters per second (shared by the node; assumption).
 
 Per trial: a model with ``P`` parameters, ``L`` layers, hidden size ``h``, sequence length ``s``, trained on a
 fixed number of tokens with a global batch of ``B`` sequences, so ``steps = tokens / (B * s)``. On ``N`` devices
-each device processes ``B / N`` sequences per step, in micro-batches of ``mb`` (the largest power of two
+each device processes ``B / N`` sequences per step, in ``k`` micro-batches of ``mb`` (the largest power of two
 ``<= B / N`` whose activations fit; gradient accumulation does the rest).
 
 - Compute: ``6 * P * tokens`` FLOPs (forward + backward), split over ``N`` devices, at an MFU that grows with
-  the micro-batch: ``MFU = 0.45 * t / (t + 1024)`` with ``t = mb * s`` tokens per micro-batch. Activation
-  checkpointing recomputes the forward pass: +33% compute.
-- Communication per step (ring collectives, bytes per device ``~ 2 (N-1)/N * bytes``):
-  DDP all-reduces bf16 gradients, ``2P`` bytes; ZeRO-2 reduce-scatters gradients and all-gathers parameters,
-  the same volume; FSDP / ZeRO-3 all-gather parameters twice (forward, backward) and reduce-scatter gradients,
-  ``3 x 2P`` bytes (ZeRO-3 at 90% of FSDP's bandwidth: smaller default buckets). Half the compute time can hide
-  communication (bucketed overlap): exposed = max(0, comm - 0.5 * compute).
+  the micro-batch: ``MFU = 0.45 * t / (t + 1024)`` with ``t = mb * s`` tokens per micro-batch (assumption: tuned
+  FSDP stacks reach 52-64% MFU on 8 x A100 with >= 4k tokens per micro-batch, llm-foundry's benchmark tables;
+  Hugging Face implementations are 3-5x slower than flash-attention's, its training README; no published MFU
+  at 1-2k tokens per micro-batch was found). Activation checkpointing recomputes the forward pass: +33% compute.
+- Communication (ring collectives; an all-reduce moves ``2 (N-1)/N * bytes`` per device, an all-gather or a
+  reduce-scatter ``(N-1)/N * bytes``; bf16 so ``bytes = 2P``), each collective also paying the latency above:
+  DDP all-reduces gradients once per step (``no_sync`` during accumulation), in 25 MB buckets (DDP's default
+  ``bucket_cap_mb``); ZeRO-2 reduce-scatters gradients every micro-batch and all-gathers the updated parameters
+  once per step, same buckets; FSDP / ZeRO-3 all-gather parameters twice (forward, backward) and reduce-scatter
+  gradients every micro-batch, three collectives per layer, i.e. ``3 (N-1)/N * 2P`` bytes, 1.5x DDP's volume
+  (ZeRO paper, Rajbhandari et al. 2020, sec. 7.2.2); ZeRO-3 at 90% of FSDP's bandwidth (assumption: smaller
+  default buckets). Half a micro-batch's compute can hide that micro-batch's communication (bucketed overlap,
+  assumption): exposed per micro-batch = max(0, comm - 0.5 * compute); the per-step collectives (DDP's
+  all-reduce, ZeRO-2's all-gather) can hide only behind the last micro-batch.
+- Optimizer step (not overlapped): mixed-precision Adam streams ~28 bytes per parameter it updates (fp32 master,
+  m and v read and written, bf16 gradient read, bf16 parameter written) at HBM bandwidth; single and DDP update
+  all ``P`` on every device (DDP replicates the step), ZeRO-2 / FSDP / ZeRO-3 only their ``P / N`` shard.
 - Offload (ZeRO-3-offload): bf16 gradients down and parameters up over PCIe, ``4P / N`` bytes per device per
   step, plus CPU Adam over all ``P`` parameters; neither overlaps compute.
-- Startup: 60 s plus loading ``2P`` bytes at 2 GB/s.
+- Startup: 60 s plus loading ``2P`` bytes at 2 GB/s (assumption).
 
 Memory per device (must be <= 80 GB minus 4 GB of framework overhead): model states are 16 bytes/param in
 mixed precision (bf16 params 2 + grads 2 + fp32 master 4 + Adam 8). single/DDP keep all ``16P``; ZeRO-2 keeps
@@ -44,9 +59,15 @@ PEAK_FLOPS = 312e12
 MFU_MAX = 0.45
 MFU_HALF_TOKENS = 1024
 BUS_BANDWIDTH = 150e9
+COLLECTIVE_LATENCY = 20e-6  # seconds per NCCL collective
+DDP_BUCKET_BYTES = 25e6  # torch DDP default bucket_cap_mb=25
+HBM_BANDWIDTH = 2.0e12  # A100-80GB SXM datasheet: 2,039 GB/s
+ADAM_BYTES_PER_PARAM = 28.0
 PCIE_BANDWIDTH = 16e9
 CPU_ADAM_PARAMS_PER_S = 2e9
 OVERLAP = 0.5
+STARTUP_SECONDS = 60.0
+LOAD_BANDWIDTH = 2e9
 DEVICE_COUNTS = (1, 2, 4, 8)
 
 
@@ -67,20 +88,40 @@ VIT_H = Model("vit-h-632m", 0.632e9, 32, 1280, 257, 120e6)  # 257 tokens per 224
 PAPER_LIKE = ((GPT2_XL, (16, 32)), (GPT_J, (8, 16)), (VIT_H, (256, 512)))
 LEARNING_RATES = (1e-5, 1e-4, 1e-3)
 
-# strategy -> (devices allowed, per-device model-state bytes per param as f(N), comm factor, offload)
+# strategy -> (devices allowed, per-device model-state bytes per param as f(N), bandwidth efficiency, offload)
 STRATEGIES = {
-    "single": ((1,), lambda n: 16.0, 0.0, False),
+    "single": ((1,), lambda n: 16.0, 1.0, False),
     "ddp": ((2, 4, 8), lambda n: 16.0, 1.0, False),
     "zero2": ((2, 4, 8), lambda n: 2.0 + 14.0 / n, 1.0, False),
-    "fsdp": ((2, 4, 8), lambda n: 16.0 / n, 3.0, False),
-    "zero3": ((2, 4, 8), lambda n: 16.0 / n, 3.0 / 0.9, False),
-    "zero3-offload": ((1, 2, 4, 8), lambda n: 2.0 / n, 3.0 / 0.9, True),
+    "fsdp": ((2, 4, 8), lambda n: 16.0 / n, 1.0, False),
+    "zero3": ((2, 4, 8), lambda n: 16.0 / n, 0.9, False),
+    "zero3-offload": ((1, 2, 4, 8), lambda n: 2.0 / n, 0.9, True),
 }
+
+
+def _collective(nbytes: float, count: float, efficiency: float) -> float:
+    """Seconds for ``count`` collectives moving ``nbytes`` per device in total (alpha-beta model)."""
+    return nbytes / (BUS_BANDWIDTH * efficiency) + count * COLLECTIVE_LATENCY
+
+
+def _communication(strategy: str, model: Model, n: int, efficiency: float) -> tuple[float, float]:
+    """(seconds per micro-batch, seconds once per step) of collectives, per the module docstring."""
+    if n == 1:
+        return 0.0, 0.0
+    grads = 2 * model.params  # bf16 bytes of gradients (or parameters)
+    ring = (n - 1) / n
+    buckets = -(-grads // DDP_BUCKET_BYTES)
+    if strategy == "ddp":
+        return 0.0, _collective(2 * ring * grads, buckets, efficiency)
+    if strategy == "zero2":
+        return _collective(ring * grads, buckets, efficiency), _collective(ring * grads, buckets, efficiency)
+    # fsdp, zero3, zero3-offload: all-gather (forward), all-gather (backward), reduce-scatter, per layer
+    return _collective(3 * ring * grads, 3 * model.layers, efficiency), 0.0
 
 
 def option_runtime(model: Model, batch: int, strategy: str, n: int, ckpt: bool) -> float | None:
     """Seconds for the whole trial, or None if it does not fit in memory even at micro-batch 1."""
-    allowed, state_bytes, comm_factor, offload = STRATEGIES[strategy]
+    allowed, state_bytes, efficiency, offload = STRATEGIES[strategy]
     if n not in allowed or batch % n:
         return None
     sharded = strategy in ("fsdp", "zero3", "zero3-offload")
@@ -94,14 +135,21 @@ def option_runtime(model: Model, batch: int, strategy: str, n: int, ckpt: bool) 
     if mb < 1:
         return None
     steps = model.tokens / (batch * model.seq)
+    accum = -(-(batch // n) // mb)  # micro-batches per step
     tokens_mb = mb * model.seq
     mfu = MFU_MAX * tokens_mb / (tokens_mb + MFU_HALF_TOKENS)
     compute = 6 * model.params * batch * model.seq / n / (PEAK_FLOPS * mfu) * (4 / 3 if ckpt else 1.0)
-    comm = comm_factor * 2 * (n - 1) / n * 2 * model.params / BUS_BANDWIDTH if n > 1 else 0.0
-    step = compute + max(0.0, comm - OVERLAP * compute)
+    compute_mb = compute / accum
+    comm_mb, comm_step = _communication(strategy, model, n, efficiency)
+    exposed = (accum - 1) * max(0.0, comm_mb - OVERLAP * compute_mb) \
+        + max(0.0, comm_mb + comm_step - OVERLAP * compute_mb)
+    step = compute + exposed
     if offload:
         step += 4 * model.params / n / PCIE_BANDWIDTH + model.params / CPU_ADAM_PARAMS_PER_S
-    return 60.0 + 2 * model.params / 2e9 + steps * step
+    else:
+        local = model.params / n if strategy in ("zero2", "fsdp", "zero3") else model.params
+        step += ADAM_BYTES_PER_PARAM * local / HBM_BANDWIDTH
+    return STARTUP_SECONDS + 2 * model.params / LOAD_BANDWIDTH + steps * step
 
 
 def model_options(model: Model, batch: int) -> list[Option]:
