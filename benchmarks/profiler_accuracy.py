@@ -39,6 +39,18 @@ def sweep(store: str, n_trials: int, devices: int, log_dir: str, seed: int, arch
     return study
 
 
+def breakdown(trial: optuna.trial.FrozenTrial) -> str:
+    """Where a prediction went wrong: start-up, step time, and the time after the last step (final evaluation)."""
+    attrs = trial.user_attrs
+    profile = next(p for p in attrs["saturn:profiles"]
+                   if p["strategy"] == attrs["saturn:strategy"] and p["devices"] == attrs["saturn:num_devices"])
+    step = attrs["saturn:step_seconds"]
+    startup = attrs["saturn:first_step"] - attrs["saturn:actual_start"] - step
+    tail = attrs["saturn:actual_runtime"] - startup - gpt2_sweep.TRAIN_STEPS * step
+    return (f"start-up {profile['startup_seconds']:.1f} -> {startup:.1f} s, step {1e3 * profile['step_seconds']:.1f}"
+            f" -> {1e3 * step:.1f} ms incl. evaluation, after the last step {tail:.1f} s")
+
+
 def row(label: str, study: optuna.Study) -> str:
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     for t in study.trials:
@@ -51,8 +63,8 @@ def row(label: str, study: optuna.Study) -> str:
     ]
     for t in done:
         print(f"  trial {t.number}: {t.user_attrs['saturn:strategy']} predicted "
-              f"{t.user_attrs['saturn:planned_runtime']:.1f} s, actual {t.user_attrs['saturn:actual_runtime']:.1f} s",
-              file=sys.stderr)
+              f"{t.user_attrs['saturn:planned_runtime']:.1f} s, actual {t.user_attrs['saturn:actual_runtime']:.1f} s"
+              f" ({breakdown(t)})", file=sys.stderr)
     stats = study.user_attrs["saturn:last_sweep"]
     share = stats["profiling_wall_seconds"] / stats["wall_seconds"]
     return (

@@ -51,6 +51,16 @@ class ProfileJob:
 
 
 @dataclass(frozen=True)
+class TrialOptions:
+    """What the planner may run a trial as, from its profiles (not yet corrected by the sweep's observations)."""
+
+    options: list[Option]
+    profiles: list[dict]  # the measurements behind them, for the trial's user attrs
+    step_seconds: dict[tuple[str, int, int], float]  # measured seconds per step, by option choice
+    total_steps: int = 0
+
+
+@dataclass(frozen=True)
 class _Resolved:
     """Where a (strategy, device count) stands in the store: the accumulation factor that fits (``record``
     feasible), the one to measure next (``record`` None), or none that can (``record`` infeasible)."""
@@ -122,11 +132,14 @@ class BatchProfiler:
             ))
         return sorted(jobs, key=lambda j: (-j.devices, j.name))
 
-    def record(self, job: ProfileJob, results: Sequence[dict], launched_at: float) -> list[ProfileRecord | None]:
+    def record(
+        self, job: ProfileJob, results: Sequence[dict], launched_at: float, exit_seconds: float | None = None
+    ) -> list[ProfileRecord | None]:
         """Store what a launch measured, one record per strategy it reached (None: it failed otherwise).
 
         Each strategy's start-up is the launch's own (process start to the first objective call) plus that
-        strategy's set-up (objective call to first step), as if it had been launched alone.
+        strategy's set-up (objective call to first step), and its exit the launch's own (last result to the
+        processes' exit, which the devices wait for), as if it had been launched alone.
         """
         by_name = {r.get("strategy"): r for r in results}
         first = results[0] if results else {}
@@ -150,6 +163,7 @@ class BatchProfiler:
                 record = ProfileRecord(
                     **common, feasible=True, step_seconds=steps[len(steps) // 2],
                     startup_seconds=launch_overhead + outcome["first_step_at"] - outcome["objective_started_at"],
+                    tail_seconds=outcome.get("tail_seconds"), exit_seconds=exit_seconds,
                     peak_memory_bytes=int(outcome.get("peak_memory_bytes") or 0), timed_steps=len(steps),
                 )
             self._store.put(record)
@@ -167,13 +181,13 @@ class BatchProfiler:
         ]
         return self._launches(again, seen=set())
 
-    def options_for(self, trial: optuna.Trial) -> tuple[list[Option], list[dict]]:
+    def options_for(self, trial: optuna.Trial) -> TrialOptions:
         """Every feasible option of the trial (not only the best per device count), with measured runtimes not yet
         corrected by the sweep's observations, and its profile summary."""
         workload = self._workloads.get(trial.number)
         if workload is None:
-            return self._estimator.options(), []
-        options, profiles = [], []
+            return TrialOptions(self._estimator.options(), [], {})
+        options, profiles, step_seconds = [], [], {}
         for strategy, devices in self._candidates(workload):
             resolved = self._resolve(workload, strategy, devices)
             if resolved is None:
@@ -187,7 +201,8 @@ class BatchProfiler:
             runtime = record.whole_trial_seconds(workload.total_steps)
             if runtime is not None:
                 options.append(Option(strategy.name, devices, runtime, accumulation))
-        return options, profiles
+                step_seconds[options[-1].choice] = record.step_seconds
+        return TrialOptions(options, profiles, step_seconds, workload.total_steps)
 
     def _resolve(self, workload: Workload, strategy: Strategy, devices: int) -> _Resolved | None:
         """Walk the strategy's accumulation factors, fewest micro-batches first, past those that ran out of
@@ -212,6 +227,7 @@ class BatchProfiler:
         summary = {
             "strategy": record.strategy, "devices": record.devices, "feasible": record.feasible,
             "step_seconds": record.step_seconds, "startup_seconds": record.startup_seconds,
+            "tail_seconds": record.tail_seconds, "exit_seconds": record.exit_seconds,
             "peak_memory_bytes": record.peak_memory_bytes, "key": record.key,
         }
         if record.gradient_accumulation > 1:

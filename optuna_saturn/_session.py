@@ -36,6 +36,7 @@ class TrialSession:
             return self._progress(message)
         if op == "profile":
             self.profiles.append(message)
+            self.outcome_at = time.time()
             return None
         if op in ("result", "pruned", "fail"):
             self.outcome = {"op": op, **{k: v for k, v in message.items() if k != "op"}}

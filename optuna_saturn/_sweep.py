@@ -19,7 +19,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from optuna_saturn._profiling import BatchProfiler, ProfileJob
+from optuna_saturn._profiling import BatchProfiler, ProfileJob, TrialOptions
 from optuna_saturn._session import TrialSession
 from optuna_saturn.channel import ChannelServer
 from optuna_saturn.devices import Device
@@ -112,7 +112,7 @@ class Sweep:
         self._start = time.time()
         self._run_dir = settings.log_dir / f"{_safe(study.study_name)}-{time.strftime('%Y%m%d-%H%M%S')}"
         self._listeners = list(settings.listeners)
-        self._options: dict[int, list[Option]] = {}  # profile-based options, per trial number
+        self._options: dict[int, TrialOptions] = {}  # profile-based options, per trial number
         self._waiting: list[optuna.Trial] = []  # asked, waiting for their profiles before planning
         self._measure_queue: deque[ProfileJob] = deque()
         self._measuring: dict[str, _Measuring] = {}
@@ -229,7 +229,7 @@ class Sweep:
             self._measure_queue.clear()
             for key in list(self._measuring):
                 runner.stop(key)
-                self._finish_measurement(self._measuring.pop(key), server)
+                self._finish_measurement(self._measuring.pop(key), server, stopped=True)
         for job in list(self._measure_queue):
             if job.devices <= len(self._free):
                 self._measure_queue.remove(job)
@@ -252,13 +252,15 @@ class Sweep:
         self._measuring[key] = _Measuring(job, session, token, launched, device_ids, time.time())
         self._notify("on_profile", ProfileEvent(job.trial.number, job.name, "started"))
 
-    def _finish_measurement(self, measuring: _Measuring, server: ChannelServer) -> None:
+    def _finish_measurement(self, measuring: _Measuring, server: ChannelServer, *, stopped: bool = False) -> None:
         server.unregister(measuring.token)
         self._free |= set(measuring.devices)
         self._profile_seconds += (time.time() - measuring.launched_at) * len(measuring.devices)
         self._profile_runs += 1
         job = measuring.job
-        records = self._profiler.record(job, measuring.session.profiles, measuring.launched_at)
+        last_result_at = measuring.session.outcome_at  # a stopped launch's exit says nothing about a normal one
+        exit_seconds = None if last_result_at is None or stopped else max(0.0, time.time() - last_result_at)
+        records = self._profiler.record(job, measuring.session.profiles, measuring.launched_at, exit_seconds)
         self._record_profiling_run(measuring)
         follow_ups = self._profiler.follow_ups(job, records)
         self._measure_queue.extend(follow_ups)
@@ -275,7 +277,7 @@ class Sweep:
             else:
                 summary = (
                     f"{record.step_seconds * 1e3:.1f} ms/step, start-up {record.startup_seconds:.1f} s, "
-                    f"peak {record.peak_memory_bytes / 2**20:.0f} MiB"
+                    f"after the loop {record.tail_seconds or 0.0:.1f} s, peak {record.peak_memory_bytes / 2**20:.0f} MiB"
                 )
             log = _logger.warning if record is None and not follow_ups else _logger.info
             log(f"Profiled {option} (trial {job.trial.number}): {summary}.")
@@ -301,9 +303,11 @@ class Sweep:
         trials, self._waiting = self._waiting, []
         runnable = []
         for trial in trials:
-            options, profiles = (
-                self._profiler.options_for(trial) if self._profiler is not None else (self._estimator.options(), [])
+            priced = (
+                self._profiler.options_for(trial) if self._profiler is not None
+                else TrialOptions(self._estimator.options(), [], {})
             )
+            options, profiles = priced.options, priced.profiles
             with self._lock:  # what the planner chose from, so `optuna-saturn plan/simulate` can re-plan later
                 trial.set_user_attr(ATTR + "options", [o.to_json() for o in options])
                 if profiles:
@@ -315,7 +319,7 @@ class Sweep:
                     _logger.warning(f"Trial {trial.number} failed: {reason}.")
                     continue
             if profiles:
-                self._options[trial.number] = options
+                self._options[trial.number] = priced
             runnable.append(trial)
         if not runnable or self.settings.profile_only:
             return
@@ -358,7 +362,11 @@ class Sweep:
         measured = self._options.get(number)
         if not measured:
             return self._estimator.options()
-        return [replace(o, runtime=self._estimator.corrected(o.runtime)) for o in measured]
+        return [
+            replace(o, runtime=self._estimator.corrected(o.runtime, measured.total_steps * measured.step_seconds[o.choice]))
+            if o.choice in measured.step_seconds else o
+            for o in measured.options
+        ]
 
     def _remaining(self, active: _Active, now: float) -> float:
         """Seconds a running trial still needs: from its measured step rate when it reports one."""
@@ -461,12 +469,13 @@ class Sweep:
             except Exception as exc:  # e.g. a value of the wrong shape: the trial fails, the sweep goes on
                 trial.set_user_attr(ATTR + "fail_reason", f"could not record the result: {exc}")
                 frozen = self.study.tell(trial, state=TrialState.FAIL)
+        option = active.scheduled.assignment.option
         if frozen.state == TrialState.COMPLETE:
-            option = active.scheduled.assignment.option
             self._estimator.observe(option.strategy, option.devices, end - active.start)
-            measured = {o.choice: o.runtime for o in self._options.get(trial.number, [])}
-            if option.choice in measured:
-                self._estimator.observe_prediction(measured[option.choice], end - active.start)
+        measured = self._options.get(trial.number)
+        if frozen.state != TrialState.FAIL and measured and option.choice in measured.step_seconds \
+                and session.step_seconds is not None:  # a pruned trial's loop ran at its real rate too
+            self._estimator.observe_step_rate(measured.step_seconds[option.choice], session.step_seconds)
         self._log_finished(frozen, end - active.start, reason, active.launched.log_path)
         self._notify("on_trial_end", frozen, end)
 

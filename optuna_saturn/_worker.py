@@ -82,25 +82,44 @@ def main(spec_path: str) -> NoReturn:
             channel=channel, control_group=control_group, profile=profile,
         )
         started_at = time.time()
-        try:
-            value = objective(trial)
-            values = [float(v) for v in value] if isinstance(value, (list, tuple)) else [float(value)]
-            return {"op": "result", "values": values}
-        except optuna.TrialPruned as exc:
-            return {"op": "pruned", "message": str(exc)}
-        except ProfileComplete as done:
+
+        def measured() -> dict:
+            """A profiling run's outcome: the timed steps, and the objective's time after its loop."""
+            timings = trial.profile_timings
+            tail = time.time() - timings.loop_ended_at
             return {
                 "op": "profile", "strategy": strategy.name, "objective_started_at": started_at,
-                "first_step_at": done.first_step_at,
-                "step_seconds": _max_over_ranks(done.step_seconds, world_size, control_group),
+                "first_step_at": timings.first_step_at,
+                "step_seconds": _max_over_ranks(timings.step_seconds, world_size, control_group),
+                "tail_seconds": _max_over_ranks([tail], world_size, control_group)[0],
                 "peak_memory_bytes": _max_over_ranks([_peak_memory(device)], world_size, control_group)[0],
             }
+
+        try:
+            value = objective(trial)
+            if trial.profile_timings is not None:
+                return measured()
+            values = [float(v) for v in value] if isinstance(value, (list, tuple)) else [float(value)]
+            return {"op": "result", "values": values}
+        except (optuna.TrialPruned, ProfileComplete) as exc:
+            if trial.profile_timings is not None:
+                return measured()
+            return {"op": "pruned", "message": str(exc)}
         except BaseException as exc:  # the trial failed; the sweep goes on
             traceback.print_exc()
             error = f"{type(exc).__name__}: {exc}"
-            if profile is not None and isinstance(exc, (torch.OutOfMemoryError, MemoryError, AccumulationError)):
+            out_of_memory = isinstance(exc, (torch.OutOfMemoryError, MemoryError))
+            if trial.profile_timings is not None and not out_of_memory and not isinstance(exc, KeyboardInterrupt):
+                # After a shortened loop, code that expects a full one may fail (e.g. min() of validation losses
+                # that were never computed): the steps are still measured; the time after the loop is cut short.
+                print("optuna-saturn: the error above came after the timed steps; the profile keeps them.",
+                      file=sys.stderr)
+                return measured()
+            if profile is not None and (out_of_memory or isinstance(exc, AccumulationError)):
                 # an infeasible option, not a failure. Out of memory in the steps: more micro-batches may fit.
-                oom_in_steps = trial.steps_started and not isinstance(exc, AccumulationError)
+                oom_in_steps = (
+                    trial.steps_started and trial.profile_timings is None and not isinstance(exc, AccumulationError)
+                )
                 return {
                     "op": "profile", "strategy": strategy.name, "infeasible": True, "oom_in_steps": oom_in_steps,
                     "error": error[:500],
@@ -138,6 +157,12 @@ def _release_memory(device: object) -> None:
     if getattr(device, "type", "cpu") == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:  # Linux >= 4.0: reset the peak resident set ("high water mark") to the current one
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+    except OSError:
+        pass  # then a later strategy's peak may include an earlier one's (an overestimate, never an under)
 
 
 def _peak_memory(device: object) -> float:
@@ -148,6 +173,13 @@ def _peak_memory(device: object) -> float:
 
     if getattr(device, "type", "cpu") == "cuda":
         return float(torch.cuda.max_memory_allocated(device))
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):  # peak resident set since the last reset
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
     return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 

@@ -8,6 +8,7 @@ loss per doubling of devices. Every trial that completes replaces guesswork with
 from __future__ import annotations
 
 import math
+import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -36,18 +37,18 @@ class RuntimeEstimator:
     def observe(self, strategy: str, devices: int, seconds: float) -> None:
         self._observed[(strategy, devices)].append(seconds)
 
-    def observe_prediction(self, predicted: float, actual: float) -> None:
-        """A trial planned from a profile finished: remember how far off the profile-based estimate was."""
-        if predicted > 0 and actual > 0:
-            self._ratios.append(actual / predicted)
+    def observe_step_rate(self, profiled: float, actual: float) -> None:
+        """A trial planned from a profile finished: remember how its loop's real seconds per step (evaluation
+        passes and checkpoints inside the loop included) compare with the profile's timed steps."""
+        if profiled > 0 and actual > 0:
+            self._ratios.append(actual / profiled)
 
-    def corrected(self, predicted: float) -> float:
-        """A profile-based runtime, corrected by the median error seen so far in this sweep (evaluation passes,
-        checkpointing and other work outside the timed steps show up here)."""
+    def corrected(self, predicted: float, loop_seconds: float) -> float:
+        """A profile-based runtime whose training loop (``loop_seconds`` of it) runs at the median real / profiled
+        step rate seen so far in this sweep. Start-up and the time after the loop are measured as they are."""
         if not self._ratios:
             return predicted
-        ratios = sorted(self._ratios)
-        return predicted * ratios[len(ratios) // 2]
+        return predicted + (statistics.median(self._ratios) - 1.0) * loop_seconds
 
     def estimate(self, strategy: str, devices: int) -> float:
         own = self._observed.get((strategy, devices))

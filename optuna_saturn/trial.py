@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,13 +27,18 @@ _PROGRESS_EVERY_S = 2.0
 
 
 class ProfileComplete(BaseException):
-    """Ends a profiling run after its timed steps. A BaseException, so the objective's own ``except Exception``
-    does not swallow it."""
+    """Ends a profiling run that enters a second ``trial.steps`` loop: the profile times the first. A
+    BaseException, so the objective's own ``except Exception`` does not swallow it."""
 
-    def __init__(self, step_seconds: list[float], first_step_at: float) -> None:
-        super().__init__(step_seconds, first_step_at)
-        self.step_seconds = step_seconds
-        self.first_step_at = first_step_at
+
+@dataclass(frozen=True)
+class StepTimings:
+    """What a profiling run measured of the training loop: its start, the timed steps, and when it ended (the
+    rest of the objective, e.g. a final evaluation, runs after that and is timed by the worker)."""
+
+    first_step_at: float
+    step_seconds: list[float]
+    loop_ended_at: float
 
 
 class SaturnTrial:
@@ -57,6 +63,7 @@ class SaturnTrial:
         self._models: list[torch.nn.Module] = []
         self._micro_batch: tuple[int, int] | None = None  # (index, count) while inside micro_batches()
         self.steps_started = False  # the training loop began: memory now goes to activations, not the model
+        self.profile_timings: StepTimings | None = None  # set when a profiling run's timed loop ends
 
     # -- where this process stands --------------------------------------------------------------------------------
     @property
@@ -247,7 +254,8 @@ class SaturnTrial:
         """``range(total)`` that also times the steps and reports progress to the executor.
 
         The executor uses these timings for progress, ETA, and to correct the runtime estimates of later plans.
-        In a profiling run it yields a few steps only, timed with device synchronisation, then ends the run.
+        In a profiling run it yields a few steps only, timed with device synchronisation, then ends the loop
+        early: what the objective does after its loop (a final evaluation, saving) runs too, and is timed.
         """
         self.steps_started = True
         if self._profile is not None:
@@ -265,6 +273,8 @@ class SaturnTrial:
                 last_report = now
 
     def _profiled_steps(self, total: int) -> Iterator[int]:
+        if self.profile_timings is not None:
+            raise ProfileComplete  # a second training loop; the profile covers the first
         warmup = self._profile["warmup"]
         budget = self.step_budget(total)
         first_step_at = time.time()
@@ -276,4 +286,4 @@ class SaturnTrial:
             self._synchronize()
             if step >= warmup:
                 durations.append(time.perf_counter() - began)
-        raise ProfileComplete(durations, first_step_at)
+        self.profile_timings = StepTimings(first_step_at, durations, time.time())

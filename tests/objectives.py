@@ -192,6 +192,21 @@ def needs_small_micro_batches(trial) -> float:
     return _train_blocks(trial, 20, largest_micro_batch=8)
 
 
+def evaluates_after_training(trial) -> float:
+    """A final evaluation after the loop (0.5 s), whose code assumes the whole loop ran: a profiling run's short
+    loop leaves it no validation loss, so it fails there (after the timed steps)."""
+    model = torch.nn.Linear(8, 1)
+    loader = torch.utils.data.DataLoader(regression_data(64), batch_size=8)
+    model, loader = trial.prepare(model, loader)
+    validation_losses = []
+    for step in trial.steps(30):
+        time.sleep(0.01)
+        if step % 10 == 9:
+            validation_losses.append(1.0 / (step + 1))
+    time.sleep(0.5)
+    return min(validation_losses)
+
+
 def single_does_not_fit(trial) -> float:
     """Runs out of memory on one device (as a model too big for one GPU would); fits when sharded over two."""
     if trial.is_profiling and trial.world_size == 1:

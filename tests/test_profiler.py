@@ -184,3 +184,50 @@ def test_out_of_memory_retries_with_more_micro_batches_and_the_cache_remembers(s
     assert len(_run_dir_logs(tmp_path, "profile-")) == 5  # every answer, the out-of-memory ones too, was cached
     assert again.trials[0].state == TrialState.COMPLETE
     assert again.trials[0].user_attrs["saturn:options"] == trial.user_attrs["saturn:options"]
+
+
+@pytest.mark.launch
+def test_the_objective_after_its_loop_is_timed_even_when_it_expects_the_whole_loop(saturn_options):
+    """The final evaluation is part of the trial's runtime; a profile's short loop must not lose the steps."""
+    study = optuna.create_study()
+    SaturnExecutor(devices=1, strategies=["single"], **saturn_options).optimize(
+        study, objectives.evaluates_after_training, n_trials=1
+    )
+    trial = study.trials[0]
+    assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
+    (profile,) = trial.user_attrs["saturn:profiles"]
+    assert profile["feasible"] and 0.01 <= profile["step_seconds"] < 0.1
+    assert 0.5 <= profile["tail_seconds"] < 1.5
+    assert 0.0 < profile["exit_seconds"] < 5.0  # the devices stay busy until the launcher has exited
+    (option,) = trial.user_attrs["saturn:options"]
+    assert option["runtime"] == pytest.approx(
+        profile["startup_seconds"] + 30 * profile["step_seconds"] + profile["tail_seconds"] + profile["exit_seconds"],
+        abs=0.01,
+    )
+
+
+def test_observed_step_rate_corrects_only_the_training_loop():
+    from optuna_saturn.estimates import RuntimeEstimator
+
+    estimator = RuntimeEstimator(load_strategies().values(), 2)
+    assert estimator.corrected(100.0, loop_seconds=60.0) == 100.0  # nothing observed yet
+    for profiled, actual in ((0.10, 0.12), (0.20, 0.24), (0.10, 0.30)):
+        estimator.observe_step_rate(profiled, actual)
+    # median ratio 1.2: 60 s of loop become 72 s; the 40 s of start-up and final evaluation stay
+    assert estimator.corrected(100.0, loop_seconds=60.0) == pytest.approx(112.0)
+
+
+def test_cpu_peak_memory_is_per_strategy_not_cumulative():
+    """One launch times several strategies: each one's peak must not include an earlier one's."""
+    import torch
+
+    from optuna_saturn._worker import _peak_memory, _release_memory
+
+    cpu = torch.device("cpu")
+    _release_memory(cpu)
+    before = _peak_memory(cpu)
+    big = torch.ones(64 * 2**20)  # 64 Mi float32 = 256 MiB, touched
+    assert _peak_memory(cpu) >= before + 200 * 2**20
+    del big
+    _release_memory(cpu)
+    assert _peak_memory(cpu) < before + 100 * 2**20

@@ -43,6 +43,8 @@ class ProfileRecord:
     feasible: bool
     step_seconds: float | None = None
     startup_seconds: float | None = None
+    tail_seconds: float | None = None  # the objective after its training loop: final evaluation, saving
+    exit_seconds: float | None = None  # from the result to the launch's processes having exited
     peak_memory_bytes: int | None = None
     timed_steps: int = 0
     error: str = ""
@@ -53,10 +55,11 @@ class ProfileRecord:
     measured_at: float = field(default_factory=time.time)
 
     def whole_trial_seconds(self, total_steps: int) -> float | None:
-        """Start-up plus every step at the measured rate, each measured."""
+        """Start-up, every step at the measured rate, what follows the loop and the exit, each measured."""
         if not self.feasible or self.step_seconds is None:
             return None
-        return (self.startup_seconds or 0.0) + total_steps * self.step_seconds
+        after_loop = (self.tail_seconds or 0.0) + (self.exit_seconds or 0.0)
+        return (self.startup_seconds or 0.0) + total_steps * self.step_seconds + after_loop
 
 
 class ProfileStore:
