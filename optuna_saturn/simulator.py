@@ -7,7 +7,9 @@ achieve on the same noisy, partly pruned workload, without launching anything.
 Dispatch rule: a job starts as soon as every device the current plan gives it is free and it is the next job on
 each of those devices in plan order (so jobs may start earlier than planned, never on other devices). With
 re-planning, every job end triggers ``replan`` for the jobs that have not started, with running jobs as busy
-reservations held for their estimated remaining time; the simulated clock does not include solver time.
+reservations held for their remaining time at their observed step rate (the executor measures it from the
+trial's progress reports; with ``observe_step_rate=False``, at the estimated rate); a coming prune is not known.
+The simulated clock does not include solver time.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def simulate(
     seed: int = 0,
     min_improvement: float = 0.02,
     plan: Plan | None = None,
+    observe_step_rate: bool = True,
 ) -> SimulationResult:
     """Execute ``jobs`` with true runtimes ``estimate * noise[job] * prune_at[job]`` (defaults 1).
 
@@ -101,7 +104,8 @@ def simulate(
             a, start, end = running.pop(name)
             executed.append(Assignment(name, a.option, a.node, a.devices, start, end))
         if mode == "replan" and pending:
-            busy = [Reservation(a.node, a.devices, max(start + a.option.runtime - t, 1e-6), job=n)
+            rate = noise if observe_step_rate else {}
+            busy = [Reservation(a.node, a.devices, max(start + a.option.runtime * rate.get(n, 1.0) - t, 1e-6), job=n)
                     for n, (a, start, _) in running.items()]
             todo = [by_name[n] for n in pending]
             shifted = Plan(tuple(pending.values()))

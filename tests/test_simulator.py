@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from optuna_saturn.planner import Cluster, Job, Option, Plan, solve, validate
+from optuna_saturn.planner import Assignment, Cluster, Job, Option, Plan, solve, validate
 from optuna_saturn.simulator import simulate
 
 try:
@@ -85,3 +85,25 @@ def test_replanning_recovers_from_prunes() -> None:
         replanned = simulate(jobs, cluster, noise=noise, prune_at=prunes, mode="replan", time_limit=0.3)
         wins += replanned.makespan < static.makespan - 1e-6
     assert wins >= 2
+
+
+def test_replanning_holds_a_slow_running_trial_for_its_observed_remaining_time() -> None:
+    """Trial A runs twice as slow as estimated. At t=15 it is still running; assumed on time it would look done,
+    and D would stay queued behind it on its device; at its observed step rate D moves to the free device."""
+    a, b, c, d = jobs = [Job(n, [Option("single", 1, t)]) for n, t in (("A", 10), ("B", 5), ("C", 10), ("D", 10))]
+    cluster = Cluster([2])
+    plan = Plan((_at(a, 0, start=0), _at(b, 1, start=0), _at(c, 1, start=5), _at(d, 0, start=10)))
+    validate(plan, jobs, cluster)
+    runs = {
+        observed: simulate(jobs, cluster, noise={"A": 2.0}, mode="replan", plan=plan, solver="cpsat", time_limit=1.0,
+                           observe_step_rate=observed)
+        for observed in (False, True)
+    }
+    assert runs[False].makespan == pytest.approx(30.0)  # D waited for A on device 0
+    assert runs[True].makespan == pytest.approx(25.0)  # D ran on device 1 after C
+    assert {a.job: a.devices for a in runs[True].executed}["D"] == (1,)
+
+
+def _at(job: Job, device: int, *, start: float) -> Assignment:
+    (option,) = job.options
+    return Assignment(job.name, option, 0, (device,), start, start + option.runtime)
