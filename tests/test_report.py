@@ -105,8 +105,13 @@ def test_profiling_launches_are_drawn_on_the_devices_they_used() -> None:
             {"option": "singlex1", "devices": ["cpu:0"], "start": 4.6, "end": 8.0},
         ]),
     ])
-    fig = schedule_figure(read_study(profiled))
+    (record,) = read_study(profiled)
+    fig = schedule_figure([record])
     assert bars(fig, "profiling") == [("cpu:0", 0.0, 4.5), ("cpu:0", 4.6, 3.4), ("cpu:1", 0.0, 4.5)]
+    # the summary counts the devices' time in profiling beside the trials' (pool of 2 inferred, makespan 20 s)
+    assert summarize(record).profiling_share == pytest.approx((2 * 4.5 + 3.4) / (2 * 20.0))
+    assert summarize(record).utilisation == pytest.approx(10.5 / (2 * 20.0))
+    assert "31% profiled them" in format_summary([record])
     assert list(fig.layout.yaxis.categoryarray) == ["cpu:0", "cpu:1"]  # a device used only for profiling has a row
     assert not [t for t in schedule_figure(read_study(make_study([
         saturn_trial(0, TrialState.COMPLETE, "single", [0], (0.0, 10.0), (0.5, 12.0)),

@@ -118,11 +118,18 @@ class SweepRecord:
 
     def utilisation(self) -> float | None:
         """Busy device-seconds over pool size x makespan: the share of the pool's time that trials used."""
+        busy = sum((r.actual_runtime or 0.0) * len(r.devices) for r in self.runs if r.ran)
+        return self._share(busy)
+
+    def profiling_share(self) -> float | None:
+        """The share of the pool's time over the makespan that profiling launches held devices."""
+        return self._share(sum((p.end - p.start) * len(p.devices) for r in self.runs for p in r.profiling))
+
+    def _share(self, device_seconds: float) -> float | None:
         span = self.makespan
         if span <= 0 or not self.pool:
             return None
-        busy = sum((r.actual_runtime or 0.0) * len(r.devices) for r in self.runs if r.ran)
-        return busy / (span * len(self.pool))
+        return device_seconds / (span * len(self.pool))
 
 
 def device_sort_key(label: str) -> tuple[str, int, str]:
@@ -205,11 +212,12 @@ def read_study(study: optuna.Study) -> list[SweepRecord]:
 
 
 def infer_pool(runs: Iterable[TrialRun]) -> tuple[str, ...]:
-    """Devices ``kind:0 .. kind:max`` for the kind(s) the runs used: the smallest pool consistent with them."""
+    """Devices ``kind:0 .. kind:max`` for the kind(s) the runs (and their profiling launches) used: the smallest
+    pool consistent with them."""
     highest: dict[str, int] = {}
     others: set[str] = set()
     for run in runs:
-        for label in run.devices:
+        for label in (*run.devices, *(d for p in run.profiling for d in p.devices)):
             kind, index, _ = device_sort_key(label)
             if index < 0:
                 others.add(label)

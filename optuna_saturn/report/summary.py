@@ -31,6 +31,7 @@ class SweepSummary:
     planned_makespan: float | None
     lower_bound: float | None
     utilisation: float | None
+    profiling_share: float | None = None
 
 
 def summarize(record: SweepRecord) -> SweepSummary:
@@ -48,6 +49,7 @@ def summarize(record: SweepRecord) -> SweepSummary:
         planned_makespan=record.planned_makespan or None,
         lower_bound=record.lower_bound(),
         utilisation=record.utilisation(),
+        profiling_share=record.profiling_share(),
     )
 
 
@@ -64,7 +66,8 @@ def format_summary(records: Sequence[SweepRecord]) -> str:
             f"  states:      {_counts(s.states)}",
             f"  strategies:  {_counts(s.strategies) or '-'}",
             f"  makespan:    {makespan_sentence(s)}",
-            f"  utilisation: {_percent(s.utilisation)} of the pool's device-time over the makespan",
+            f"  utilisation: {_percent(s.utilisation)} of the pool's device-time over the makespan ran trials, "
+            f"{_percent(s.profiling_share)} profiled them",
         ]))
     return "\n\n".join(blocks)
 
@@ -89,7 +92,8 @@ def plan_note(records: Sequence[SweepRecord]) -> str:
             f"## Sweep {index} (started {_clock(s.started_at)}, pool of {len(s.pool)} device(s)"
             + (", inferred" if s.pool_inferred else "") + ")",
             "",
-            f"**Makespan**: {makespan_sentence(s)}. **Utilisation**: {_percent(s.utilisation)}. "
+            f"**Makespan**: {makespan_sentence(s)}. **Utilisation**: {_percent(s.utilisation)} trials, "
+            f"{_percent(s.profiling_share)} profiling. "
             f"**Trials**: {_counts(s.states)}.",
             "",
             "| trial | state | strategy | devices | planned (s) | actual (s) |",
