@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
@@ -58,6 +58,7 @@ class TrialOptions:
     profiles: list[dict]  # the measurements behind them, for the trial's user attrs
     step_seconds: dict[tuple[str, int, int], float]  # measured seconds per step, by option choice
     total_steps: int = 0
+    after_loop_seconds: dict[tuple[str, int, int], float] = field(default_factory=dict)  # tail + exit, by choice
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,7 @@ class BatchProfiler:
         workload = self._workloads.get(trial.number)
         if workload is None:
             return TrialOptions(self._estimator.options(), [], {})
-        options, profiles, step_seconds = [], [], {}
+        options, profiles, step_seconds, after_loop = [], [], {}, {}
         for strategy, devices in self._candidates(workload):
             resolved = self._resolve(workload, strategy, devices)
             if resolved is None:
@@ -195,14 +196,15 @@ class BatchProfiler:
             profiles += [self._summary(r) for r in self._tried(workload, strategy, devices, resolved)]
             record, accumulation = resolved.record, resolved.gradient_accumulation
             if record is None:  # not measured (profiling budget): scale from what was measured
-                estimate = self._estimator.estimate(strategy.name, devices)
+                estimate = self._estimator.estimate(strategy.name, devices, accumulation)
                 options.append(Option(strategy.name, devices, estimate, accumulation))
                 continue
             runtime = record.whole_trial_seconds(workload.total_steps)
             if runtime is not None:
                 options.append(Option(strategy.name, devices, runtime, accumulation))
                 step_seconds[options[-1].choice] = record.step_seconds
-        return TrialOptions(options, profiles, step_seconds, workload.total_steps)
+                after_loop[options[-1].choice] = (record.tail_seconds or 0.0) + (record.exit_seconds or 0.0)
+        return TrialOptions(options, profiles, step_seconds, workload.total_steps, after_loop)
 
     def _resolve(self, workload: Workload, strategy: Strategy, devices: int) -> _Resolved | None:
         """Walk the strategy's accumulation factors, fewest micro-batches first, past those that ran out of

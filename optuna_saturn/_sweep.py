@@ -258,11 +258,16 @@ class Sweep:
         self._profile_seconds += (time.time() - measuring.launched_at) * len(measuring.devices)
         self._profile_runs += 1
         job = measuring.job
-        last_result_at = measuring.session.outcome_at  # a stopped launch's exit says nothing about a normal one
-        exit_seconds = None if last_result_at is None or stopped else max(0.0, time.time() - last_result_at)
-        records = self._profiler.record(job, measuring.session.profiles, measuring.launched_at, exit_seconds)
+        results = measuring.session.profiles
+        # Only a launch that ended normally times a normal exit (not one stopped, failed or out of memory).
+        clean = not stopped and measuring.session.outcome is None and len(results) == len(job.strategies) and not any(
+            r.get("infeasible") or r.get("stop_launch") for r in results
+        )
+        last_result_at = measuring.session.outcome_at
+        exit_seconds = max(0.0, time.time() - last_result_at) if clean and last_result_at is not None else None
+        records = self._profiler.record(job, results, measuring.launched_at, exit_seconds)
         self._record_profiling_run(measuring)
-        follow_ups = self._profiler.follow_ups(job, records)
+        follow_ups = [] if stopped else self._profiler.follow_ups(job, records)  # the budget is spent
         self._measure_queue.extend(follow_ups)
         accumulation = f"-accum{job.gradient_accumulation}" if job.gradient_accumulation > 1 else ""
         for strategy, record in zip(job.strategies, records):
@@ -369,10 +374,13 @@ class Sweep:
         ]
 
     def _remaining(self, active: _Active, now: float) -> float:
-        """Seconds a running trial still needs: from its measured step rate when it reports one."""
+        """Seconds a running trial still needs: from its measured step rate when it reports one, plus what its
+        profile says follows the loop (final evaluation, exit)."""
         session = active.session
         if session.step_seconds is not None and session.total_steps:
-            return max(0.0, (session.total_steps - session.step) * session.step_seconds)
+            measured = self._options.get(session.trial.number)
+            after_loop = measured.after_loop_seconds.get(active.scheduled.assignment.option.choice, 0.0) if measured else 0.0
+            return max(0.0, (session.total_steps - session.step) * session.step_seconds) + after_loop
         return max(0.0, active.start + active.scheduled.assignment.option.runtime - now)
 
     # -- launch -----------------------------------------------------------------------------------------------------
@@ -471,7 +479,7 @@ class Sweep:
                 frozen = self.study.tell(trial, state=TrialState.FAIL)
         option = active.scheduled.assignment.option
         if frozen.state == TrialState.COMPLETE:
-            self._estimator.observe(option.strategy, option.devices, end - active.start)
+            self._estimator.observe(option, end - active.start)
         measured = self._options.get(trial.number)
         if frozen.state != TrialState.FAIL and measured and option.choice in measured.step_seconds \
                 and session.step_seconds is not None:  # a pruned trial's loop ran at its real rate too

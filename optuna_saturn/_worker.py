@@ -83,16 +83,19 @@ def main(spec_path: str) -> NoReturn:
         )
         started_at = time.time()
 
-        def measured() -> dict:
-            """A profiling run's outcome: the timed steps, and the objective's time after its loop."""
+        def measured(*, agreed: bool = True) -> dict:
+            """A profiling run's outcome: the timed steps, and the objective's time after its loop. ``agreed``:
+            every rank got here the same way, so the slowest rank's numbers can be gathered; otherwise this
+            rank's own (no collective: a peer may be inside one of the objective's)."""
             timings = trial.profile_timings
             tail = time.time() - timings.loop_ended_at
+            world = world_size if agreed else 1
             return {
                 "op": "profile", "strategy": strategy.name, "objective_started_at": started_at,
                 "first_step_at": timings.first_step_at,
-                "step_seconds": _max_over_ranks(timings.step_seconds, world_size, control_group),
-                "tail_seconds": _max_over_ranks([tail], world_size, control_group)[0],
-                "peak_memory_bytes": _max_over_ranks([_peak_memory(device)], world_size, control_group)[0],
+                "step_seconds": _max_over_ranks(timings.step_seconds, world, control_group),
+                "tail_seconds": _max_over_ranks([tail], world, control_group)[0],
+                "peak_memory_bytes": _max_over_ranks([_peak_memory(device)], world, control_group)[0],
             }
 
         try:
@@ -114,7 +117,10 @@ def main(spec_path: str) -> NoReturn:
                 # that were never computed): the steps are still measured; the time after the loop is cut short.
                 print("optuna-saturn: the error above came after the timed steps; the profile keeps them.",
                       file=sys.stderr)
-                return measured()
+                outcome = measured(agreed=False)
+                if world_size > 1:  # peers may wait in a collective this rank left: end the launch
+                    outcome["stop_launch"] = error
+                return outcome
             if profile is not None and (out_of_memory or isinstance(exc, AccumulationError)):
                 # an infeasible option, not a failure. Out of memory in the steps: more micro-batches may fit.
                 oom_in_steps = (
@@ -135,12 +141,12 @@ def main(spec_path: str) -> NoReturn:
     for strategy_json in profile["strategies"] if profile is not None else [spec["strategy"]]:
         outcome = run(strategy_json)
         send(outcome)
-        if "error" in outcome:
+        if "error" in outcome or "stop_launch" in outcome:
             break
         _release_memory(device)
     if channel is not None:
         channel.close()
-    if "error" in outcome:
+    if "error" in outcome or "stop_launch" in outcome:
         _exit_now(1)  # peers may be stuck in a collective; the launcher stops them
     dist.barrier(group=control_group)  # without it gloo sometimes aborts in destroy_process_group
     dist.destroy_process_group()

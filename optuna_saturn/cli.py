@@ -210,10 +210,10 @@ def plan(
         fail(str(exc))
     table = Table(title=f"Plan for {len(jobs)} trial(s) of {the_study.study_name!r} on nodes "
                   f"{list(cluster.nodes)} ({runtimes} runtimes, solver {result.solver})", title_justify="left")
-    for column in ("trial", "strategy", "devices", "node", "device ids", "start (s)", "end (s)"):
+    for column in ("trial", "strategy", "devices", "micro-batches", "node", "device ids", "start (s)", "end (s)"):
         table.add_column(column, justify="left" if column in ("strategy", "device ids") else "right")
     for a in sorted(result.assignments, key=lambda a: (a.start, a.node, a.devices)):
-        table.add_row(a.job, a.option.strategy, str(a.option.devices), str(a.node),
+        table.add_row(a.job, a.option.strategy, str(a.option.devices), str(a.option.gradient_accumulation), str(a.node),
                       ",".join(map(str, a.devices)), f"{a.start:.1f}", f"{a.end:.1f}")
     _console().print(table)
     bound = lower_bound(jobs, cluster)

@@ -24,18 +24,19 @@ def prior_speedup(devices: int) -> float:
 
 
 class RuntimeEstimator:
-    """Whole-trial runtime per (strategy, device count), from observations where there are any."""
+    """Whole-trial runtime per option choice (strategy, device count, micro-batches), from observations where
+    there are any."""
 
     def __init__(self, strategies: Sequence[Strategy], pool_size: int) -> None:
         # Unprofiled options use the fewest micro-batches a strategy allows (no evidence that more are needed).
         self._choices = [
             (s.name, n, s.accumulation_factors[0]) for s in strategies for n in s.device_counts(pool_size)
         ]
-        self._observed: dict[tuple[str, int], list[float]] = defaultdict(list)
+        self._observed: dict[tuple[str, int, int], list[float]] = defaultdict(list)
         self._ratios: list[float] = []
 
-    def observe(self, strategy: str, devices: int, seconds: float) -> None:
-        self._observed[(strategy, devices)].append(seconds)
+    def observe(self, option: Option, seconds: float) -> None:
+        self._observed[option.choice].append(seconds)
 
     def observe_step_rate(self, profiled: float, actual: float) -> None:
         """A trial planned from a profile finished: remember how its loop's real seconds per step (evaluation
@@ -50,12 +51,12 @@ class RuntimeEstimator:
             return predicted
         return predicted + (statistics.median(self._ratios) - 1.0) * loop_seconds
 
-    def estimate(self, strategy: str, devices: int) -> float:
-        own = self._observed.get((strategy, devices))
+    def estimate(self, strategy: str, devices: int, gradient_accumulation: int = 1) -> float:
+        own = self._observed.get((strategy, devices, gradient_accumulation))
         if own:
             return sum(own) / len(own)
         single_device_equivalents = [
-            sum(v) / len(v) * prior_speedup(n) for (_, n), v in self._observed.items() if v
+            sum(v) / len(v) * prior_speedup(n) for (_, n, _), v in self._observed.items() if v
         ]
         base = (
             sum(single_device_equivalents) / len(single_device_equivalents)
@@ -65,4 +66,5 @@ class RuntimeEstimator:
         return base / prior_speedup(devices)
 
     def options(self) -> list[Option]:
-        return [Option(strategy, n, self.estimate(strategy, n), accumulation) for strategy, n, accumulation in self._choices]
+        return [Option(strategy, n, self.estimate(strategy, n, accumulation), accumulation)
+                for strategy, n, accumulation in self._choices]

@@ -18,13 +18,15 @@ class AccumulationError(ValueError):
     """A batch cannot be split into the trial's micro-batches, or the objective does not split its batches."""
 
 
-def split_batch(batch: Any, parts: int) -> list[Any]:
-    """``batch`` (a tensor, or a tuple, list or dict of them, nested) cut along dim 0 into ``parts`` equal pieces.
+def split_batch(batch: Any, parts: int) -> list[tuple[Any, float]]:
+    """``batch`` (a tensor, or a tuple, list or dict of them, nested) cut along dim 0 into ``parts`` pieces, each
+    with its share of the rows (the weight of its mean loss). Pieces are equal when the rows divide evenly (the
+    planner only picks such counts); a smaller last batch of an epoch is cut as evenly as it goes.
 
     Leaves that are not tensors (a flag, a list of file names of another length) are passed to every piece.
     """
     if parts == 1:
-        return [batch]
+        return [(batch, 1.0)]
     sizes = {t.shape[0] for t in _tensors(batch) if t.dim() > 0}
     if not sizes:
         raise AccumulationError("trial.micro_batches() found no tensor with a batch dimension to split.")
@@ -33,13 +35,14 @@ def split_batch(batch: Any, parts: int) -> list[Any]:
             f"trial.micro_batches() needs every tensor of the batch to have the same first dimension; got {sorted(sizes)}."
         )
     (size,) = sizes
-    if size % parts:
+    if size < parts:
         raise AccumulationError(
-            f"This trial accumulates gradients over {parts} micro-batches, but this device's batch of {size} "
-            f"samples does not split into {parts} equal parts. Use a batch size divisible by "
-            f"(devices x {parts}), or remove {parts} from the strategy's knobs.gradient_accumulation."
+            f"This trial accumulates gradients over {parts} micro-batches, but this device's batch has only {size} "
+            f"row(s). Build the DataLoader with drop_last=True (a short last batch), use a larger batch, or remove "
+            f"{parts} from the strategy's knobs.gradient_accumulation."
         )
-    return [_take(batch, i, size // parts) for i in range(parts)]
+    bounds = [round(i * size / parts) for i in range(parts + 1)]
+    return [(_take(batch, lo, hi), (hi - lo) / size) for lo, hi in zip(bounds, bounds[1:])]
 
 
 def _tensors(batch: Any) -> list[torch.Tensor]:
@@ -52,17 +55,17 @@ def _tensors(batch: Any) -> list[torch.Tensor]:
     return []
 
 
-def _take(batch: Any, index: int, size: int) -> Any:
+def _take(batch: Any, lo: int, hi: int) -> Any:
     if isinstance(batch, torch.Tensor):
-        return batch[index * size:(index + 1) * size] if batch.dim() > 0 else batch
+        return batch[lo:hi] if batch.dim() > 0 else batch
     if isinstance(batch, Mapping):
-        items = {k: _take(v, index, size) for k, v in batch.items()}
+        items = {k: _take(v, lo, hi) for k, v in batch.items()}
         try:
             return type(batch)(items)  # dict, OrderedDict, transformers' BatchEncoding
         except TypeError:
             return items
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
-        return type(batch)(*(_take(v, index, size) for v in batch))
+        return type(batch)(*(_take(v, lo, hi) for v in batch))
     if isinstance(batch, (tuple, list)):
-        return type(batch)(_take(v, index, size) for v in batch)
+        return type(batch)(_take(v, lo, hi) for v in batch)
     return batch

@@ -41,6 +41,20 @@ class StepTimings:
     loop_ended_at: float
 
 
+@dataclass
+class _MicroBatch:
+    """Where ``micro_batches`` stands: which micro-batch, its share of the batch's rows, whether it was backed."""
+
+    index: int
+    count: int
+    share: float
+    backward_called: bool = False
+
+    @property
+    def last(self) -> bool:
+        return self.index == self.count - 1
+
+
 class SaturnTrial:
     """What ``objective(trial)`` gets inside a worker. Mirrors ``optuna.Trial`` for suggest/report/prune."""
 
@@ -61,7 +75,7 @@ class SaturnTrial:
         self._group = control_group
         self._profile = profile
         self._models: list[torch.nn.Module] = []
-        self._micro_batch: tuple[int, int] | None = None  # (index, count) while inside micro_batches()
+        self._micro_batch: _MicroBatch | None = None  # while inside micro_batches()
         self.steps_started = False  # the training loop began: memory now goes to activations, not the model
         self.profile_timings: StepTimings | None = None  # set when a profiling run's timed loop ends
 
@@ -193,15 +207,22 @@ class SaturnTrial:
                 optimizer.step()
 
         The global batch and the samples each step sees do not change, so neither does the result (up to float
-        rounding). With one micro-batch (the usual case) the batch itself is yielded, untouched.
+        rounding): each micro-batch's mean loss counts by its share of the rows. With one micro-batch (the usual
+        case) the batch itself is yielded, untouched.
         """
         count = self.gradient_accumulation
         model = self._models[-1] if self._models else None
-        for index, part in enumerate(split_batch(batch, count)):
-            self._micro_batch = (index, count)
+        for index, (part, share) in enumerate(split_batch(batch, count)):
+            self._micro_batch = _MicroBatch(index, count, share)
             try:
                 with self._engine.gradient_sync(model, sync=index == count - 1):
                     yield part
+                if count > 1 and not self._micro_batch.backward_called:
+                    raise AccumulationError(
+                        "A micro-batch ended without trial.backward(loss). Call trial.backward(loss), not "
+                        "loss.backward(), inside `for part in trial.micro_batches(batch):`: it weighs each "
+                        "micro-batch's loss and lets the strategy synchronise gradients once per step."
+                    )
             finally:
                 self._micro_batch = None
 
@@ -216,8 +237,13 @@ class SaturnTrial:
                 "trial.backward() was called outside `for part in trial.micro_batches(batch):`. Split each batch "
                 "with trial.micro_batches(), or remove accumulation from the strategy's knobs."
             )
-        last = self._micro_batch is None or self._micro_batch[0] == self._micro_batch[1] - 1
-        self._engine.backward(loss, self._models[-1] if self._models else None, last_micro_batch=last)
+        micro = self._micro_batch
+        if micro is not None:
+            micro.backward_called = True
+        self._engine.backward(
+            loss, self._models[-1] if self._models else None,
+            share=1.0 if micro is None else micro.share, last_micro_batch=micro is None or micro.last,
+        )
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """The user's own module inside a DDP/FSDP/DeepSpeed wrapper (for saving or inspection)."""

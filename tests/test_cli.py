@@ -88,7 +88,7 @@ def test_plan_prints_a_plan_with_makespan_and_bound(recorded: str) -> None:
     assert result.exit_code == 0, result.output
     rows = table_rows(result.output)
     assert sorted(int(r[0]) for r in rows) == [0, 1, 2, 3][: len(rows)] and len(rows) >= 3
-    assert {r[3] for r in rows} <= {"0", "1"}  # node index
+    assert {r[4] for r in rows} <= {"0", "1"} and {r[3] for r in rows} == {"1"}  # node index; one micro-batch
     assert all(r[1] == "single" for r in rows)  # ddp needs 2 devices in one node: it cannot run on 1+1
     assert "makespan" in result.output and "lower bound" in result.output
 

@@ -13,13 +13,14 @@ from optuna_saturn.planner import Option
 
 def test_one_micro_batch_is_the_batch_itself():
     batch = (torch.arange(6),)
-    assert split_batch(batch, 1)[0] is batch
+    ((part, share),) = split_batch(batch, 1)
+    assert part is batch and share == 1.0
 
 
 def test_nested_batches_split_along_the_first_dimension_in_order():
     Pair = namedtuple("Pair", "x y")
     batch = {"ids": torch.arange(8).view(4, 2), "pair": Pair(torch.arange(4), [torch.ones(4), "tag"]), "n": 3}
-    parts = split_batch(batch, 2)
+    parts = [part for part, share in split_batch(batch, 2)]
     assert len(parts) == 2
     assert torch.equal(torch.cat([p["ids"] for p in parts]), batch["ids"])
     assert isinstance(parts[1]["pair"], Pair) and parts[1]["pair"].x.tolist() == [2, 3]
@@ -30,7 +31,7 @@ def test_nested_batches_split_along_the_first_dimension_in_order():
 @pytest.mark.parametrize(
     ("batch", "parts", "message"),
     [
-        ((torch.zeros(6, 2),), 4, r"batch of 6 samples does not split into 4 equal parts.*divisible by \(devices x 4\)"),
+        ((torch.zeros(3, 2),), 4, r"batch has only 3 row\(s\).*drop_last=True"),
         ((torch.zeros(4), torch.zeros(6)), 2, "same first dimension"),
         ({"flag": True}, 2, "no tensor with a batch dimension"),
     ],
@@ -38,6 +39,12 @@ def test_nested_batches_split_along_the_first_dimension_in_order():
 def test_batches_that_cannot_split_evenly_name_the_fix(batch, parts, message):
     with pytest.raises(AccumulationError, match=message):
         split_batch(batch, parts)
+
+
+def test_a_short_last_batch_splits_unevenly_with_each_part_weighted_by_its_rows():
+    parts = split_batch(torch.arange(10), 4)
+    assert [p.tolist() for p, _ in parts] == [[0, 1], [2, 3, 4], [5, 6, 7], [8, 9]]
+    assert [share for _, share in parts] == [0.2, 0.3, 0.3, 0.2]
 
 
 def test_option_with_accumulation_round_trips_through_json_and_keeps_its_identity():
@@ -59,8 +66,9 @@ def _trial(gradient_accumulation: int):
                        channel=None, control_group=None)
 
 
-def test_accumulated_gradients_equal_the_whole_batch_gradient():
-    x, y = torch.randn(8, 3), torch.randn(8, 1)
+@pytest.mark.parametrize("rows", [8, 10])  # 10 rows: a short last batch, split 2 + 3 + 3 + 2
+def test_accumulated_gradients_equal_the_whole_batch_gradient(rows):
+    x, y = torch.randn(rows, 3), torch.randn(rows, 1)
     grads = []
     for micro_batches in (1, 4):
         trial = _trial(micro_batches)
@@ -77,3 +85,11 @@ def test_backward_outside_micro_batches_is_refused_when_accumulating():
     model = trial.prepare(torch.nn.Linear(3, 1))
     with pytest.raises(AccumulationError, match=r"outside `for part in trial.micro_batches\(batch\):`"):
         trial.backward(model(torch.randn(4, 3)).sum())
+
+
+def test_a_micro_batch_without_trial_backward_is_refused_when_accumulating():
+    trial = _trial(2)
+    model = trial.prepare(torch.nn.Linear(3, 1))
+    with pytest.raises(AccumulationError, match=r"Call trial.backward\(loss\), not loss.backward\(\)"):
+        for part in trial.micro_batches(torch.randn(4, 3)):
+            model(part).sum().backward()

@@ -59,11 +59,12 @@ class Engine:
     def prepare_dataloader(self, loader: DataLoader) -> DataLoader:
         return loader
 
-    def backward(self, loss: torch.Tensor, model: torch.nn.Module | None, *, last_micro_batch: bool = True) -> None:
-        """Accumulated gradients must add up to the whole batch's mean: each micro-batch's mean loss counts
-        ``1 / gradient_accumulation``."""
-        accumulation = self.context.gradient_accumulation
-        (loss / accumulation if accumulation > 1 else loss).backward()
+    def backward(
+        self, loss: torch.Tensor, model: torch.nn.Module | None, *, share: float = 1.0, last_micro_batch: bool = True
+    ) -> None:
+        """Accumulated gradients must add up to the whole batch's mean: each micro-batch's mean loss counts by
+        its ``share`` of the batch's rows."""
+        (loss * share if share != 1.0 else loss).backward()
 
     @contextlib.contextmanager
     def gradient_sync(self, model: torch.nn.Module | None, sync: bool) -> Iterator[None]:

@@ -65,8 +65,12 @@ class DeepSpeedEngine(Engine):
     def prepare_dataloader(self, loader: DataLoader) -> DataLoader:
         return self.shard_dataloader(loader)
 
-    def backward(self, loss: torch.Tensor, model: torch.nn.Module | None, *, last_micro_batch: bool = True) -> None:
-        model.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps itself
+    def backward(
+        self, loss: torch.Tensor, model: torch.nn.Module | None, *, share: float = 1.0, last_micro_batch: bool = True
+    ) -> None:
+        accumulation = self.context.gradient_accumulation
+        weight = share * accumulation  # DeepSpeed divides by gradient_accumulation_steps itself
+        model.backward(loss * weight if weight != 1.0 else loss)
         if not last_micro_batch:
             # DeepSpeed counts micro-batches in step(): before the boundary it only advances the count. The
             # user's optimizer.step() after the last micro-batch is the step at the boundary.

@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -16,7 +14,11 @@ from optuna_saturn.engines._blocks import enable_activation_checkpointing, repea
 class FSDPEngine(Engine):
     """FSDP2 (``fully_shard``): parameters, gradients and optimizer state sharded over ranks, each block
     gathered only while it computes. Applied with the torch API itself, so it is real on CPU/gloo too, where
-    ``accelerate --use_fsdp`` would silently run DDP."""
+    ``accelerate --use_fsdp`` would silently run DDP.
+
+    With gradient accumulation, every micro-batch reduce-scatters its gradients (the default ``gradient_sync``):
+    skipping that would keep whole, unsharded gradients on every rank until the last micro-batch, and
+    accumulation is chosen precisely when memory is short."""
 
     def prepare_model_and_optimizer(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
@@ -51,17 +53,6 @@ class FSDPEngine(Engine):
 
     def prepare_dataloader(self, loader: DataLoader) -> DataLoader:
         return self.shard_dataloader(loader)
-
-    @contextlib.contextmanager
-    def gradient_sync(self, model: torch.nn.Module | None, sync: bool) -> Iterator[None]:
-        if not isinstance(model, FSDPModule):
-            yield
-            return
-        model.set_requires_gradient_sync(sync)  # skip the reduce-scatter until the last micro-batch
-        try:
-            yield
-        finally:
-            model.set_requires_gradient_sync(True)
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return model

@@ -29,7 +29,8 @@ class Option:
             raise ValueError(f"Option.devices must be a positive int, got {self.devices!r}.")
         if not (isinstance(self.runtime, (int, float)) and math.isfinite(self.runtime) and self.runtime >= 0):
             raise ValueError(f"Option.runtime must be a finite number of seconds >= 0, got {self.runtime!r}.")
-        if not isinstance(self.gradient_accumulation, int) or self.gradient_accumulation < 1:
+        accumulation = self.gradient_accumulation
+        if not isinstance(accumulation, int) or isinstance(accumulation, bool) or accumulation < 1:
             raise ValueError(
                 f"Option.gradient_accumulation must be a positive int, got {self.gradient_accumulation!r}."
             )

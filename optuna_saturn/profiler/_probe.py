@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import optuna
@@ -112,7 +113,7 @@ class _ProbeTrial:
             prepared.append(obj)
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
-    def micro_batches(self, batch: Any):
+    def micro_batches(self, batch: Any) -> Iterator[Any]:
         yield batch
 
     def backward(self, loss: torch.Tensor) -> None:

@@ -13,6 +13,11 @@ from pathlib import Path
 from optuna_saturn.strategy import Strategy
 
 
+#: Bumped when a profile measures something new; older profiles are then measured again, not trusted as they are
+#: (2: the objective after its loop, the launch's exit, and out-of-memory answers that allow more micro-batches).
+PROFILE_FORMAT = 2
+
+
 def profile_key(
     model_signature: str, batch_signature: str, strategy: Strategy, devices: int, hardware: str,
     gradient_accumulation: int = 1,
@@ -21,7 +26,7 @@ def profile_key(
     strategy may try is not part of it: only the factor this measurement ran with."""
     knobs = {k: v for k, v in strategy.knobs.items() if k != "gradient_accumulation"}
     parts = {
-        "model": model_signature, "batch": batch_signature, "strategy": strategy.name,
+        "format": PROFILE_FORMAT, "model": model_signature, "batch": batch_signature, "strategy": strategy.name,
         "engine": strategy.engine, "knobs": knobs, "config": dict(strategy.launcher_config),
         "devices": devices, "hardware": hardware,
     }
