@@ -56,9 +56,11 @@ class TrialOptions:
 
     options: list[Option]
     profiles: list[dict]  # the measurements behind them, for the trial's user attrs
-    step_seconds: dict[tuple[str, int, int], float]  # measured seconds per step, by option choice
+    step_seconds: dict[tuple[str, int, int], float]  # timed seconds per step, by option choice
     total_steps: int = 0
     after_loop_seconds: dict[tuple[str, int, int], float] = field(default_factory=dict)  # tail + exit, by choice
+    keys: dict[tuple[str, int, int], str] = field(default_factory=dict)  # profile key, by choice
+    observed: set[tuple[str, int, int]] = field(default_factory=set)  # priced at a real run's step rate already
 
 
 @dataclass(frozen=True)
@@ -188,23 +190,40 @@ class BatchProfiler:
         workload = self._workloads.get(trial.number)
         if workload is None:
             return TrialOptions(self._estimator.options(), [], {})
-        options, profiles, step_seconds, after_loop = [], [], {}, {}
+        priced = TrialOptions([], [], {}, workload.total_steps)
         for strategy, devices in self._candidates(workload):
             resolved = self._resolve(workload, strategy, devices)
             if resolved is None:
                 continue
-            profiles += [self._summary(r) for r in self._tried(workload, strategy, devices, resolved)]
+            priced.profiles.extend(self._summary(r) for r in self._tried(workload, strategy, devices, resolved))
             record, accumulation = resolved.record, resolved.gradient_accumulation
             if record is None:  # not measured (profiling budget): scale from what was measured
                 estimate = self._estimator.estimate(strategy.name, devices, accumulation)
-                options.append(Option(strategy.name, devices, estimate, accumulation))
+                priced.options.append(Option(strategy.name, devices, estimate, accumulation))
                 continue
             runtime = record.whole_trial_seconds(workload.total_steps)
-            if runtime is not None:
-                options.append(Option(strategy.name, devices, runtime, accumulation))
-                step_seconds[options[-1].choice] = record.step_seconds
-                after_loop[options[-1].choice] = (record.tail_seconds or 0.0) + (record.exit_seconds or 0.0)
-        return TrialOptions(options, profiles, step_seconds, workload.total_steps, after_loop)
+            if runtime is None:
+                continue
+            option = Option(strategy.name, devices, runtime, accumulation)
+            priced.options.append(option)
+            priced.step_seconds[option.choice] = record.step_seconds
+            priced.after_loop_seconds[option.choice] = (record.tail_seconds or 0.0) + (record.exit_seconds or 0.0)
+            priced.keys[option.choice] = record.key
+            if record.observed_step_seconds is not None:
+                priced.observed.add(option.choice)
+        return priced
+
+    def observe_run(self, key: str, step_seconds: float) -> None:
+        """A real trial ran as the profile ``key``: keep its loop's real step rate (evaluation passes included)
+        in the store, so later trials and sweeps with this key are priced by what really happened."""
+        record = self._store.get(key)
+        if record is None or not record.feasible or step_seconds <= 0:
+            return
+        runs = record.observed_runs
+        previous = record.observed_step_seconds or 0.0
+        record.observed_step_seconds = (previous * runs + step_seconds) / (runs + 1)
+        record.observed_runs = runs + 1
+        self._store.put(record)
 
     def _resolve(self, workload: Workload, strategy: Strategy, devices: int) -> _Resolved | None:
         """Walk the strategy's accumulation factors, fewest micro-batches first, past those that ran out of
@@ -230,6 +249,7 @@ class BatchProfiler:
             "strategy": record.strategy, "devices": record.devices, "feasible": record.feasible,
             "step_seconds": record.step_seconds, "startup_seconds": record.startup_seconds,
             "tail_seconds": record.tail_seconds, "exit_seconds": record.exit_seconds,
+            "observed_step_seconds": record.observed_step_seconds,
             "peak_memory_bytes": record.peak_memory_bytes, "key": record.key,
         }
         if record.gradient_accumulation > 1:

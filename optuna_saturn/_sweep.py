@@ -369,7 +369,7 @@ class Sweep:
             return self._estimator.options()
         return [
             replace(o, runtime=self._estimator.corrected(o.runtime, measured.total_steps * measured.step_seconds[o.choice]))
-            if o.choice in measured.step_seconds else o
+            if o.choice in measured.step_seconds and o.choice not in measured.observed else o
             for o in measured.options
         ]
 
@@ -484,6 +484,8 @@ class Sweep:
         if frozen.state != TrialState.FAIL and measured and option.choice in measured.step_seconds \
                 and session.step_seconds is not None:  # a pruned trial's loop ran at its real rate too
             self._estimator.observe_step_rate(measured.step_seconds[option.choice], session.step_seconds)
+            if self._profiler is not None and session.step >= min(session.total_steps or 0, 10):
+                self._profiler.observe_run(measured.keys[option.choice], session.step_seconds)
         self._log_finished(frozen, end - active.start, reason, active.launched.log_path)
         self._notify("on_trial_end", frozen, end)
 

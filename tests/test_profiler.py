@@ -108,13 +108,24 @@ def test_profiles_are_measured_once_and_reused_by_a_sweep_that_varies_only_the_l
     options = {(o["strategy"], o["devices"]) for o in first.trials[0].user_attrs["saturn:options"]}
     assert options == {("single", 1), ("ddp", 2)}
 
+    # The trials' real step rates went back into the store: later sweeps price these options by them.
+    ran = {(t.user_attrs["saturn:strategy"], t.user_attrs["saturn:num_devices"]) for t in first.trials}
+    records = [ProfileStore(store).get(p["key"]) for p in profiles]
+    assert {(r.strategy, r.devices) for r in records if r.observed_runs} == ran
+    assert all(r.observed_step_seconds > 0 for r in records if r.observed_runs)
+
     second = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
     executor.optimize(second, objectives.profiled, n_trials=3)
     assert len(_run_dir_logs(tmp_path, "profile-")) == 2  # no new profiling run
     assert len(heard.events) == 4
     assert {t.params["lr"] for t in second.trials}.isdisjoint({t.params["lr"] for t in first.trials})
     assert all(t.state == TrialState.COMPLETE for t in first.trials + second.trials)
-    assert second.trials[0].user_attrs["saturn:profiles"] == profiles
+    for p, record in zip(second.trials[0].user_attrs["saturn:profiles"], records):
+        assert p["key"] == record.key and p["step_seconds"] == record.step_seconds  # the same measurements
+        option = next(o for o in second.trials[0].user_attrs["saturn:options"] if o["strategy"] == record.strategy)
+        step = p["observed_step_seconds"] or p["step_seconds"]
+        assert option["runtime"] == pytest.approx(
+            p["startup_seconds"] + 40 * step + p["tail_seconds"] + p["exit_seconds"], abs=0.01)
 
 
 @pytest.mark.launch

@@ -50,6 +50,8 @@ class ProfileRecord:
     startup_seconds: float | None = None
     tail_seconds: float | None = None  # the objective after its training loop: final evaluation, saving
     exit_seconds: float | None = None  # from the result to the launch's processes having exited
+    observed_step_seconds: float | None = None  # mean real step rate of trials that ran as this profile
+    observed_runs: int = 0
     peak_memory_bytes: int | None = None
     timed_steps: int = 0
     error: str = ""
@@ -60,11 +62,13 @@ class ProfileRecord:
     measured_at: float = field(default_factory=time.time)
 
     def whole_trial_seconds(self, total_steps: int) -> float | None:
-        """Start-up, every step at the measured rate, what follows the loop and the exit, each measured."""
+        """Start-up, every step at the measured rate, what follows the loop and the exit, each measured. Once
+        real trials ran as this profile, their step rate (evaluation passes in the loop included) is used."""
         if not self.feasible or self.step_seconds is None:
             return None
+        step = self.observed_step_seconds or self.step_seconds
         after_loop = (self.tail_seconds or 0.0) + (self.exit_seconds or 0.0)
-        return (self.startup_seconds or 0.0) + total_steps * self.step_seconds + after_loop
+        return (self.startup_seconds or 0.0) + total_steps * step + after_loop
 
 
 class ProfileStore:
