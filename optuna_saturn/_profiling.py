@@ -17,6 +17,7 @@ import optuna
 from optuna_saturn.devices import Device
 from optuna_saturn.estimates import RuntimeEstimator
 from optuna_saturn.planner import Option
+from optuna_saturn.planner._types import option_label
 from optuna_saturn.profiler import (
     ProfileRecord,
     ProfileStore,
@@ -46,8 +47,7 @@ class ProfileJob:
 
     @property
     def name(self) -> str:
-        accumulation = f"-accum{self.gradient_accumulation}" if self.gradient_accumulation > 1 else ""
-        return "+".join(s.name for s in self.strategies) + f"x{self.devices}{accumulation}"
+        return option_label("+".join(s.name for s in self.strategies), self.devices, self.gradient_accumulation)
 
 
 @dataclass(frozen=True)
@@ -55,22 +55,21 @@ class TrialOptions:
     """What the planner may run a trial as, from its profiles (not yet corrected by the sweep's observations)."""
 
     options: list[Option]
-    profiles: list[dict]  # the measurements behind them, for the trial's user attrs
-    step_seconds: dict[tuple[str, int, int], float]  # timed seconds per step, by option choice
+    profiles: list[dict] = field(default_factory=list)  # the measurements behind them, for the trial's user attrs
+    records: dict[tuple[str, int, int], ProfileRecord] = field(default_factory=dict)  # by option choice
     total_steps: int = 0
-    after_loop_seconds: dict[tuple[str, int, int], float] = field(default_factory=dict)  # tail + exit, by choice
-    keys: dict[tuple[str, int, int], str] = field(default_factory=dict)  # profile key, by choice
-    observed: set[tuple[str, int, int]] = field(default_factory=set)  # priced at a real run's step rate already
 
 
 @dataclass(frozen=True)
 class _Resolved:
     """Where a (strategy, device count) stands in the store: the accumulation factor that fits (``record``
-    feasible), the one to measure next (``record`` None), or none that can (``record`` infeasible)."""
+    feasible), the one to measure next (``record`` None), or none that can (``record`` infeasible); ``tried``
+    are the out-of-memory records walked past to get there."""
 
     gradient_accumulation: int
     key: str
     record: ProfileRecord | None
+    tried: tuple[ProfileRecord, ...] = ()
 
 
 class BatchProfiler:
@@ -189,13 +188,14 @@ class BatchProfiler:
         corrected by the sweep's observations, and its profile summary."""
         workload = self._workloads.get(trial.number)
         if workload is None:
-            return TrialOptions(self._estimator.options(), [], {})
-        priced = TrialOptions([], [], {}, workload.total_steps)
+            return TrialOptions(self._estimator.options())
+        priced = TrialOptions([], total_steps=workload.total_steps)
         for strategy, devices in self._candidates(workload):
             resolved = self._resolve(workload, strategy, devices)
             if resolved is None:
                 continue
-            priced.profiles.extend(self._summary(r) for r in self._tried(workload, strategy, devices, resolved))
+            measured = [*resolved.tried, *([resolved.record] if resolved.record else [])]
+            priced.profiles.extend(self._summary(r) for r in measured)
             record, accumulation = resolved.record, resolved.gradient_accumulation
             if record is None:  # not measured (profiling budget): scale from what was measured
                 estimate = self._estimator.estimate(strategy.name, devices, accumulation)
@@ -206,11 +206,7 @@ class BatchProfiler:
                 continue
             option = Option(strategy.name, devices, runtime, accumulation)
             priced.options.append(option)
-            priced.step_seconds[option.choice] = record.step_seconds
-            priced.after_loop_seconds[option.choice] = (record.tail_seconds or 0.0) + (record.exit_seconds or 0.0)
-            priced.keys[option.choice] = record.key
-            if record.observed_step_seconds is not None:
-                priced.observed.add(option.choice)
+            priced.records[option.choice] = record
         return priced
 
     def observe_run(self, key: str, step_seconds: float) -> None:
@@ -228,20 +224,14 @@ class BatchProfiler:
     def _resolve(self, workload: Workload, strategy: Strategy, devices: int) -> _Resolved | None:
         """Walk the strategy's accumulation factors, fewest micro-batches first, past those that ran out of
         memory. None: no factor splits this trial's batch on ``devices`` devices."""
-        last = None
+        last, tried = None, ()
         for accumulation in self._accumulation_factors(workload, strategy, devices):
             key = self._key(workload, strategy, devices, accumulation)
-            last = _Resolved(accumulation, key, self._store.get(key))
+            last = _Resolved(accumulation, key, self._store.get(key), tried)
             if last.record is None or last.record.feasible or not last.record.more_micro_batches_may_fit:
                 return last
+            tried += (last.record,)
         return last
-
-    def _tried(self, workload: Workload, strategy: Strategy, devices: int, resolved: _Resolved) -> list[ProfileRecord]:
-        """The measurements that led to ``resolved``: the out-of-memory ones before it, and its own."""
-        factors = self._accumulation_factors(workload, strategy, devices)
-        keys = [self._key(workload, strategy, devices, a) for a in factors if a < resolved.gradient_accumulation]
-        records = [self._store.get(k) for k in keys] + [resolved.record]
-        return [r for r in records if r is not None]
 
     @staticmethod
     def _summary(record: ProfileRecord) -> dict:

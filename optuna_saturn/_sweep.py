@@ -26,6 +26,7 @@ from optuna_saturn.devices import Device
 from optuna_saturn.estimates import RuntimeEstimator
 from optuna_saturn.events import ProfileEvent, SweepListener, TrialProgress, TrialStart
 from optuna_saturn.planner import Assignment, Cluster, Job, Option, Plan, Reservation, replan, solve
+from optuna_saturn.planner._types import option_label
 from optuna_saturn.profiler import ProfileStore
 from optuna_saturn.runner import LaunchedTrial, LocalRunner, build_launch
 from optuna_saturn.strategy import Strategy
@@ -269,9 +270,8 @@ class Sweep:
         self._record_profiling_run(measuring)
         follow_ups = [] if stopped else self._profiler.follow_ups(job, records)  # the budget is spent
         self._measure_queue.extend(follow_ups)
-        accumulation = f"-accum{job.gradient_accumulation}" if job.gradient_accumulation > 1 else ""
         for strategy, record in zip(job.strategies, records):
-            option = f"{strategy.name}x{job.devices}{accumulation}"
+            option = option_label(strategy.name, job.devices, job.gradient_accumulation)
             if record is None:
                 summary = (
                     "not reached (an earlier strategy did not fit)" if follow_ups
@@ -310,7 +310,7 @@ class Sweep:
         for trial in trials:
             priced = (
                 self._profiler.options_for(trial) if self._profiler is not None
-                else TrialOptions(self._estimator.options(), [], {})
+                else TrialOptions(self._estimator.options())
             )
             options, profiles = priced.options, priced.profiles
             with self._lock:  # what the planner chose from, so `optuna-saturn plan/simulate` can re-plan later
@@ -367,11 +367,13 @@ class Sweep:
         measured = self._options.get(number)
         if not measured:
             return self._estimator.options()
-        return [
-            replace(o, runtime=self._estimator.corrected(o.runtime, measured.total_steps * measured.step_seconds[o.choice]))
-            if o.choice in measured.step_seconds and o.choice not in measured.observed else o
-            for o in measured.options
-        ]
+        corrected = []
+        for o in measured.options:
+            record = measured.records.get(o.choice)
+            if record is not None and not record.observed:  # timed steps: scale the loop by the real step rate
+                o = replace(o, runtime=self._estimator.corrected(o.runtime, measured.total_steps * record.step_seconds))
+            corrected.append(o)
+        return corrected
 
     def _remaining(self, active: _Active, now: float) -> float:
         """Seconds a running trial still needs: from its measured step rate when it reports one, plus what its
@@ -379,7 +381,8 @@ class Sweep:
         session = active.session
         if session.step_seconds is not None and session.total_steps:
             measured = self._options.get(session.trial.number)
-            after_loop = measured.after_loop_seconds.get(active.scheduled.assignment.option.choice, 0.0) if measured else 0.0
+            record = measured.records.get(active.scheduled.assignment.option.choice) if measured else None
+            after_loop = record.after_loop_seconds if record is not None else 0.0
             return max(0.0, (session.total_steps - session.step) * session.step_seconds) + after_loop
         return max(0.0, active.start + active.scheduled.assignment.option.runtime - now)
 
@@ -481,11 +484,12 @@ class Sweep:
         if frozen.state == TrialState.COMPLETE:
             self._estimator.observe(option, end - active.start)
         measured = self._options.get(trial.number)
-        if frozen.state != TrialState.FAIL and measured and option.choice in measured.step_seconds \
-                and session.step_seconds is not None:  # a pruned trial's loop ran at its real rate too
-            self._estimator.observe_step_rate(measured.step_seconds[option.choice], session.step_seconds)
+        record = measured.records.get(option.choice) if measured else None
+        if frozen.state != TrialState.FAIL and record is not None and session.step_seconds is not None:
+            # a pruned trial's loop ran at its real rate too
+            self._estimator.observe_step_rate(record.step_seconds, session.step_seconds)
             if self._profiler is not None and session.step >= min(session.total_steps or 0, 10):
-                self._profiler.observe_run(measured.keys[option.choice], session.step_seconds)
+                self._profiler.observe_run(record.key, session.step_seconds)
         self._log_finished(frozen, end - active.start, reason, active.launched.log_path)
         self._notify("on_trial_end", frozen, end)
 

@@ -43,8 +43,7 @@ class Option:
     @property
     def label(self) -> str:
         """Short human name, e.g. ``fsdpx4`` or ``singlex1-accum4``."""
-        accumulation = f"-accum{self.gradient_accumulation}" if self.gradient_accumulation > 1 else ""
-        return f"{self.strategy}x{self.devices}{accumulation}"
+        return option_label(self.strategy, self.devices, self.gradient_accumulation)
 
     def to_json(self) -> dict:
         data = {"strategy": self.strategy, "devices": self.devices, "runtime": round(self.runtime, 3)}
@@ -58,6 +57,11 @@ class Option:
             str(data["strategy"]), int(data["devices"]), float(data["runtime"]),
             int(data.get("gradient_accumulation", 1)),
         )
+
+
+def option_label(strategy: str, devices: int, gradient_accumulation: int = 1) -> str:
+    """How logs, progress and file names spell an option: ``fsdpx4``, ``singlex1-accum4``."""
+    return f"{strategy}x{devices}" + (f"-accum{gradient_accumulation}" if gradient_accumulation > 1 else "")
 
 
 @dataclass(frozen=True)

@@ -61,14 +61,22 @@ class ProfileRecord:
     batch_signature: str = ""
     measured_at: float = field(default_factory=time.time)
 
+    @property
+    def after_loop_seconds(self) -> float:
+        return (self.tail_seconds or 0.0) + (self.exit_seconds or 0.0)
+
+    @property
+    def observed(self) -> bool:
+        """Priced by real trials' step rate already, not by the timed steps."""
+        return self.observed_step_seconds is not None
+
     def whole_trial_seconds(self, total_steps: int) -> float | None:
         """Start-up, every step at the measured rate, what follows the loop and the exit, each measured. Once
         real trials ran as this profile, their step rate (evaluation passes in the loop included) is used."""
         if not self.feasible or self.step_seconds is None:
             return None
         step = self.observed_step_seconds or self.step_seconds
-        after_loop = (self.tail_seconds or 0.0) + (self.exit_seconds or 0.0)
-        return (self.startup_seconds or 0.0) + total_steps * step + after_loop
+        return (self.startup_seconds or 0.0) + total_steps * step + self.after_loop_seconds
 
 
 class ProfileStore:
