@@ -102,16 +102,49 @@ def test_launch_pins_devices_and_isolates_the_network():
     assert gpus.env["CUDA_VISIBLE_DEVICES"] == "2,5"
 
 
-def test_deepspeed_and_accelerate_command_lines():
+def _deepspeed_launched(name: str = "zero2"):
+    """A user's template that keeps DeepSpeed's own launcher (the shipped ones start workers with torchrun)."""
+    return parse_strategy(
+        {"name": name, "launcher": "deepspeed", "engine": "deepspeed", "min_devices": 2,
+         "launcher_config": {"zero_optimization": {"stage": 2}}}, source=name,
+    )
+
+
+def test_deepspeed_and_accelerate_command_lines(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     known = load_strategies()
     cpus = [Device("cpu", 0, (0,)), Device("cpu", 1, (1,))]
-    ds = build_launch(known["zero2"], cpus, "/tmp/s.json")
+    assert "torch.distributed.run" in build_launch(known["zero2"], cpus, "/tmp/s.json").command
+    ds = build_launch(_deepspeed_launched(), cpus, "/tmp/s.json")
     assert "deepspeed.launcher.runner" in ds.command and "--num_gpus=2" in ds.command
     assert "--no_local_rank" in ds.command and ds.command[-2:] == ["optuna_saturn._worker", "/tmp/s.json"]
     assert "TORCH_EXTENSIONS_DIR" in ds.env  # compiled ops are cached across trials
-    gpu_ds = build_launch(known["zero2"], [Device("cuda", 2), Device("cuda", 5)], "/tmp/s.json")
+    gpu_ds = build_launch(_deepspeed_launched(), [Device("cuda", 2), Device("cuda", 5)], "/tmp/s.json")
     assert "--include=localhost:2,5" in gpu_ds.command and "CUDA_VISIBLE_DEVICES" not in gpu_ds.env
     accelerate = parse_strategy({"name": "a", "launcher": "accelerate", "engine": "ddp", "min_devices": 2}, source="a")
     acc = build_launch(accelerate, cpus, "/tmp/s.json")
     assert "accelerate.commands.launch" in acc.command and "--multi_gpu" in acc.command
     assert "--num_processes=2" in acc.command and acc.env["ACCELERATE_USE_CPU"] == "1"
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "accelerate", "deepspeed"])
+def test_gpus_under_a_parent_mask_map_to_the_masks_entries(monkeypatch, launcher):
+    """SLURM or Kubernetes gave this process GPUs 4-7: its devices 0 and 1 are physical GPUs 4 and 5."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    gpus = [Device("cuda", 0), Device("cuda", 1)]
+    strategy = (
+        _deepspeed_launched() if launcher == "deepspeed"
+        else parse_strategy({"name": "d", "launcher": launcher, "engine": "ddp", "min_devices": 2}, source="d")
+    )
+    launch = build_launch(strategy, gpus, "/tmp/s.json")
+    if launcher == "deepspeed":  # the deepspeed launcher sees every GPU and is told the physical ones
+        assert "--include=localhost:4,5" in launch.command and "CUDA_VISIBLE_DEVICES" not in launch.env
+    else:
+        assert launch.env["CUDA_VISIBLE_DEVICES"] == "4,5"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aaaa,GPU-bbbb, GPU-cccc")
+    assert build_launch(load_strategies()["ddp"], [Device("cuda", 2)], "/tmp/s.json").env[
+        "CUDA_VISIBLE_DEVICES"] == "GPU-cccc"
+    with pytest.raises(RuntimeError, match="launcher is 'torchrun'"):
+        build_launch(_deepspeed_launched(), [Device("cuda", 0), Device("cuda", 1)], "/tmp/s.json")
+    with pytest.raises(RuntimeError, match="not in this process's CUDA_VISIBLE_DEVICES"):
+        build_launch(load_strategies()["ddp"], [Device("cuda", 3)], "/tmp/s.json")

@@ -58,14 +58,22 @@ def _torchrun(devices: Sequence[Device]) -> tuple[list[str], dict[str, str]]:
 
 
 def _deepspeed(devices: Sequence[Device]) -> tuple[list[str], dict[str, str]]:
-    # The deepspeed launcher rewrites CUDA_VISIBLE_DEVICES itself: name the GPUs with --include instead.
+    # The deepspeed launcher rewrites CUDA_VISIBLE_DEVICES itself from --include, which names physical GPUs: it
+    # must see every GPU (no mask), and get the physical indices behind this process's own mask.
     command = [
         sys.executable, "-m", "deepspeed.launcher.runner", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
         "--no_local_rank", "--module",
     ]
-    env = {"TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(_extensions_cache()))}
+    env: dict[str, str] = {}
     if devices[0].kind == "cuda":
-        command[3:3] = [f"--include=localhost:{','.join(str(d.index) for d in devices)}"]
+        physical = physical_gpus(devices)
+        if not all(p.isdigit() for p in physical):
+            raise RuntimeError(
+                f"The deepspeed launcher names GPUs by index, but CUDA_VISIBLE_DEVICES names them otherwise "
+                f"({os.environ.get('CUDA_VISIBLE_DEVICES')!r}). Use a strategy whose launcher is 'torchrun' (the "
+                "shipped DeepSpeed strategies are), or set CUDA_VISIBLE_DEVICES to indices."
+            )
+        command[3:3] = [f"--include=localhost:{','.join(physical)}"]
         env["CUDA_VISIBLE_DEVICES"] = None  # type: ignore[assignment]  (removed below)
     else:
         command[3:3] = [f"--num_gpus={len(devices)}"]
@@ -87,9 +95,28 @@ def _accelerate(devices: Sequence[Device]) -> tuple[list[str], dict[str, str]]:
     return command + ["-m", WORKER_MODULE], env
 
 
+def physical_gpus(devices: Sequence[Device]) -> list[str]:
+    """What to put in a trial's ``CUDA_VISIBLE_DEVICES`` for these GPUs.
+
+    A CUDA device's index counts the GPUs this process sees. When the process itself runs under a mask
+    (``CUDA_VISIBLE_DEVICES=4,5,6,7`` from SLURM, Kubernetes or a shared host), index 0 is the mask's first
+    entry, GPU 4: a child's mask must name the entries (indices, UUIDs or MIG names), not the indices."""
+    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if mask is None:
+        return [str(d.index) for d in devices]
+    entries = [entry.strip() for entry in mask.split(",") if entry.strip()]
+    missing = [d.index for d in devices if d.index >= len(entries)]
+    if missing:
+        raise RuntimeError(
+            f"CUDA device {missing[0]} is not in this process's CUDA_VISIBLE_DEVICES={mask!r} "
+            f"({len(entries)} entries). Pass devices= within what the mask shows."
+        )
+    return [entries[d.index] for d in devices]
+
+
 def _visible_devices(devices: Sequence[Device]) -> dict[str, str]:
     if devices[0].kind == "cuda":
-        return {"CUDA_VISIBLE_DEVICES": ",".join(str(d.index) for d in devices)}
+        return {"CUDA_VISIBLE_DEVICES": ",".join(physical_gpus(devices))}
     return {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(max(1, len(devices[0].cores)))}
 
 
@@ -106,7 +133,10 @@ def build_launch(
 ) -> Launch:
     """The command and environment that start ``len(devices)`` workers of one trial."""
     command, extra_env = _LAUNCHERS[strategy.launcher](devices)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **extra_env}
+    env = {
+        **os.environ, "PYTHONUNBUFFERED": "1",
+        "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(_extensions_cache())), **extra_env,
+    }
     env = {k: v for k, v in env.items() if v is not None}
     command = command + [spec_path]
     if isolate_network:
