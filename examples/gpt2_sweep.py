@@ -84,11 +84,16 @@ def objective(trial) -> float:
     model, optimizer, train_loader, val_loader = trial.prepare(model, optimizer, train_loader, val_loader)
 
     def validation_loss() -> float:
+        """The mean loss over every validation row, whatever the strategy: each rank evaluates its rows of each
+        batch, and the ranks' means are combined weighted by their rows."""
         model.eval()
+        total, rows = 0.0, 0
         with torch.no_grad():
-            losses = [model(input_ids=x.to(trial.device), labels=x.to(trial.device)).loss for (x,) in val_loader]
+            for (x,) in val_loader:
+                total += model(input_ids=x.to(trial.device), labels=x.to(trial.device)).loss.item() * len(x)
+                rows += len(x)
         model.train()
-        return trial.reduce_mean(torch.stack(losses).mean())
+        return trial.reduce_mean(total / rows, weight=rows)
 
     batches = iter(train_loader)
     loss = float("nan")

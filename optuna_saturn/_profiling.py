@@ -1,7 +1,7 @@
 """Profiling one batch of trials: which (workload, strategy, device count) still needs a measurement, and the
 options each trial gets once measurements are in.
 
-Trials are described by a dry run (:func:`~optuna_saturn.profiler.probe_workload`), so the profile cache is
+Trials are described first (:func:`~optuna_saturn.profiler.probe_workload`), so the profile cache is
 consulted before anything is launched; trials that differ only in learning rate share every measurement.
 """
 
@@ -94,6 +94,9 @@ class BatchProfiler:
         self._hardware = hardware_fingerprint(pool[0])
         self._memory = device_memory_bytes(pool)
         self._workloads: dict[int, Workload | None] = {}
+        # Options that crashed or refused the trial's code, by profile key (which includes the optimizer's class):
+        # never planned in this sweep, and not stored, so that a fixed objective is measured again next time.
+        self._failed: dict[str, ProfileRecord] = {}
         self._warned_probe = False
 
     def plan_measurements(self, trials: Sequence[optuna.Trial]) -> list[ProfileJob]:
@@ -119,7 +122,10 @@ class BatchProfiler:
         context: dict[int, tuple[optuna.Trial, Workload]] = {}
         for trial, workload, strategy, devices in wanted:
             resolved = self._resolve(workload, strategy, devices)
-            if resolved is None or resolved.record is not None or resolved.key in seen:
+            if (
+                resolved is None or resolved.record is not None or resolved.key in seen
+                or resolved.key in self._failed
+            ):
                 continue
             seen.add(resolved.key)
             context[trial.number] = (trial, workload)
@@ -135,25 +141,37 @@ class BatchProfiler:
         return sorted(jobs, key=lambda j: (-j.devices, j.name))
 
     def record(
-        self, job: ProfileJob, results: Sequence[dict], launched_at: float, exit_seconds: float | None = None
+        self, job: ProfileJob, results: Sequence[dict], launched_at: float, exit_seconds: float | None = None,
+        launch_error: str | None = None,
     ) -> list[ProfileRecord | None]:
-        """Store what a launch measured, one record per strategy it reached (None: it failed otherwise).
+        """Store what a launch measured, one record per strategy it reached (None: not reached).
 
         Each strategy's start-up is the launch's own (process start to the first objective call) plus that
         strategy's set-up (objective call to first step), and its exit the launch's own (last result to the
-        processes' exit, which the devices wait for), as if it had been launched alone.
+        processes' exit, which the devices wait for), as if it had been launched alone. A strategy that crashed
+        or refused the trial's code gets a failed record, kept for this sweep: it is never planned for a trial of
+        that key.
+        ``launch_error``: the launch died without saying which strategy it was running; the first one it did not
+        report on is taken as the one that failed.
         """
         by_name = {r.get("strategy"): r for r in results}
         first = results[0] if results else {}
         launch_overhead = max(0.0, first.get("objective_started_at", launched_at) - launched_at)
-        records = []
+        records: list[ProfileRecord | None] = []
         for strategy, key in zip(job.strategies, job.keys):
             outcome = by_name.get(strategy.name)
             common = {"key": key, "strategy": strategy.name, "devices": job.devices, "hardware": self._hardware,
                       "n_params": job.workload.n_params, "batch_signature": job.workload.batch_signature,
                       "gradient_accumulation": job.gradient_accumulation}
+            if outcome is None and launch_error is not None:
+                outcome, launch_error = {"failed": True, "error": launch_error}, None
             if outcome is None:
                 records.append(None)
+                continue
+            if outcome.get("failed"):
+                record = ProfileRecord(**common, feasible=False, failed=True, error=outcome.get("error", "failed"))
+                self._failed[key] = record
+                records.append(record)
                 continue
             if outcome.get("infeasible"):
                 record = ProfileRecord(
@@ -167,19 +185,20 @@ class BatchProfiler:
                     startup_seconds=launch_overhead + outcome["first_step_at"] - outcome["objective_started_at"],
                     tail_seconds=outcome.get("tail_seconds"), exit_seconds=exit_seconds,
                     peak_memory_bytes=int(outcome.get("peak_memory_bytes") or 0), timed_steps=len(steps),
+                    loop_steps=list(outcome.get("loop_steps") or []), between_seconds=outcome.get("between_seconds"),
                 )
             self._store.put(record)
             records.append(record)
         return records
 
     def follow_ups(self, job: ProfileJob, records: Sequence[ProfileRecord | None]) -> list[ProfileJob]:
-        """After a launch stopped at an infeasible strategy: that strategy again with more micro-batches (if it
-        ran out of memory and has more to try), and the strategies the launch did not reach, as new launches."""
+        """After a launch stopped early (out of memory, a crash): the strategies it did not reach, and the one
+        that ran out of memory again with more micro-batches (if it has more to try), as new launches."""
         if not any(r is not None and not r.feasible for r in records):
             return []
         again = [
             (job.trial, job.workload, s, job.devices)
-            for s, r in zip(job.strategies, records) if r is None or not r.feasible
+            for s, r in zip(job.strategies, records) if r is None or (not r.feasible and not r.failed)
         ]
         return self._launches(again, seen=set())
 
@@ -194,8 +213,11 @@ class BatchProfiler:
             resolved = self._resolve(workload, strategy, devices)
             if resolved is None:
                 continue
-            measured = [*resolved.tried, *([resolved.record] if resolved.record else [])]
+            failed = self._failed.get(resolved.key)
+            measured = [*resolved.tried, *([resolved.record or failed] if resolved.record or failed else [])]
             priced.profiles.extend(self._summary(r) for r in measured)
+            if failed is not None:
+                continue  # crashed or refused this trial's code: never planned for it
             record, accumulation = resolved.record, resolved.gradient_accumulation
             if record is None:  # not measured (profiling budget): scale from what was measured
                 estimate = self._estimator.estimate(strategy.name, devices, accumulation)
@@ -246,6 +268,11 @@ class BatchProfiler:
             summary["gradient_accumulation"] = record.gradient_accumulation
         if not record.feasible:
             summary["error"] = record.error
+        if record.failed:
+            summary["failed"] = True
+        if len(record.loop_steps) > 1:
+            summary["loops"] = len(record.loop_steps)
+            summary["between_seconds"] = record.between_seconds
         return summary
 
     @staticmethod

@@ -83,6 +83,7 @@ class _Measuring:
     launched: LaunchedTrial
     devices: list[int]
     launched_at: float
+    spec_path: str
 
 
 class Sweep:
@@ -145,9 +146,9 @@ class Sweep:
             try:
                 while True:
                     trial_ended = False
-                    for launched, code in runner.poll() + self._reap_lingering(runner):
+                    for launched, code in self._ended(runner):
                         if launched.key in self._measuring:
-                            self._finish_measurement(self._measuring.pop(launched.key), server)
+                            self._finish_measurement(self._measuring.pop(launched.key), server, returncode=code)
                         else:
                             self._finish(self._active.pop(launched.key), code, server)
                             trial_ended = True
@@ -171,13 +172,20 @@ class Sweep:
         self._log_summary()
         self._notify("on_sweep_end", self._elapsed(), False)
 
-    def _reap_lingering(self, runner: LocalRunner) -> list[tuple[LaunchedTrial, int | None]]:
+    def _ended(self, runner: LocalRunner) -> list[tuple[LaunchedTrial, int | None]]:
+        """Launches that exited, then trials that linger after reporting (each listed once)."""
+        ended = runner.poll()
+        exited = {launched.key for launched, _ in ended}
+        return ended + self._reap_lingering(runner, exclude=exited)
+
+    def _reap_lingering(self, runner: LocalRunner, *, exclude: set) -> list[tuple[LaunchedTrial, int | None]]:
         """Stop trials that reported how they ended but whose processes have not exited after the grace period:
         their result is safe with us, and their devices are needed."""
         now = time.time()
         lingering = [
             a for a in self._active.values()
-            if a.session.outcome_at is not None and now - a.session.outcome_at > self.settings.grace_period
+            if a.launched.key not in exclude
+            and a.session.outcome_at is not None and now - a.session.outcome_at > self.settings.grace_period
         ]
         for active in lingering:
             _logger.warning(f"Trial {active.session.trial.number} reported its result but did not exit; stopping it.")
@@ -242,7 +250,7 @@ class Sweep:
         device_ids = sorted(self._free)[: job.devices]
         key = f"profile-{job.trial.number}-{job.name}"
         warmup, timed = self.settings.profile_steps
-        session, token, launched, _ = self._start_process(
+        session, token, launched, spec_path = self._start_process(
             job.trial, job.strategies[0], device_ids, runner, server, recipe, key=key,
             profile={
                 "warmup": warmup, "timed": timed, "strategies": [s.to_json() for s in job.strategies],
@@ -250,23 +258,32 @@ class Sweep:
             },
             log_name=f"{key}.log",
         )
-        self._measuring[key] = _Measuring(job, session, token, launched, device_ids, time.time())
+        self._measuring[key] = _Measuring(job, session, token, launched, device_ids, time.time(), spec_path)
         self._notify("on_profile", ProfileEvent(job.trial.number, job.name, "started"))
 
-    def _finish_measurement(self, measuring: _Measuring, server: ChannelServer, *, stopped: bool = False) -> None:
+    def _finish_measurement(
+        self, measuring: _Measuring, server: ChannelServer, *, stopped: bool = False, returncode: int | None = None
+    ) -> None:
         server.unregister(measuring.token)
         self._free |= set(measuring.devices)
         self._profile_seconds += (time.time() - measuring.launched_at) * len(measuring.devices)
         self._profile_runs += 1
         job = measuring.job
         results = measuring.session.profiles
+        ended_early = any(r.get("infeasible") or r.get("stop_launch") for r in results)
         # Only a launch that ended normally times a normal exit (not one stopped, failed or out of memory).
-        clean = not stopped and measuring.session.outcome is None and len(results) == len(job.strategies) and not any(
-            r.get("infeasible") or r.get("stop_launch") for r in results
+        clean = not stopped and measuring.session.outcome is None and len(results) == len(job.strategies) and not (
+            ended_early
         )
         last_result_at = measuring.session.outcome_at
         exit_seconds = max(0.0, time.time() - last_result_at) if clean and last_result_at is not None else None
-        records = self._profiler.record(job, results, measuring.launched_at, exit_seconds)
+        launch_error = None
+        if not stopped and not ended_early and len(results) < len(job.strategies):  # it died without saying why
+            launch_error = _first_rank_error(measuring.spec_path) or (
+                f"the profiling launch exited with code {returncode} before reporting (log: "
+                f"{measuring.launched.log_path})"
+            )
+        records = self._profiler.record(job, results, measuring.launched_at, exit_seconds, launch_error)
         self._record_profiling_run(measuring)
         follow_ups = [] if stopped else self._profiler.follow_ups(job, records)  # the budget is spent
         self._measure_queue.extend(follow_ups)
@@ -274,17 +291,21 @@ class Sweep:
             option = option_label(strategy.name, job.devices, job.gradient_accumulation)
             if record is None:
                 summary = (
-                    "not reached (an earlier strategy did not fit)" if follow_ups
-                    else f"failed, so it is estimated (log: {measuring.launched.log_path})"
+                    "not reached, measured in another launch" if follow_ups
+                    else "not measured (profiling budget spent), so it is estimated"
                 )
+            elif record.failed:
+                summary = f"cannot run this trial, so it is not planned for it: {record.error}"
             elif not record.feasible:
                 summary = f"does not fit ({record.error})"
             else:
+                loops = f", {len(record.loop_steps)} loops" if len(record.loop_steps) > 1 else ""
                 summary = (
                     f"{record.step_seconds * 1e3:.1f} ms/step, start-up {record.startup_seconds:.1f} s, "
-                    f"after the loop {record.tail_seconds or 0.0:.1f} s, peak {record.peak_memory_bytes / 2**20:.0f} MiB"
+                    f"after the loop {record.tail_seconds or 0.0:.1f} s{loops}, "
+                    f"peak {record.peak_memory_bytes / 2**20:.0f} MiB"
                 )
-            log = _logger.warning if record is None and not follow_ups else _logger.info
+            log = _logger.warning if record is not None and record.failed else _logger.info
             log(f"Profiled {option} (trial {job.trial.number}): {summary}.")
             self._notify("on_profile", ProfileEvent(job.trial.number, option, "done", summary))
 
@@ -371,7 +392,8 @@ class Sweep:
         for o in measured.options:
             record = measured.records.get(o.choice)
             if record is not None and not record.observed:  # timed steps: scale the loop by the real step rate
-                o = replace(o, runtime=self._estimator.corrected(o.runtime, measured.total_steps * record.step_seconds))
+                loop_seconds = record.trial_steps(measured.total_steps) * record.step_seconds
+                o = replace(o, runtime=self._estimator.corrected(o.runtime, loop_seconds))
             corrected.append(o)
         return corrected
 
@@ -383,7 +405,9 @@ class Sweep:
             measured = self._options.get(session.trial.number)
             record = measured.records.get(active.scheduled.assignment.option.choice) if measured else None
             after_loop = record.after_loop_seconds if record is not None else 0.0
-            return max(0.0, (session.total_steps - session.step) * session.step_seconds) + after_loop
+            # the loops this trial has started, or all its profile counted (later epochs), whichever is more
+            total = max(session.total_steps, record.trial_steps(measured.total_steps) if record is not None else 0)
+            return max(0.0, (total - session.step) * session.step_seconds) + after_loop
         return max(0.0, active.start + active.scheduled.assignment.option.runtime - now)
 
     # -- launch -----------------------------------------------------------------------------------------------------

@@ -49,7 +49,8 @@ def main(spec_path: str) -> NoReturn:
 
     from optuna_saturn._objective_ref import load_objective
     from optuna_saturn.channel import ChannelClient
-    from optuna_saturn.engines import WorkerContext, engine_for
+    from optuna_saturn.engines import StrategyMismatch, WorkerContext, engine_for
+    from optuna_saturn.engines import _clipping
     from optuna_saturn.microbatch import AccumulationError
     from optuna_saturn.strategy import Strategy
     from optuna_saturn.trial import ProfileComplete, SaturnTrial
@@ -67,6 +68,7 @@ def main(spec_path: str) -> NoReturn:
         control_group = dist.group.WORLD
 
     channel = ChannelClient(spec["channel"], spec["token"]) if rank == 0 else None
+    _clipping.install()  # before the objective's module imports clip_grad_norm_
     objective = load_objective(spec["objective"])
     profile = spec.get("profile")
     accumulation = int((profile or spec).get("gradient_accumulation", 1))
@@ -75,8 +77,10 @@ def main(spec_path: str) -> NoReturn:
         """Run the objective once under one strategy; how it ended, as the message rank 0 sends."""
         strategy = Strategy.from_json(strategy_json)
         context = WorkerContext(
-            rank, local_rank, world_size, device, dict(strategy.knobs), dict(strategy.launcher_config), accumulation
+            rank, local_rank, world_size, device, dict(strategy.knobs), dict(strategy.launcher_config), accumulation,
+            control_group, strategy.name,
         )
+        _clipping.forget_all()
         trial = SaturnTrial(
             number=spec["trial_number"], strategy=strategy, engine=engine_for(strategy.engine, context),
             channel=channel, control_group=control_group, profile=profile,
@@ -84,15 +88,15 @@ def main(spec_path: str) -> NoReturn:
         started_at = time.time()
 
         def measured(*, agreed: bool = True) -> dict:
-            """A profiling run's outcome: the timed steps, and the objective's time after its loop. ``agreed``:
-            every rank got here the same way, so the slowest rank's numbers can be gathered; otherwise this
-            rank's own (no collective: a peer may be inside one of the objective's)."""
+            """A profiling run's outcome: the timed steps, the loops counted, and the objective's time after its
+            last loop. ``agreed``: every rank got here the same way, so the slowest rank's numbers can be
+            gathered; otherwise this rank's own (no collective: a peer may be inside one of the objective's)."""
             timings = trial.profile_timings
-            tail = time.time() - timings.loop_ended_at
+            tail = time.time() - timings.last_loop_ended_at
             world = world_size if agreed else 1
             return {
                 "op": "profile", "strategy": strategy.name, "objective_started_at": started_at,
-                "first_step_at": timings.first_step_at,
+                **timings.to_json(),
                 "step_seconds": _max_over_ranks(timings.step_seconds, world, control_group),
                 "tail_seconds": _max_over_ranks([tail], world, control_group)[0],
                 "peak_memory_bytes": _max_over_ranks([_peak_memory(device)], world, control_group)[0],
@@ -130,6 +134,14 @@ def main(spec_path: str) -> NoReturn:
                     "op": "profile", "strategy": strategy.name, "infeasible": True, "oom_in_steps": oom_in_steps,
                     "error": error[:500],
                 }
+            if profile is not None:
+                # This option cannot run this trial: it is never planned for it. A mismatch is raised by every rank
+                # alike before any collective, so the launch goes on to its next strategy; a crash ends it.
+                outcome = {"op": "profile", "strategy": strategy.name, "failed": True, "error": error[:2000]}
+                if not isinstance(exc, StrategyMismatch):
+                    _record_error(spec_path, rank, error)
+                    outcome["stop_launch"] = error
+                return outcome
             _record_error(spec_path, rank, error)
             return {"op": "fail", "error": error, "traceback": traceback.format_exc()}
 
@@ -141,12 +153,14 @@ def main(spec_path: str) -> NoReturn:
     for strategy_json in profile["strategies"] if profile is not None else [spec["strategy"]]:
         outcome = run(strategy_json)
         send(outcome)
-        if "error" in outcome or "stop_launch" in outcome:
+        # An out-of-memory stops the launch: the strategies after it need more memory (least memory first).
+        ended = outcome["op"] == "fail" or "stop_launch" in outcome or outcome.get("infeasible")
+        if ended:
             break
         _release_memory(device)
     if channel is not None:
         channel.close()
-    if "error" in outcome or "stop_launch" in outcome:
+    if ended:
         _exit_now(1)  # peers may be stuck in a collective; the launcher stops them
     dist.barrier(group=control_group)  # without it gloo sometimes aborts in destroy_process_group
     dist.destroy_process_group()

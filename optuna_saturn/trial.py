@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -21,24 +21,65 @@ from torch.utils.data import DataLoader
 from optuna_saturn.channel import ChannelClient
 from optuna_saturn.engines import Engine
 from optuna_saturn.microbatch import AccumulationError, split_batch
+from optuna_saturn.sharding import LoaderView, RankRows
 from optuna_saturn.strategy import Strategy
 
 _PROGRESS_EVERY_S = 2.0
+#: A profiling run counts the objective's later loops (epochs) one step each; past this many it stops counting.
+_MAX_PROFILED_LOOPS = 10_000
+#: While a profiling run counts later loops, a prepared DataLoader yields at most this many batches per pass, so
+#: per-epoch evaluations do not run in full every epoch.
+_FAST_FORWARD_BATCHES = 2
 
 
 class ProfileComplete(BaseException):
-    """Ends a profiling run that enters a second ``trial.steps`` loop: the profile times the first. A
+    """Ends a profiling run whose objective keeps starting ``trial.steps`` loops (more than a profile counts). A
     BaseException, so the objective's own ``except Exception`` does not swallow it."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class StepTimings:
-    """What a profiling run measured of the training loop: its start, the timed steps, and when it ended (the
-    rest of the objective, e.g. a final evaluation, runs after that and is timed by the worker)."""
+    """What a profiling run measured of the training loops.
+
+    The first ``trial.steps(n)`` loop runs warm-up and timed steps, then ends early. If the objective then starts
+    more loops (``for epoch in range(E): for s in trial.steps(len(loader))``), each runs one real step (so code
+    that averages over an epoch still works) and is counted: ``loop_steps`` holds every loop's ``n``. The code
+    between the first two loops (a per-epoch evaluation, say) runs in full and is timed as ``between_seconds``;
+    after that, prepared DataLoaders yield only a few batches per pass, to get through the remaining epochs
+    quickly. The rest of the objective after the last loop is timed by the worker."""
 
     first_step_at: float
     step_seconds: list[float]
-    loop_ended_at: float
+    loop_ended_at: float  # the first loop's early end
+    loop_steps: list[int] = field(default_factory=list)
+    between_seconds: float | None = None
+    last_loop_ended_at: float = 0.0
+
+    @property
+    def fast_forward(self) -> bool:
+        """Later loops are being counted: the objective runs past them as quickly as it can."""
+        return len(self.loop_steps) > 1
+
+    def to_json(self) -> dict:
+        return {
+            "first_step_at": self.first_step_at, "loop_steps": self.loop_steps, "between_seconds": self.between_seconds,
+        }
+
+
+class _ProfilingLoader(LoaderView):
+    """A prepared DataLoader in a profiling run: itself until the run starts counting later loops, then at most a
+    few batches per pass."""
+
+    def __init__(self, loader: DataLoader, trial: "SaturnTrial") -> None:
+        super().__init__(loader)
+        self._trial = trial
+
+    def __iter__(self) -> Iterator[Any]:
+        batches = iter(self.loader)
+        timings = self._trial.profile_timings
+        if timings is None or not timings.fast_forward:
+            return batches
+        return (batch for _, batch in zip(range(_FAST_FORWARD_BATCHES), batches))
 
 
 @dataclass
@@ -76,6 +117,10 @@ class SaturnTrial:
         self._profile = profile
         self._models: list[torch.nn.Module] = []
         self._micro_batch: _MicroBatch | None = None  # while inside micro_batches()
+        self._batch: RankRows | None = None  # this rank's rows of the batch a prepared loader yielded last
+        self._steps_done = 0  # steps of the loops that ended (epochs before the current one)
+        self._loops = 0
+        self._first_loop_started: float | None = None
         self.steps_started = False  # the training loop began: memory now goes to activations, not the model
         self.profile_timings: StepTimings | None = None  # set when a profiling run's timed loop ends
 
@@ -162,8 +207,11 @@ class SaturnTrial:
         """Apply the trial's strategy to a model, its optimizer and data loaders, in any order.
 
         Returns the prepared objects in the order given (a single object when one is given). Create the
-        optimizer before calling: sharding strategies rebuild it over the sharded parameters. A DataLoader's
-        ``batch_size`` is the trial's global batch: it is split over ranks.
+        optimizer before calling (before its first step): sharding strategies point it at the sharded
+        parameters. The optimizer you get back drives the same parameter groups, so an LR scheduler made before
+        or after ``prepare`` works. A DataLoader is built as for one process: its ``batch_size`` is the trial's
+        global batch, its sampler (or ``IterableDataset``) decides the order; each rank gets its rows of every
+        batch, so the trial trains on the same data in the same order under every strategy.
         """
         modules = [o for o in objects if isinstance(o, torch.nn.Module)]
         optimizers = [o for o in objects if isinstance(o, torch.optim.Optimizer)]
@@ -182,7 +230,8 @@ class SaturnTrial:
             elif isinstance(obj, torch.optim.Optimizer):
                 prepared.append(optimizer)
             elif isinstance(obj, DataLoader):
-                prepared.append(self._engine.prepare_dataloader(obj))
+                loader = self._engine.prepare_dataloader(obj, self._on_batch)
+                prepared.append(loader if self._profile is None else _ProfilingLoader(loader, self))
             else:
                 raise TypeError(f"trial.prepare() cannot prepare a {type(obj).__name__}.")
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
@@ -226,11 +275,16 @@ class SaturnTrial:
             finally:
                 self._micro_batch = None
 
+    def _on_batch(self, rows: RankRows) -> None:
+        self._batch = rows
+
     def backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()`` the way the strategy needs it (DeepSpeed, for one, must own the backward pass).
 
-        Inside ``micro_batches`` the loss is that micro-batch's mean; accumulated, the gradients are the whole
-        batch's."""
+        The loss is the mean over this rank's rows of the batch (inside ``micro_batches``, over the micro-batch's).
+        The gradients come out as the whole global batch's, as in one process, even when the batch does not
+        split evenly over ranks or micro-batches (the last batch of an epoch): each piece is weighted by its
+        rows."""
         if self.gradient_accumulation > 1 and self._micro_batch is None:
             raise AccumulationError(
                 f"This trial runs with gradient accumulation over {self.gradient_accumulation} micro-batches, but "
@@ -240,22 +294,65 @@ class SaturnTrial:
         micro = self._micro_batch
         if micro is not None:
             micro.backward_called = True
+        weight = (1.0 if self._batch is None else self._batch.weight) * (1.0 if micro is None else micro.share)
         self._engine.backward(
-            loss, self._models[-1] if self._models else None,
-            share=1.0 if micro is None else micro.share, last_micro_batch=micro is None or micro.last,
+            loss, self._models[-1] if self._models else None, weight=weight,
+            last_micro_batch=micro is None or micro.last,
         )
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The user's own module inside a DDP/FSDP/DeepSpeed wrapper (for saving or inspection)."""
+        """The user's own module inside a DDP or DeepSpeed ZeRO-1/2 wrapper (for inspection or saving).
+
+        Under strategies that shard parameters (FSDP, ZeRO-3) no rank holds the whole module, so this raises an
+        error that names :meth:`state_dict`, which gathers it."""
         return self._engine.unwrap(model)
 
-    def reduce_mean(self, value: float | torch.Tensor) -> float:
-        """The mean of a number over all ranks, e.g. a validation loss computed on each rank's shard."""
-        tensor = torch.as_tensor(value, dtype=torch.float64).detach().cpu().reshape(1)
+    def state_dict(self, model: torch.nn.Module) -> dict[str, Any]:
+        """The whole model's ``state_dict()``, as one process would have it, under every strategy: on rank 0;
+        other ranks get an empty dict. Call it on every rank (gathering shards is collective)::
+
+            state = trial.state_dict(model)
+            if trial.is_main_process:
+                torch.save(state, "best.pt")
+        """
+        return self._engine.full_state_dict(model)
+
+    def reduce_mean(self, value: float | torch.Tensor, weight: float | None = None) -> float:
+        """The mean of a number over all ranks, e.g. a validation loss computed on each rank's rows.
+
+        The plain mean is exact when every rank saw as many rows (every batch split evenly). Pass ``weight`` (the
+        rows behind this rank's value) for the exact weighted mean in every case."""
+        value = torch.as_tensor(value, dtype=torch.float64).detach().cpu().reshape(())
+        if weight is None:
+            sums = torch.stack([value, torch.ones((), dtype=torch.float64)])
+        else:  # a rank without rows adds nothing, even if its value is nan
+            weight_t = torch.as_tensor(float(weight), dtype=torch.float64)
+            sums = torch.stack([torch.where(weight_t > 0, value * weight_t, 0.0), weight_t])
         if self.world_size > 1:
-            dist.all_reduce(tensor, group=self._group)
-            tensor /= self.world_size
-        return float(tensor.item())
+            dist.all_reduce(sums, group=self._group)
+        return float(sums[0] / sums[1])
+
+    def gather_for_metrics(self, tensor: torch.Tensor) -> torch.Tensor:
+        """This rank's per-row values of the batch a prepared loader yielded last, gathered from every rank into
+        the whole batch, in order, as one process would have it (as Accelerate's ``gather_for_metrics``). Rows
+        that a short batch repeats on some ranks are left out. Use it for metrics that must be exact::
+
+            for x, y in val_loader:
+                per_row = loss_fn(model(x), y, reduction="none")
+                losses.append(trial.gather_for_metrics(per_row))
+            value = torch.cat(losses).mean()
+        """
+        if self.world_size == 1 or self._batch is None:
+            return tensor
+        if tensor.dim() == 0 or tensor.shape[0] != self._batch.stop - self._batch.start:
+            raise ValueError(
+                f"gather_for_metrics() takes one value per row of this rank's batch "
+                f"({self._batch.stop - self._batch.start} rows); got shape {tuple(tensor.shape)}."
+            )
+        pieces: list[Any] = [None] * self.world_size
+        mine = None if self._batch.repeated else tensor.detach().cpu()
+        dist.all_gather_object(pieces, mine, group=self._group)
+        return torch.cat([p for p in pieces if p is not None]).to(tensor.device)
 
     def barrier(self) -> None:
         if self.world_size > 1:
@@ -279,28 +376,45 @@ class SaturnTrial:
     def steps(self, total: int) -> Iterator[int]:
         """``range(total)`` that also times the steps and reports progress to the executor.
 
-        The executor uses these timings for progress, ETA, and to correct the runtime estimates of later plans.
-        In a profiling run it yields a few steps only, timed with device synchronisation, then ends the loop
-        early: what the objective does after its loop (a final evaluation, saving) runs too, and is timed.
+        Call it once for the whole training loop, or once per epoch (``for epoch in range(E): for step in
+        trial.steps(len(loader))``): every loop counts towards the trial's progress and runtime. The executor uses
+        these timings for progress, ETA, and to correct the runtime estimates of later plans. In a profiling run
+        the first loop yields a few steps only, timed with device synchronisation, then ends early; later loops
+        yield one step each and are counted (see :class:`StepTimings`).
         """
         self.steps_started = True
+        total = int(total)
         if self._profile is not None:
             yield from self._profiled_steps(total)
             return
+        loop, done = self._loops, self._steps_done
+        self._loops += 1
         budget = self.step_budget(total)
-        last_report = started = time.perf_counter()
-        for step in range(budget):
-            yield step
-            now = time.perf_counter()
-            if step == 0 or now - last_report >= _PROGRESS_EVERY_S or step == budget - 1:
-                self._synchronize()
+        started = last_report = time.perf_counter()
+        if self._first_loop_started is None:
+            self._first_loop_started = started
+        taken = 0
+        try:
+            for step in range(budget):
+                yield step
+                taken = step + 1
                 now = time.perf_counter()
-                self._relay("progress", step=step + 1, total=budget, elapsed=now - started)
-                last_report = now
+                if step == 0 or now - last_report >= _PROGRESS_EVERY_S or step == budget - 1:
+                    self._synchronize()
+                    now = time.perf_counter()
+                    self._relay(
+                        "progress", step=done + taken, total=done + budget, loop=loop,
+                        elapsed=now - self._first_loop_started,
+                    )
+                    last_report = now
+        finally:
+            self._steps_done = done + taken
 
     def _profiled_steps(self, total: int) -> Iterator[int]:
-        if self.profile_timings is not None:
-            raise ProfileComplete  # a second training loop; the profile covers the first
+        timings = self.profile_timings
+        if timings is not None:
+            yield from self._counted_loop(timings, total)
+            return
         warmup = self._profile["warmup"]
         budget = self.step_budget(total)
         first_step_at = time.time()
@@ -312,4 +426,16 @@ class SaturnTrial:
             self._synchronize()
             if step >= warmup:
                 durations.append(time.perf_counter() - began)
-        self.profile_timings = StepTimings(first_step_at, durations, time.time())
+        ended = time.time()
+        self.profile_timings = StepTimings(first_step_at, durations, ended, [total], None, ended)
+
+    def _counted_loop(self, timings: StepTimings, total: int) -> Iterator[int]:
+        """A later loop of a profiling run (the next epoch): count it, run one real step."""
+        if len(timings.loop_steps) >= _MAX_PROFILED_LOOPS:
+            raise ProfileComplete
+        if timings.between_seconds is None:
+            timings.between_seconds = time.time() - timings.loop_ended_at
+        timings.loop_steps.append(total)
+        if total > 0:
+            yield 0
+        timings.last_loop_ended_at = time.time()

@@ -212,3 +212,161 @@ def single_does_not_fit(trial) -> float:
     if trial.is_profiling and trial.world_size == 1:
         raise MemoryError("simulated: the model does not fit one device")
     return profiled(trial)
+
+
+# -- the code users write: optimizers, schedulers, clipping, samplers, streams (the user-code matrix) --------------
+
+OPTIMIZERS = ("AdamW", "Adam", "SGD-momentum", "Adafactor")
+EXTRAS = ("scheduler", "clipping")
+DATA = ("custom-sampler", "iterable")
+USER_CODE_CASES = [f"{o}/{e}/{d}" for o in OPTIMIZERS for e in EXTRAS for d in DATA]
+
+
+class EvenRowsSampler(torch.utils.data.Sampler):
+    """A user's own sampler: a shuffled training split (the even rows), drawn from the global torch generator."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+
+    def __iter__(self):
+        return iter((2 * torch.randperm(self.rows // 2)).tolist())
+
+    def __len__(self) -> int:
+        return self.rows // 2
+
+
+class RegressionStream(torch.utils.data.IterableDataset):
+    """An ``IterableDataset`` of 45 rows in a shuffled order (global generator): batches of 16, 16 and 13."""
+
+    def __init__(self) -> None:
+        self.data = regression_data(45, seed=3)
+
+    def __iter__(self):
+        for i in torch.randperm(len(self.data)).tolist():
+            yield self.data[i]
+
+
+def _optimizer(name: str, params):
+    if name == "AdamW":
+        return torch.optim.AdamW(params, lr=0.01, weight_decay=0.1)
+    if name == "Adam":
+        return torch.optim.Adam(params, lr=0.01)
+    if name == "SGD-momentum":
+        return torch.optim.SGD(params, lr=0.05, momentum=0.9, nesterov=True)
+    from transformers.optimization import Adafactor  # an optimizer from outside torch
+
+    return Adafactor(params, lr=0.01, relative_step=False, scale_parameter=False, warmup_init=False)
+
+
+def _user_code_case(trial, case: str) -> dict:
+    """One case: the loop a user writes for one process, run under the trial's strategy. Returns the loss curve
+    (each step's whole-batch mean), the learning rates and gradient norms, or the error it raised."""
+    optimizer_name, extra, data = case.split("/")
+    torch.manual_seed(0)
+    model = Blocks(width=16, depth=2)
+    optimizer = _optimizer(optimizer_name, model.parameters())
+    scheduler = None
+    if extra == "scheduler" and optimizer_name in ("AdamW", "Adam"):  # made before prepare...
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1.0 + step))
+    if data == "custom-sampler":
+        loader = torch.utils.data.DataLoader(regression_data(90, seed=2), batch_size=16, sampler=EvenRowsSampler(90))
+    else:
+        loader = torch.utils.data.DataLoader(RegressionStream(), batch_size=16)
+    try:
+        model, optimizer, loader = trial.prepare(model, optimizer, loader)
+    except ValueError as exc:  # refused, with the reason
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    if extra == "scheduler" and scheduler is None:  # ...or after it
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    curve, lrs, norms = [], [], []
+    try:
+        for epoch in range(2):
+            for x, y in loader:
+                optimizer.zero_grad()
+                rank_loss = torch.zeros(())
+                for mx, my in trial.micro_batches((x, y)):
+                    loss = torch.nn.functional.mse_loss(model(mx.to(trial.device)), my.to(trial.device))
+                    trial.backward(loss)
+                    rank_loss += loss.detach().cpu() * len(mx) / len(x)
+                if extra == "clipping":
+                    norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.05)))
+                optimizer.step()
+                lrs.append(optimizer.param_groups[0]["lr"])
+                if scheduler is not None:
+                    scheduler.step()
+                curve.append(trial.reduce_mean(rank_loss, weight=len(x)))
+    except ValueError as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {"curve": curve, "lrs": lrs, "norms": norms}
+
+
+def _saving_and_evaluating(trial) -> dict:
+    """Train a little, save the model the way users do, and evaluate on 13 rows in batches of 4 (the last batch
+    has one row: fewer than two ranks)."""
+    torch.manual_seed(0)
+    model = Blocks(width=16, depth=2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    loader = torch.utils.data.DataLoader(regression_data(64), batch_size=16, shuffle=True)
+    evaluation = torch.utils.data.DataLoader(regression_data(13, seed=5), batch_size=4)
+    model, optimizer, loader, evaluation = trial.prepare(model, optimizer, loader, evaluation)
+    for x, y in loader:
+        optimizer.zero_grad()
+        trial.backward(torch.nn.functional.mse_loss(model(x.to(trial.device)), y.to(trial.device)))
+        optimizer.step()
+    try:
+        trial.unwrap(model).state_dict()
+        unwrap = "ok"
+    except ValueError as exc:
+        unwrap = str(exc)
+    state = trial.state_dict(model)
+    saved = {k: v.detach().cpu().reshape(-1).tolist() for k, v in state.items()}
+    per_row, total, rows = [], 0.0, 0
+    with torch.no_grad():
+        for x, y in evaluation:
+            errors = (model(x.to(trial.device)) - y.to(trial.device)).pow(2).reshape(-1)
+            per_row.append(trial.gather_for_metrics(errors))
+            total, rows = total + float(errors.sum()), rows + len(x)
+    return {
+        "unwrap": unwrap, "saved": saved if trial.is_main_process else None,
+        "gathered": torch.cat(per_row).tolist(), "weighted": trial.reduce_mean(total / rows, weight=rows),
+    }
+
+
+def user_code_matrix(trial) -> float:
+    """Every case of the user-code matrix in one launch (a launch per strategy keeps the matrix fast)."""
+    trial.suggest_float("x", 0, 1)
+    results = {case: _user_code_case(trial, case) for case in USER_CODE_CASES}
+    results["saving-and-evaluating"] = _saving_and_evaluating(trial)
+    trial.set_user_attr("results", results)
+    return 0.0
+
+
+def epochs_with_evaluation(trial) -> float:
+    """The loop shape users write: epochs, each a ``trial.steps(len(loader))`` loop, then an evaluation.
+    6 epochs x 8 steps of 60 ms, and 0.3 s of evaluation after each epoch: about 4.7 s of loops and evaluation."""
+    trial.suggest_float("lr", 0.01, 0.1)
+    model = torch.nn.Linear(8, 1)
+    loader = torch.utils.data.DataLoader(regression_data(64), batch_size=8, shuffle=True)
+    evaluation = torch.utils.data.DataLoader(regression_data(30, seed=1), batch_size=10)
+    model, loader, evaluation = trial.prepare(model, loader, evaluation)
+    losses = []
+    for epoch in range(6):
+        batches = iter(loader)
+        epoch_loss = 0.0
+        for _ in trial.steps(len(loader)):
+            x, y = next(batches)
+            time.sleep(0.06)
+            epoch_loss += float(torch.nn.functional.mse_loss(model(x), y))
+        for _ in evaluation:  # 3 batches of 0.1 s
+            time.sleep(0.1)
+        losses.append(epoch_loss / len(loader))
+        trial.report(losses[-1], epoch)
+    return losses[-1]
+
+
+def crashes_under_fsdp(trial) -> float:
+    """Runs under every strategy but FSDP, where it crashes (as AdamW under FSDP did): a crashed profile must
+    never reach the planner, and must not take the other strategies of its launch down with it."""
+    if trial.strategy is not None and trial.strategy.name == "fsdp":
+        raise RuntimeError("simulated crash under fsdp")
+    return profiled(trial)

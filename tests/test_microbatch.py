@@ -7,7 +7,7 @@ from collections import namedtuple
 import pytest
 import torch
 
-from optuna_saturn.microbatch import AccumulationError, split_batch
+from optuna_saturn.microbatch import AccumulationError, partition, split_batch
 from optuna_saturn.planner import Option
 
 
@@ -31,20 +31,39 @@ def test_nested_batches_split_along_the_first_dimension_in_order():
 @pytest.mark.parametrize(
     ("batch", "parts", "message"),
     [
-        ((torch.zeros(3, 2),), 4, r"batch has only 3 row\(s\).*drop_last=True"),
         ((torch.zeros(4), torch.zeros(6)), 2, "same first dimension"),
         ({"flag": True}, 2, "no tensor with a batch dimension"),
     ],
 )
-def test_batches_that_cannot_split_evenly_name_the_fix(batch, parts, message):
+def test_batches_that_cannot_be_split_name_the_fix(batch, parts, message):
     with pytest.raises(AccumulationError, match=message):
         split_batch(batch, parts)
 
 
 def test_a_short_last_batch_splits_unevenly_with_each_part_weighted_by_its_rows():
     parts = split_batch(torch.arange(10), 4)
-    assert [p.tolist() for p, _ in parts] == [[0, 1], [2, 3, 4], [5, 6, 7], [8, 9]]
-    assert [share for _, share in parts] == [0.2, 0.3, 0.3, 0.2]
+    assert [p.tolist() for p, _ in parts] == [[0, 1], [2, 3, 4], [5, 6], [7, 8, 9]]
+    assert [share for _, share in parts] == [0.2, 0.3, 0.2, 0.3]
+
+
+def test_fewer_rows_than_parts_repeat_rows_and_every_row_still_weighs_the_same():
+    """A last batch of 3 rows over 4 micro-batches: no part is empty (GPT-2 cannot run on zero rows); row 0
+    appears twice at half weight each, so each row counts 1/3 in total."""
+    parts = split_batch(torch.arange(3), 4)
+    assert [p.tolist() for p, _ in parts] == [[0], [1], [2], [0]]
+    assert [share for _, share in parts] == pytest.approx([1 / 6, 1 / 3, 1 / 3, 1 / 6])
+
+
+@pytest.mark.parametrize(("rows", "parts"), [(1, 1), (1, 8), (7, 2), (16, 16), (5, 8), (31, 8), (100, 7)])
+def test_partition_covers_every_row_with_nonempty_pieces_and_equal_row_weight(rows, parts):
+    pieces = partition(rows, parts)
+    assert len(pieces) == parts and all(hi > lo for lo, hi, _ in pieces)
+    weight = [0.0] * rows
+    for lo, hi, share in pieces:
+        for row in range(lo, hi):
+            weight[row] += share / (hi - lo)
+    assert weight == pytest.approx([1 / rows] * rows)
+    assert max(hi - lo for lo, hi, _ in pieces) - min(hi - lo for lo, hi, _ in pieces) <= 1
 
 
 def test_option_with_accumulation_round_trips_through_json_and_keeps_its_identity():
@@ -61,12 +80,12 @@ def _trial(gradient_accumulation: int):
     from optuna_saturn.strategy import load_strategies
     from optuna_saturn.trial import SaturnTrial
 
-    context = WorkerContext(0, 0, 1, torch.device("cpu"), {}, {}, gradient_accumulation)
+    context = WorkerContext(0, 0, 1, torch.device("cpu"), {}, {}, gradient_accumulation, None, "single")
     return SaturnTrial(number=0, strategy=load_strategies()["single"], engine=engine_for("single", context),
                        channel=None, control_group=None)
 
 
-@pytest.mark.parametrize("rows", [8, 10])  # 10 rows: a short last batch, split 2 + 3 + 3 + 2
+@pytest.mark.parametrize("rows", [8, 10, 3])  # 10 rows: split 2 + 3 + 2 + 3; 3 rows: one repeats
 def test_accumulated_gradients_equal_the_whole_batch_gradient(rows):
     x, y = torch.randn(rows, 3), torch.randn(rows, 1)
     grads = []

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import optuna
 import pytest
+import torch
 from optuna.trial import TrialState
 
 import objectives
@@ -26,8 +28,113 @@ def test_dry_run_describes_the_workload_without_allocating_and_fixes_the_params(
     workload, trial = _probe({"lr": 0.02})
     assert workload.total_steps == 40
     assert workload.n_params == sum(p.numel() for p in objectives.Blocks(width=32).parameters())
-    assert workload.batch_signature.startswith("batch=32;")
+    assert workload.batch_signature == "[0]:(32, 8):torch.float32;[1]:(32, 1):torch.float32"  # a collated batch
+    assert workload.global_batch == 32
     assert trial.params == {"lr": 0.02}  # decided once, in the executor's process
+
+
+def _describe(objective):
+    return probe_workload(objective, optuna.create_study().ask(), threading.Lock())
+
+
+def test_description_keeps_the_objectives_own_tensors_real_so_its_caches_are_sound(tmp_path):
+    """The README quickstart failed on a fresh machine: the whole objective ran under the meta device, so the
+    example cached an empty meta tensor as its token file, and every later run loaded it. Only parameters go to
+    the meta device now."""
+    cache = tmp_path / "tokens.pt"
+    seen = {}
+
+    def objective(trial):
+        if not cache.exists():
+            torch.save(torch.arange(1000), cache)  # data prepared and cached inside the objective
+        ids = torch.load(cache)
+        model = torch.nn.Sequential(torch.nn.Embedding(50_000, 512), torch.nn.Linear(512, 50_000))
+        seen["ids"], seen["param_device"] = ids.device, next(model.parameters()).device
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids.view(100, 10)), batch_size=4)
+        model, loader = trial.prepare(model, loader)
+        for _ in trial.steps(7):
+            pass
+        return 0.0
+
+    workload = _describe(objective)
+    assert torch.load(cache).sum().item() == sum(range(1000))  # real data on disk
+    assert seen == {"ids": torch.device("cpu"), "param_device": torch.device("meta")}  # 51M parameters: none allocated
+    assert workload.n_params == 50_000 * 512 * 2 + 50_000 and workload.total_steps == 7
+
+
+def test_description_leaves_the_executors_global_state_as_it_was(tmp_path):
+    def objective(trial):
+        torch.manual_seed(123)
+        torch.set_default_dtype(torch.float64)
+        torch.set_num_threads(1)
+        os.environ["SATURN_TEST_SET_BY_OBJECTIVE"] = "1"
+        os.chdir(tmp_path)
+        model = torch.nn.Linear(2, 1)
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(8, 2)), batch_size=2,
+                                             shuffle=True)
+        model, loader = trial.prepare(model, loader)
+        for _ in trial.steps(3):
+            pass
+        return 0.0
+
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    threads, cwd = torch.get_num_threads(), os.getcwd()
+    _describe(objective)
+    assert torch.equal(torch.rand(3), expected)  # the shuffled batch drawn by the description left no trace
+    assert torch.get_default_dtype() == torch.float32 and torch.get_num_threads() == threads
+    assert "SATURN_TEST_SET_BY_OBJECTIVE" not in os.environ and os.getcwd() == cwd
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        for i in range(50):
+            yield {"input_ids": torch.full((12,), i), "label": i}
+
+
+def _truncating_collate(samples):
+    return torch.stack([s[0][:6] for s in samples])  # the model sees 6 of each sample's 20 tokens
+
+
+@pytest.mark.parametrize(
+    ("make_loader", "signature"),
+    [
+        (lambda: torch.utils.data.DataLoader(_Stream(), batch_size=4),
+         ".input_ids:(4, 12):torch.int64;.label:(4,):torch.int64"),
+        (lambda: torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(40, 20)), batch_size=8,
+                                             collate_fn=_truncating_collate), ":(8, 6):torch.float32"),
+        (lambda: torch.utils.data.DataLoader(
+            [{"ids": torch.zeros(16, dtype=torch.long)} for _ in range(9)], batch_size=3, shuffle=True),
+         ".ids:(3, 16):torch.int64"),
+    ],
+    ids=["iterable-dataset-of-dicts", "collate-truncates", "dict-samples"],
+)
+def test_batch_signature_is_read_from_a_collated_batch(make_loader, signature):
+    """The profile key must see the sequence length the model gets, wherever it is decided."""
+
+    def objective(trial):
+        model, loader = trial.prepare(torch.nn.Linear(2, 1), make_loader())
+        for _ in trial.steps(5):
+            pass
+        return 0.0
+
+    workload = _describe(objective)
+    assert workload.batch_signature == signature
+    assert workload.global_batch == int(signature.split("(")[1].split(",")[0].rstrip(")"))
+
+
+def test_profile_key_changes_with_the_torch_and_deepspeed_versions(monkeypatch):
+    from optuna_saturn.profiler import _store
+
+    zero2, ddp = load_strategies()["zero2"], load_strategies()["ddp"]
+    before = profile_key("m", "b", zero2, 2, "hw"), profile_key("m", "b", ddp, 2, "hw")
+    real = _store._version
+    monkeypatch.setattr(_store, "_version", lambda name: "9.9.9" if name == "deepspeed" else real(name))
+    after = profile_key("m", "b", zero2, 2, "hw"), profile_key("m", "b", ddp, 2, "hw")
+    assert after[0] != before[0] and after[1] == before[1]  # DeepSpeed's version matters to its strategies only
+    monkeypatch.setattr(_store, "_version", lambda name: "0.0.1")
+    assert profile_key("m", "b", ddp, 2, "hw") != before[1]
 
 
 def test_learning_rate_does_not_change_the_profile_key_but_shape_does():
@@ -216,6 +323,43 @@ def test_the_objective_after_its_loop_is_timed_even_when_it_expects_the_whole_lo
         profile["startup_seconds"] + 30 * profile["step_seconds"] + profile["tail_seconds"] + profile["exit_seconds"],
         abs=0.01,
     )
+
+
+@pytest.mark.launch
+def test_nested_epoch_loops_are_priced_as_the_whole_trial(saturn_options):
+    """``for epoch in range(6): for s in trial.steps(len(loader))``: the profile counts every epoch's loop and
+    times the evaluation between epochs; the trial used to be priced as its first epoch alone (1/6)."""
+    study = optuna.create_study()
+    SaturnExecutor(devices=1, strategies=["single"], **saturn_options).optimize(
+        study, objectives.epochs_with_evaluation, n_trials=2
+    )
+    for trial in study.trials:
+        assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
+        (profile,) = trial.user_attrs["saturn:profiles"]
+        assert profile["loops"] == 6 and 0.25 < profile["between_seconds"] < 0.6
+        assert sorted(trial.intermediate_values) == list(range(6))
+    first = study.trials[0]
+    predicted, actual = first.user_attrs["saturn:planned_runtime"], first.user_attrs["saturn:actual_runtime"]
+    print(f"nested epochs: predicted {predicted:.2f} s, actual {actual:.2f} s")
+    assert predicted == pytest.approx(actual, rel=0.25)
+
+
+@pytest.mark.launch
+def test_a_crashed_profile_never_reaches_the_planner_and_spares_its_launch_mates(saturn_options, tmp_path):
+    study = optuna.create_study()
+    SaturnExecutor(devices=2, strategies=["ddp", "fsdp"], **saturn_options).optimize(
+        study, objectives.crashes_under_fsdp, n_trials=2
+    )
+    for trial in study.trials:
+        assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
+        profiles = {p["strategy"]: p for p in trial.user_attrs["saturn:profiles"]}
+        assert profiles["fsdp"]["failed"] and "simulated crash under fsdp" in profiles["fsdp"]["error"]
+        assert profiles["ddp"]["feasible"] and profiles["ddp"]["step_seconds"] > 0
+        assert [o["strategy"] for o in trial.user_attrs["saturn:options"]] == ["ddp"]
+        assert trial.user_attrs["saturn:strategy"] == "ddp"
+    # fsdp went first (least memory) and crashed; ddp was measured in a launch of its own, once for both trials
+    # (their workloads share a key, and so does the failure)
+    assert _run_dir_logs(tmp_path, "profile-") == ["profile-0-ddpx2.log", "profile-0-fsdp+ddpx2.log"]
 
 
 def test_observed_step_rate_corrects_only_the_training_loop():

@@ -6,7 +6,7 @@ small class with one job, looked up by the ``engine`` key of a strategy template
 
 from __future__ import annotations
 
-from optuna_saturn.engines._base import Engine, WorkerContext
+from optuna_saturn.engines._base import Engine, StrategyMismatch, WorkerContext
 from optuna_saturn.engines._ddp import DDPEngine
 from optuna_saturn.engines._deepspeed import DeepSpeedEngine
 from optuna_saturn.engines._fsdp import FSDPEngine
@@ -24,4 +24,4 @@ def engine_for(name: str, context: WorkerContext) -> Engine:
         raise ValueError(f"No engine {name!r} in this version; available: {sorted(ENGINES)}.") from None
 
 
-__all__ = ["ENGINES", "Engine", "WorkerContext", "engine_for"]
+__all__ = ["ENGINES", "Engine", "StrategyMismatch", "WorkerContext", "engine_for"]

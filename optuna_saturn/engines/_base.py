@@ -1,13 +1,20 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+from torch.utils.data import DataLoader
+
+from optuna_saturn.sharding import OnBatch, ShardedDataLoader
+
+
+class StrategyMismatch(ValueError):
+    """The trial's code cannot run under this strategy and compute what it computes in one process. Not a failure
+    of the trial: the planner gives it another option. The message says why, and how to avoid it."""
 
 
 @dataclass(frozen=True)
@@ -21,24 +28,21 @@ class WorkerContext:
     knobs: dict
     launcher_config: dict = field(default_factory=dict)
     gradient_accumulation: int = 1
-
-
-class _EpochAwareLoader(DataLoader):
-    """A sharded DataLoader that advances its DistributedSampler's epoch on every pass, so shuffling differs
-    between epochs without the user having to call ``set_epoch``."""
-
-    def __iter__(self) -> Any:
-        sampler = self.sampler
-        epoch = getattr(self, "_saturn_epoch", 0)
-        if isinstance(sampler, DistributedSampler):
-            sampler.set_epoch(epoch)
-        self._saturn_epoch = epoch + 1
-        return super().__iter__()
+    control_group: Any = None  # a gloo group of the trial's ranks, for small CPU-side collectives
+    strategy: str = ""
 
 
 class Engine:
-    """Applies one strategy. Subclasses override the ``prepare_*`` steps that differ; the defaults suit a
-    single process."""
+    """Applies one strategy. Subclasses override the steps that differ; the defaults suit a single process.
+
+    Whatever the strategy, the user's loop must compute what it computes in one process: the same batches, the
+    same gradients, the same optimizer (an LR scheduler made before or after ``trial.prepare`` drives it), the
+    same clipping, the same saved weights. Where a strategy cannot, the engine raises an error naming the way
+    that works.
+    """
+
+    #: Each rank holds only a shard of the parameters: the user's module cannot be handed out whole.
+    shards_parameters = False
 
     def __init__(self, context: WorkerContext) -> None:
         self.context = context
@@ -46,25 +50,28 @@ class Engine:
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model.to(self.context.device)
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> Any:
-        return optimizer
-
     def prepare_model_and_optimizer(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
     ) -> tuple[torch.nn.Module, Any]:
-        """Most strategies wrap the model first and keep the optimizer; sharding ones must see both at once."""
-        model = self.prepare_model(model)
-        return model, (None if optimizer is None else self.prepare_optimizer(optimizer, model))
+        """Most strategies wrap the model and keep the user's optimizer object; sharding ones must see both."""
+        return self.prepare_model(model), optimizer
 
-    def prepare_dataloader(self, loader: DataLoader) -> DataLoader:
-        return loader
+    def prepare_dataloader(self, loader: DataLoader, on_batch: OnBatch) -> DataLoader:
+        """This rank's part of every global batch of the user's loader (see :mod:`optuna_saturn.sharding`); a
+        single process keeps the user's loader as it is."""
+        if self.context.world_size == 1:
+            return loader
+        return ShardedDataLoader(
+            loader, rank=self.context.rank, world_size=self.context.world_size, group=self.context.control_group,
+            on_batch=on_batch,
+        )
 
     def backward(
-        self, loss: torch.Tensor, model: torch.nn.Module | None, *, share: float = 1.0, last_micro_batch: bool = True
+        self, loss: torch.Tensor, model: torch.nn.Module | None, *, weight: float = 1.0, last_micro_batch: bool = True
     ) -> None:
-        """Accumulated gradients must add up to the whole batch's mean: each micro-batch's mean loss counts by
-        its ``share`` of the batch's rows."""
-        (loss * share if share != 1.0 else loss).backward()
+        """The ranks' averaged gradients must be the whole batch's: each piece's mean loss counts by ``weight``
+        (its rows' part of the batch, see :func:`~optuna_saturn.microbatch.partition`)."""
+        (loss * weight if weight != 1.0 else loss).backward()
 
     @contextlib.contextmanager
     def gradient_sync(self, model: torch.nn.Module | None, sync: bool) -> Iterator[None]:
@@ -75,27 +82,28 @@ class Engine:
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return model
 
-    def shard_dataloader(self, loader: DataLoader) -> DataLoader:
-        """Give each rank its share of every global batch: the trial's batch size stays the same whatever the
-        device count, so a trial's result does not depend on how it was parallelised."""
-        world = self.context.world_size
-        if world == 1:
-            return loader
-        if loader.batch_size is None:
-            raise ValueError("trial.prepare() needs a DataLoader built with batch_size=..., not a batch_sampler.")
-        if loader.batch_size % world:
-            raise ValueError(
-                f"The DataLoader's batch size {loader.batch_size} does not split evenly over {world} processes. "
-                f"Use a batch size divisible by {world}, or restrict this trial to other device counts."
-            )
-        sampler = DistributedSampler(
-            loader.dataset, num_replicas=world, rank=self.context.rank,
-            shuffle=isinstance(loader.sampler, RandomSampler), drop_last=loader.drop_last,
-        )
-        return _EpochAwareLoader(
-            loader.dataset, batch_size=loader.batch_size // world, sampler=sampler,
-            num_workers=loader.num_workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
-            drop_last=loader.drop_last, worker_init_fn=loader.worker_init_fn, generator=loader.generator,
+    def full_state_dict(self, model: torch.nn.Module) -> dict[str, Any]:
+        """The whole model's state dict, as one process would have it, on rank 0; other ranks get an empty dict
+        (whatever the strategy, so code that saves on rank 0 works under all). Call it on every rank: gathering
+        shards is collective."""
+        return self.unwrap(model).state_dict() if self.context.rank == 0 else {}
+
+    def clip_grad_norm(
+        self, model: torch.nn.Module, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` over the whole model's gradients, however they are laid out."""
+        from optuna_saturn.engines._clipping import original_clip_grad_norm
+
+        return original_clip_grad_norm(parameters, max_norm, norm_type, **kwargs)
+
+    def refuse_unwrap(self) -> None:
+        raise ValueError(
+            f"Under '{self.context.strategy}' each rank holds only a shard of the model's parameters, so "
+            "trial.unwrap(model) cannot give the whole module (its state_dict() would hold shards or nothing). "
+            "To save the model, call `state = trial.state_dict(model)` on every rank (it gathers the full state "
+            "dict onto rank 0), then `if trial.is_main_process: torch.save(state, path)`. Use the prepared model "
+            "itself for forward passes and attributes."
         )
 
 

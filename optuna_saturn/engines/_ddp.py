@@ -5,7 +5,6 @@ from collections.abc import Iterator
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader
 
 from optuna_saturn.engines._base import Engine
 
@@ -19,9 +18,6 @@ class DDPEngine(Engine):
             return model
         device_ids = [self.context.device.index] if self.context.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=device_ids)
-
-    def prepare_dataloader(self, loader: DataLoader) -> DataLoader:
-        return self.shard_dataloader(loader)
 
     @contextlib.contextmanager
     def gradient_sync(self, model: torch.nn.Module | None, sync: bool) -> Iterator[None]:

@@ -1,45 +1,87 @@
 from __future__ import annotations
 
 import copy
+from collections import OrderedDict
+from collections.abc import Iterable
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
 
-from optuna_saturn.engines._base import Engine
+from optuna_saturn.engines import _clipping
+from optuna_saturn.engines._base import Engine, StrategyMismatch
+
+#: Optimizers whose update of each element depends only on that element's gradient and state. ZeRO flattens each
+#: parameter group into one vector per rank, so only these compute the same update as in one process.
+ELEMENTWISE_OPTIMIZERS = frozenset({
+    "SGD", "Adam", "AdamW", "Adamax", "Adagrad", "Adadelta", "RMSprop", "NAdam", "RAdam", "ASGD", "Rprop",
+    "DeepSpeedCPUAdam", "FusedAdam", "DeepSpeedCPUAdagrad", "FusedLion", "DeepSpeedCPULion",
+})
 
 
-class _EngineOptimizer:
-    """What ``prepare`` returns for the optimizer under DeepSpeed: ``step()`` is the engine's step (which also
-    zeroes gradients), so the user's ordinary ``optimizer.step()`` / ``zero_grad()`` loop stays unchanged."""
+class _EngineOptimizer(torch.optim.Optimizer):
+    """What ``prepare`` returns for the optimizer under DeepSpeed. It is a ``torch.optim.Optimizer`` (LR schedulers
+    made after ``prepare`` accept it) whose ``param_groups`` are the user's own: the ZeRO optimizer steps the user's
+    optimizer over its flat partitions, so a scheduler made before or after ``prepare`` sets the learning rate that
+    is used. ``step()`` is the engine's step (which also zeroes gradients), so the ordinary
+    ``zero_grad()`` / ``step()`` loop stays unchanged."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, defaults: dict) -> None:  # no super().__init__: the user's optimizer is the one
         self.engine = engine
         self.optimizer = engine.optimizer  # the ZeRO stage's own optimizer
+        self.defaults = defaults
+        self._optimizer_step_pre_hooks: OrderedDict = OrderedDict()
+        self._optimizer_step_post_hooks: OrderedDict = OrderedDict()
+        self._optimizer_state_dict_pre_hooks: OrderedDict = OrderedDict()
+        self._optimizer_state_dict_post_hooks: OrderedDict = OrderedDict()
+        self._optimizer_load_state_dict_pre_hooks: OrderedDict = OrderedDict()
+        self._optimizer_load_state_dict_post_hooks: OrderedDict = OrderedDict()
 
-    def step(self, closure: Any = None) -> None:
+    @property
+    def param_groups(self) -> list[dict]:  # type: ignore[override]
+        return self.optimizer.param_groups
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        return self.optimizer.state
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        if closure is not None:
+            raise ValueError("DeepSpeed's optimizer step takes no closure; compute the loss before optimizer.step().")
         self.engine.step()
+        self.optimizer.clip_grad = 0.0  # a clip_grad_norm_ call clips the step that follows it, only that one
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         pass  # the engine zeroes gradients in step()
 
-    @property
-    def param_groups(self) -> list[dict]:
-        return self.optimizer.param_groups
-
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({type(self.optimizer).__name__})"
 
 
 class DeepSpeedEngine(Engine):
     """DeepSpeed ZeRO (stage and offload from the strategy's ``launcher_config``), through
     ``deepspeed.initialize`` so it is real on CPU too."""
 
+    @property
+    def stage(self) -> int:
+        return int(self.context.launcher_config.get("zero_optimization", {}).get("stage", 0))
+
+    @property
+    def shards_parameters(self) -> bool:  # type: ignore[override]
+        return self.stage >= 3
+
     def prepare_model_and_optimizer(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
     ) -> tuple[torch.nn.Module, Any]:
         import deepspeed
 
+        if optimizer is not None:
+            self._check_elementwise(optimizer)
         if self.context.knobs.get("activation_checkpointing"):
             from optuna_saturn.engines._blocks import enable_activation_checkpointing
 
@@ -55,21 +97,29 @@ class DeepSpeedEngine(Engine):
         config.setdefault("zero_allow_untested_optimizer", True)
         config.setdefault("zero_force_ds_cpu_optimizer", False)  # the user's torch optimizer, even with offload
         config.setdefault("steps_per_print", 10**9)
-        config.setdefault("gradient_clipping", 0.0)  # DeepSpeed would clip at 1.0 unasked; clipping is the user's call
-        engine, ds_optimizer, _, _ = deepspeed.initialize(
-            model=model.to(self.context.device), optimizer=optimizer, config=config,
-            dist_init_required=False,
+        config["gradient_clipping"] = 0.0  # clipping is the user's call: clip_grad_norm_ sets it per step
+        engine, _, _, _ = deepspeed.initialize(
+            model=model.to(self.context.device), optimizer=optimizer, config=config, dist_init_required=False,
         )
-        return engine, (None if optimizer is None else _EngineOptimizer(engine))
+        _clipping.register(self, engine, list(engine.module.parameters()))
+        return engine, (None if optimizer is None else _EngineOptimizer(engine, optimizer.defaults))
 
-    def prepare_dataloader(self, loader: DataLoader) -> DataLoader:
-        return self.shard_dataloader(loader)
+    def _check_elementwise(self, optimizer: torch.optim.Optimizer) -> None:
+        name = type(optimizer).__name__
+        if name not in ELEMENTWISE_OPTIMIZERS:
+            raise StrategyMismatch(
+                f"'{self.context.strategy}' (DeepSpeed ZeRO) flattens each parameter group into one vector per "
+                f"rank, so an optimizer that looks at each parameter's shape computes another update there than in "
+                f"one process. {name} is not one optuna-saturn knows to be element-wise "
+                f"({', '.join(sorted(ELEMENTWISE_OPTIMIZERS))}). The planner leaves this strategy out for this "
+                "trial; to silence it, leave DeepSpeed strategies out of the sweep (strategies=[...])."
+            )
 
     def backward(
-        self, loss: torch.Tensor, model: torch.nn.Module | None, *, share: float = 1.0, last_micro_batch: bool = True
+        self, loss: torch.Tensor, model: torch.nn.Module | None, *, weight: float = 1.0, last_micro_batch: bool = True
     ) -> None:
         accumulation = self.context.gradient_accumulation
-        weight = share * accumulation  # DeepSpeed divides by gradient_accumulation_steps itself
+        weight = weight * accumulation  # DeepSpeed divides by gradient_accumulation_steps itself
         model.backward(loss * weight if weight != 1.0 else loss)
         if not last_micro_batch:
             # DeepSpeed counts micro-batches in step(): before the boundary it only advances the count. The
@@ -77,4 +127,38 @@ class DeepSpeedEngine(Engine):
             model.step()
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.shards_parameters:
+            self.refuse_unwrap()
         return getattr(model, "module", model)
+
+    def full_state_dict(self, model: torch.nn.Module) -> dict[str, Any]:
+        if not self.shards_parameters:
+            return super().full_state_dict(model)
+        state = model._zero3_consolidated_16bit_state_dict()  # collective; the parameters' own dtype, on rank 0
+        return dict(state) if self.context.rank == 0 and state else {}
+
+    def clip_grad_norm(
+        self, model: torch.nn.Module, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """ZeRO clips inside its step, over every partition: set the limit for the step that follows, and
+        return the total norm (before clipping) as torch does."""
+        if norm_type != 2.0:
+            raise ValueError(
+                f"DeepSpeed ZeRO clips by the L2 norm only; use norm_type=2 (got {norm_type}), or leave DeepSpeed "
+                "strategies out of this sweep."
+            )
+        if len({id(p) for p in parameters}) != len(list(model.module.parameters())):
+            raise ValueError(
+                "DeepSpeed ZeRO clips the whole model's gradients together; pass all of them: "
+                "clip_grad_norm_(model.parameters(), max_norm)."
+            )
+        zero = model.optimizer
+        if hasattr(zero, "scaled_global_norm"):  # stages 1 and 2
+            total = zero.scaled_global_norm()
+        else:  # stage 3
+            from deepspeed.runtime.utils import combine_grad_norm_groups
+
+            total = combine_grad_norm_groups(zero._get_norm_groups())
+        zero.clip_grad = max_norm
+        return torch.as_tensor(total, dtype=torch.float32).detach().cpu() / zero.loss_scale

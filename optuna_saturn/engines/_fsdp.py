@@ -1,13 +1,14 @@
 from __future__ import annotations
 
+import functools
+import types
 from typing import Any
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
-from torch.utils.data import DataLoader
 
-from optuna_saturn.engines._base import Engine
+from optuna_saturn.engines._base import Engine, StrategyMismatch
 from optuna_saturn.engines._blocks import enable_activation_checkpointing, repeated_blocks
 
 
@@ -20,14 +21,27 @@ class FSDPEngine(Engine):
     skipping that would keep whole, unsharded gradients on every rank until the last micro-batch, and
     accumulation is chosen precisely when memory is short."""
 
+    shards_parameters = True
+
     def prepare_model_and_optimizer(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
     ) -> tuple[torch.nn.Module, Any]:
+        if optimizer is not None and optimizer.state:
+            raise ValueError(
+                "The optimizer already has state (optimizer.step() ran before trial.prepare()). Call "
+                "trial.prepare(model, optimizer, ...) before training: sharding strategies replace the parameters."
+            )
         group_ids = [] if optimizer is None else [[id(p) for p in g["params"]] for g in optimizer.param_groups]
         if self.context.knobs.get("activation_checkpointing"):
             enable_activation_checkpointing(model)
         # Parameter objects survive checkpoint wrapping (their names may not): name them only now.
         names = {id(p): n for n, p in model.named_parameters()}
+        foreign = [i for ids in group_ids for i in ids if i not in names]
+        if foreign:
+            raise ValueError(
+                f"The optimizer holds {len(foreign)} tensor(s) that are not parameters of the model passed to "
+                "trial.prepare(); give trial.prepare() the model whose parameters the optimizer updates."
+            )
         group_names = [[names[i] for i in ids] for ids in group_ids]
         model = model.to(self.context.device)
         device_type = self.context.device.type
@@ -38,24 +52,46 @@ class FSDPEngine(Engine):
         for block in repeated_blocks(model):
             fully_shard(block, mesh=mesh, offload_policy=offload)
         fully_shard(model, mesh=mesh, offload_policy=offload)
-        if optimizer is None:
-            return model, None
-        # fully_shard replaced every parameter with a sharded one: rebuild the optimizer over those, by name.
-        by_name = dict(model.named_parameters())
-        rebuilt = type(optimizer)(
-            [
-                {**{k: v for k, v in g.items() if k != "params"}, "params": [by_name[n] for n in params]}
-                for g, params in zip(optimizer.param_groups, group_names)
-            ],
-            **optimizer.defaults,
-        )
-        return model, rebuilt
+        if optimizer is not None:
+            # fully_shard replaced every parameter with a sharded one. Point the user's own optimizer at those, in
+            # place: its class, settings and param groups stay, and so does any LR scheduler already bound to it.
+            by_name = dict(model.named_parameters())
+            for group, params in zip(optimizer.param_groups, group_names):
+                group["params"] = [by_name[n] for n in params]
+            self._name_dtensor_failures(optimizer)
+        return model, optimizer
 
-    def prepare_dataloader(self, loader: DataLoader) -> DataLoader:
-        return self.shard_dataloader(loader)
+    def _name_dtensor_failures(self, optimizer: torch.optim.Optimizer) -> None:
+        """Torch's optimizers run on sharded (DTensor) parameters; one from elsewhere may not (Adafactor makes
+        plain tensors of a parameter's full shape). Its first step then fails: say so, as a mismatch."""
+        step, strategy, name = optimizer.step, self.context.strategy, type(optimizer).__name__
+
+        @functools.wraps(step)
+        def step_on_shards(_optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return step(*args, **kwargs)
+            except (RuntimeError, NotImplementedError, TypeError) as exc:
+                if "DTensor" not in str(exc):
+                    raise
+                raise StrategyMismatch(
+                    f"{name} cannot step the sharded (DTensor) parameters of '{strategy}': {exc}. The planner leaves "
+                    f"this strategy out for this trial; to silence it, use a torch optimizer (AdamW, Adam, SGD, "
+                    "...) or leave FSDP strategies out of the sweep (strategies=[...])."
+                ) from exc
+
+        # a bound method, as LR schedulers expect to find (they wrap step.__func__)
+        optimizer.step = types.MethodType(step_on_shards, optimizer)  # type: ignore[method-assign]
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        self.refuse_unwrap()
         return model
+
+    def full_state_dict(self, model: torch.nn.Module) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        # full_state_dict + cpu_offload: gathered onto rank 0's CPU memory only; other ranks get {}
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return state if self.context.rank == 0 else {}
 
 
 def is_sharded(model: torch.nn.Module) -> bool:

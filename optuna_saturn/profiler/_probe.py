@@ -1,23 +1,33 @@
-"""A dry run of the objective in the executor's process, on PyTorch's meta device.
+"""Describing a trial before anything is launched: its model's shape, its batch's shape, its first loop's length.
 
-It calls the objective with a stand-in trial whose ``suggest_*`` go to the real trial (so the trial's
-hyperparameters are decided here, once) and whose ``prepare`` records the model's structure and the batch shape,
-then stops the objective when it asks for its step budget. Models built under the meta device allocate no
-memory, so even a 6B-parameter model is described in milliseconds. This is what lets a profile be looked up
-before any process is launched: trials that differ only in learning rate share one.
+The objective runs in the executor's process with a stand-in trial, up to its first ``trial.steps(n)`` loop and no
+further: no training step, no evaluation, nothing after. Its ``suggest_*`` go to the real trial (so the trial's
+hyperparameters are decided here, once). Only the *parameters* of modules built meanwhile go to PyTorch's meta
+device (Accelerate's ``init_empty_weights``), so even a 6B-parameter model is described in milliseconds without
+allocating it; every other tensor the objective makes (its data, caches it writes to disk) is real, exactly as in a
+worker. The batch's shape is read from one real batch of the user's DataLoader, collated by its own
+``collate_fn``, so sequence lengths set by a collate function or hidden in dict samples count. Global state the
+objective may touch (random generators, default dtype, threads, environment, working folder) is restored after.
+
+This is what lets a profile be looked up before any process is launched: trials that differ only in learning rate
+share one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import itertools
+import os
+import random
 import threading
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from collections.abc import Iterator
 from typing import Any
 
 import optuna
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 _logger = optuna.logging.get_logger("optuna.saturn.profiler")
 
@@ -29,22 +39,22 @@ class _ProbeDone(BaseException):
 
 @dataclass(frozen=True)
 class Workload:
-    """What affects a trial's speed, as seen by the dry run."""
+    """What affects a trial's speed, as seen by the description run."""
 
-    model_signature: str  # hash of parameter names, shapes and dtypes
+    model_signature: str  # hash of parameter names, shapes and dtypes, and of the optimizer's class
     n_params: int
     bytes_per_param: int
-    batch_signature: str  # global batch size and one sample's shapes and dtypes
-    total_steps: int
-    global_batch: int | None = None  # the DataLoader's batch size: how far micro-batching can split it
+    batch_signature: str  # the global batch's tensors: shapes and dtypes
+    total_steps: int  # the first trial.steps(n) loop's n (later loops are counted by profiling runs)
+    global_batch: int | None = None  # rows of a global batch: how far micro-batching can split it
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
 
 
 class _ProbeLoader:
-    """Stands in for a prepared DataLoader: creating an iterator works (a real one would draw a seed, which the
-    meta device cannot), taking a batch ends the probe."""
+    """Stands in for a prepared DataLoader: creating an iterator works, taking a batch ends the probe (no real
+    work happens after the description)."""
 
     def __init__(self, loader: DataLoader) -> None:
         self._loader = loader
@@ -66,15 +76,17 @@ class _ProbeTrial:
         self._trial = trial
         self._lock = lock
         self.number = trial.number
-        self.strategy = None  # not chosen yet: the dry run comes before planning
+        self.strategy = None  # not chosen yet: the description comes before planning
         self.rank = self.local_rank = 0
         self.world_size = 1
         self.is_main_process = True
         self.is_profiling = False
         self.gradient_accumulation = 1
-        self.device = torch.device("meta")
+        self.device = torch.device("meta")  # where the model's parameters are: nothing runs on them
         self.model: torch.nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
         self.loader: DataLoader | None = None
+        self.total_steps: int | None = None
 
     def _suggest(self, method: str, *args: Any, **kwargs: Any) -> Any:
         with self._lock:
@@ -94,10 +106,10 @@ class _ProbeTrial:
         return dict(self._trial.params)
 
     def report(self, value: float, step: int) -> None:
-        raise _ProbeDone  # training started without trial.steps(): nothing more to learn
+        pass
 
     def should_prune(self) -> bool:
-        raise _ProbeDone
+        return False
 
     def set_user_attr(self, key: str, value: Any) -> None:
         pass
@@ -107,6 +119,8 @@ class _ProbeTrial:
         for obj in objects:
             if isinstance(obj, torch.nn.Module):
                 self.model = obj
+            elif isinstance(obj, torch.optim.Optimizer):
+                self.optimizer = obj
             elif isinstance(obj, DataLoader):
                 self.loader = self.loader or obj
                 obj = _ProbeLoader(obj)
@@ -117,13 +131,16 @@ class _ProbeTrial:
         yield batch
 
     def backward(self, loss: torch.Tensor) -> None:
-        raise _ProbeDone
+        raise _ProbeDone  # training started without trial.steps(): nothing more to learn
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return model
 
-    def reduce_mean(self, value: Any) -> float:
-        raise _ProbeDone
+    def state_dict(self, model: torch.nn.Module) -> dict:
+        return {}
+
+    def reduce_mean(self, value: Any, weight: float | None = None) -> float:
+        return 0.0
 
     def barrier(self) -> None:
         pass
@@ -137,8 +154,10 @@ class _ProbeTrial:
         yield  # pragma: no cover  (makes this a generator, like SaturnTrial.steps)
 
 
-def _model_signature(model: torch.nn.Module) -> tuple[str, int, int]:
-    digest = hashlib.sha256()
+def _model_signature(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[str, int, int]:
+    """Parameter names, shapes and dtypes, and the optimizer's class (its step costs differ, and whether a strategy
+    can run it at all: ZeRO needs an element-wise one)."""
+    digest = hashlib.sha256(f"optimizer={type(optimizer).__qualname__ if optimizer else None};".encode())
     n_params = 0
     bytes_per_param = 4
     for name, p in model.named_parameters():
@@ -148,31 +167,98 @@ def _model_signature(model: torch.nn.Module) -> tuple[str, int, int]:
     return digest.hexdigest()[:20], n_params, bytes_per_param
 
 
-def _batch_signature(loader: DataLoader) -> str:
-    sample = loader.dataset[0]
-    items = sample if isinstance(sample, (tuple, list)) else [sample]
-    shapes = [(tuple(t.shape), str(t.dtype)) if isinstance(t, torch.Tensor) else type(t).__name__ for t in items]
-    return f"batch={loader.batch_size};sample={shapes}"
+def first_batch(loader: DataLoader) -> Any:
+    """One global batch of ``loader``, made by its own sampler, dataset and ``collate_fn`` (in this process: no
+    worker processes are started)."""
+    dataset = loader.dataset
+    if isinstance(dataset, IterableDataset):
+        if loader.batch_size is None:
+            return loader.collate_fn(next(iter(dataset)))
+        return loader.collate_fn(list(itertools.islice(iter(dataset), loader.batch_size)))
+    if loader.batch_sampler is None:
+        return loader.collate_fn(dataset[next(iter(loader.sampler))])
+    indices = list(next(iter(loader.batch_sampler)))
+    getitems = getattr(dataset, "__getitems__", None)
+    return loader.collate_fn(getitems(indices) if getitems else [dataset[i] for i in indices])
+
+
+def _shapes(batch: Any, path: str = "") -> list[str]:
+    if isinstance(batch, torch.Tensor):
+        return [f"{path}:{tuple(batch.shape)}:{batch.dtype}"]
+    if isinstance(batch, Mapping):
+        return [s for k in sorted(batch, key=str) for s in _shapes(batch[k], f"{path}.{k}")]
+    if isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)):
+        if batch and all(not isinstance(v, (torch.Tensor, Mapping, Sequence)) or isinstance(v, (str, bytes))
+                         for v in batch):
+            return [f"{path}:list[{len(batch)}]"]
+        return [s for i, v in enumerate(batch) for s in _shapes(v, f"{path}[{i}]")]
+    return [f"{path}:{type(batch).__name__}"]
+
+
+def _batch_signature(batch: Any) -> tuple[str, int | None]:
+    """The batch's tensors (shapes, dtypes) and its rows."""
+    from optuna_saturn.microbatch import AccumulationError, batch_rows
+
+    try:
+        rows: int | None = batch_rows(batch)
+    except AccumulationError:
+        rows = None
+    return ";".join(_shapes(batch)), rows
+
+
+@contextlib.contextmanager
+def _restored_global_state() -> Iterator[None]:
+    """Whatever the objective changes of the process's global state stays in the description run."""
+    import numpy
+
+    rng = torch.get_rng_state(), random.getstate(), numpy.random.get_state()
+    dtype, grad, threads = torch.get_default_dtype(), torch.is_grad_enabled(), torch.get_num_threads()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    environ, cwd = dict(os.environ), os.getcwd()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(rng[0])
+        random.setstate(rng[1])
+        numpy.random.set_state(rng[2])
+        torch.set_default_dtype(dtype)
+        torch.set_grad_enabled(grad)
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+        os.environ.clear()
+        os.environ.update(environ)
+        os.chdir(cwd)
 
 
 def probe_workload(objective: Any, trial: optuna.Trial, lock: threading.Lock) -> Workload:
-    """Dry-run ``objective`` for ``trial`` on the meta device. Raises ``RuntimeError`` with the reason when the
-    objective cannot be described this way (then the trial is planned from estimates instead)."""
+    """Describe ``objective``'s workload for ``trial`` (see the module's docstring). Raises ``RuntimeError`` with
+    the reason when the objective cannot be described this way (then the trial is planned from estimates)."""
+    from accelerate import init_empty_weights
+
     probe = _ProbeTrial(trial, lock)
-    try:
-        with torch.device("meta"):
-            objective(probe)
-    except _ProbeDone:
-        pass
-    except Exception as exc:
-        raise RuntimeError(f"the dry run on the meta device raised {type(exc).__name__}: {exc}") from exc
-    if probe.model is None or probe.loader is None or not hasattr(probe, "total_steps"):
-        raise RuntimeError(
-            "the objective must call trial.prepare(model, ..., dataloader) and then iterate trial.steps(n) "
-            "for its runtime to be profiled"
-        )
-    model_sig, n_params, bytes_per_param = _model_signature(probe.model)
+    with _restored_global_state():
+        try:
+            with init_empty_weights(include_buffers=False):
+                objective(probe)
+        except _ProbeDone:
+            pass
+        except Exception as exc:
+            raise RuntimeError(
+                f"describing it before its first trial.steps() loop raised {type(exc).__name__}: {exc}"
+            ) from exc
+        if probe.model is None or probe.loader is None or probe.total_steps is None:
+            raise RuntimeError(
+                "the objective must call trial.prepare(model, ..., dataloader) and then iterate trial.steps(n) "
+                "for its runtime to be profiled"
+            )
+        try:
+            signature, rows = _batch_signature(first_batch(probe.loader))
+        except Exception as exc:
+            raise RuntimeError(
+                f"reading one batch of its DataLoader raised {type(exc).__name__}: {exc}"
+            ) from exc
+    model_sig, n_params, bytes_per_param = _model_signature(probe.model, probe.optimizer)
     return Workload(
-        model_sig, n_params, bytes_per_param, _batch_signature(probe.loader), probe.total_steps,
-        probe.loader.batch_size,
+        model_sig, n_params, bytes_per_param, signature, probe.total_steps,
+        probe.loader.batch_size if probe.loader.batch_size is not None else rows,
     )

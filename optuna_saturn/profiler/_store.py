@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.metadata
 import json
 import os
 import tempfile
@@ -14,8 +16,25 @@ from optuna_saturn.strategy import Strategy
 
 
 #: Bumped when a profile measures something new; older profiles are then measured again, not trusted as they are
-#: (2: the objective after its loop, the launch's exit, and out-of-memory answers that allow more micro-batches).
-PROFILE_FORMAT = 2
+#: (2: the objective after its loop, the launch's exit, and out-of-memory answers that allow more micro-batches;
+#: 3: batch shapes from a collated batch, library versions, later loops counted).
+PROFILE_FORMAT = 3
+
+
+@functools.lru_cache(maxsize=None)
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+
+
+def library_versions(engine: str) -> dict[str, str]:
+    """The libraries whose version changes a strategy's speed: torch always, DeepSpeed for its engine."""
+    versions = {"torch": _version("torch")}
+    if engine == "deepspeed":
+        versions["deepspeed"] = _version("deepspeed")
+    return versions
 
 
 def profile_key(
@@ -28,7 +47,7 @@ def profile_key(
     parts = {
         "format": PROFILE_FORMAT, "model": model_signature, "batch": batch_signature, "strategy": strategy.name,
         "engine": strategy.engine, "knobs": knobs, "config": dict(strategy.launcher_config),
-        "devices": devices, "hardware": hardware,
+        "devices": devices, "hardware": hardware, "versions": library_versions(strategy.engine),
     }
     if gradient_accumulation > 1:
         parts["gradient_accumulation"] = gradient_accumulation
@@ -39,7 +58,8 @@ def profile_key(
 class ProfileRecord:
     """One measured (workload, strategy, device count, accumulation). ``feasible`` is False when the run ran out
     of memory or cannot run this way at all. ``more_micro_batches_may_fit`` when it ran out of memory in the
-    training steps (activations), not while setting up (the model itself)."""
+    training steps (activations), not while setting up (the model itself). ``failed``: the option crashed or
+    refused this trial's code; such a record belongs to its trial and is never stored."""
 
     key: str
     strategy: str
@@ -59,24 +79,46 @@ class ProfileRecord:
     gradient_accumulation: int = 1
     n_params: int = 0
     batch_signature: str = ""
+    loop_steps: list[int] = field(default_factory=list)  # every trial.steps(n) loop's n in the profiled run
+    between_seconds: float | None = None  # the objective's time between its first two loops (an epoch's end)
+    failed: bool = False
     measured_at: float = field(default_factory=time.time)
 
     @property
     def after_loop_seconds(self) -> float:
-        return (self.tail_seconds or 0.0) + (self.exit_seconds or 0.0)
+        """After the last loop: the rest of the objective and the launch's exit. With several loops the profile
+        ran the end quickly (few batches per pass), so the full time between two loops bounds it from below."""
+        tail = self.tail_seconds or 0.0
+        if len(self.loop_steps) > 1:
+            tail = max(tail, self.between_seconds or 0.0)
+        return tail + (self.exit_seconds or 0.0)
+
+    def trial_steps(self, first_loop_steps: int) -> float:
+        """All steps of a trial whose first loop has ``first_loop_steps``, with the loops the profile counted."""
+        if len(self.loop_steps) < 2 or not self.loop_steps[0]:
+            return float(first_loop_steps)
+        return first_loop_steps * sum(self.loop_steps) / self.loop_steps[0]
+
+    def between_loops_seconds(self) -> float:
+        return (len(self.loop_steps) - 1) * (self.between_seconds or 0.0) if len(self.loop_steps) > 1 else 0.0
 
     @property
     def observed(self) -> bool:
         """Priced by real trials' step rate already, not by the timed steps."""
         return self.observed_step_seconds is not None
 
-    def whole_trial_seconds(self, total_steps: int) -> float | None:
-        """Start-up, every step at the measured rate, what follows the loop and the exit, each measured. Once
-        real trials ran as this profile, their step rate (evaluation passes in the loop included) is used."""
+    def whole_trial_seconds(self, first_loop_steps: int) -> float | None:
+        """Start-up, every step of every loop at the measured rate, the time between loops, what follows the last
+        loop and the exit, each measured. Once real trials ran as this profile, their step rate (evaluation
+        passes and the time between loops included) is used instead of the timed steps and the gaps."""
         if not self.feasible or self.step_seconds is None:
             return None
-        step = self.observed_step_seconds or self.step_seconds
-        return (self.startup_seconds or 0.0) + total_steps * step + self.after_loop_seconds
+        steps = self.trial_steps(first_loop_steps)
+        if self.observed_step_seconds:
+            loops = steps * self.observed_step_seconds
+        else:
+            loops = steps * self.step_seconds + self.between_loops_seconds()
+        return (self.startup_seconds or 0.0) + loops + self.after_loop_seconds
 
 
 class ProfileStore:
@@ -93,9 +135,14 @@ class ProfileStore:
             return None
         except (OSError, ValueError):
             return None  # a damaged file is re-measured, not trusted
-        return ProfileRecord(**data)
+        try:
+            return ProfileRecord(**data)
+        except TypeError:
+            return None  # written by another version: re-measured
 
     def put(self, record: ProfileRecord) -> None:
+        if record.failed:
+            raise ValueError("a failed profile belongs to its trial and is not stored")
         self.folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".tmp-", suffix=".json")
         with os.fdopen(fd, "w", encoding="utf-8") as f:

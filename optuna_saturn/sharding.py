@@ -1,0 +1,213 @@
+"""Each rank's part of every batch the user's DataLoader would produce, so that the strategy never changes the data.
+
+A trial's DataLoader is built for one process: its ``batch_size`` is the trial's global batch, its sampler (random,
+weighted, a subset, the user's own, with or without a ``generator``) decides the order. Whatever strategy and device
+count the planner picks, the trial must train on the same batches in the same order as ``single`` would. So the
+user's loader keeps deciding the global batches, on every rank alike, and each rank takes its rows of each one:
+
+- a map-style dataset: the user's batch sampler yields each global batch's indices; each rank loads only its slice
+  (so loading work is split, and any ``collate_fn`` sees the rows it will get);
+- an ``IterableDataset``: every rank iterates the user's loader and keeps its slice of each collated batch (the
+  stream has no indices to split; Accelerate's ``IterableDatasetShard`` does the same).
+
+Samplers that draw from the global random generators draw identically on every rank because every ``iter()``
+first copies rank 0's random states (torch, NumPy, ``random``, and the loader's own generators) to the other
+ranks; rank 0 itself draws exactly as a single process would.
+
+No row is dropped and none is padded in: rows split as evenly as they go (see
+:func:`~optuna_saturn.microbatch.partition`). Only a batch with fewer rows than ranks (the last of an epoch, at
+most) gives some ranks a copy of a row, because a model cannot run on zero rows; its weight is reduced, so
+``trial.backward`` still yields the whole batch's gradient exactly, and ``trial.gather_for_metrics`` leaves the
+copies out. Which rows the rank got of the batch just yielded is reported through ``on_batch``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
+
+from optuna_saturn.microbatch import batch_rows, partition, take_rows
+
+@dataclass(frozen=True)
+class RankRows:
+    """Which rows of a global batch of ``rows`` rows this rank got: ``start:stop``. ``repeated``: a copy of a row
+    another rank has too (the batch had fewer rows than ranks)."""
+
+    start: int
+    stop: int
+    rows: int
+    weight: float  # this rank's part of the batch's mean, times the world size (1.0 for an even split): the
+    #                factor that makes the ranks' averaged gradients the whole batch's
+    repeated: bool = False
+
+
+def rank_rows(rows: int, rank: int, world_size: int) -> RankRows:
+    start, stop, share = partition(rows, world_size)[rank]
+    return RankRows(start, stop, rows, share * world_size, repeated=rank >= rows)
+
+
+#: Called with this rank's rows of the batch it is about to use.
+OnBatch = Callable[[RankRows], None]
+
+
+class ShardingError(ValueError):
+    """A DataLoader cannot be split over ranks without changing what the trial trains on."""
+
+
+class LoaderView(DataLoader):
+    """A DataLoader (``isinstance`` checks keep working) that delegates to the user's instead of loading itself:
+    ``len()``, ``dataset``, ``batch_size`` (the global batch) and the sampler are the user's. Subclasses decide what
+    iterating yields. ``DataLoader.__init__`` is not called."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        self.loader = loader
+        self.dataset = loader.dataset
+        self.batch_size = loader.batch_size
+        self.drop_last = loader.drop_last
+        self.sampler = loader.sampler
+        self.batch_sampler = loader.batch_sampler
+        self.num_workers = loader.num_workers
+        self.collate_fn = loader.collate_fn
+        self.generator = loader.generator
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.loader)
+
+
+class ShardedDataLoader(LoaderView):
+    """This rank's view of the user's DataLoader: iterating yields this rank's rows of each global batch."""
+
+    def __init__(self, loader: DataLoader, *, rank: int, world_size: int, group: Any, on_batch: OnBatch) -> None:
+        _check_shardable(loader)
+        super().__init__(loader)
+        self._rank = rank
+        self._world_size = world_size
+        self._group = group
+        self._on_batch = on_batch
+        self._persistent: DataLoader | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        # Eager, as DataLoader.__iter__ is: the random states are shared, and the inner iterator (which draws its
+        # workers' base seed) is created, at iter() time, exactly when a single process would draw.
+        self._share_random_states()
+        if isinstance(self.loader.dataset, IterableDataset):
+            return self._slices_of(iter(self.loader))
+        shares: deque[RankRows] = deque()
+        return self._weighted(iter(self._index_loader(shares)), shares)
+
+    def _weighted(self, batches: Iterator[Any], shares: deque[RankRows]) -> Iterator[Any]:
+        for batch in batches:
+            self._on_batch(shares.popleft())
+            yield batch
+
+    def _slices_of(self, batches: Iterator[Any]) -> Iterator[Any]:
+        for batch in batches:
+            mine = rank_rows(batch_rows(batch), self._rank, self._world_size)
+            self._on_batch(mine)
+            yield take_rows(batch, mine.start, mine.stop)
+
+    def _index_loader(self, shares: deque[RankRows]) -> DataLoader:
+        """A DataLoader over this rank's indices of each global batch: the user's settings, the user's batch
+        sampler underneath (persistent workers need the same loader every epoch)."""
+        if self._persistent is not None:
+            self._persistent.batch_sampler.shares = shares
+            return self._persistent
+        user = self.loader
+        loader = DataLoader(
+            user.dataset, batch_sampler=_RankBatchSampler(user.batch_sampler, self._rank, self._world_size, shares),
+            num_workers=user.num_workers, collate_fn=user.collate_fn, pin_memory=user.pin_memory,
+            timeout=user.timeout, worker_init_fn=user.worker_init_fn,
+            multiprocessing_context=user.multiprocessing_context, generator=user.generator,
+            prefetch_factor=user.prefetch_factor, persistent_workers=user.persistent_workers,
+            pin_memory_device=user.pin_memory_device, in_order=user.in_order,
+        )
+        if user.persistent_workers:
+            self._persistent = loader
+        return loader
+
+    def _share_random_states(self) -> None:
+        """Give every rank rank 0's random states, so samplers and iterable datasets that draw from them produce
+        the same global batches everywhere."""
+        if self._world_size == 1:
+            return
+        generators = [g for g in (self.loader.generator, getattr(self.loader.sampler, "generator", None)) if g]
+        states: list[Any] = [None]
+        if self._rank == 0:
+            states = [_random_states(generators)]
+        dist.broadcast_object_list(states, src=0, group=self._group)
+        if self._rank != 0:
+            _set_random_states(states[0], generators)
+
+
+class _RankBatchSampler:
+    """The user's batch sampler, yielding this rank's indices of each global batch (and queueing which they are)."""
+
+    def __init__(self, batch_sampler: Any, rank: int, world_size: int, shares: deque[RankRows]) -> None:
+        self.batch_sampler = batch_sampler
+        self.rank = rank
+        self.world_size = world_size
+        self.shares = shares
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        for indices in self.batch_sampler:
+            indices = list(indices)
+            mine = rank_rows(len(indices), self.rank, self.world_size)
+            self.shares.append(mine)
+            yield indices[mine.start:mine.stop]
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+
+def _check_shardable(loader: DataLoader) -> None:
+    if isinstance(loader.sampler, DistributedSampler):
+        raise ShardingError(
+            "This DataLoader uses a DistributedSampler. optuna-saturn gives each rank its part of every batch "
+            "itself: build the DataLoader as for one process (shuffle=True or your own sampler, batch_size = the "
+            "trial's global batch) and pass it to trial.prepare()."
+        )
+    if not isinstance(loader.dataset, IterableDataset) and loader.batch_sampler is None:
+        raise ShardingError(
+            "This DataLoader does not batch (batch_size=None), so its items cannot be split over ranks. Give it "
+            "a batch_size (the trial's global batch) or a batch_sampler."
+        )
+    if not loader.in_order:
+        raise ShardingError(
+            "This DataLoader has in_order=False: its batch order would depend on worker timing, and so would the "
+            "trial's result. Use in_order=True (the default)."
+        )
+
+
+def _random_states(generators: list[torch.Generator]) -> dict:
+    states: dict[str, Any] = {
+        "torch": torch.get_rng_state(), "random": random.getstate(),
+        "generators": [g.get_state() for g in generators],
+    }
+    try:
+        import numpy
+
+        states["numpy"] = numpy.random.get_state()
+    except ImportError:
+        pass
+    return states
+
+
+def _set_random_states(states: dict, generators: list[torch.Generator]) -> None:
+    torch.set_rng_state(states["torch"])
+    random.setstate(states["random"])
+    for generator, state in zip(generators, states["generators"]):
+        generator.set_state(state)
+    if "numpy" in states:
+        import numpy
+
+        numpy.random.set_state(states["numpy"])
