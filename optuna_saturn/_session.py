@@ -32,6 +32,8 @@ class TrialSession:
     def handle(self, op: str, message: dict) -> Any:
         if op == "hello":
             return {"number": self.trial.number}
+        if op == "closed":  # rank 0 closed the channel: its outcome, if any, came before
+            return None
         if op == "progress":
             return self._progress(message)
         if op == "profile":

@@ -90,6 +90,17 @@ class ChannelServer:
 
     def _serve_connection(self, rfile: Any, wfile: Any) -> None:
         handler: Handler | None = None
+        try:
+            handler = self._serve_requests(rfile, wfile)
+        finally:
+            if handler is not None:  # the peer went away (or exited): its handler hears it once
+                try:
+                    handler("closed", {})
+                except Exception:
+                    _logger.exception("A channel handler failed on a closed connection.")
+
+    def _serve_requests(self, rfile: Any, wfile: Any) -> Handler | None:
+        handler: Handler | None = None
         for line in rfile:
             message = json.loads(line)
             op = message.get("op", "")
@@ -98,24 +109,29 @@ class ChannelServer:
                     handler = self._handlers.get(message.get("token", "")) if op == "hello" else None
                 if handler is None:
                     _logger.warning("Rejected a channel connection without a valid trial token.")
-                    return
+                    return None
             try:
                 line = json.dumps({"ok": True, "value": handler(op, message)}, default=_plain)
             except Exception as exc:  # the worker re-raises it; the parent must keep serving
                 line = json.dumps({"ok": False, "type": type(exc).__name__, "error": str(exc)})
-            wfile.write((line + "\n").encode())
-            wfile.flush()
+            try:
+                wfile.write((line + "\n").encode())
+                wfile.flush()
+            except OSError:  # the peer is gone
+                break
+        return handler
 
 
 class ChannelClient:
-    """Rank 0's end of the channel. Calls are synchronous and serialised by a lock."""
+    """A worker's end of the channel (a trial's rank 0, or a warm worker asking for jobs). Calls are synchronous
+    and serialised by a lock."""
 
-    def __init__(self, address: str, token: str) -> None:
+    def __init__(self, address: str, token: str, *, hello: dict | None = None) -> None:
         self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._socket.connect(address)
         self._file = self._socket.makefile("rwb")
         self._lock = threading.Lock()
-        self.call("hello", token=token, pid=os.getpid())
+        self.call("hello", token=token, pid=os.getpid(), **(hello or {}))
 
     def call(self, op: str, **fields: Any) -> Any:
         with self._lock:

@@ -339,9 +339,17 @@ def test_nested_epoch_loops_are_priced_as_the_whole_trial(saturn_options):
         assert profile["loops"] == 6 and 0.25 < profile["between_seconds"] < 0.6
         assert sorted(trial.intermediate_values) == list(range(6))
     first = study.trials[0]
+    (profile,) = first.user_attrs["saturn:profiles"]
+    (option,) = first.user_attrs["saturn:options"]
+    loops = 48 * profile["step_seconds"] + 5 * profile["between_seconds"]  # all 6 epochs, 5 gaps between them
+    assert option["runtime"] == pytest.approx(
+        profile["startup_seconds"] + loops + max(profile["tail_seconds"], profile["between_seconds"])
+        + profile["exit_seconds"], abs=0.01)
     predicted, actual = first.user_attrs["saturn:planned_runtime"], first.user_attrs["saturn:actual_runtime"]
     print(f"nested epochs: predicted {predicted:.2f} s, actual {actual:.2f} s")
-    assert predicted == pytest.approx(actual, rel=0.25)
+    # Priced as one epoch, it was 1/6 of the trial; start-up times are noisy on a loaded machine, so only loosely
+    # compared here (benchmarks/profiler_accuracy.py measures the error)
+    assert 0.6 * actual < predicted < 1.6 * actual
 
 
 @pytest.mark.launch
@@ -377,7 +385,7 @@ def test_cpu_peak_memory_is_per_strategy_not_cumulative():
     """One launch times several strategies: each one's peak must not include an earlier one's."""
     import torch
 
-    from optuna_saturn._worker import _peak_memory, _release_memory
+    from optuna_saturn._job import peak_memory as _peak_memory, release_memory as _release_memory
 
     cpu = torch.device("cpu")
     _release_memory(cpu)

@@ -15,11 +15,8 @@ share one.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import itertools
-import os
-import random
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +25,8 @@ from typing import Any
 import optuna
 import torch
 from torch.utils.data import DataLoader, IterableDataset
+
+from optuna_saturn._process_state import restored_process_state
 
 _logger = optuna.logging.get_logger("optuna.saturn.profiler")
 
@@ -206,37 +205,13 @@ def _batch_signature(batch: Any) -> tuple[str, int | None]:
     return ";".join(_shapes(batch)), rows
 
 
-@contextlib.contextmanager
-def _restored_global_state() -> Iterator[None]:
-    """Whatever the objective changes of the process's global state stays in the description run."""
-    import numpy
-
-    rng = torch.get_rng_state(), random.getstate(), numpy.random.get_state()
-    dtype, grad, threads = torch.get_default_dtype(), torch.is_grad_enabled(), torch.get_num_threads()
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    environ, cwd = dict(os.environ), os.getcwd()
-    try:
-        yield
-    finally:
-        torch.set_rng_state(rng[0])
-        random.setstate(rng[1])
-        numpy.random.set_state(rng[2])
-        torch.set_default_dtype(dtype)
-        torch.set_grad_enabled(grad)
-        torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(deterministic)
-        os.environ.clear()
-        os.environ.update(environ)
-        os.chdir(cwd)
-
-
 def probe_workload(objective: Any, trial: optuna.Trial, lock: threading.Lock) -> Workload:
     """Describe ``objective``'s workload for ``trial`` (see the module's docstring). Raises ``RuntimeError`` with
     the reason when the objective cannot be described this way (then the trial is planned from estimates)."""
     from accelerate import init_empty_weights
 
     probe = _ProbeTrial(trial, lock)
-    with _restored_global_state():
+    with restored_process_state():
         try:
             with init_empty_weights(include_buffers=False):
                 objective(probe)

@@ -1,0 +1,90 @@
+"""The global state of a Python process that a trial's code may change, saved once and put back later.
+
+Two places run user code in a process that outlives it: the executor describes each trial by running its
+objective up to the first training loop, and a warm worker runs trial after trial. Whatever one trial sets
+(random seeds, the default dtype, thread counts, environment variables a strategy sets, the working folder,
+cuDNN flags) must not be seen by the next, nor by the executor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class ProcessState:
+    """A snapshot; :meth:`restore` puts it back (any number of times)."""
+
+    torch_rng: torch.Tensor
+    python_rng: Any
+    numpy_rng: Any
+    default_dtype: torch.dtype
+    grad_enabled: bool
+    num_threads: int
+    deterministic: bool
+    environ: dict[str, str]
+    cwd: str
+    backend_flags: dict[str, Any]
+
+    @classmethod
+    def capture(cls) -> "ProcessState":
+        import numpy
+
+        return cls(
+            torch_rng=torch.get_rng_state(), python_rng=random.getstate(), numpy_rng=numpy.random.get_state(),
+            default_dtype=torch.get_default_dtype(), grad_enabled=torch.is_grad_enabled(),
+            num_threads=torch.get_num_threads(), deterministic=torch.are_deterministic_algorithms_enabled(),
+            environ=dict(os.environ), cwd=os.getcwd(), backend_flags=_backend_flags(),
+        )
+
+    def restore(self) -> None:
+        import numpy
+
+        torch.set_rng_state(self.torch_rng)
+        random.setstate(self.python_rng)
+        numpy.random.set_state(self.numpy_rng)
+        torch.set_default_dtype(self.default_dtype)
+        torch.set_grad_enabled(self.grad_enabled)
+        if torch.get_num_threads() != self.num_threads:
+            torch.set_num_threads(self.num_threads)
+        torch.use_deterministic_algorithms(self.deterministic)
+        if dict(os.environ) != self.environ:
+            os.environ.clear()
+            os.environ.update(self.environ)
+        os.chdir(self.cwd)
+        _set_backend_flags(self.backend_flags)
+
+
+def _backend_flags() -> dict[str, Any]:
+    return {
+        "cudnn.benchmark": torch.backends.cudnn.benchmark,
+        "cudnn.deterministic": torch.backends.cudnn.deterministic,
+        "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+    }
+
+
+def _set_backend_flags(flags: dict[str, Any]) -> None:
+    torch.backends.cudnn.benchmark = flags["cudnn.benchmark"]
+    torch.backends.cudnn.deterministic = flags["cudnn.deterministic"]
+    torch.backends.cuda.matmul.allow_tf32 = flags["cuda.matmul.allow_tf32"]
+    torch.backends.cudnn.allow_tf32 = flags["cudnn.allow_tf32"]
+    torch.set_float32_matmul_precision(flags["float32_matmul_precision"])
+
+
+@contextlib.contextmanager
+def restored_process_state() -> Iterator[None]:
+    """Whatever the code inside changes of the process's global state is undone when it leaves."""
+    state = ProcessState.capture()
+    try:
+        yield
+    finally:
+        state.restore()
