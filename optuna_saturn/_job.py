@@ -90,29 +90,32 @@ def _record_error(prefix: str, rank: int, error: str) -> None:
 
 
 def run_job(spec: dict, place: RankPlace, objective: Callable[[Any], Any]) -> bool:
-    """Run ``spec``'s objective under its strategy (or, for a profiling job, under each of its strategies in turn)
-    and report each outcome. Returns whether the job ended alike on every rank, so that this process and its
-    process group can be used again; False after a failure, an out-of-memory or a stopped launch (peers may be
-    stuck in a collective, memory may be fragmented)."""
-    channel = ChannelClient(spec["channel"], spec["token"]) if place.rank == 0 else None
-    profile = spec.get("profile")
-    accumulation = int((profile or spec).get("gradient_accumulation", 1))
-    ended = False
-    try:
-        # One job can time several strategies of the same device count: the start-up is paid once.
-        for strategy_json in profile["strategies"] if profile is not None else [spec["strategy"]]:
-            outcome = _run_once(spec, place, objective, Strategy.from_json(strategy_json), accumulation, channel)
+    """Run ``spec``'s objective under its strategy, or, for a profiling job, each of its trials (``entries``) under
+    each of their strategies in turn, and report each outcome. Returns whether the job ended alike on every rank,
+    so that this process and its process group can be used again; False after a failure, an out-of-memory or a
+    stopped launch (peers may be stuck in a collective, memory may be fragmented)."""
+    for entry in spec.get("entries") or [spec]:
+        channel = ChannelClient(entry["channel"], entry["token"]) if place.rank == 0 else None
+        profile = entry.get("profile")
+        accumulation = int((profile or entry).get("gradient_accumulation", 1))
+        ended = False
+        try:
+            # One job can time several strategies of the same device count: the set-up is paid once.
+            for strategy_json in profile["strategies"] if profile is not None else [entry["strategy"]]:
+                outcome = _run_once(entry, place, objective, Strategy.from_json(strategy_json), accumulation, channel)
+                if channel is not None:
+                    channel.call(outcome["op"], **{k: v for k, v in outcome.items() if k != "op"})
+                # An out-of-memory stops the job: the strategies after it need more memory (least memory first).
+                ended = outcome["op"] == "fail" or "stop_launch" in outcome or bool(outcome.get("infeasible"))
+                if ended:
+                    break
+                release_memory(place.device)
+        finally:
             if channel is not None:
-                channel.call(outcome["op"], **{k: v for k, v in outcome.items() if k != "op"})
-            # An out-of-memory stops the job: the strategies after it need more memory (least memory first).
-            ended = outcome["op"] == "fail" or "stop_launch" in outcome or bool(outcome.get("infeasible"))
-            if ended:
-                break
-            release_memory(place.device)
-    finally:
-        if channel is not None:
-            channel.close()
-    return not ended
+                channel.close()
+        if ended:
+            return False
+    return True
 
 
 def _run_once(
@@ -131,6 +134,8 @@ def _run_once(
         channel=channel, control_group=place.control_group, profile=profile,
     )
     started_at = time.time()
+    if channel is not None:
+        channel.call("started")
 
     def measured(*, agreed: bool = True) -> dict:
         """A profiling run's outcome: the timed steps, the loops counted, and the objective's time after its
@@ -151,11 +156,11 @@ def _run_once(
         if trial.profile_timings is not None:
             return measured()
         values = [float(v) for v in value] if isinstance(value, (list, tuple)) else [float(value)]
-        return {"op": "result", "values": values, "objective_started_at": started_at}
+        return {"op": "result", "values": values}
     except (optuna.TrialPruned, ProfileComplete) as exc:
         if trial.profile_timings is not None:
             return measured()
-        return {"op": "pruned", "message": str(exc), "objective_started_at": started_at}
+        return {"op": "pruned", "message": str(exc)}
     except BaseException as exc:  # the trial failed; the sweep goes on
         traceback.print_exc()
         error = f"{type(exc).__name__}: {exc}"
@@ -187,7 +192,10 @@ def _run_once(
                 outcome["stop_launch"] = error
             return outcome
         _record_error(spec["errors"], place.rank, error)
-        return {"op": "fail", "error": error, "traceback": traceback.format_exc()}
+        return {
+            "op": "fail", "error": error, "out_of_memory": out_of_memory,
+            "mismatch": isinstance(exc, StrategyMismatch), "traceback": traceback.format_exc(),
+        }
 
 
 def release_memory(device: torch.device) -> None:

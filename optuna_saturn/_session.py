@@ -24,15 +24,21 @@ class TrialSession:
         self.outcome: dict[str, Any] | None = None
         self.profiles: list[dict[str, Any]] = []  # one per strategy timed by a profiling launch
         self.outcome_at: float | None = None
+        self.objective_started_at: float | None = None
         self.first_step_at: float | None = None
+        self.last_progress_at: float | None = None
         self.step = 0
         self.total_steps: int | None = None
         self.step_seconds: float | None = None
+        self._loops: dict[int, int] = {}  # loop index -> its steps (epochs, when the objective loops per epoch)
 
     def handle(self, op: str, message: dict) -> Any:
         if op == "hello":
             return {"number": self.trial.number}
         if op == "closed":  # rank 0 closed the channel: its outcome, if any, came before
+            return None
+        if op == "started":  # the objective is called now (what came before was the worker's own set-up)
+            self.objective_started_at = time.time()
             return None
         if op == "progress":
             return self._progress(message)
@@ -69,7 +75,14 @@ class TrialSession:
         now = time.time()
         if self.first_step_at is None:
             self.first_step_at = now
+        self.last_progress_at = now
         self.step, self.total_steps = int(message["step"]), int(message["total"])
+        self._loops[int(message.get("loop", 0))] = int(message.get("loop_total", self.total_steps))
         if self.step > 1:
             self.step_seconds = float(message["elapsed"]) / self.step
         return None
+
+    @property
+    def loop_steps(self) -> list[int]:
+        """Each ``trial.steps(n)`` loop's ``n`` that the trial reported, in order."""
+        return [self._loops[i] for i in sorted(self._loops)]

@@ -1,6 +1,16 @@
-"""One call of :meth:`SaturnExecutor.optimize`: ask a batch, plan it, run it, tell the results, repeat.
+"""One call of :meth:`SaturnExecutor.optimize`: the scheduler loop, which decides; others do.
 
-The loop is single-threaded; only the channel server answers workers from its own threads, under the study lock.
+- :class:`~optuna_saturn._bridge.StudyBridge` asks and tells the user's study;
+- :class:`~optuna_saturn.runner.pool.WorkerPool` runs jobs on warm workers (a launcher, for strategies whose
+  launcher must own the processes);
+- :class:`~optuna_saturn._pricing.Pricer` describes trials and prices their options, measured or predicted;
+- the planner places the trials that wait; :mod:`optuna_saturn._voi` says which options are worth measuring.
+
+No batch barrier: trials are asked continuously, keeping ``lookahead`` of them asked and waiting (the sampler sees
+them as pending), and every event (a job ends, a trial arrives, a measurement comes in) re-plans those that wait.
+A trial starts as soon as the plan gives it devices that are free; its first steps are its option's profile if it
+has none. Profiling jobs run only where the value of measuring exceeds its cost, on devices the plan leaves idle.
+The loop is single-threaded; the channel's threads answer workers, under the study lock.
 """
 
 from __future__ import annotations
@@ -8,54 +18,41 @@ from __future__ import annotations
 import glob
 import json
 import os
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
-from optuna_saturn._profiling import BatchProfiler, ProfileJob, TrialOptions
+from optuna_saturn._bridge import StudyBridge
+from optuna_saturn._pricing import PricedOption, Pricer, ProfileEntry, ProfileJob, TrialPrice
 from optuna_saturn._session import TrialSession
+from optuna_saturn._voi import profile_gain, worth_measuring
 from optuna_saturn.channel import ChannelServer
 from optuna_saturn.devices import Device
 from optuna_saturn.estimates import RuntimeEstimator
 from optuna_saturn.events import ProfileEvent, SweepListener, TrialProgress, TrialStart
-from optuna_saturn.planner import Assignment, Cluster, Job, Option, Plan, Reservation, replan, solve
+from optuna_saturn.planner import Assignment, Cluster, Job, Option, Plan, Reservation, replan
 from optuna_saturn.planner._types import option_label
 from optuna_saturn.profiler import ProfileStore
 from optuna_saturn.runner import LaunchedTrial, LocalRunner, build_launch
+from optuna_saturn.runner.pool import JobEnd, WorkerPool
 from optuna_saturn.strategy import Strategy
 
 _logger = optuna.logging.get_logger("optuna.saturn")
-_POLL_SECONDS = 0.05
-_REPLAN_SECONDS = 1.0  # re-plans happen while devices may be idle: keep them short
+_REPLAN_SECONDS = 1.0  # plans happen while devices may wait for them: keep them short
+#: Ask the next trial when a device will have nothing to do within this many seconds (plus twice the time asking
+#: and describing a trial took lately), so that it is planned before the device frees.
+_ASK_AHEAD_SECONDS = 1.0
 _LOG_TAIL_LINES = 20
-ATTR = "saturn:"
-
-
-@dataclass
-class _Scheduled:
-    trial: optuna.Trial
-    assignment: Assignment
-    planned_start: float  # seconds since the sweep started
-    planned_end: float
-
-
-@dataclass
-class _Active:
-    scheduled: _Scheduled
-    session: TrialSession
-    token: str
-    launched: LaunchedTrial
-    devices: list[int]
-    start: float
-    spec_path: str
-    reported_step: int = 0
+#: A trial whose first runs of options fail (out of memory, a strategy mismatch, a crash) is planned again on
+#: other options this many times in all.
+_MAX_ATTEMPTS = 3
+#: Launchers whose processes the warm workers cannot stand in for (they set up the job themselves).
+_LAUNCHED = ("deepspeed", "accelerate")
 
 
 @dataclass(frozen=True)
@@ -71,19 +68,47 @@ class SweepSettings:
     listeners: Sequence[SweepListener] = ()
     profile_store: ProfileStore | None = None  # None: plan from runtime estimates only
     profile_steps: tuple[int, int] = (2, 5)  # warm-up steps, timed steps
-    profile_budget: float | None = None  # seconds of profiling per batch
-    profile_only: bool = False  # measure and record profiles, run no trial
+    profile_budget: float | None = None  # device-seconds of profiling jobs per sweep (None: as they pay)
+    profile_only: bool = False  # measure every option, run no trial
+    worker_memory_limit: float | None = None  # bytes: a warm worker that grows past it is replaced
 
 
 @dataclass
-class _Measuring:
-    job: ProfileJob
-    session: TrialSession
-    token: str
-    launched: LaunchedTrial
-    devices: list[int]
-    launched_at: float
-    spec_path: str
+class _Waiting:
+    """A trial asked and described, waiting for devices."""
+
+    trial: optuna.Trial
+    price: TrialPrice
+    assignment: Assignment | None = None
+    planned_start: float = 0.0  # seconds since the sweep started
+    planned_end: float = 0.0
+    attempts: int = 0  # runs that failed under an option tried for the first time (then left out)
+
+
+@dataclass
+class _Run:
+    """A job on devices: a trial, or a profiling job."""
+
+    key: str
+    devices: tuple[int, ...]
+    started: float  # seconds since the sweep started
+    log: Path
+    errors: str  # where its ranks leave their errors
+    tokens: list[str]
+    launched: LaunchedTrial | None = None  # when a launcher runs it instead of warm workers
+
+
+@dataclass
+class _TrialRun(_Run):
+    waiting: _Waiting | None = None
+    session: TrialSession | None = None
+    reported_step: int = 0
+
+
+@dataclass
+class _ProfileRun(_Run):
+    job: ProfileJob | None = None
+    sessions: dict[int, TrialSession] = field(default_factory=dict)
 
 
 class Sweep:
@@ -100,34 +125,35 @@ class Sweep:
     ) -> None:
         self.settings = settings
         self.study = study
+        self._bridge = StudyBridge(study, artifact_store=settings.artifact_store)
         self._objective_recipe_factory = objective_recipe
         self.n_trials = n_trials
         self.timeout = timeout
-        self.batch_size = batch_size
+        self.lookahead = batch_size
         self._strategies = {s.name: s for s in settings.strategies}
+        self._cluster = Cluster([len(settings.devices)])
         self._estimator = RuntimeEstimator(settings.strategies, len(settings.devices))
-        self._lock = threading.Lock()
-        self._pending: deque[_Scheduled] = deque()
-        self._active: dict[int, _Active] = {}
-        self._free = set(range(len(settings.devices)))
+        self._pricer = None if settings.profile_store is None else Pricer(
+            objective=objective, strategies=settings.strategies, pool=settings.devices, store=settings.profile_store,
+            lock=self._bridge.lock,
+        )
+        self._waiting: dict[int, _Waiting] = {}
+        self._running: dict[str, _Run] = {}
+        self._profile_queue: list[ProfileJob] = []
+        self._profiled: set[tuple[int, tuple[str, int, int]]] = set()  # (trial, choice) measured or being measured
+        self._plan_dirty = False
         self._asked = 0
         self._start = time.time()
         self._run_dir = settings.log_dir / f"{_safe(study.study_name)}-{time.strftime('%Y%m%d-%H%M%S')}"
         self._listeners = list(settings.listeners)
-        self._options: dict[int, TrialOptions] = {}  # profile-based options, per trial number
-        self._waiting: list[optuna.Trial] = []  # asked, waiting for their profiles before planning
-        self._measure_queue: deque[ProfileJob] = deque()
-        self._measuring: dict[str, _Measuring] = {}
-        self._profile_deadline = float("inf")
-        self._profile_seconds = 0.0  # device-seconds spent in profiling runs
-        self._profile_wall = 0.0  # seconds batches waited for their profiles
+        self._profile_seconds = 0.0  # device-seconds spent in profiling jobs
         self._profile_runs = 0
-        self._profile_started = 0.0
-        self._profiling_runs: dict[int, list[dict]] = {}  # per trial: where and when its profiling launches ran
-        self._profiler = None if settings.profile_store is None else BatchProfiler(
-            objective=objective, strategies=settings.strategies, pool=settings.devices,
-            store=settings.profile_store, estimator=self._estimator, lock=self._lock,
-        )
+        self._profiling_runs: dict[int, list[dict]] = {}  # per trial: where and when its profiling jobs ran
+        self._idle_seconds: dict[int, float] = {}  # per device: time between a job's end and the next's start
+        self._device_free_since = {i: 0.0 for i in range(len(settings.devices))}
+        self._server: ChannelServer | None = None
+        self._recipe: dict = {}
+        self._ask_seconds: list[float] = []  # how long asking and describing each trial took
 
     def _notify(self, method: str, *args: Any) -> None:
         for listener in list(self._listeners):
@@ -139,67 +165,50 @@ class Sweep:
 
     # -- the loop ---------------------------------------------------------------------------------------------------
     def run(self) -> None:
-        runner = LocalRunner(grace_period=self.settings.grace_period)
         self._notify("on_sweep_start", [str(d) for d in self.settings.devices], self._start)
+        runner = LocalRunner(grace_period=self.settings.grace_period)
         with ChannelServer() as server:
-            recipe = self._objective_recipe_factory(os.path.dirname(server.address))
+            self._server = server
+            self._recipe = self._objective_recipe_factory(os.path.dirname(server.address))
+            pool = WorkerPool(
+                self.settings.devices, server, isolate_network=self.settings.isolate_network,
+                memory_limit=self.settings.worker_memory_limit, log_dir=self._run_dir / "workers",
+                grace_period=self.settings.grace_period,
+            )
+            pool.start(preload=self._recipe)
             try:
                 while True:
-                    trial_ended = False
-                    for launched, code in self._ended(runner):
-                        if launched.key in self._measuring:
-                            self._finish_measurement(self._measuring.pop(launched.key), server, returncode=code)
-                        else:
-                            self._finish(self._active.pop(launched.key), code, server)
-                            trial_ended = True
-                    if trial_ended:  # start what the plan has next at once, then re-plan the rest
-                        self._dispatch(runner, server, recipe)
-                        self._replan()
-                    if not self._pending and not self._waiting and self._free and self._may_ask():
-                        self._ask_batch()
-                    if self._waiting:
-                        self._advance_profiling(runner, server, recipe)
-                    self._dispatch(runner, server, recipe)
+                    self._ended(pool.wait(self._wait_seconds()) + self._launches_ended(runner))
+                    problem = pool.host_problem()
+                    if problem:
+                        raise RuntimeError(problem)
+                    self._dispatch(pool, runner)
+                    self._ask()
+                    if self._plan_dirty:
+                        self._plan()
+                        self._dispatch(pool, runner)
+                    self._profile(pool, runner)
                     self._relay_progress()
-                    if not (self._pending or self._active or self._waiting or self._may_ask()):
+                    if not (self._waiting or self._running or self._may_ask()):
                         break
-                    time.sleep(_POLL_SECONDS)
+                    if self.settings.profile_only and not self._running and not self._profile_queue:
+                        break
             except BaseException as exc:
                 reason = "interrupted (KeyboardInterrupt)" if isinstance(exc, KeyboardInterrupt) else repr(exc)
-                self._abort(runner, server, reason)
+                self._abort(pool, runner, reason)
                 self._notify("on_sweep_end", self._elapsed(), True)
                 raise
+            finally:
+                pool.close()
         self._log_summary()
         self._notify("on_sweep_end", self._elapsed(), False)
 
-    def _ended(self, runner: LocalRunner) -> list[tuple[LaunchedTrial, int | None]]:
-        """Launches that exited, then trials that linger after reporting (each listed once)."""
-        ended = runner.poll()
-        exited = {launched.key for launched, _ in ended}
-        return ended + self._reap_lingering(runner, exclude=exited)
-
-    def _reap_lingering(self, runner: LocalRunner, *, exclude: set) -> list[tuple[LaunchedTrial, int | None]]:
-        """Stop trials that reported how they ended but whose processes have not exited after the grace period:
-        their result is safe with us, and their devices are needed."""
-        now = time.time()
-        lingering = [
-            a for a in self._active.values()
-            if a.launched.key not in exclude
-            and a.session.outcome_at is not None and now - a.session.outcome_at > self.settings.grace_period
-        ]
-        for active in lingering:
-            _logger.warning(f"Trial {active.session.trial.number} reported its result but did not exit; stopping it.")
-        return [(a.launched, runner.stop(a.launched.key)) for a in lingering]
-
-    def _relay_progress(self) -> None:
-        for active in self._active.values():
-            session = active.session
-            if session.step != active.reported_step:
-                active.reported_step = session.step
-                self._notify(
-                    "on_trial_progress",
-                    TrialProgress(session.trial.number, session.step, session.total_steps, session.step_seconds),
-                )
+    def _wait_seconds(self) -> float:
+        """How long to wait for a job's end: briefly while launchers must be polled or devices wait for the
+        pool to come up, longer otherwise (progress is relayed between waits)."""
+        if any(r.launched is not None for r in self._running.values()):
+            return 0.05
+        return 0.05 if self._waiting and not self._running else 0.25
 
     def _may_ask(self) -> bool:
         if self.n_trials is not None and self._asked >= self.n_trials:
@@ -209,363 +218,506 @@ class Sweep:
     def _elapsed(self) -> float:
         return time.time() - self._start
 
-    # -- ask and plan -----------------------------------------------------------------------------------------------
-    def _ask_batch(self) -> None:
-        count = self.batch_size if self.n_trials is None else min(self.batch_size, self.n_trials - self._asked)
-        with self._lock:
-            trials = [self.study.ask() for _ in range(count)]
-        self._asked += count
-        self._waiting = trials
-        if self._profiler is not None:
-            jobs = self._profiler.plan_measurements(trials)
-            self._measure_queue = deque(jobs)
-            budget = self.settings.profile_budget
-            self._profile_deadline = time.time() + budget if budget is not None else float("inf")
-            self._profile_started = time.time()
-            if jobs:
-                _logger.info(
-                    f"Profiling {len(jobs)} option(s) for trials {[t.number for t in trials]}: "
-                    + ", ".join(f"{j.name} (trial {j.trial.number})" for j in jobs)
-                )
-
-    def _advance_profiling(self, runner: LocalRunner, server: ChannelServer, recipe: dict) -> None:
-        """Measure what the batch needs on the free devices (largest first), then plan the batch."""
-        if time.time() > self._profile_deadline and (self._measure_queue or self._measuring):
-            _logger.warning(
-                f"Profiling budget of {self.settings.profile_budget} s spent; {len(self._measure_queue)} option(s) "
-                "left unmeasured are estimated from the measured ones."
-            )
-            self._measure_queue.clear()
-            for key in list(self._measuring):
-                runner.stop(key)
-                self._finish_measurement(self._measuring.pop(key), server, stopped=True)
-        for job in list(self._measure_queue):
-            if job.devices <= len(self._free):
-                self._measure_queue.remove(job)
-                self._start_measurement(job, runner, server, recipe)
-        if not self._measure_queue and not self._measuring:
-            self._plan_batch()
-
-    def _start_measurement(self, job: ProfileJob, runner: LocalRunner, server: ChannelServer, recipe: dict) -> None:
-        device_ids = sorted(self._free)[: job.devices]
-        key = f"profile-{job.trial.number}-{job.name}"
-        warmup, timed = self.settings.profile_steps
-        session, token, launched, spec_path = self._start_process(
-            job.trial, job.strategies[0], device_ids, runner, server, recipe, key=key,
-            profile={
-                "warmup": warmup, "timed": timed, "strategies": [s.to_json() for s in job.strategies],
-                "gradient_accumulation": job.gradient_accumulation,
-            },
-            log_name=f"{key}.log",
-        )
-        self._measuring[key] = _Measuring(job, session, token, launched, device_ids, time.time(), spec_path)
-        self._notify("on_profile", ProfileEvent(job.trial.number, job.name, "started"))
-
-    def _finish_measurement(
-        self, measuring: _Measuring, server: ChannelServer, *, stopped: bool = False, returncode: int | None = None
-    ) -> None:
-        server.unregister(measuring.token)
-        self._free |= set(measuring.devices)
-        self._profile_seconds += (time.time() - measuring.launched_at) * len(measuring.devices)
-        self._profile_runs += 1
-        job = measuring.job
-        results = measuring.session.profiles
-        ended_early = any(r.get("infeasible") or r.get("stop_launch") for r in results)
-        # Only a launch that ended normally times a normal exit (not one stopped, failed or out of memory).
-        clean = not stopped and measuring.session.outcome is None and len(results) == len(job.strategies) and not (
-            ended_early
-        )
-        last_result_at = measuring.session.outcome_at
-        exit_seconds = max(0.0, time.time() - last_result_at) if clean and last_result_at is not None else None
-        launch_error = None
-        if not stopped and not ended_early and len(results) < len(job.strategies):  # it died without saying why
-            launch_error = _first_rank_error(measuring.spec_path) or (
-                f"the profiling launch exited with code {returncode} before reporting (log: "
-                f"{measuring.launched.log_path})"
-            )
-        records = self._profiler.record(job, results, measuring.launched_at, exit_seconds, launch_error)
-        self._record_profiling_run(measuring)
-        follow_ups = [] if stopped else self._profiler.follow_ups(job, records)  # the budget is spent
-        self._measure_queue.extend(follow_ups)
-        for strategy, record in zip(job.strategies, records):
-            option = option_label(strategy.name, job.devices, job.gradient_accumulation)
-            if record is None:
-                summary = (
-                    "not reached, measured in another launch" if follow_ups
-                    else "not measured (profiling budget spent), so it is estimated"
-                )
-            elif record.failed:
-                summary = f"cannot run this trial, so it is not planned for it: {record.error}"
-            elif not record.feasible:
-                summary = f"does not fit ({record.error})"
+    # -- asking ---------------------------------------------------------------------------------------------------
+    def _ask(self) -> None:
+        """Ask a trial whenever a device would otherwise sit idle within the look-ahead: when the plan leaves it
+        free now, or within the time asking and describing a trial takes. At most ``lookahead`` asked trials wait
+        at once. Asking no earlier than needed lets the sampler see as many finished trials as it can; asking no
+        later keeps devices busy. (A profile-only sweep asks all its trials at once.)"""
+        to_measure: list[tuple[optuna.Trial, tuple[str, int, int]]] = []
+        while self._may_ask():
+            if self.settings.profile_only:
+                if len(self._waiting) >= (self.n_trials or 0):
+                    break
             else:
-                loops = f", {len(record.loop_steps)} loops" if len(record.loop_steps) > 1 else ""
-                summary = (
-                    f"{record.step_seconds * 1e3:.1f} ms/step, start-up {record.startup_seconds:.1f} s, "
-                    f"after the loop {record.tail_seconds or 0.0:.1f} s{loops}, "
-                    f"peak {record.peak_memory_bytes / 2**20:.0f} MiB"
-                )
-            log = _logger.warning if record is not None and record.failed else _logger.info
-            log(f"Profiled {option} (trial {job.trial.number}): {summary}.")
-            self._notify("on_profile", ProfileEvent(job.trial.number, option, "done", summary))
+                if len(self._waiting) >= self.lookahead:
+                    return
+                if self._plan_dirty:
+                    self._plan()
+                if not self._idle_soon():
+                    return
+            asked_at = time.time()
+            trial = self._bridge.ask()
+            self._asked += 1
+            price = self._price(trial)
+            self._ask_seconds.append(time.time() - asked_at)
+            if not price.options:
+                reason = "no strategy fits this trial on these devices (every option ran out of memory or failed)"
+                frozen = self._bridge.fail(trial, reason, attrs={"profiles": price.profiles})
+                _logger.warning(f"Trial {trial.number} failed: {reason}.")
+                self._notify("on_trial_end", frozen, self._elapsed())
+                continue
+            self._waiting[trial.number] = _Waiting(trial, price)
+            self._plan_dirty = True
+            if self.settings.profile_only:
+                to_measure += [(trial, p.option.choice) for p in price.options if not p.measured]
+        if to_measure:  # every trial of a profile-only sweep, in as few jobs as there are device counts
+            self._profile_queue += self._pricer.profile_jobs(to_measure)
 
-    def _record_profiling_run(self, measuring: _Measuring) -> None:
-        """Keep where and when the launch ran on its trial, so the schedule chart can show the devices' time
-        spent profiling (the trial is still RUNNING: its attributes can still be set)."""
-        trial = measuring.job.trial
-        run = {
-            "option": measuring.job.name, "devices": [str(self.settings.devices[i]) for i in measuring.devices],
-            "start": round(measuring.launched_at - self._start, 3), "end": round(self._elapsed(), 3),
-        }
-        runs = self._profiling_runs.setdefault(trial.number, [])
-        runs.append(run)
-        with self._lock:
-            trial.set_user_attr(ATTR + "profiling", runs)
-
-    def _plan_batch(self) -> None:
-        if self._profile_started:
-            self._profile_wall += time.time() - self._profile_started
-            self._profile_started = 0.0
-        trials, self._waiting = self._waiting, []
-        runnable = []
-        for trial in trials:
-            priced = (
-                self._profiler.options_for(trial) if self._profiler is not None
-                else TrialOptions(self._estimator.options())
-            )
-            options, profiles = priced.options, priced.profiles
-            with self._lock:  # what the planner chose from, so `optuna-saturn plan/simulate` can re-plan later
-                trial.set_user_attr(ATTR + "options", [o.to_json() for o in options])
-                if profiles:
-                    trial.set_user_attr(ATTR + "profiles", profiles)
-                if not options:
-                    reason = "no strategy fits this trial on these devices (every option ran out of memory)"
-                    trial.set_user_attr(ATTR + "fail_reason", reason)
-                    self.study.tell(trial, state=TrialState.FAIL)
-                    _logger.warning(f"Trial {trial.number} failed: {reason}.")
-                    continue
-            if profiles:
-                self._options[trial.number] = priced
-            runnable.append(trial)
-        if not runnable or self.settings.profile_only:
-            return
-        plan = self._plan([(t, None) for t in runnable], solve_time=self.settings.time_limit)
-        _logger.info(
-            f"Planned trials {[t.number for t in runnable]} with solver {plan.solver!r}: "
-            + ", ".join(f"#{a.job} {a.option.label}" for a in plan.assignments)
-        )
-
-    def _replan(self) -> None:
-        """Event-driven re-plan of the trials not started yet, with runtimes corrected by what was observed;
-        the planner keeps the current plan unless the new one is clearly better (hysteresis)."""
-        if self._pending:
-            self._plan([(s.trial, s.assignment) for s in self._pending], solve_time=_REPLAN_SECONDS)
-
-    def _plan(self, pending: list[tuple[optuna.Trial, Assignment | None]], *, solve_time: float) -> Plan:
+    def _idle_soon(self) -> bool:
+        """Whether some device has nothing to do (no running job, no waiting trial planned on it) from now, or
+        from within the time it takes to ask and describe a trial."""
         now = self._elapsed()
-        jobs = [Job(str(t.number), self._job_options(t.number)) for t, _ in pending]
-        busy = [
-            Reservation(0, tuple(a.devices), self._remaining(a, now), str(a.session.trial.number))
-            for a in self._active.values()
-        ]
-        previous = [a for _, a in pending if a is not None]
-        cluster = Cluster([len(self.settings.devices)])
-        if previous:
-            plan = replan(Plan(tuple(previous)), jobs, cluster, busy=busy, solver=self.settings.solver,
-                          time_limit=solve_time)
-        else:
-            plan = solve(jobs, cluster, self.settings.solver, solve_time, busy=busy)
-        by_name = {str(t.number): t for t, _ in pending}
-        self._pending = deque(
-            _Scheduled(by_name[a.job], a, now + a.start, now + a.end)
-            for a in sorted(plan.assignments, key=lambda a: (a.start, a.job))
+        horizon = _ASK_AHEAD_SECONDS + 2 * (max(self._ask_seconds[-5:]) if self._ask_seconds else 0.0)
+        busy_until = [now] * len(self.settings.devices)
+        for run in self._running.values():
+            for d in run.devices:
+                busy_until[d] = max(busy_until[d], now + self._remaining(run, now))
+        for waiting in self._waiting.values():
+            if waiting.assignment is not None:
+                for d in waiting.assignment.devices:
+                    busy_until[d] = max(busy_until[d], waiting.planned_end)
+        return min(busy_until) <= now + horizon
+
+    def _price(self, trial: optuna.Trial) -> TrialPrice:
+        if self._pricer is None:
+            return TrialPrice(None, [PricedOption(o, "", None, 1.0, "estimate") for o in self._estimator.options()])
+        price = self._pricer.price(trial)
+        if price.workload is None:  # cannot be described: planned from runtime estimates
+            price.options = [PricedOption(o, "", None, 1.0, "estimate") for o in self._estimator.options()]
+        self._bridge.set_attrs(trial, {
+            "options": [p.option.to_json() for p in price.options], "profiles": price.profiles,
+        })
+        return price
+
+    def _reprice(self) -> None:
+        """Measurements came in: every waiting trial's options are priced again."""
+        if self._pricer is None:
+            return
+        for waiting in self._waiting.values():
+            waiting.price = self._price(waiting.trial)
+        self._plan_dirty = True
+
+    # -- planning ---------------------------------------------------------------------------------------------------
+    def _options(self, waiting: _Waiting) -> list[Option]:
+        """The options the planner sees: profiles corrected by how real trials ran against theirs so far."""
+        workload = waiting.price.workload
+        out = []
+        for priced in waiting.price.options:
+            option, record = priced.option, priced.record
+            if record is not None and not record.observed and workload is not None:
+                loop_seconds = record.trial_steps(workload.total_steps) * record.step_seconds
+                option = replace(option, runtime=self._estimator.corrected(option.runtime, loop_seconds))
+            out.append(option)
+        return out
+
+    def _jobs_and_busy(self) -> tuple[list[Job], list[Reservation]]:
+        now = self._elapsed()
+        jobs = [Job(str(n), self._options(w)) for n, w in self._waiting.items()]
+        busy = [Reservation(0, r.devices, self._remaining(r, now), r.key) for r in self._running.values()]
+        return jobs, busy
+
+    def _plan(self) -> None:
+        """Re-plan every waiting trial around the running jobs (the previous plan is kept unless a new one is
+        clearly shorter)."""
+        self._plan_dirty = False
+        if not self._waiting or self.settings.profile_only:
+            return
+        now = self._elapsed()
+        jobs, busy = self._jobs_and_busy()
+        previous = [w.assignment for w in self._waiting.values() if w.assignment is not None]
+        plan = replan(
+            Plan(tuple(previous)) if previous else None, jobs, self._cluster, busy=busy, solver=self.settings.solver,
+            time_limit=min(self.settings.time_limit, _REPLAN_SECONDS),
         )
-        self._notify("on_plan", plan, [t.number for t, _ in pending], now)
-        return plan
+        for a in plan.assignments:
+            waiting = self._waiting[int(a.job)]
+            waiting.assignment, waiting.planned_start, waiting.planned_end = a, now + a.start, now + a.end
+        self._notify("on_plan", plan, [int(a.job) for a in plan.assignments], now)
 
-    def _job_options(self, number: int) -> list[Option]:
-        """Profile-based options corrected by what this sweep observed so far, else the estimator's guesses."""
-        measured = self._options.get(number)
-        if not measured:
-            return self._estimator.options()
-        corrected = []
-        for o in measured.options:
-            record = measured.records.get(o.choice)
-            if record is not None and not record.observed:  # timed steps: scale the loop by the real step rate
-                loop_seconds = record.trial_steps(measured.total_steps) * record.step_seconds
-                o = replace(o, runtime=self._estimator.corrected(o.runtime, loop_seconds))
-            corrected.append(o)
-        return corrected
+    def _remaining(self, run: _Run, now: float) -> float:
+        """Seconds a running job still needs: a trial from its measured step rate when it reports one (plus what
+        its profile says follows the loop), else from its planned runtime; a profiling job from its prediction."""
+        if isinstance(run, _TrialRun):
+            session, option = run.session, run.waiting.assignment.option
+            record = run.waiting.price.option(option.choice)
+            record = record.record if record is not None else None
+            if session.step_seconds is not None and session.total_steps:
+                workload = run.waiting.price.workload
+                after = record.after_loop_seconds if record is not None else 0.0
+                expected = record.trial_steps(workload.total_steps) if record and workload else 0
+                total = max(session.total_steps, expected)
+                return max(0.0, (total - session.step) * session.step_seconds) + after
+            return max(0.0, run.started + option.runtime - now)
+        return max(0.0, run.started + self._profile_seconds_estimate(run.job) - now)
 
-    def _remaining(self, active: _Active, now: float) -> float:
-        """Seconds a running trial still needs: from its measured step rate when it reports one, plus what its
-        profile says follows the loop (final evaluation, exit)."""
-        session = active.session
-        if session.step_seconds is not None and session.total_steps:
-            measured = self._options.get(session.trial.number)
-            record = measured.records.get(active.scheduled.assignment.option.choice) if measured else None
-            after_loop = record.after_loop_seconds if record is not None else 0.0
-            # the loops this trial has started, or all its profile counted (later epochs), whichever is more
-            total = max(session.total_steps, record.trial_steps(measured.total_steps) if record is not None else 0)
-            return max(0.0, (total - session.step) * session.step_seconds) + after_loop
-        return max(0.0, active.start + active.scheduled.assignment.option.runtime - now)
+    # -- starting jobs ----------------------------------------------------------------------------------------------
+    def _free(self, pool: WorkerPool) -> set[int]:
+        """Devices no job holds (their worker may still be starting)."""
+        held = {d for r in self._running.values() for d in r.devices}
+        return set(range(len(self.settings.devices))) - held
 
-    # -- launch -----------------------------------------------------------------------------------------------------
-    def _dispatch(self, runner: LocalRunner, server: ChannelServer, recipe: dict) -> None:
-        """Start every pending trial whose planned devices are free and that is next in plan order on each."""
+    def _dispatch(self, pool: WorkerPool, runner: LocalRunner) -> None:
+        """Start every waiting trial whose planned devices are free and that is next in plan order on each."""
+        if self.settings.profile_only:
+            return
+        free, ready = self._free(pool), pool.ready()
         claimed: set[int] = set()
-        for scheduled in list(self._pending):
-            devices = set(scheduled.assignment.devices)
-            if devices <= self._free and not devices & claimed:
-                self._pending.remove(scheduled)
-                self._launch(scheduled, runner, server, recipe)
+        measuring = {e.trial.number for r in self._running.values() if isinstance(r, _ProfileRun) for e in r.job.entries}
+        for waiting in sorted(
+            (w for w in self._waiting.values() if w.assignment is not None and w.trial.number not in measuring),
+            key=lambda w: (w.assignment.start, w.assignment.job),
+        ):  # (a trial whose options are being measured waits for what they show)
+            devices = set(waiting.assignment.devices)
+            strategy = self._strategies[waiting.assignment.option.strategy]
+            launchable = strategy.launcher in _LAUNCHED
+            if devices <= free and not devices & claimed and (launchable or devices <= ready):
+                self._start_trial(waiting, pool, runner)
+                free -= devices
             claimed |= devices
 
-    def _launch(self, scheduled: _Scheduled, runner: LocalRunner, server: ChannelServer, recipe: dict) -> None:
-        trial = scheduled.trial
-        strategy = self._strategies[scheduled.assignment.option.strategy]
-        device_ids = list(scheduled.assignment.devices)
-        session, token, launched, spec_path = self._start_process(
-            trial, strategy, device_ids, runner, server, recipe, key=trial.number, log_name=f"trial-{trial.number}.log",
-            gradient_accumulation=scheduled.assignment.option.gradient_accumulation,
+    def _start_trial(self, waiting: _Waiting, pool: WorkerPool, runner: LocalRunner) -> None:
+        trial, assignment = waiting.trial, waiting.assignment
+        del self._waiting[trial.number]
+        strategy = self._strategies[assignment.option.strategy]
+        session = TrialSession(trial, self._bridge.lock)
+        key = f"trial-{trial.number}"
+        spec = self._spec(session, trial.number, strategy, key, gradient_accumulation=assignment.option.gradient_accumulation)
+        run = _TrialRun(
+            key, tuple(assignment.devices), self._elapsed(), self._run_dir / f"trial-{trial.number}.log",
+            spec["errors"], [spec["token"]], waiting=waiting, session=session,
         )
-        self._active[trial.number] = _Active(
-            scheduled, session, token, launched, device_ids, self._elapsed(), spec_path
-        )
-        devices = [self.settings.devices[i] for i in device_ids]
+        self._submit(run, spec, strategy, pool, runner)
+        devices = [self.settings.devices[i] for i in run.devices]
+        priced = waiting.price.option(assignment.option.choice)
+        measured = "" if priced is None or priced.measured else f" (not measured yet: its first steps are its profile)"
         _logger.info(
             f"Trial {trial.number} started: {strategy.name} on {', '.join(map(str, devices))}"
-            + _accumulation_note(scheduled.assignment.option.gradient_accumulation) + " "
-            f"(log: {launched.log_path})"
+            + _accumulation_note(assignment.option.gradient_accumulation) + f"{measured} (log: {run.log})"
         )
         self._notify("on_trial_start", TrialStart(
-            trial.number, strategy.name, tuple(map(str, devices)), scheduled.planned_start, scheduled.planned_end,
-            self._active[trial.number].start,
+            trial.number, strategy.name, tuple(map(str, devices)), waiting.planned_start, waiting.planned_end,
+            run.started,
         ))
 
-    def _start_process(
-        self,
-        trial: optuna.Trial,
-        strategy: Strategy,
-        device_ids: list[int],
-        runner: LocalRunner,
-        server: ChannelServer,
-        recipe: dict,
-        *,
-        key: Any,
-        log_name: str,
-        profile: dict | None = None,
+    def _spec(
+        self, session: TrialSession, number: int, strategy: Strategy, key: str, *, profile: dict | None = None,
         gradient_accumulation: int = 1,
-    ) -> tuple[TrialSession, str, LaunchedTrial, str]:
-        """Write the worker's spec (in the private folder) and launch it on ``device_ids``."""
-        devices = [self.settings.devices[i] for i in device_ids]
-        session = TrialSession(trial, self._lock)
-        token = server.register(session.handle)
-        spec_path = os.path.join(os.path.dirname(server.address), f"{_safe(str(key))}.json")
+    ) -> dict:
+        token = self._server.register(session.handle)
+        return {
+            "channel": self._server.address, "token": token, "objective": self._recipe, "trial_number": number,
+            "strategy": strategy.to_json(), "profile": profile, "gradient_accumulation": gradient_accumulation,
+            "errors": os.path.join(os.path.dirname(self._server.address), _safe(key)),
+        }
+
+    def _submit(self, run: _Run, spec: dict, strategy: Strategy, pool: WorkerPool, runner: LocalRunner) -> None:
+        now = run.started
+        for d in run.devices:
+            self._idle_seconds[d] = self._idle_seconds.get(d, 0.0) + max(0.0, now - self._device_free_since[d])
+        self._running[run.key] = run
+        if strategy.launcher not in _LAUNCHED:
+            pool.submit(run.key, spec, run.devices, log=run.log)
+            return
+        _logger.info(f"{strategy.name} needs its launcher ({strategy.launcher}) to own the processes: launching it.")
+        spec_path = spec["errors"] + ".json"
+        devices = [self.settings.devices[i] for i in run.devices]
         with open(spec_path, "w", encoding="utf-8") as f:
-            json.dump({
-                "channel": server.address, "token": token, "objective": recipe, "trial_number": trial.number,
-                "devices": [d.to_json() for d in devices], "strategy": strategy.to_json(),
-                "profile": profile, "gradient_accumulation": gradient_accumulation,
-            }, f)
+            json.dump({**spec, "devices": [d.to_json() for d in devices]}, f)
         os.chmod(spec_path, 0o600)
         launch = build_launch(strategy, devices, spec_path, isolate_network=self.settings.isolate_network)
-        launched = runner.launch(key, launch, self._run_dir / log_name)
-        self._free -= set(device_ids)
-        return session, token, launched, spec_path
+        run.launched = runner.launch(run.key, launch, run.log)
 
-    # -- finish -----------------------------------------------------------------------------------------------------
-    def _finish(self, active: _Active, returncode: int | None, server: ChannelServer, reason: str = "") -> None:
-        server.unregister(active.token)
-        self._free |= set(active.devices)
-        session, trial = active.session, active.session.trial
-        end = self._elapsed()
+    # -- profiling ------------------------------------------------------------------------------------------------
+    def _profile(self, pool: WorkerPool, runner: LocalRunner) -> None:
+        """Measure what is worth measuring, on devices the plan leaves idle now."""
+        if self._pricer is None:
+            return
+        if not self.settings.profile_only:
+            self._profile_queue += self._worth_measuring()
+        budget = self.settings.profile_budget
+        while self._profile_queue:
+            if budget is not None and self._profile_seconds >= budget:
+                _logger.info(f"Profiling budget of {budget} device-seconds spent: the rest is predicted.")
+                self._profile_queue.clear()
+                return
+            idle = sorted(self._idle_devices(pool))
+            job = next((j for j in self._profile_queue if j.devices <= len(idle)), None)
+            if job is None:
+                return
+            self._profile_queue.remove(job)
+            self._start_profile(job, tuple(idle[: job.devices]), pool, runner)
+
+    def _idle_devices(self, pool: WorkerPool) -> set[int]:
+        """Free, ready devices that no waiting trial is planned to start on now."""
+        free = self._free(pool) & pool.ready()
+        soon = {d for w in self._waiting.values() if w.assignment is not None and w.assignment.start < 0.5
+                for d in w.assignment.devices}
+        return free - soon if not self.settings.profile_only else free
+
+    def _worth_measuring(self) -> list[ProfileJob]:
+        """Options of waiting trials whose measurement could shorten the plan by more than it costs."""
+        jobs, busy = self._jobs_and_busy()
+        wanted = []
+        for number, waiting in self._waiting.items():
+            for priced in waiting.price.options:
+                choice = priced.option.choice
+                if priced.measured or (number, choice) in self._profiled or priced.uncertainty <= 0:
+                    continue
+                optimistic = priced.option.runtime / (1.0 + priced.uncertainty)
+                gain = profile_gain(jobs, self._cluster, str(number), choice, optimistic, busy=busy)
+                if gain <= 0:
+                    continue
+                cost = self._measurement_seconds(waiting, priced)
+                if worth_measuring(gain, cost, priced.option.devices, self._cluster):
+                    wanted.append((waiting.trial, choice))
+                    self._profiled.add((number, choice))
+                    _logger.info(
+                        f"Measuring {priced.option.label} for trial {number}: it may save {gain:.1f} s of the plan "
+                        f"for about {cost:.1f} s on {priced.option.devices} device(s)."
+                    )
+        return self._pricer.profile_jobs(wanted) if wanted else []
+
+    def _measurement_seconds(self, waiting: _Waiting, priced: PricedOption) -> float:
+        """A profiling job's predicted length: the trial's set-up and the warm-up and timed steps."""
+        warmup, timed = self.settings.profile_steps
+        workload = waiting.price.workload
+        steps = max(workload.total_steps, 1) if workload is not None else 1
+        per_step = priced.option.runtime / steps
+        return per_step * (warmup + timed) + 1.0
+
+    def _profile_seconds_estimate(self, job: ProfileJob) -> float:
+        warmup, timed = self.settings.profile_steps
+        total = 0.0
+        for entry in job.entries:
+            price = self._waiting.get(entry.trial.number)
+            steps = max(entry.workload.total_steps, 1)
+            for strategy in entry.strategies:
+                option = price.price.option((strategy.name, job.devices, job.gradient_accumulation)) if price else None
+                runtime = option.option.runtime if option is not None else 10.0
+                total += runtime / steps * (warmup + timed) + 1.0
+        return total
+
+    def _start_profile(self, job: ProfileJob, devices: tuple[int, ...], pool: WorkerPool, runner: LocalRunner) -> None:
+        warmup, timed = self.settings.profile_steps
+        key = f"profile-{job.name}"
+        sessions, specs = {}, []
+        for entry in job.entries:
+            session = TrialSession(entry.trial, self._bridge.lock)
+            sessions[entry.trial.number] = session
+            specs.append(self._spec(
+                session, entry.trial.number, entry.strategies[0], key, gradient_accumulation=job.gradient_accumulation,
+                profile={"warmup": warmup, "timed": timed, "strategies": [s.to_json() for s in entry.strategies],
+                         "gradient_accumulation": job.gradient_accumulation},
+            ))
+        spec = {**specs[0], "entries": specs}
+        run = _ProfileRun(key, devices, self._elapsed(), self._run_dir / f"{_safe(key)}.log", spec["errors"],
+                          [s["token"] for s in specs], job=job, sessions=sessions)
+        strategy = job.entries[0].strategies[0]
+        self._submit(run, spec, strategy, pool, runner)
+        for entry in job.entries:
+            for s in entry.strategies:
+                self._profiled.add((entry.trial.number, (s.name, job.devices, job.gradient_accumulation)))
+                self._notify("on_profile", ProfileEvent(
+                    entry.trial.number, option_label(s.name, job.devices, job.gradient_accumulation), "started"))
+
+    # -- ends -------------------------------------------------------------------------------------------------------
+    def _launches_ended(self, runner: LocalRunner) -> list[JobEnd]:
+        return [JobEnd(l.key, self._running[l.key].devices, code == 0, f"exit code {code}")
+                for l, code in runner.poll() if l.key in self._running]
+
+    def _ended(self, ends: Sequence[JobEnd]) -> None:
+        measured = False
+        for end in ends:
+            run = self._running.pop(end.key, None)
+            if run is None:
+                continue
+            for token in run.tokens:
+                self._server.unregister(token)
+            now = self._elapsed()
+            for d in run.devices:
+                self._device_free_since[d] = now
+            if isinstance(run, _TrialRun):
+                self._finish_trial(run, end)
+            else:
+                self._finish_profile(run, end)
+                measured = True
+            self._plan_dirty = True
+        if measured:
+            self._reprice()
+
+    def _finish_trial(self, run: _TrialRun, end: JobEnd, reason: str = "") -> None:
+        session, trial = run.session, run.session.trial
+        option = run.waiting.assignment.option
         outcome = session.outcome or {}
         op = outcome.get("op")
+        if op == "fail" and not reason and self._retry_elsewhere(run, outcome):
+            return
         if not reason and op in ("fail", None):
-            reason = _first_rank_error(active.spec_path) or (
-                f"worker exited with code {returncode} before reporting a result"
+            reason = _first_rank_error(run.errors) or (
+                f"the trial's workers ended ({end.reason or 'unknown'}) before reporting a result"
             )
-        attrs = self._attrs(active, end)
-        if reason:
-            attrs[ATTR + "fail_reason"] = reason
         state, values = TrialState.FAIL, None
         if op == "result" and not reason:
             state, values = TrialState.COMPLETE, outcome["values"]
         elif op == "pruned" and not reason:
             state = TrialState.PRUNED
-        with self._lock:
-            for key, value in attrs.items():
-                trial.set_user_attr(key, value)
-            if state == TrialState.FAIL:
-                self._keep_log(trial, active.launched.log_path)
-            try:
-                frozen = self.study.tell(trial, values, state=state)
-            except Exception as exc:  # e.g. a value of the wrong shape: the trial fails, the sweep goes on
-                trial.set_user_attr(ATTR + "fail_reason", f"could not record the result: {exc}")
-                frozen = self.study.tell(trial, state=TrialState.FAIL)
-        option = active.scheduled.assignment.option
+        now = self._elapsed()
+        attrs = self._attrs(run, now)
+        if reason:
+            attrs["fail_reason"] = reason
+        frozen = self._bridge.tell(trial, state, values, attrs=attrs, log=run.log)
         if frozen.state == TrialState.COMPLETE:
-            self._estimator.observe(option, end - active.start)
-        measured = self._options.get(trial.number)
-        record = measured.records.get(option.choice) if measured else None
-        if frozen.state != TrialState.FAIL and record is not None and session.step_seconds is not None:
-            # a pruned trial's loop ran at its real rate too
-            self._estimator.observe_step_rate(record.step_seconds, session.step_seconds)
-            if self._profiler is not None and session.step >= min(session.total_steps or 0, 10):
-                self._profiler.observe_run(record.key, session.step_seconds)
-        self._log_finished(frozen, end - active.start, reason, active.launched.log_path)
-        self._notify("on_trial_end", frozen, end)
+            self._estimator.observe(option, now - run.started)
+        self._learn_from(run, frozen.state)
+        self._log_finished(frozen, now - run.started, reason, run.log)
+        self._notify("on_trial_end", frozen, now)
 
-    def _attrs(self, active: _Active, end: float) -> dict[str, Any]:
-        option = active.scheduled.assignment.option
-        session = active.session
+    def _retry_elsewhere(self, run: _TrialRun, outcome: dict) -> bool:
+        """A trial failed in a way the option, not the trial, may be at fault: it ran out of memory (the option is
+        recorded as not fitting; more micro-batches may), refused the trial's code (a ``StrategyMismatch``), or
+        crashed before its first step under an option nobody had run for its workload. The option is never planned
+        for this workload again in the sweep, and the trial waits for another one, from scratch (its parameters
+        are kept). Returns whether it does."""
+        waiting, option = run.waiting, run.waiting.assignment.option
+        priced = waiting.price.option(option.choice)
+        # a crash before the first step under an option never run for this workload: the strategy, likely
+        first_run_crash = (priced is None or not priced.measured) and run.session.step == 0
+        if self._pricer is None or waiting.price.workload is None or waiting.attempts >= _MAX_ATTEMPTS or not (
+            outcome.get("out_of_memory") or outcome.get("mismatch") or first_run_crash
+        ):
+            return False
+        error = _first_rank_error(run.errors) or outcome.get("error", "failed")
+        if outcome.get("out_of_memory"):
+            self._pricer.mark_out_of_memory(waiting.trial.number, option, error)
+        else:
+            self._pricer.mark_failed(waiting.trial.number, option, error)
+        price = self._price(waiting.trial)
+        if not price.options:
+            return False
+        _logger.warning(
+            f"Trial {waiting.trial.number} failed under {option.label}, the first run of that option for its "
+            f"workload ({error}); the option is left out and the trial is planned again."
+        )
+        self._waiting[waiting.trial.number] = _Waiting(waiting.trial, price, attempts=waiting.attempts + 1)
+        return True
+
+    def _learn_from(self, run: _TrialRun, state: TrialState) -> None:
+        """The trial's real steps are its option's profile (or correct it): later trials are priced by them."""
+        session, option = run.session, run.waiting.assignment.option
+        priced = run.waiting.price.option(option.choice)
+        record = priced.record if priced is not None else None
+        if state != TrialState.FAIL and record is not None and session.step_seconds is not None:
+            self._estimator.observe_step_rate(record.step_seconds, session.step_seconds)
+        if self._pricer is None or session.step_seconds is None or state == TrialState.FAIL:
+            return
+        if session.step < min(session.total_steps or 0, 10):
+            return  # too few steps to stand for the whole loop
+        startup = session.first_step_at - self._start - run.started - session.step_seconds
+        tail = (session.outcome_at - session.last_progress_at) if session.outcome_at and session.last_progress_at \
+            else None
+        self._pricer.learn_from_run(
+            session.trial.number, option, step_seconds=session.step_seconds, steps=session.step,
+            startup_seconds=max(0.0, startup), tail_seconds=tail, loop_steps=session.loop_steps,
+        )
+
+    def _finish_profile(self, run: _ProfileRun, end: JobEnd) -> None:
+        self._profile_seconds += (self._elapsed() - run.started) * len(run.devices)
+        self._profile_runs += 1
+        job = run.job
+        results = {n: s.profiles for n, s in run.sessions.items()}
+        reported = sum(len(v) for v in results.values())
+        expected = sum(len(e.strategies) for e in job.entries)
+        ended_early = any(r.get("infeasible") or r.get("stop_launch") for rs in results.values() for r in rs)
+        launch_error = None
+        if not end.clean and not ended_early and reported < expected:  # it died without saying why
+            launch_error = _first_rank_error(run.errors) or f"the profiling job ended ({end.reason}) (log: {run.log})"
+        recorded = self._pricer.record(job, results, self._start + run.started, launch_error)
+        self._record_profiling_run(run)
+        follow_ups = self._pricer.follow_ups(job, recorded)
+        self._profile_queue += follow_ups
+        for entry, strategy, record in recorded:
+            self._report_profile(entry, strategy, job, record, bool(follow_ups))
+
+    def _report_profile(
+        self, entry: ProfileEntry, strategy: Strategy, job: ProfileJob, record: Any, followed_up: bool
+    ) -> None:
+        option = option_label(strategy.name, job.devices, job.gradient_accumulation)
+        if record is None:
+            text = "not reached, measured in another job" if followed_up else "not measured, so it is predicted"
+        elif record.failed:
+            text = f"cannot run this trial, so it is not planned for it: {record.error}"
+        elif not record.feasible:
+            text = f"does not fit ({record.error})"
+        else:
+            loops = f", {len(record.loop_steps)} loops" if len(record.loop_steps) > 1 else ""
+            text = (
+                f"{record.step_seconds * 1e3:.1f} ms/step, set-up {record.startup_seconds:.1f} s, "
+                f"after the loop {record.tail_seconds or 0.0:.1f} s{loops}, "
+                f"peak {record.peak_memory_bytes / 2**20:.0f} MiB"
+            )
+        log = _logger.warning if record is not None and record.failed else _logger.info
+        log(f"Profiled {option} (trial {entry.trial.number}): {text}.")
+        self._notify("on_profile", ProfileEvent(entry.trial.number, option, "done", text))
+
+    def _record_profiling_run(self, run: _ProfileRun) -> None:
+        """Keep where and when the job ran on its trials, so the schedule chart can show the devices' time spent
+        profiling (set now on trials that still wait; a trial that ends gets them with its other attributes)."""
+        for entry in run.job.entries:
+            runs = self._profiling_runs.setdefault(entry.trial.number, [])
+            runs.append({
+                "option": run.job.name, "devices": [str(self.settings.devices[i]) for i in run.devices],
+                "start": round(run.started, 3), "end": round(self._elapsed(), 3),
+            })
+            if entry.trial.number in self._waiting:
+                self._bridge.set_attrs(entry.trial, {"profiling": runs})
+
+    def _attrs(self, run: _TrialRun, end: float) -> dict[str, Any]:
+        waiting, session = run.waiting, run.session
+        option = waiting.assignment.option
+        priced = waiting.price.option(option.choice)
         attrs: dict[str, Any] = {
             "strategy": option.strategy,
             "num_devices": option.devices,
             "gradient_accumulation": option.gradient_accumulation,
-            "devices": [str(self.settings.devices[i]) for i in active.devices],
-            "device_ids": list(active.devices),
-            "planned_start": round(active.scheduled.planned_start, 3),
-            "planned_end": round(active.scheduled.planned_end, 3),
+            "devices": [str(self.settings.devices[i]) for i in run.devices],
+            "device_ids": list(run.devices),
+            "planned_start": round(waiting.planned_start, 3),
+            "planned_end": round(waiting.planned_end, 3),
             "planned_runtime": round(option.runtime, 3),
-            "actual_start": round(active.start, 3),
+            "actual_start": round(run.started, 3),
             "actual_end": round(end, 3),
-            "actual_runtime": round(end - active.start, 3),
+            "actual_runtime": round(end - run.started, 3),
             "sweep_started_at": self._start,
             "pool": [str(d) for d in self.settings.devices],
-            "log": str(active.launched.log_path),
+            "log": str(run.log),
+            "priced_by": "measured" if priced is None or priced.measured else priced.basis,
         }
+        if waiting.trial.number in self._profiling_runs:
+            attrs["profiling"] = self._profiling_runs[waiting.trial.number]
+        if session.objective_started_at is not None:
+            attrs["objective_start"] = round(session.objective_started_at - self._start, 3)
         if session.first_step_at is not None:
             attrs["first_step"] = round(session.first_step_at - self._start, 3)
         if session.step_seconds is not None:
             attrs["step_seconds"] = round(session.step_seconds, 5)
-        return {ATTR + k: v for k, v in attrs.items()}
+        return attrs
 
-    def _keep_log(self, trial: optuna.Trial, log_path: Path) -> None:
-        if self.settings.artifact_store is None or not log_path.exists():
-            return
-        from optuna.artifacts import upload_artifact
+    def _relay_progress(self) -> None:
+        for run in self._running.values():
+            if not isinstance(run, _TrialRun):
+                continue
+            session = run.session
+            if session.step != run.reported_step:
+                run.reported_step = session.step
+                self._notify(
+                    "on_trial_progress",
+                    TrialProgress(session.trial.number, session.step, session.total_steps, session.step_seconds),
+                )
 
-        artifact_id = upload_artifact(
-            artifact_store=self.settings.artifact_store, file_path=str(log_path), study_or_trial=trial,
-            mimetype="text/plain",
-        )
-        trial.set_user_attr(ATTR + "log_artifact_id", artifact_id)
-
-    def _abort(self, runner: LocalRunner, server: ChannelServer, reason: str) -> None:
+    # -- stopping -------------------------------------------------------------------------------------------------
+    def _abort(self, pool: WorkerPool, runner: LocalRunner, reason: str) -> None:
         """Stop every process, then end every trial this sweep holds in a clear state."""
-        _logger.warning(f"Stopping the sweep: {reason}. Stopping {len(self._active)} running trial(s).")
+        trials = [r for r in self._running.values() if isinstance(r, _TrialRun)]
+        _logger.warning(f"Stopping the sweep: {reason}. Stopping {len(trials)} running trial(s).")
+        pool.close()
         runner.stop_all()
-        for number in list(self._active):
-            self._finish(self._active.pop(number), None, server, reason=f"sweep stopped: {reason}")
-        unstarted = [s.trial for s in self._pending] + self._waiting
-        self._pending.clear()
-        self._waiting = []
-        with self._lock:
-            for trial in unstarted:
-                trial.set_user_attr(ATTR + "fail_reason", f"not started: sweep stopped: {reason}")
-                self.study.tell(trial, state=TrialState.FAIL)
+        for run in trials:
+            self._finish_trial(run, JobEnd(run.key, run.devices, False, "stopped"), reason=f"sweep stopped: {reason}")
+        self._running.clear()
+        for waiting in self._waiting.values():
+            self._bridge.fail(waiting.trial, f"not started: sweep stopped: {reason}")
+        self._waiting.clear()
 
     # -- output -----------------------------------------------------------------------------------------------------
     def _log_finished(self, frozen: optuna.trial.FrozenTrial, seconds: float, reason: str, log: Path) -> None:
@@ -580,22 +732,18 @@ class Sweep:
         wall = self._elapsed()
         stats = {
             "started_at": self._start, "wall_seconds": round(wall, 3), "trials": self._asked,
-            "profiling_runs": self._profile_runs, "profiling_wall_seconds": round(self._profile_wall, 3),
-            "profiling_device_seconds": round(self._profile_seconds, 3),
+            "profiling_runs": self._profile_runs, "profiling_device_seconds": round(self._profile_seconds, 3),
+            "idle_device_seconds": {str(self.settings.devices[d]): round(s, 3) for d, s in self._idle_seconds.items()},
         }
-        with self._lock:
-            self.study.set_user_attr(ATTR + "last_sweep", stats)
-        profiling = (
-            f" ({self._profile_runs} profiling runs; batches waited {self._profile_wall:.1f} s for profiles)"
-            if self._profile_runs else ""
-        )
+        self._bridge.set_study_attr("last_sweep", stats)
+        profiling = f" ({self._profile_runs} profiling jobs)" if self._profile_runs else ""
         _logger.info(f"Sweep finished in {wall:.1f} s{profiling}; logs in {self._run_dir}.")
 
 
-def _first_rank_error(spec_path: str) -> str | None:
+def _first_rank_error(prefix: str) -> str | None:
     """The error of the rank that failed first: its peers' errors are usually just "connection closed"."""
     errors = []
-    for path in glob.glob(glob.escape(spec_path) + ".rank*.error.json"):
+    for path in glob.glob(glob.escape(prefix) + ".rank*.error.json"):
         with open(path, encoding="utf-8") as f:
             errors.append(json.load(f))
     if not errors:
@@ -613,7 +761,7 @@ def _tail(path: Path) -> str:
 
 
 def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    return "".join(c if c.isalnum() or c in "-_.+," else "_" for c in name)
 
 
 def _accumulation_note(gradient_accumulation: int) -> str:

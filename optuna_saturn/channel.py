@@ -89,37 +89,35 @@ class ChannelServer:
         self.close()
 
     def _serve_connection(self, rfile: Any, wfile: Any) -> None:
-        handler: Handler | None = None
+        served: list[Handler] = []  # the connection's handler, once its hello named a valid token
         try:
-            handler = self._serve_requests(rfile, wfile)
+            self._serve_requests(rfile, wfile, served)
+        except OSError:  # the peer vanished mid-request (a killed worker)
+            pass
         finally:
-            if handler is not None:  # the peer went away (or exited): its handler hears it once
+            for handler in served:  # the peer went away (or exited): its handler hears it once
                 try:
                     handler("closed", {})
                 except Exception:
                     _logger.exception("A channel handler failed on a closed connection.")
 
-    def _serve_requests(self, rfile: Any, wfile: Any) -> Handler | None:
-        handler: Handler | None = None
+    def _serve_requests(self, rfile: Any, wfile: Any, served: list[Handler]) -> None:
         for line in rfile:
             message = json.loads(line)
             op = message.get("op", "")
-            if handler is None:
+            if not served:
                 with self._lock:
                     handler = self._handlers.get(message.get("token", "")) if op == "hello" else None
                 if handler is None:
                     _logger.warning("Rejected a channel connection without a valid trial token.")
-                    return None
+                    return
+                served.append(handler)
             try:
-                line = json.dumps({"ok": True, "value": handler(op, message)}, default=_plain)
+                line = json.dumps({"ok": True, "value": served[0](op, message)}, default=_plain)
             except Exception as exc:  # the worker re-raises it; the parent must keep serving
                 line = json.dumps({"ok": False, "type": type(exc).__name__, "error": str(exc)})
-            try:
-                wfile.write((line + "\n").encode())
-                wfile.flush()
-            except OSError:  # the peer is gone
-                break
-        return handler
+            wfile.write((line + "\n").encode())
+            wfile.flush()
 
 
 class ChannelClient:

@@ -56,8 +56,11 @@ class SaturnExecutor:
             are planned from runtime estimates corrected by the trials that finish.
         profile_store: folder (or :class:`~optuna_saturn.profiler.ProfileStore`) where profiles are cached, by
             what affects speed: reused across trials, sweeps and restarts.
-        profile_budget: seconds of profiling allowed per batch; what is left unmeasured is estimated.
+        profile_budget: device-seconds the sweep may spend on profiling jobs (``None``: as much as the value of
+            measuring justifies); what is left unmeasured is predicted by the cost model.
         profile_steps: (warm-up, timed) steps of each profiling run.
+        worker_memory_limit: bytes of resident memory past which a warm worker is replaced after its job (memory
+            a trial's code leaks does not reach the next trial); ``None``: no limit.
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class SaturnExecutor:
         profile_store: str | os.PathLike | ProfileStore = "profiles",
         profile_budget: float | None = None,
         profile_steps: tuple[int, int] = (2, 5),
+        worker_memory_limit: float | None = None,
     ) -> None:
         self.devices = resolve_devices(devices, allow_shared_cores=allow_shared_cores)
         self.strategies = select_strategies(strategies, len(self.devices), folders=list(strategy_folders))
@@ -93,7 +97,7 @@ class SaturnExecutor:
                 None if not profile else
                 profile_store if isinstance(profile_store, ProfileStore) else ProfileStore(profile_store)
             ),
-            profile_budget=profile_budget, profile_steps=tuple(profile_steps),
+            profile_budget=profile_budget, profile_steps=tuple(profile_steps), worker_memory_limit=worker_memory_limit,
         )
 
     def optimize(
@@ -106,9 +110,10 @@ class SaturnExecutor:
     ) -> None:
         """Run ``n_trials`` more trials of ``study`` (or until ``timeout`` seconds, or Ctrl-C).
 
-        ``batch_size`` trials are asked and planned together (default: the number of devices). ``timeout``
-        stops asking for new trials; trials already asked still run. Ctrl-C stops every process and ends the
-        running trials as FAIL with the reason in their user attrs, then re-raises ``KeyboardInterrupt``.
+        Trials are asked continuously: ``batch_size`` is the look-ahead, how many asked trials may wait for
+        devices at once (default: the number of devices); it is not a barrier. ``timeout`` stops asking for new
+        trials; trials already asked still run. Ctrl-C stops every process and ends the running trials as FAIL
+        with the reason in their user attrs, then re-raises ``KeyboardInterrupt``.
         """
         if not isinstance(study, optuna.Study):
             raise TypeError(f"study must be an optuna.Study, got {type(study).__name__}.")

@@ -403,7 +403,7 @@ class SaturnTrial:
                     self._synchronize()
                     now = time.perf_counter()
                     self._relay(
-                        "progress", step=done + taken, total=done + budget, loop=loop,
+                        "progress", step=done + taken, total=done + budget, loop=loop, loop_total=budget,
                         elapsed=now - self._first_loop_started,
                     )
                     last_report = now

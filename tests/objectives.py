@@ -154,12 +154,12 @@ def same_curve(trial) -> float:
     return losses[-1]
 
 
-def _train_blocks(trial, steps: int, *, largest_micro_batch: int | None = None) -> float:
+def _train_blocks(trial, steps: int, *, largest_micro_batch: int | None = None, width: int = 32) -> float:
     """Trains ``Blocks`` on a global batch of 32; a micro-batch over ``largest_micro_batch`` rows runs out of
     memory (as on a GPU), in profiling and in the real run alike."""
     lr = trial.suggest_float("lr", 0.01, 0.1, log=True)
     torch.manual_seed(0)
-    model = Blocks(width=32)
+    model = Blocks(width=width)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     loader = torch.utils.data.DataLoader(regression_data(512), batch_size=32, shuffle=True, drop_last=True)
     model, optimizer, loader = trial.prepare(model, optimizer, loader)
@@ -209,9 +209,14 @@ def evaluates_after_training(trial) -> float:
 
 def single_does_not_fit(trial) -> float:
     """Runs out of memory on one device (as a model too big for one GPU would); fits when sharded over two."""
-    if trial.is_profiling and trial.world_size == 1:
+    if trial.world_size == 1 and trial.strategy is not None:  # (the description, before any strategy, allocates nothing)
         raise MemoryError("simulated: the model does not fit one device")
     return profiled(trial)
+
+
+def two_widths(trial) -> float:
+    """Trials of two model widths: two workloads, so two profile keys per option."""
+    return _train_blocks(trial, 20, width=trial.suggest_categorical("width", [16, 32]))
 
 
 # -- the code users write: optimizers, schedulers, clipping, samplers, streams (the user-code matrix) --------------

@@ -17,7 +17,8 @@ HERE = os.path.dirname(__file__)
 
 def _is_worker(process: psutil.Process) -> bool:
     try:
-        return "optuna_saturn._worker" in " ".join(process.cmdline())
+        command = " ".join(process.cmdline())
+        return "optuna_saturn._worker" in command or "optuna_saturn._warm_worker" in command
     except psutil.Error:  # exited (or a zombie) while we looked
         return False
 
@@ -46,7 +47,7 @@ def test_interrupt_stops_every_process_and_ends_every_trial(saturn_options, tmp_
         assert sweep.poll() is None, "the sweep exited before its trials started"
         assert time.monotonic() < deadline, "trials did not start within 60 s"
         time.sleep(0.2)
-    time.sleep(1.0)
+    time.sleep(5.0)  # the warm workers are up: give the trials time to start
     descendants = parent.children(recursive=True)
     sweep.send_signal(signum)
     sweep.wait(timeout=60)

@@ -195,179 +195,148 @@ def _run_dir_logs(tmp_path, prefix: str) -> list:
     return sorted(p.name for p in (tmp_path / "runs").rglob(f"{prefix}*.log"))
 
 
+def _priced_by(trial) -> str:
+    return trial.user_attrs["saturn:priced_by"]
+
+
 @pytest.mark.launch
-def test_profiles_are_measured_once_and_reused_by_a_sweep_that_varies_only_the_learning_rate(saturn_options, tmp_path):
+def test_real_runs_are_the_profiles_of_trials_and_sweeps_that_vary_only_the_learning_rate(saturn_options, tmp_path):
+    """No separate profiling when it would not pay: the first trial of a workload runs at once, its steps become
+    its option's profile, and every later trial of that workload (this sweep or the next) is priced by it."""
     store = saturn_options["profile_store"]
-    heard = _ProfileEvents()
-    executor = SaturnExecutor(devices=2, strategies=["single", "ddp"], listeners=[heard], **saturn_options)
+    executor = SaturnExecutor(devices=1, strategies=["single"], **saturn_options)
     first = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-    executor.optimize(first, objectives.profiled, n_trials=2)
-    assert sorted((e.option, e.phase) for e in heard.events) == [
-        ("ddpx2", "done"), ("ddpx2", "started"), ("singlex1", "done"), ("singlex1", "started")
-    ]
-    assert all("ms/step" in e.summary for e in heard.events if e.phase == "done")
-
-    assert len(_run_dir_logs(tmp_path, "profile-")) == 2  # single x1 and ddp x2, shared by both trials
-    assert len(ProfileStore(store)) == 2
-    profiles = first.trials[0].user_attrs["saturn:profiles"]
-    assert {(p["strategy"], p["devices"]) for p in profiles} == {("single", 1), ("ddp", 2)}
-    assert all(p["feasible"] and p["step_seconds"] > 0 and p["startup_seconds"] > 0 for p in profiles)
-    options = {(o["strategy"], o["devices"]) for o in first.trials[0].user_attrs["saturn:options"]}
-    assert options == {("single", 1), ("ddp", 2)}
-
-    # The trials' real step rates went back into the store: later sweeps price these options by them.
-    ran = {(t.user_attrs["saturn:strategy"], t.user_attrs["saturn:num_devices"]) for t in first.trials}
-    records = [ProfileStore(store).get(p["key"]) for p in profiles]
-    assert {(r.strategy, r.devices) for r in records if r.observed_runs} == ran
-    assert all(r.observed_step_seconds > 0 for r in records if r.observed_runs)
+    executor.optimize(first, objectives.profiled, n_trials=3)
+    assert all(t.state == TrialState.COMPLETE for t in first.trials)
+    assert _priced_by(first.trials[0]) != "measured" and _priced_by(first.trials[2]) == "measured"
+    assert first.user_attrs["saturn:last_sweep"]["profiling_runs"] == 0
+    assert _run_dir_logs(tmp_path, "profile-") == []
+    (record,) = ProfileStore(store).records()
+    assert record.strategy == "single" and record.feasible and record.observed_runs >= 2
+    assert record.observed_step_seconds > 0 and record.timed_steps == 40 and record.work_flops > 0
 
     second = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
-    executor.optimize(second, objectives.profiled, n_trials=3)
-    assert len(_run_dir_logs(tmp_path, "profile-")) == 2  # no new profiling run
-    assert len(heard.events) == 4
+    executor.optimize(second, objectives.profiled, n_trials=2)
     assert {t.params["lr"] for t in second.trials}.isdisjoint({t.params["lr"] for t in first.trials})
-    assert all(t.state == TrialState.COMPLETE for t in first.trials + second.trials)
-    for p, record in zip(second.trials[0].user_attrs["saturn:profiles"], records):
-        assert p["key"] == record.key and p["step_seconds"] == record.step_seconds  # the same measurements
-        option = next(o for o in second.trials[0].user_attrs["saturn:options"] if o["strategy"] == record.strategy)
-        step = p["observed_step_seconds"] or p["step_seconds"]
-        assert option["runtime"] == pytest.approx(
-            p["startup_seconds"] + 40 * step + p["tail_seconds"] + p["exit_seconds"], abs=0.01)
+    assert all(t.state == TrialState.COMPLETE and _priced_by(t) == "measured" for t in second.trials)
+    (option,) = second.trials[0].user_attrs["saturn:options"]
+    record = next(r for r in ProfileStore(store).records())
+    assert option["runtime"] == pytest.approx(record.whole_trial_seconds(40), rel=0.5)
 
 
 @pytest.mark.launch
-def test_one_launch_times_every_strategy_of_a_launcher_and_device_count(saturn_options, tmp_path):
-    study = optuna.create_study()
+def test_one_profiling_job_times_several_strategies_and_trials(saturn_options, tmp_path):
+    """``executor.profile`` measures every option: one job per device count times every strategy (least memory
+    first) of every trial (two widths: two workloads) in turn, on warm workers."""
     executor = SaturnExecutor(devices=2, strategies=["single", "single-ckpt", "ddp", "fsdp"], **saturn_options)
-    executor.optimize(study, objectives.profiled, n_trials=1)
-
-    launches = _run_dir_logs(tmp_path, "profile-")
-    assert launches == ["profile-0-fsdp+ddpx2.log", "profile-0-single+single-ckptx1.log"]  # least memory first
-    trial = study.trials[0]
-    assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
-    profiles = {(p["strategy"], p["devices"]): p for p in trial.user_attrs["saturn:profiles"]}
-    assert set(profiles) == {("single", 1), ("single-ckpt", 1), ("ddp", 2), ("fsdp", 2)}
-    assert all(p["feasible"] and p["step_seconds"] > 0 and p["startup_seconds"] > 1.0 for p in profiles.values())
-    options = {(o["strategy"], o["devices"]) for o in trial.user_attrs["saturn:options"]}
-    assert options == set(profiles)  # the planner gets every feasible option, not only the best per device count
-    launches = trial.user_attrs["saturn:profiling"]  # for the schedule chart
-    assert sorted((r["option"], tuple(r["devices"])) for r in launches) == [
-        ("fsdp+ddpx2", ("cpu:0", "cpu:1")), ("single+single-ckptx1", ("cpu:0",))
-    ]
-    assert all(0 <= r["start"] < r["end"] <= trial.user_attrs["saturn:actual_start"] for r in launches)
+    study = executor.profile(objectives.two_widths, n_trials=6, seed=0)  # widths 32, 16, 32, 32, 16, 16
+    widths = {t.number: t.params["width"] for t in study.trials}
+    assert set(widths.values()) == {16, 32}
+    jobs = _run_dir_logs(tmp_path, "profile-")
+    assert len(jobs) == 2 and all(("fsdp+ddpx2" in j) != ("single+single-ckptx1" in j) for j in jobs)
+    for trial in study.trials:
+        profiles = {(p["strategy"], p["devices"]): p for p in trial.user_attrs["saturn:profiles"]}
+        assert set(profiles) == {("single", 1), ("single-ckpt", 1), ("ddp", 2), ("fsdp", 2)}
+        assert all(p["feasible"] and p["step_seconds"] > 0 for p in profiles.values())
+    assert all(j.startswith("profile-0,1-") for j in jobs)  # trials 0 and 1 (one per workload) in one pass
+    assert len(ProfileStore(saturn_options["profile_store"])) == 8  # 2 workloads x 4 options, measured once
 
 
 @pytest.mark.launch
 def test_out_of_memory_in_profiling_marks_the_option_infeasible(saturn_options, tmp_path):
-    study = optuna.create_study()
     executor = SaturnExecutor(devices=2, strategies=["single", "single-ckpt", "ddp"], **saturn_options)
-    executor.optimize(study, objectives.single_does_not_fit, n_trials=1)
-
-    trial = study.trials[0]
-    assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
-    profiles = {(p["strategy"], p["devices"]): p for p in trial.user_attrs["saturn:profiles"]}
+    study = executor.profile(objectives.single_does_not_fit, n_trials=1)
+    profiles = {(p["strategy"], p["devices"]): p for p in study.trials[0].user_attrs["saturn:profiles"]}
     assert profiles[("single", 1)]["feasible"] is False and profiles[("single-ckpt", 1)]["feasible"] is False
     assert profiles[("ddp", 2)]["feasible"] is True
-    # single ran out of memory first; the launch stopped and single-ckpt got a launch of its own
+    # single ran out of memory first; the job stopped and single-ckpt got a job of its own
     assert len(_run_dir_logs(tmp_path, "profile-")) == 3
-    assert [o["strategy"] for o in trial.user_attrs["saturn:options"]] == ["ddp"]
-    assert trial.user_attrs["saturn:strategy"] == "ddp"
+
+    real = optuna.create_study()
+    executor.optimize(real, objectives.single_does_not_fit, n_trials=1)
+    assert real.trials[0].state == TrialState.COMPLETE and real.trials[0].user_attrs["saturn:strategy"] == "ddp"
+    assert [o["strategy"] for o in real.trials[0].user_attrs["saturn:options"]] == ["ddp"]
 
 
 @pytest.mark.launch
-def test_out_of_memory_retries_with_more_micro_batches_and_the_cache_remembers(saturn_options, tmp_path):
-    """A batch of 32 that only fits as micro-batches of 8 rows: 4 per step on one device, 2 on each of two."""
-    executor = SaturnExecutor(devices=2, strategies=["single", "ddp"], **saturn_options)
+def test_a_real_run_out_of_memory_plans_the_trial_again_with_more_micro_batches(saturn_options, tmp_path):
+    """A batch of 32 that only fits as micro-batches of 8 rows, on one device: the trial runs out of memory with
+    1 and 2 micro-batches, is planned again each time, and completes with 4; the next sweep knows."""
+    executor = SaturnExecutor(devices=1, strategies=["single"], **saturn_options)
     study = optuna.create_study()
     executor.optimize(study, objectives.needs_small_micro_batches, n_trials=1)
 
     trial = study.trials[0]
     assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
-    tried = {(p["strategy"], p["devices"], p.get("gradient_accumulation", 1)): p["feasible"]
+    assert trial.user_attrs["saturn:gradient_accumulation"] == trial.user_attrs["gradient_accumulation_seen"] == 4
+    tried = {(p["strategy"], p.get("gradient_accumulation", 1)): p["feasible"]
              for p in trial.user_attrs["saturn:profiles"]}
-    assert tried == {("single", 1, 1): False, ("single", 1, 2): False, ("single", 1, 4): True,
-                     ("ddp", 2, 1): False, ("ddp", 2, 2): True}
-    options = {(o["strategy"], o["devices"], o.get("gradient_accumulation", 1))
-               for o in trial.user_attrs["saturn:options"]}
-    assert options == {("single", 1, 4), ("ddp", 2, 2)}
-    chosen = trial.user_attrs["saturn:gradient_accumulation"]
-    assert chosen == trial.user_attrs["gradient_accumulation_seen"] == {"single": 4, "ddp": 2}[
-        trial.user_attrs["saturn:strategy"]]
-    launches = _run_dir_logs(tmp_path, "profile-")
-    assert launches == ["profile-0-ddpx2-accum2.log", "profile-0-ddpx2.log", "profile-0-singlex1-accum2.log",
-                        "profile-0-singlex1-accum4.log", "profile-0-singlex1.log"]
+    assert tried == {("single", 1): False, ("single", 2): False}  # as priced for its last run
+    records = {r.gradient_accumulation: r.feasible for r in ProfileStore(saturn_options["profile_store"]).records()}
+    assert records == {1: False, 2: False, 4: True}  # the last run is the profile of 4 micro-batches
 
     again = optuna.create_study()
     executor.optimize(again, objectives.needs_small_micro_batches, n_trials=1)
-    assert len(_run_dir_logs(tmp_path, "profile-")) == 5  # every answer, the out-of-memory ones too, was cached
-    assert again.trials[0].state == TrialState.COMPLETE
-    choices = [{k: v for k, v in o.items() if k != "runtime"} for o in again.trials[0].user_attrs["saturn:options"]]
-    assert choices == [{k: v for k, v in o.items() if k != "runtime"} for o in trial.user_attrs["saturn:options"]]
+    attrs = again.trials[0].user_attrs
+    assert again.trials[0].state == TrialState.COMPLETE and attrs["saturn:gradient_accumulation"] == 4
+    assert [o.get("gradient_accumulation", 1) for o in attrs["saturn:options"]] == [4]  # planned right away
 
 
 @pytest.mark.launch
 def test_the_objective_after_its_loop_is_timed_even_when_it_expects_the_whole_loop(saturn_options):
     """The final evaluation is part of the trial's runtime; a profile's short loop must not lose the steps."""
-    study = optuna.create_study()
-    SaturnExecutor(devices=1, strategies=["single"], **saturn_options).optimize(
-        study, objectives.evaluates_after_training, n_trials=1
+    study = SaturnExecutor(devices=1, strategies=["single"], **saturn_options).profile(
+        objectives.evaluates_after_training, n_trials=1
     )
-    trial = study.trials[0]
-    assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
-    (profile,) = trial.user_attrs["saturn:profiles"]
+    (profile,) = study.trials[0].user_attrs["saturn:profiles"]
     assert profile["feasible"] and 0.01 <= profile["step_seconds"] < 0.1
     assert 0.5 <= profile["tail_seconds"] < 1.5
-    assert 0.0 < profile["exit_seconds"] < 5.0  # the devices stay busy until the launcher has exited
-    (option,) = trial.user_attrs["saturn:options"]
-    assert option["runtime"] == pytest.approx(
-        profile["startup_seconds"] + 30 * profile["step_seconds"] + profile["tail_seconds"] + profile["exit_seconds"],
-        abs=0.01,
-    )
+    assert profile["exit_seconds"] == 0.0  # a warm worker does not exit
 
 
 @pytest.mark.launch
 def test_nested_epoch_loops_are_priced_as_the_whole_trial(saturn_options):
-    """``for epoch in range(6): for s in trial.steps(len(loader))``: the profile counts every epoch's loop and
-    times the evaluation between epochs; the trial used to be priced as its first epoch alone (1/6)."""
+    """``for epoch in range(6): for s in trial.steps(len(loader))``: a profiling job counts every epoch's loop
+    and times the evaluation between epochs; a real run reports every loop. Priced as its first epoch alone,
+    the trial was 1/6 of its length."""
+    executor = SaturnExecutor(devices=1, strategies=["single"], **saturn_options)
+    (profile,) = executor.profile(objectives.epochs_with_evaluation, n_trials=1).trials[0].user_attrs[
+        "saturn:profiles"]
+    assert profile["loops"] == 6 and 0.25 < profile["between_seconds"] < 0.6
     study = optuna.create_study()
-    SaturnExecutor(devices=1, strategies=["single"], **saturn_options).optimize(
-        study, objectives.epochs_with_evaluation, n_trials=2
-    )
+    executor.optimize(study, objectives.epochs_with_evaluation, n_trials=2)
     for trial in study.trials:
         assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
-        (profile,) = trial.user_attrs["saturn:profiles"]
-        assert profile["loops"] == 6 and 0.25 < profile["between_seconds"] < 0.6
         assert sorted(trial.intermediate_values) == list(range(6))
-    first = study.trials[0]
-    (profile,) = first.user_attrs["saturn:profiles"]
-    (option,) = first.user_attrs["saturn:options"]
-    loops = 48 * profile["step_seconds"] + 5 * profile["between_seconds"]  # all 6 epochs, 5 gaps between them
-    assert option["runtime"] == pytest.approx(
-        profile["startup_seconds"] + loops + max(profile["tail_seconds"], profile["between_seconds"])
-        + profile["exit_seconds"], abs=0.01)
-    predicted, actual = first.user_attrs["saturn:planned_runtime"], first.user_attrs["saturn:actual_runtime"]
-    print(f"nested epochs: predicted {predicted:.2f} s, actual {actual:.2f} s")
-    # Priced as one epoch, it was 1/6 of the trial; start-up times are noisy on a loaded machine, so only loosely
-    # compared here (benchmarks/profiler_accuracy.py measures the error)
-    assert 0.6 * actual < predicted < 1.6 * actual
+        predicted, actual = trial.user_attrs["saturn:planned_runtime"], trial.user_attrs["saturn:actual_runtime"]
+        print(f"nested epochs, trial {trial.number}: predicted {predicted:.2f} s, actual {actual:.2f} s")
+        assert 0.75 * actual < predicted < 1.33 * actual
 
 
 @pytest.mark.launch
-def test_a_crashed_profile_never_reaches_the_planner_and_spares_its_launch_mates(saturn_options, tmp_path):
+def test_a_crashed_profile_never_reaches_the_planner_and_spares_its_job_mates(saturn_options, tmp_path):
+    executor = SaturnExecutor(devices=2, strategies=["ddp", "fsdp"], **saturn_options)
+    study = executor.profile(objectives.crashes_under_fsdp, n_trials=2)
+    for trial in study.trials:
+        profiles = {p["strategy"]: p for p in trial.user_attrs["saturn:profiles"]}
+        assert profiles["fsdp"]["failed"] and "simulated crash under fsdp" in profiles["fsdp"]["error"]
+        assert profiles["ddp"]["feasible"] and profiles["ddp"]["step_seconds"] > 0
+    # fsdp went first (least memory) and crashed; ddp was measured in a job of its own, once for both trials
+    # (their workloads share a key, and so does the failure)
+    assert _run_dir_logs(tmp_path, "profile-") == ["profile-0-ddpx2.log", "profile-0-fsdp+ddpx2.log"]
+
+
+@pytest.mark.launch
+def test_a_real_run_that_crashes_at_once_under_a_new_option_is_planned_on_another(saturn_options):
+    """A strategy is our choice: when a trial crashes before its first step under an option nobody ran for its
+    workload, the option is left out and the trial runs again on another one."""
     study = optuna.create_study()
-    SaturnExecutor(devices=2, strategies=["ddp", "fsdp"], **saturn_options).optimize(
+    SaturnExecutor(devices=2, strategies=["fsdp", "ddp"], **saturn_options).optimize(
         study, objectives.crashes_under_fsdp, n_trials=2
     )
     for trial in study.trials:
         assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
-        profiles = {p["strategy"]: p for p in trial.user_attrs["saturn:profiles"]}
-        assert profiles["fsdp"]["failed"] and "simulated crash under fsdp" in profiles["fsdp"]["error"]
-        assert profiles["ddp"]["feasible"] and profiles["ddp"]["step_seconds"] > 0
-        assert [o["strategy"] for o in trial.user_attrs["saturn:options"]] == ["ddp"]
         assert trial.user_attrs["saturn:strategy"] == "ddp"
-    # fsdp went first (least memory) and crashed; ddp was measured in a launch of its own, once for both trials
-    # (their workloads share a key, and so does the failure)
-    assert _run_dir_logs(tmp_path, "profile-") == ["profile-0-ddpx2.log", "profile-0-fsdp+ddpx2.log"]
 
 
 def test_observed_step_rate_corrects_only_the_training_loop():

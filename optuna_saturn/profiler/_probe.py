@@ -27,6 +27,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from optuna_saturn._process_state import restored_process_state
+from optuna_saturn.cost_model import Work
+from optuna_saturn.microbatch import AccumulationError, batch_rows, tensors_of
 
 _logger = optuna.logging.get_logger("optuna.saturn.profiler")
 
@@ -46,6 +48,12 @@ class Workload:
     batch_signature: str  # the global batch's tensors: shapes and dtypes
     total_steps: int  # the first trial.steps(n) loop's n (later loops are counted by profiling runs)
     global_batch: int | None = None  # rows of a global batch: how far micro-batching can split it
+    tokens_per_step: int = 0  # rows x sequence length of a global batch (rows, for data without sequences)
+
+    @property
+    def work(self) -> Work:
+        """What a step asks of a device, for the cost model."""
+        return Work.of(self.n_params, self.bytes_per_param, self.tokens_per_step or self.global_batch or 1)
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -194,15 +202,16 @@ def _shapes(batch: Any, path: str = "") -> list[str]:
     return [f"{path}:{type(batch).__name__}"]
 
 
-def _batch_signature(batch: Any) -> tuple[str, int | None]:
-    """The batch's tensors (shapes, dtypes) and its rows."""
-    from optuna_saturn.microbatch import AccumulationError, batch_rows
-
+def _batch_signature(batch: Any) -> tuple[str, int | None, int]:
+    """The batch's tensors (shapes, dtypes), its rows, and its tokens: rows x length of the first integer
+    tensor with two dimensions (token ids), else its rows."""
     try:
         rows: int | None = batch_rows(batch)
     except AccumulationError:
         rows = None
-    return ";".join(_shapes(batch)), rows
+    ids = [t for t in tensors_of(batch) if t.dim() >= 2 and not t.is_floating_point()]
+    tokens = ids[0].shape[0] * ids[0].shape[1] if ids else (rows or 0)
+    return ";".join(_shapes(batch)), rows, int(tokens)
 
 
 def probe_workload(objective: Any, trial: optuna.Trial, lock: threading.Lock) -> Workload:
@@ -227,7 +236,7 @@ def probe_workload(objective: Any, trial: optuna.Trial, lock: threading.Lock) ->
                 "for its runtime to be profiled"
             )
         try:
-            signature, rows = _batch_signature(first_batch(probe.loader))
+            signature, rows, tokens = _batch_signature(first_batch(probe.loader))
         except Exception as exc:
             raise RuntimeError(
                 f"reading one batch of its DataLoader raised {type(exc).__name__}: {exc}"
@@ -235,5 +244,5 @@ def probe_workload(objective: Any, trial: optuna.Trial, lock: threading.Lock) ->
     model_sig, n_params, bytes_per_param = _model_signature(probe.model, probe.optimizer)
     return Workload(
         model_sig, n_params, bytes_per_param, signature, probe.total_steps,
-        probe.loader.batch_size if probe.loader.batch_size is not None else rows,
+        probe.loader.batch_size if probe.loader.batch_size is not None else rows, tokens,
     )

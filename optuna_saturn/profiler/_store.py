@@ -17,8 +17,9 @@ from optuna_saturn.strategy import Strategy
 
 #: Bumped when a profile measures something new; older profiles are then measured again, not trusted as they are
 #: (2: the objective after its loop, the launch's exit, and out-of-memory answers that allow more micro-batches;
-#: 3: batch shapes from a collated batch, library versions, later loops counted).
-PROFILE_FORMAT = 3
+#: 3: batch shapes from a collated batch, library versions, later loops counted; 4: warm workers (no process start
+#: in the start-up), the work a step does for the cost model).
+PROFILE_FORMAT = 4
 
 
 @functools.lru_cache(maxsize=None)
@@ -79,6 +80,8 @@ class ProfileRecord:
     gradient_accumulation: int = 1
     n_params: int = 0
     batch_signature: str = ""
+    work_flops: float = 0.0  # what a step of this workload computes, for the cost model
+    work_param_bytes: float = 0.0
     loop_steps: list[int] = field(default_factory=list)  # every trial.steps(n) loop's n in the profiled run
     between_seconds: float | None = None  # the objective's time between its first two loops (an epoch's end)
     failed: bool = False
@@ -151,3 +154,10 @@ class ProfileStore:
 
     def __len__(self) -> int:
         return len(list(self.folder.glob("*.json"))) if self.folder.is_dir() else 0
+
+    def records(self) -> list[ProfileRecord]:
+        """Every readable profile of this format, oldest first (what the cost model learns from)."""
+        if not self.folder.is_dir():
+            return []
+        found = [self.get(path.stem) for path in self.folder.glob("*.json") if not path.name.startswith(".tmp")]
+        return sorted((r for r in found if r is not None and r.key), key=lambda r: r.measured_at)

@@ -8,6 +8,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -16,7 +17,7 @@ from optuna_saturn.runner.launch import Launch
 
 @dataclass
 class LaunchedTrial:
-    key: int
+    key: Any
     process: subprocess.Popen
     log_path: Path
     started_at: float = field(default_factory=time.time)
@@ -27,9 +28,9 @@ class LocalRunner:
 
     def __init__(self, *, grace_period: float = 10.0) -> None:
         self.grace_period = grace_period
-        self._running: dict[int, LaunchedTrial] = {}
+        self._running: dict[Any, LaunchedTrial] = {}
 
-    def launch(self, key: int, launch: Launch, log_path: Path) -> LaunchedTrial:
+    def launch(self, key: Any, launch: Launch, log_path: Path) -> LaunchedTrial:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
@@ -53,7 +54,7 @@ class LocalRunner:
     def running(self) -> list[LaunchedTrial]:
         return list(self._running.values())
 
-    def stop(self, key: int) -> int | None:
+    def stop(self, key: Any) -> int | None:
         """Stop one trial: SIGTERM to its whole process group, SIGKILL after the grace period."""
         launched = self._running.pop(key, None)
         if launched is None:

@@ -1,0 +1,130 @@
+"""A warm worker: one process per device that runs job after job (``python -m optuna_saturn._warm_worker CONFIG I``).
+
+Started once per sweep by the pool host (:mod:`optuna_saturn.runner._host`), it pins itself to its device and
+imports torch, optuna-saturn and the objective's module once; then each job costs a process group (a new file
+rendezvous each time), not a process start. Between jobs nothing of the last one survives: the process group is
+destroyed, DeepSpeed's and Accelerate's process-wide state is reset, and the random generators, default dtype,
+environment, working folder and backend flags go back to what they were after start-up. A job that failed, ran
+out of memory, or left the process larger than ``memory_limit`` allows ends the process instead (the host starts
+a fresh one): a failed job's peers may be stuck in a collective, and memory may not come back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any, NoReturn
+
+
+def main(config_path: str, index: int) -> NoReturn:
+    from optuna_saturn._lifetime import die_with_parent
+    from optuna_saturn._worker import pin_to_device
+
+    die_with_parent()  # the pool host
+    with open(config_path, encoding="utf-8") as f:
+        config = json.load(f)
+    device = config["devices"][index]
+    pin_to_device(device)
+    os.environ["OPTUNA_SATURN_WORKER"] = "1"
+
+    import torch
+
+    from optuna_saturn._job import exit_now, join_process_group, leave_process_group, release_memory
+    from optuna_saturn._job import resident_memory, run_job
+    from optuna_saturn._objective_ref import load_objective
+    from optuna_saturn._process_state import ProcessState
+    from optuna_saturn.channel import ChannelClient
+    from optuna_saturn.engines import _clipping
+
+    if device["kind"] == "cpu" and device["cores"]:
+        torch.set_num_threads(len(device["cores"]))
+    _clipping.install()  # before any objective's module imports clip_grad_norm_
+    pool = ChannelClient(config["channel"], config["token"], hello={"worker": index})
+    objectives: dict[str, Any] = {}
+
+    def objective(recipe: dict) -> Any:
+        key = json.dumps(recipe, sort_keys=True)
+        if key not in objectives:
+            objectives[key] = load_objective(recipe)
+        return objectives[key]
+
+    baseline: ProcessState | None = None
+    while True:
+        order = pool.call("next", worker=index)
+        if order.get("exit"):
+            break
+        if "preload" in order:  # import the objective's module while no job waits for it
+            objective(order["preload"])
+            continue
+        job = order["job"]
+        fn = objective(job["objective"])
+        if baseline is None:  # after the first import of the objective's module
+            baseline = ProcessState.capture()
+        limit = config.get("memory_limit")
+        with _output_to(job["log"]):
+            print(f"optuna-saturn: worker {index} (pid {os.getpid()}) runs {job['name']} as rank {job['rank']} "
+                  f"of {job['world_size']}", flush=True)
+            place = join_process_group(  # a GPU worker sees the pool's GPUs and uses the index-th
+                device, job["rank"], job["world_size"], local_rank=index, init_method=job["rendezvous"],
+                timeout=job.get("timeout"),
+            )
+            clean = run_job(job, place, fn)
+            if clean:
+                leave_process_group(place)
+                _reset_libraries()
+                release_memory(place.device)
+                baseline.restore()
+        grown = limit is not None and resident_memory() > limit
+        pool.call("done", worker=index, job=job["name"], clean=clean, recycle=not clean or grown,
+                  resident=resident_memory())
+        if not clean or grown:
+            exit_now(0)  # the host starts a fresh worker in this one's place
+    pool.close()
+    exit_now(0)
+
+
+def _reset_libraries() -> None:
+    """Process-wide state of the libraries a strategy uses, which would outlive the job's process group."""
+    from optuna_saturn.engines import _clipping
+
+    _clipping.forget_all()
+    # DeepSpeed keeps its communication backend and its process groups (bound to the old process group) in
+    # module globals: back to their import-time values (None, or empty tables).
+    for name in ("deepspeed.comm.comm", "deepspeed.utils.groups"):
+        module = sys.modules.get(name)
+        for attribute, value in vars(module).items() if module is not None else ():
+            if attribute in ("cdb", "mpu", "mesh_device") or (attribute.startswith("_") and attribute.isupper()):
+                if isinstance(value, dict):
+                    value.clear()
+                elif not isinstance(value, (str, int, float, bool)):
+                    setattr(module, attribute, None)
+    accelerate_state = sys.modules.get("accelerate.state")
+    if accelerate_state is not None:
+        accelerate_state.AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@contextlib.contextmanager
+def _output_to(path: str) -> Iterator[None]:
+    """Send this process's stdout and stderr (Python's and the libraries' own) to the job's log."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for f in (fd, *saved):
+            os.close(f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))

@@ -1,0 +1,287 @@
+"""The device pool: warm workers, one per device, that run the sweep's jobs (trials and profiling runs).
+
+A job on ``k`` devices runs on those devices' ``k`` workers, which form a fresh process group for it (a new file
+rendezvous in the sweep's private folder, gloo bound to loopback) and tear it down after; no process starts. This
+is the interface a cluster runner implements too: ``submit`` a job on devices, ``wait`` for jobs that ended, ``stop``
+one. Workers talk to the executor over its private channel: each asks for its next order (a job, an objective to
+import ahead, or the end), then says how the job went. A worker that dies, or ends a job unclean, is replaced by
+the pool host (:mod:`optuna_saturn.runner._host`); the pool sees its connection close.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from optuna_saturn.channel import ChannelServer
+from optuna_saturn.devices import Device
+from optuna_saturn.runner.launch import network_isolation_prefix, physical_gpus
+
+#: How long a job's ranks may wait for each other to join its process group.
+RENDEZVOUS_TIMEOUT_SECONDS = 600.0
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """A job's workers are done with it. ``clean``: every rank finished it normally (the trial may still have
+    failed: its outcome came over the trial's channel); otherwise ``reason`` says which rank died or was stopped."""
+
+    key: Any
+    devices: tuple[int, ...]
+    clean: bool
+    reason: str = ""
+
+
+@dataclass
+class _Worker:
+    index: int
+    pid: int | None = None
+    connected: bool = False
+    job: Any = None  # the key of the job it runs
+    orders: queue.Queue = field(default_factory=queue.Queue)
+    started: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class _Job:
+    key: Any
+    devices: tuple[int, ...]
+    rendezvous: Path
+    finished: dict[int, bool] = field(default_factory=dict)  # device -> ended clean
+    reason: str = ""
+
+
+class WorkerPool:
+    """Warm workers for ``devices``; see the module's docstring. Thread-safe: the channel's threads report to it,
+    the scheduler's thread submits and waits."""
+
+    def __init__(
+        self,
+        devices: Sequence[Device],
+        server: ChannelServer,
+        *,
+        isolate_network: bool = False,
+        memory_limit: float | None = None,
+        log_dir: Path,
+        grace_period: float = 5.0,
+    ) -> None:
+        self.devices = list(devices)
+        self._server = server
+        self._folder = Path(os.path.dirname(server.address))
+        self._isolate = isolate_network
+        self._memory_limit = memory_limit
+        self._log_dir = log_dir
+        self._grace = grace_period
+        self._lock = threading.Lock()
+        self._workers = [_Worker(i) for i in range(len(devices))]
+        self._jobs: dict[Any, _Job] = {}
+        self._ended: queue.Queue = queue.Queue()
+        self._preload: dict | None = None
+        self._host: subprocess.Popen | None = None
+        self._token = ""
+        self._rendezvous_ids = itertools.count()
+
+    # -- life cycle ----------------------------------------------------------------------------------------------
+    def start(self, preload: dict | None = None) -> None:
+        """Start the host and its workers; each imports ``preload`` (an objective recipe) as soon as it is up."""
+        self._preload = preload
+        self._token = self._server.register(self._handle)
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        config = {
+            "devices": [d.to_json() for d in self.devices], "channel": self._server.address, "token": self._token,
+            "folder": str(self._log_dir), "memory_limit": self._memory_limit,
+        }
+        config_path = self._folder / "pool.json"
+        config_path.write_text(json.dumps(config), encoding="utf-8")
+        os.chmod(config_path, 0o600)
+        command = [sys.executable, "-m", "optuna_saturn.runner._host", str(config_path)]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "lo"}
+        if self.devices[0].kind == "cuda":  # every worker sees the pool's GPUs; worker i uses the i-th
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(physical_gpus(self.devices))
+            env["NCCL_SOCKET_IFNAME"] = "lo"
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        if self._isolate:
+            command = network_isolation_prefix() + command
+        with open(self._log_dir / "pool-host.log", "ab") as log:
+            self._host = subprocess.Popen(
+                command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,  # Ctrl-C reaches the executor only; it stops the pool as a whole
+            )
+
+    def close(self) -> None:
+        """Stop every worker and the host."""
+        with self._lock:
+            for worker in self._workers:
+                worker.orders.put({"exit": True})
+        if self._host is not None and self._host.poll() is None:
+            self._host.send_signal(signal.SIGTERM)
+            try:
+                self._host.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._host.kill()
+                self._host.wait()
+        with self._lock:
+            pids = [w.pid for w in self._workers if w.pid]
+        for pid in pids:  # a worker the host did not reach (it died first)
+            _kill(pid)
+        if self._token:
+            self._server.unregister(self._token)
+
+    # -- jobs -----------------------------------------------------------------------------------------------------
+    def ready(self) -> set[int]:
+        """Devices whose worker is up and idle."""
+        with self._lock:
+            return {w.index for w in self._workers if w.connected and w.job is None}
+
+    def starting(self) -> set[int]:
+        """Devices whose worker is not up yet (the pool is starting, or a worker is being replaced)."""
+        with self._lock:
+            return {w.index for w in self._workers if not w.connected}
+
+    def host_problem(self) -> str | None:
+        """Why the pool cannot run jobs any more, if it cannot (its host died)."""
+        if self._host is not None and self._host.poll() is not None:
+            return f"the worker pool's host exited with code {self._host.returncode} (log: {self._log_dir})"
+        return None
+
+    def submit(self, key: Any, job: dict, devices: Sequence[int], *, log: Path) -> None:
+        """Run ``job`` (a spec for :func:`optuna_saturn._job.run_job`) on ``devices``, whose workers must be
+        ready. Its end comes out of :meth:`wait`."""
+        log.parent.mkdir(parents=True, exist_ok=True)
+        rendezvous = self._folder / f"rendezvous-{next(self._rendezvous_ids)}"
+        with self._lock:
+            workers = [self._workers[d] for d in devices]
+            if any(not w.connected or w.job is not None for w in workers):
+                raise RuntimeError(f"devices {list(devices)} are not all ready for job {key!r}")
+            self._jobs[key] = _Job(key, tuple(devices), rendezvous)
+            for rank, worker in enumerate(workers):
+                worker.job = key
+                worker.orders.put({"job": {
+                    **job, "name": str(key), "rank": rank, "world_size": len(workers), "log": str(log),
+                    "rendezvous": f"file://{rendezvous}", "timeout": RENDEZVOUS_TIMEOUT_SECONDS,
+                }})
+
+    def wait(self, timeout: float) -> list[JobEnd]:
+        """Jobs that ended since the last call; waits up to ``timeout`` seconds for the first one."""
+        ended = []
+        try:
+            ended.append(self._ended.get(timeout=timeout))
+            while True:
+                ended.append(self._ended.get_nowait())
+        except queue.Empty:
+            pass
+        return ended
+
+    def stop(self, key: Any, reason: str = "stopped") -> None:
+        """Stop a job: its workers are killed (and replaced); its end comes out of :meth:`wait`."""
+        with self._lock:
+            job = self._jobs.get(key)
+            if job is None:
+                return
+            job.reason = job.reason or reason
+            pids = [self._workers[d].pid for d in job.devices if d not in job.finished]
+        for pid in pids:
+            if pid:
+                _kill(pid)
+
+    # -- what the workers say (channel threads) -------------------------------------------------------------------
+    def _handle(self, op: str, message: dict) -> Any:
+        index = int(message.get("worker", -1))
+        if op == "hello":
+            with self._lock:
+                worker = self._workers[index]
+                worker.pid, worker.connected, worker.job = int(message["pid"]), True, None
+                worker.orders = queue.Queue()
+                if self._preload is not None:
+                    worker.orders.put({"preload": self._preload})
+            return {"worker": index}
+        if op == "next":
+            return self._next_order(self._workers[index])
+        if op == "done":
+            self._finished(index, bool(message.get("clean")), "" if message.get("clean") else "a rank failed",
+                           still_up=not message.get("recycle"))
+            return None
+        if op == "closed":
+            self._closed()
+            return None
+        raise ValueError(f"Unknown request {op!r} from a pool worker.")
+
+    def _next_order(self, worker: _Worker) -> dict:
+        pid = worker.pid
+        while True:
+            try:
+                return worker.orders.get(timeout=1.0)
+            except queue.Empty:
+                if pid is None or not _alive(pid):  # it died while idle: end this request (the connection closes)
+                    return {"exit": True}
+
+    def _closed(self) -> None:
+        """Some worker's connection closed: every worker whose process is gone is no longer up."""
+        with self._lock:
+            gone = [w for w in self._workers if w.connected and (w.pid is None or not _alive(w.pid))]
+        for worker in gone:
+            self._finished(worker.index, False, f"the worker of device {worker.index} died", still_up=False)
+
+    def _finished(self, index: int, clean: bool, reason: str, *, still_up: bool) -> None:
+        with self._lock:
+            worker = self._workers[index]
+            worker.connected = worker.connected and still_up
+            key, worker.job = worker.job, None
+            job = self._jobs.get(key)
+            if job is None:
+                return
+            job.finished[index] = clean
+            if not clean:
+                job.reason = job.reason or reason
+                if len(job.finished) < len(job.devices):
+                    # Its peers may wait forever in a collective with it: stop those that do not finish soon
+                    # (most fail alike and report in time; rank 0 may still be sending the trial's outcome).
+                    timer = threading.Timer(self._grace, self._stop_unfinished, args=(key,))
+                    timer.daemon = True
+                    timer.start()
+            if len(job.finished) == len(job.devices):
+                del self._jobs[key]
+                job.rendezvous.unlink(missing_ok=True)
+                self._ended.put(JobEnd(key, job.devices, all(job.finished.values()), job.reason))
+
+    def _stop_unfinished(self, key: Any) -> None:
+        with self._lock:
+            job = self._jobs.get(key)
+            pids = [] if job is None else [
+                self._workers[d].pid for d in job.devices if d not in job.finished and self._workers[d].pid
+            ]
+        for pid in pids:
+            _kill(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not yet reaped by the host) is not alive
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
