@@ -36,7 +36,12 @@ each device processes ``B / N`` sequences per step, in ``k`` micro-batches of ``
   all ``P`` on every device (DDP replicates the step), ZeRO-2 / FSDP / ZeRO-3 only their ``P / N`` shard.
 - Offload (ZeRO-3-offload): bf16 gradients down and parameters up over PCIe, ``4P / N`` bytes per device per
   step, plus CPU Adam over all ``P`` parameters; neither overlaps compute.
-- Startup: 60 s plus loading ``2P`` bytes at 2 GB/s (assumption).
+- Startup: 60 s plus loading ``2P`` bytes at 2 GB/s (assumption) when every trial is launched (the baselines:
+  a fresh interpreter, its imports and NCCL's initialisation each time). optuna-saturn's warm workers start once
+  per sweep (``POOL_START_SECONDS``, the same 60 s) and each trial then pays a new process group
+  (``WARM_JOB_SECONDS``: an NCCL communicator for up to 8 GPUs, a few seconds; assumption 10 s) plus its model load.
+- Profiling: a measured option costs its set-up (``WARM_JOB_SECONDS`` plus the model load) and
+  ``PROFILE_STEPS`` steps (2 warm-up and 5 timed, the executor's default), on all of its devices.
 
 Memory per device (must be <= 80 GB minus 4 GB of framework overhead): model states are 16 bytes/param in
 mixed precision (bf16 params 2 + grads 2 + fp32 master 4 + Adam 8). single/DDP keep all ``16P``; ZeRO-2 keeps
@@ -68,6 +73,9 @@ CPU_ADAM_PARAMS_PER_S = 2e9
 OVERLAP = 0.5
 STARTUP_SECONDS = 60.0
 LOAD_BANDWIDTH = 2e9
+WARM_JOB_SECONDS = 10.0
+POOL_START_SECONDS = STARTUP_SECONDS
+PROFILE_STEPS = 7
 DEVICE_COUNTS = (1, 2, 4, 8)
 
 
@@ -119,8 +127,12 @@ def _communication(strategy: str, model: Model, n: int, efficiency: float) -> tu
     return _collective(3 * ring * grads, 3 * model.layers, efficiency), 0.0
 
 
-def option_runtime(model: Model, batch: int, strategy: str, n: int, ckpt: bool) -> float | None:
-    """Seconds for the whole trial, or None if it does not fit in memory even at micro-batch 1."""
+def option_runtime(
+    model: Model, batch: int, strategy: str, n: int, ckpt: bool, *, startup: float = STARTUP_SECONDS,
+    steps: float | None = None,
+) -> float | None:
+    """Seconds for the whole trial (``steps`` steps, default the model's training tokens' worth, after ``startup``
+    seconds plus the model load), or None if it does not fit in memory even at micro-batch 1."""
     allowed, state_bytes, efficiency, offload = STRATEGIES[strategy]
     if n not in allowed or batch % n:
         return None
@@ -134,7 +146,7 @@ def option_runtime(model: Model, batch: int, strategy: str, n: int, ckpt: bool) 
         mb //= 2
     if mb < 1:
         return None
-    steps = model.tokens / (batch * model.seq)
+    steps = model.tokens / (batch * model.seq) if steps is None else steps
     accum = -(-(batch // n) // mb)  # micro-batches per step
     tokens_mb = mb * model.seq
     mfu = MFU_MAX * tokens_mb / (tokens_mb + MFU_HALF_TOKENS)
@@ -149,32 +161,45 @@ def option_runtime(model: Model, batch: int, strategy: str, n: int, ckpt: bool) 
     else:
         local = model.params / n if strategy in ("zero2", "fsdp", "zero3") else model.params
         step += ADAM_BYTES_PER_PARAM * local / HBM_BANDWIDTH
-    return STARTUP_SECONDS + 2 * model.params / LOAD_BANDWIDTH + steps * step
+    return startup + 2 * model.params / LOAD_BANDWIDTH + steps * step
 
 
-def model_options(model: Model, batch: int) -> list[Option]:
-    """Every memory-feasible (strategy, device count) option; "-ckpt" only where the plain variant does not fit."""
+def model_options(model: Model, batch: int, **kwargs: float) -> list[Option]:
+    """Every memory-feasible (strategy, device count) option; "-ckpt" only where the plain variant does not fit.
+    ``kwargs`` go to :func:`option_runtime` (``startup``, ``steps``)."""
     out = []
     for strategy in STRATEGIES:
         for n in DEVICE_COUNTS:
-            plain = option_runtime(model, batch, strategy, n, ckpt=False)
+            plain = option_runtime(model, batch, strategy, n, ckpt=False, **kwargs)
             if plain is not None:
                 out.append(Option(strategy, n, plain))
                 continue
-            ckpt = option_runtime(model, batch, strategy, n, ckpt=True)
+            ckpt = option_runtime(model, batch, strategy, n, ckpt=True, **kwargs)
             if ckpt is not None:
                 out.append(Option(f"{'single' if strategy == 'single' else strategy}-ckpt", n, ckpt))
     return out
 
 
-def paper_like() -> list[Job]:
-    """3 model families x 2 batch sizes x 3 learning rates = 18 trials on one 8 x 80 GB node."""
+def paper_like(*, startup: float = STARTUP_SECONDS) -> list[Job]:
+    """3 model families x 2 batch sizes x 3 learning rates = 18 trials on one 8 x 80 GB node, each trial starting
+    ``startup`` seconds (plus its model load) before its first step."""
     jobs = []
     for model, batches in PAPER_LIKE:
         for batch in batches:
             for lr in LEARNING_RATES:
-                jobs.append(Job(f"{model.name}-b{batch}-lr{lr:g}", model_options(model, batch)))
+                jobs.append(Job(f"{model.name}-b{batch}-lr{lr:g}", model_options(model, batch, startup=startup)))
     return jobs
+
+
+def paper_like_profiling_seconds() -> float:
+    """Device-seconds to measure every option of every distinct workload of the paper-like sweep once (the
+    most a sweep measures: real runs are profiles, and the value-of-information rule skips the rest)."""
+    total = 0.0
+    for model, batches in PAPER_LIKE:
+        for batch in batches:
+            for option in model_options(model, batch, startup=WARM_JOB_SECONDS, steps=PROFILE_STEPS):
+                total += option.runtime * option.devices
+    return total
 
 
 def random_workload(n: int, seed: int, *, max_devices: int = 8) -> list[Job]:

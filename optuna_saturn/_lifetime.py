@@ -8,6 +8,10 @@ import signal
 import sys
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
+#: What ``ps``, ``top`` and psutil's ``name()`` call a warm worker (a fork of the pool host, so its command line
+#: is the host's): this prefix and its device index.
+WORKER_NAME = "saturn-worker-"
 
 
 def die_with_parent() -> None:
@@ -21,3 +25,12 @@ def die_with_parent() -> None:
         return
     if os.getppid() != parent or parent == 1:  # the parent died before the request took effect
         sys.exit(1)
+
+
+def name_process(name: str) -> None:
+    """Set this process's name as ``ps -o comm``, ``top`` and psutil's ``name()`` show it (at most 15 bytes)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass

@@ -20,6 +20,7 @@ import optuna
 
 from optuna_saturn.cost_model import CostModel, Prediction, Work
 from optuna_saturn.devices import Device
+from optuna_saturn.estimates import NOMINAL_TRIAL_SECONDS
 from optuna_saturn.planner import Option
 from optuna_saturn.planner._types import option_label
 from optuna_saturn.profiler import (
@@ -128,6 +129,7 @@ class Pricer:
         self._queued: set[str] = set()  # keys a profiling job will measure (queued or running)
         self.cost_model = CostModel()
         self._learned: list[ProfileRecord] = []  # feasible profiles of this hardware, oldest first
+        self._reference_work = 0.0  # FLOPs of the first trial priced before anything was measured
         self._warned_probe = False
         for record in store.records():
             self._learn(record)
@@ -195,9 +197,20 @@ class Pricer:
         basis = measured or self._learned
         steps = statistics.median(r.trial_steps(workload.total_steps) for r in basis) if measured else float(
             workload.total_steps)
+        if not basis and not any(True for _ in self.cost_model.families()):
+            # Nothing measured on this hardware yet: the prior knows sizes, not seconds. Trials are priced by their
+            # work relative to the first one described, which is given the placeholder length of a trial.
+            work = workload.work.flops * steps
+            self._reference_work = self._reference_work or work
+            return NOMINAL_TRIAL_SECONDS * work / self._reference_work * prediction.seconds / self._prior_single(
+                workload)
         startup = statistics.median(r.startup_seconds or 0.0 for r in basis) if basis else 0.0
         after = statistics.median(r.after_loop_seconds for r in basis) if basis else 0.0
         return startup + steps * prediction.seconds + after
+
+    def _prior_single(self, workload: Workload) -> float:
+        """The prior's step time of one device without accumulation, the unit the placeholder scales."""
+        return self.cost_model.predict(("single", 1, 1), workload.work).seconds
 
     # -- profiling jobs -------------------------------------------------------------------------------------------
     def profile_jobs(self, wanted: Sequence[tuple[optuna.Trial, tuple[str, int, int]]]) -> list[ProfileJob]:

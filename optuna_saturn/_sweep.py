@@ -43,10 +43,16 @@ from optuna_saturn.runner.pool import JobEnd, WorkerPool
 from optuna_saturn.strategy import Strategy
 
 _logger = optuna.logging.get_logger("optuna.saturn")
-_REPLAN_SECONDS = 1.0  # plans happen while devices may wait for them: keep them short
-#: Ask the next trial when a device will have nothing to do within this many seconds (plus twice the time asking
-#: and describing a trial took lately), so that it is planned before the device frees.
-_ASK_AHEAD_SECONDS = 1.0
+_REPLAN_SECONDS = 0.1  # plans happen while devices may wait for them, and take a core: keep them short
+#: Ask the next trial when a device will have nothing to do within twice the time asking and describing a trial
+#: took lately, plus this margin: it is then planned before the device frees, and asked as late as that allows.
+_ASK_AHEAD_SECONDS = 0.1
+#: Among options that finish the plan equally soon, prefer the one that spends fewer device-seconds: each option
+#: is priced to the planner this much longer per unit of area beyond the trial's most efficient option.
+_EFFICIENCY_TIE_BREAK = 0.02
+#: How many trials not asked yet the planner expects (per device, at most): enough to see that more work comes.
+_FUTURE_TRIALS = 4
+_FUTURE = "future-"
 _LOG_TAIL_LINES = 20
 #: A trial whose first runs of options fail (out of memory, a strategy mismatch, a crash) is planned again on
 #: other options this many times in all.
@@ -154,6 +160,9 @@ class Sweep:
         self._server: ChannelServer | None = None
         self._recipe: dict = {}
         self._ask_seconds: list[float] = []  # how long asking and describing each trial took
+        self._seen: list[list[Option]] = []  # every asked trial's options, as first priced
+        self._plan_version = self._voi_version = 0  # plans made; the plan whose profiling value was judged
+        self._planning_seconds = 0.0
 
     def _notify(self, method: str, *args: Any) -> None:
         for listener in list(self._listeners):
@@ -174,6 +183,7 @@ class Sweep:
                 self.settings.devices, server, isolate_network=self.settings.isolate_network,
                 memory_limit=self.settings.worker_memory_limit, log_dir=self._run_dir / "workers",
                 grace_period=self.settings.grace_period,
+                multi_device=any(max(s.device_counts(len(self.settings.devices))) > 1 for s in self.settings.strategies),
             )
             pool.start(preload=self._recipe)
             try:
@@ -248,6 +258,7 @@ class Sweep:
                 self._notify("on_trial_end", frozen, self._elapsed())
                 continue
             self._waiting[trial.number] = _Waiting(trial, price)
+            self._seen.append([p.option for p in price.options])
             self._plan_dirty = True
             if self.settings.profile_only:
                 to_measure += [(trial, p.option.choice) for p in price.options if not p.measured]
@@ -259,6 +270,7 @@ class Sweep:
         from within the time it takes to ask and describe a trial."""
         now = self._elapsed()
         horizon = _ASK_AHEAD_SECONDS + 2 * (max(self._ask_seconds[-5:]) if self._ask_seconds else 0.0)
+        horizon = horizon if self._ask_seconds else 0.0  # nothing waits to be asked ahead of the first trial
         busy_until = [now] * len(self.settings.devices)
         for run in self._running.values():
             for d in run.devices:
@@ -303,9 +315,22 @@ class Sweep:
 
     def _jobs_and_busy(self) -> tuple[list[Job], list[Reservation]]:
         now = self._elapsed()
-        jobs = [Job(str(n), self._options(w)) for n, w in self._waiting.items()]
+        jobs = [Job(str(n), _tie_broken(self._options(w))) for n, w in self._waiting.items()]
         busy = [Reservation(0, r.devices, self._remaining(r, now), r.key) for r in self._running.values()]
-        return jobs, busy
+        return jobs + self._future_jobs(), busy
+
+    def _future_jobs(self) -> list[Job]:
+        """The trials not asked yet, as the planner should expect them: like the latest trial. Without them a
+        trial asked alone gets the option that ends it soonest (all devices, say), although the trials still to
+        come would make options that use the devices more efficiently finish the sweep sooner; with them, such
+        options are kept for the sweep's tail, where they pay."""
+        remaining = (self.n_trials - self._asked) if self.n_trials is not None else _FUTURE_TRIALS
+        if not self._seen or remaining <= 0 or self.settings.profile_only:
+            return []
+        # a trial of median size among those asked so far stands for each of them
+        options = sorted(self._seen, key=lambda opts: min(o.runtime * o.devices for o in opts))[len(self._seen) // 2]
+        count = min(remaining, _FUTURE_TRIALS * len(self.settings.devices))
+        return [Job(f"{_FUTURE}{i}", _tie_broken(options)) for i in range(count)]
 
     def _plan(self) -> None:
         """Re-plan every waiting trial around the running jobs (the previous plan is kept unless a new one is
@@ -313,17 +338,26 @@ class Sweep:
         self._plan_dirty = False
         if not self._waiting or self.settings.profile_only:
             return
+        self._plan_version += 1
         now = self._elapsed()
         jobs, busy = self._jobs_and_busy()
-        previous = [w.assignment for w in self._waiting.values() if w.assignment is not None]
+        previous = [w.assignment for w in self._waiting.values() if w.assignment is not None]  # (real trials only)
         plan = replan(
             Plan(tuple(previous)) if previous else None, jobs, self._cluster, busy=busy, solver=self.settings.solver,
             time_limit=min(self.settings.time_limit, _REPLAN_SECONDS),
         )
+        real = []
         for a in plan.assignments:
+            if a.job.startswith(_FUTURE):
+                continue
             waiting = self._waiting[int(a.job)]
+            option = next(o for o in self._options(waiting) if o.choice == a.option.choice)  # its own runtime
+            a = replace(a, option=option, end=a.start + option.runtime)
+            real.append(a)
             waiting.assignment, waiting.planned_start, waiting.planned_end = a, now + a.start, now + a.end
-        self._notify("on_plan", plan, [int(a.job) for a in plan.assignments], now)
+        self._planning_seconds += time.time() - self._start - now
+        shown = Plan(tuple(real), solver=plan.solver, lower_bound=plan.lower_bound, solve_seconds=plan.solve_seconds)
+        self._notify("on_plan", shown, [int(a.job) for a in real], now)
 
     def _remaining(self, run: _Run, now: float) -> float:
         """Seconds a running job still needs: a trial from its measured step rate when it reports one (plus what
@@ -348,23 +382,73 @@ class Sweep:
         return set(range(len(self.settings.devices))) - held
 
     def _dispatch(self, pool: WorkerPool, runner: LocalRunner) -> None:
-        """Start every waiting trial whose planned devices are free and that is next in plan order on each."""
+        """Start waiting trials in plan order, each with its planned option, on free devices: the planned ones
+        when they are free, any others otherwise (the devices of a node are alike), so that no device idles while
+        a trial could run. A trial that must wait for more devices than are free holds back the trials planned
+        after it, except those that end before it is planned to start (backfilling), so it is not starved.
+        Then a trial planned for later starts now under another option if that ends it no later than planned on
+        devices nobody needs before (the plan's makespan is indifferent to such idle time; the trial is not)."""
         if self.settings.profile_only:
             return
-        free, ready = self._free(pool), pool.ready()
-        claimed: set[int] = set()
+        now = self._elapsed()
+        free = self._free(pool)
+        ready = pool.ready()
         measuring = {e.trial.number for r in self._running.values() if isinstance(r, _ProfileRun) for e in r.job.entries}
-        for waiting in sorted(
+        planned = sorted(
             (w for w in self._waiting.values() if w.assignment is not None and w.trial.number not in measuring),
-            key=lambda w: (w.assignment.start, w.assignment.job),
-        ):  # (a trial whose options are being measured waits for what they show)
-            devices = set(waiting.assignment.devices)
-            strategy = self._strategies[waiting.assignment.option.strategy]
-            launchable = strategy.launcher in _LAUNCHED
-            if devices <= free and not devices & claimed and (launchable or devices <= ready):
-                self._start_trial(waiting, pool, runner)
-                free -= devices
-            claimed |= devices
+            key=lambda w: (w.assignment.start, w.trial.number),
+        )  # (a trial whose options are being measured waits for what they show)
+        blocked_until: float | None = None
+        later = []
+        for waiting in planned:
+            option = waiting.assignment.option
+            usable = self._usable(free, ready, option)
+            fits = option.devices <= len(usable)
+            if fits and (blocked_until is None or now + option.runtime <= blocked_until):
+                preferred = set(waiting.assignment.devices)
+                devices = sorted(preferred) if preferred <= usable else sorted(usable)[: option.devices]
+                self._start_as(waiting, option, devices, pool, runner)
+                free -= set(devices)
+            else:
+                later.append(waiting)
+                if not fits and blocked_until is None:
+                    blocked_until = max(now, waiting.planned_start)
+        for waiting in later:
+            self._start_early(waiting, later, free, ready, now, pool, runner)
+
+    def _start_early(
+        self, waiting: _Waiting, later: list[_Waiting], free: set[int], ready: set[int], now: float,
+        pool: WorkerPool, runner: LocalRunner,
+    ) -> None:
+        """Start ``waiting`` now under whichever option ends it soonest on free devices, if that is no later than
+        its planned end and no other waiting trial is planned on those devices before then."""
+        needed = {d: w.planned_start for w in later if w is not waiting for d in w.assignment.devices}
+        best = None
+        for option in self._options(waiting):
+            end = now + option.runtime
+            usable = [d for d in sorted(self._usable(free, ready, option)) if needed.get(d, float("inf")) >= end]
+            if option.devices <= len(usable) and end <= waiting.planned_end and (best is None or end < best[0]):
+                best = (end, option, usable[: option.devices])
+        if best is not None:
+            _, option, devices = best
+            self._start_as(waiting, option, devices, pool, runner)
+            free -= set(devices)
+
+    def _usable(self, free: set[int], ready: set[int], option: Option) -> set[int]:
+        """Free devices a trial under ``option`` can use now: ready workers, or any, for a launched strategy."""
+        return free if self._strategies[option.strategy].launcher in _LAUNCHED else free & ready
+
+    def _start_as(
+        self, waiting: _Waiting, option: Option, devices: list[int], pool: WorkerPool, runner: LocalRunner
+    ) -> None:
+        now = self._elapsed()
+        waiting.assignment = replace(
+            waiting.assignment, option=option, devices=tuple(devices), start=0.0, end=option.runtime
+        )
+        # the plan it starts under: no later than planned, and as long as its option takes
+        waiting.planned_start = min(waiting.planned_start, now)
+        waiting.planned_end = waiting.planned_start + option.runtime
+        self._start_trial(waiting, pool, runner)
 
     def _start_trial(self, waiting: _Waiting, pool: WorkerPool, runner: LocalRunner) -> None:
         trial, assignment = waiting.trial, waiting.assignment
@@ -423,7 +507,8 @@ class Sweep:
         """Measure what is worth measuring, on devices the plan leaves idle now."""
         if self._pricer is None:
             return
-        if not self.settings.profile_only:
+        if not self.settings.profile_only and self._voi_version != self._plan_version and self._idle_devices(pool):
+            self._voi_version = self._plan_version  # judged once per plan, when devices are idle
             self._profile_queue += self._worth_measuring()
         budget = self.settings.profile_budget
         while self._profile_queue:
@@ -734,6 +819,8 @@ class Sweep:
             "started_at": self._start, "wall_seconds": round(wall, 3), "trials": self._asked,
             "profiling_runs": self._profile_runs, "profiling_device_seconds": round(self._profile_seconds, 3),
             "idle_device_seconds": {str(self.settings.devices[d]): round(s, 3) for d, s in self._idle_seconds.items()},
+            "planning_seconds": round(self._planning_seconds, 3),
+            "describing_seconds": round(sum(self._ask_seconds), 3),
         }
         self._bridge.set_study_attr("last_sweep", stats)
         profiling = f" ({self._profile_runs} profiling jobs)" if self._profile_runs else ""
@@ -762,6 +849,14 @@ def _tail(path: Path) -> str:
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_.+," else "_" for c in name)
+
+
+def _tie_broken(options: Sequence[Option]) -> list[Option]:
+    """``options`` as the planner sees them: each a little longer the more device-seconds it spends beyond the
+    most efficient one (see ``_EFFICIENCY_TIE_BREAK``)."""
+    least = min(o.runtime * o.devices for o in options) or 1.0
+    return [replace(o, runtime=o.runtime * (1 + _EFFICIENCY_TIE_BREAK * (o.runtime * o.devices / least - 1)))
+            for o in options]
 
 
 def _accumulation_note(gradient_accumulation: int) -> str:

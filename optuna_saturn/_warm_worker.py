@@ -1,8 +1,8 @@
-"""A warm worker: one process per device that runs job after job (``python -m optuna_saturn._warm_worker CONFIG I``).
+"""A warm worker: one process per device that runs job after job.
 
-Started once per sweep by the pool host (:mod:`optuna_saturn.runner._host`), it pins itself to its device and
-imports torch, optuna-saturn and the objective's module once; then each job costs a process group (a new file
-rendezvous each time), not a process start. Between jobs nothing of the last one survives: the process group is
+Forked by the pool host (:mod:`optuna_saturn.runner._host`) once torch, optuna-saturn and the objective's module
+are imported (:func:`prepare_process`), it pins itself to its device (:func:`serve`); then each job costs a process
+group (a new file rendezvous each time), not a process start. Between jobs nothing of the last one survives: the process group is
 destroyed, DeepSpeed's and Accelerate's process-wide state is reset, and the random generators, default dtype,
 environment, working folder and backend flags go back to what they were after start-up. A job that failed, ran
 out of memory, or left the process larger than ``memory_limit`` allows ends the process instead (the host starts
@@ -19,49 +19,66 @@ from collections.abc import Iterator
 from typing import Any, NoReturn
 
 
-def main(config_path: str, index: int) -> NoReturn:
-    from optuna_saturn._lifetime import die_with_parent
+def prepare_process(config: dict) -> dict[str, Any]:
+    """What every worker needs, done once in the pool host before it forks them: imports (torch, optuna-saturn,
+    what strategies import, the objective's module, what the objective imports lazily). Returns the objectives
+    loaded, by recipe."""
+    os.environ["OPTUNA_SATURN_WORKER"] = "1"
+    import torch
+
+    from optuna_saturn.engines import _clipping
+    from optuna_saturn.profiler._probe import warm_up
+
+    torch.set_num_threads(1)  # no thread pool before the forks: each worker sizes its own
+    _clipping.install()  # before any objective's module imports clip_grad_norm_
+    if config.get("multi_device"):
+        _import_what_strategies_import()
+    objectives: dict[str, Any] = {}
+    if config.get("preload") is not None:
+        warm_up(_objective(objectives, config["preload"]))
+    return objectives
+
+
+def _objective(objectives: dict[str, Any], recipe: dict) -> Any:
+    from optuna_saturn._objective_ref import load_objective
+
+    key = json.dumps(recipe, sort_keys=True)
+    if key not in objectives:
+        objectives[key] = load_objective(recipe)
+    return objectives[key]
+
+
+def serve(config: dict, index: int, objectives: dict[str, Any]) -> NoReturn:
+    """The worker of device ``index`` (a fork of the pool host): runs the jobs the executor sends it."""
+    from optuna_saturn._lifetime import WORKER_NAME, die_with_parent, name_process
     from optuna_saturn._worker import pin_to_device
 
     die_with_parent()  # the pool host
-    with open(config_path, encoding="utf-8") as f:
-        config = json.load(f)
+    name_process(f"{WORKER_NAME}{index}")
     device = config["devices"][index]
     pin_to_device(device)
-    os.environ["OPTUNA_SATURN_WORKER"] = "1"
 
     import torch
 
     from optuna_saturn._job import exit_now, join_process_group, leave_process_group, release_memory
     from optuna_saturn._job import resident_memory, run_job
-    from optuna_saturn._objective_ref import load_objective
     from optuna_saturn._process_state import ProcessState
     from optuna_saturn.channel import ChannelClient
-    from optuna_saturn.engines import _clipping
 
     if device["kind"] == "cpu" and device["cores"]:
         torch.set_num_threads(len(device["cores"]))
-    _clipping.install()  # before any objective's module imports clip_grad_norm_
     pool = ChannelClient(config["channel"], config["token"], hello={"worker": index})
-    objectives: dict[str, Any] = {}
-
-    def objective(recipe: dict) -> Any:
-        key = json.dumps(recipe, sort_keys=True)
-        if key not in objectives:
-            objectives[key] = load_objective(recipe)
-        return objectives[key]
-
     baseline: ProcessState | None = None
     while True:
         order = pool.call("next", worker=index)
         if order.get("exit"):
             break
-        if "preload" in order:  # import the objective's module while no job waits for it
-            objective(order["preload"])
+        if "preload" in order:  # an objective the host did not import
+            _objective(objectives, order["preload"])
             continue
         job = order["job"]
-        fn = objective(job["objective"])
-        if baseline is None:  # after the first import of the objective's module
+        fn = _objective(objectives, job["objective"])
+        if baseline is None:  # the state every job starts from
             baseline = ProcessState.capture()
         limit = config.get("memory_limit")
         with _output_to(job["log"]):
@@ -84,6 +101,14 @@ def main(config_path: str, index: int) -> NoReturn:
             exit_now(0)  # the host starts a fresh worker in this one's place
     pool.close()
     exit_now(0)
+
+
+def _import_what_strategies_import() -> None:
+    """The first DistributedDataParallel or fully_shard of a process imports torch._dynamo and its dependencies
+    (1.6 s here); a warm worker pays that once, before its first job, not during a trial."""
+    import torch._dynamo  # noqa: F401
+    import torch.distributed.fsdp  # noqa: F401
+    import torch.nn.parallel  # noqa: F401
 
 
 def _reset_libraries() -> None:
@@ -125,6 +150,3 @@ def _output_to(path: str) -> Iterator[None]:
         for f in (fd, *saved):
             os.close(f)
 
-
-if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))

@@ -92,7 +92,8 @@ def run(
     timeout: Annotated[float | None, typer.Option(
         "--timeout", min=0.001, help="Stop asking for new trials after this many seconds.")] = None,
     batch_size: Annotated[int | None, typer.Option(
-        "--batch-size", min=1, help="Trials asked and planned together (default: the number of devices).")] = None,
+        "--batch-size", min=1,
+        help="Look-ahead: how many asked trials may wait for devices (default: the number of devices).")] = None,
     solver: SolverOption = "auto",
     direction: Annotated[str, typer.Option(
         "--direction", help="minimize or maximize; used when the study is created.")] = "minimize",

@@ -80,6 +80,7 @@ class SweepTracker:
     def trial_start(self, start: TrialStart) -> TrialStatus:
         status = self.trials.setdefault(start.number, TrialStatus(start.number, start.strategy, start.devices))
         status.state, status.start, status.devices = "RUNNING", start.start, tuple(start.devices)
+        status.strategy = start.strategy  # the plan's choice may change at the start (another option ends sooner)
         status.planned_start, status.planned_end = start.planned_start, start.planned_end
         return status
 

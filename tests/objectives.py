@@ -375,3 +375,40 @@ def crashes_under_fsdp(trial) -> float:
     if trial.strategy is not None and trial.strategy.name == "fsdp":
         raise RuntimeError("simulated crash under fsdp")
     return profiled(trial)
+
+
+def leaves_a_mess(trial) -> float:
+    """Records the process-wide state it finds, then changes it: the next trial on a reused worker must find
+    it as a fresh process would (its dtype, environment, random generator, threads, process group)."""
+    trial.suggest_float("x", 0, 1)
+    trial.set_user_attr("found", {
+        "pid": os.getpid(), "dtype": str(torch.get_default_dtype()), "env": os.environ.get("SATURN_TEST_MESS"),
+        "random": torch.rand(1).item(), "threads": torch.get_num_threads(), "grad": torch.is_grad_enabled(),
+        "world": dist.get_world_size() if dist.is_initialized() else None, "cwd": os.getcwd(),
+    })
+    torch.set_default_dtype(torch.float64)
+    os.environ["SATURN_TEST_MESS"] = "left behind"
+    torch.manual_seed(1234)
+    torch.set_num_threads(3)
+    torch.set_grad_enabled(False)
+    os.chdir("/")
+    if dist.is_initialized():
+        dist.new_group(backend="gloo")  # a group of the trial's own: destroyed with its process group
+    return 0.0
+
+
+def oom_first(trial) -> float:
+    """Trial 0 runs out of memory (its worker must be replaced); the others succeed and say where they ran."""
+    x = trial.suggest_float("x", 0, 1)
+    trial.set_user_attr("pid", os.getpid())
+    if trial.number == 0:
+        raise torch.OutOfMemoryError("simulated out of memory")
+    return x
+
+
+def sleeps(trial) -> float:
+    """Takes ``seconds``: a long trial and short ones."""
+    seconds = trial.suggest_float("seconds", 0.1, 10.0)
+    for _ in trial.steps(10):
+        time.sleep(seconds / 10)
+    return seconds

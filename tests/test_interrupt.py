@@ -11,14 +11,16 @@ import psutil
 import pytest
 from optuna.trial import TrialState
 
+from optuna_saturn._lifetime import WORKER_NAME
+
 pytestmark = pytest.mark.launch
 HERE = os.path.dirname(__file__)
 
 
 def _is_worker(process: psutil.Process) -> bool:
     try:
-        command = " ".join(process.cmdline())
-        return "optuna_saturn._worker" in command or "optuna_saturn._warm_worker" in command
+        # a warm worker is a fork of the pool host (named after its device); a launched one runs _worker
+        return process.name().startswith(WORKER_NAME) or "optuna_saturn._worker" in " ".join(process.cmdline())
     except psutil.Error:  # exited (or a zombie) while we looked
         return False
 

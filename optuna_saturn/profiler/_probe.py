@@ -246,3 +246,33 @@ def probe_workload(objective: Any, trial: optuna.Trial, lock: threading.Lock) ->
         model_sig, n_params, bytes_per_param, signature, probe.total_steps,
         probe.loader.batch_size if probe.loader.batch_size is not None else rows, tokens,
     )
+
+
+class _FirstValues:
+    """Stands in for an Optuna trial with placeholder hyperparameters: each search space's first value."""
+
+    number = -1
+    params: dict = {}
+
+    def suggest_float(self, name: str, low: float, high: float, *, step: float | None = None, log: bool = False):
+        return low
+
+    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False):
+        return low
+
+    def suggest_categorical(self, name: str, choices: Any):
+        return list(choices)[0]
+
+
+def warm_up(objective: Any) -> None:
+    """Run ``objective`` up to its first training loop with placeholder hyperparameters, as the description
+    does, in this process: what it imports lazily (transformers' model classes, say) is then imported once here,
+    before warm workers are forked from this process. Any error is ignored: this is only a warm-up."""
+    from accelerate import init_empty_weights
+
+    with restored_process_state():
+        try:
+            with init_empty_weights(include_buffers=False):
+                objective(_ProbeTrial(_FirstValues(), threading.Lock()))  # type: ignore[arg-type]
+        except BaseException:  # noqa: BLE001 (a warm-up never fails the sweep)
+            pass

@@ -239,7 +239,7 @@ def jobs_from_runs(runs: Iterable[TrialRun], *, observed: bool = False) -> list[
         if not run.options:
             continue
         scale = 1.0
-        if observed and run.actual_runtime is not None and run.planned_runtime:
+        if observed and run.actual_runtime is not None and run.planned_runtime and run.planned_runtime > 0:
             scale = run.actual_runtime / run.planned_runtime
         jobs.append(Job(str(run.number), [replace(o, runtime=o.runtime * scale) for o in run.options]))
     return jobs

@@ -1,11 +1,17 @@
-"""The pool host: one process that starts a warm worker per device and starts it again whenever it exits.
+"""The pool host: one process that prepares a warm worker once, then forks one per device, and forks another
+whenever one exits.
 
 Run by :class:`~optuna_saturn.runner.pool.WorkerPool` as ``python -m optuna_saturn.runner._host CONFIG``, inside the
 sweep's loopback-only network namespace when network isolation is on: its workers inherit that one namespace,
-so they can form process groups with each other, and nothing they open is reachable from outside. A worker that
-exits (recycled after a failure, an out-of-memory or memory growth, or killed by the executor) is replaced; one
-that keeps dying right after it starts is given up on (its log says why; the executor reports it). SIGTERM ends the
-host and its workers; so does the executor's death.
+so they can form process groups with each other, and nothing they open is reachable from outside.
+
+It imports torch, optuna-saturn and the objective's module, and runs the objective up to its first training loop
+with placeholder hyperparameters (so what it imports lazily, transformers' model classes say, is imported too),
+once; each worker is then a fork of it, ready in milliseconds, instead of an interpreter that imports it all again.
+Nothing has started a thread or touched a GPU by then, so the forks are safe. A worker that exits (recycled after
+a failure, an out-of-memory or memory growth, or killed by the executor) is replaced the same way; one that keeps
+dying right after it starts is given up on (its log says why; the executor reports it). SIGTERM ends the host and
+its workers; so does the executor's death.
 """
 
 from __future__ import annotations
@@ -13,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -28,22 +33,33 @@ def main(config_path: str) -> None:
     die_with_parent()
     with open(config_path, encoding="utf-8") as f:
         config = json.load(f)
-    workers: dict[int, tuple[subprocess.Popen, float]] = {}
+    from optuna_saturn._warm_worker import prepare_process, serve
+
+    objectives = prepare_process(config)
+    workers: dict[int, tuple[int, float]] = {}  # pid -> (device index, started)
     quick_exits = [0] * len(config["devices"])
 
     def start(index: int) -> None:
-        with open(os.path.join(config["folder"], f"worker-{index}.log"), "ab") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "optuna_saturn._warm_worker", config_path, str(index)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            )
-        workers[process.pid] = (process, time.monotonic())
+        pid = os.fork()
+        if pid == 0:  # the worker
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            log = os.open(os.path.join(config["folder"], f"worker-{index}.log"),
+                          os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            os.close(log)
+            try:
+                serve(config, index, objectives)
+            finally:
+                os._exit(0)
+        workers[pid] = (index, time.monotonic())
 
     def stop(signum: int, frame: object) -> None:
-        for process, _ in workers.values():
-            process.kill()
-        for process, _ in workers.values():
-            process.wait()
+        for pid in workers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         os._exit(0)
 
     signal.signal(signal.SIGTERM, stop)
@@ -51,10 +67,9 @@ def main(config_path: str) -> None:
         start(index)
     while workers:
         pid, _ = os.wait()
-        process, started = workers.pop(pid, (None, 0.0))
-        if process is None:
+        index, started = workers.pop(pid, (None, 0.0))
+        if index is None:
             continue
-        index = int(process.args[-1])
         quick_exits[index] = quick_exits[index] + 1 if time.monotonic() - started < _QUICK_EXIT_SECONDS else 0
         if quick_exits[index] < _QUICK_EXITS:
             start(index)

@@ -120,7 +120,7 @@ def _visible_devices(devices: Sequence[Device]) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(max(1, len(devices[0].cores)))}
 
 
-def _extensions_cache() -> Path:
+def extensions_cache() -> Path:
     """DeepSpeed compiles its CPU ops on first use (about 90 s); keep them across trials and sweeps."""
     return Path.home() / ".cache" / "optuna-saturn" / "torch_extensions"
 
@@ -135,7 +135,7 @@ def build_launch(
     command, extra_env = _LAUNCHERS[strategy.launcher](devices)
     env = {
         **os.environ, "PYTHONUNBUFFERED": "1",
-        "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(_extensions_cache())), **extra_env,
+        "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(extensions_cache())), **extra_env,
     }
     env = {k: v for k, v in env.items() if v is not None}
     command = command + [spec_path]

@@ -26,7 +26,7 @@ from typing import Any
 
 from optuna_saturn.channel import ChannelServer
 from optuna_saturn.devices import Device
-from optuna_saturn.runner.launch import network_isolation_prefix, physical_gpus
+from optuna_saturn.runner.launch import extensions_cache, network_isolation_prefix, physical_gpus
 
 #: How long a job's ranks may wait for each other to join its process group.
 RENDEZVOUS_TIMEOUT_SECONDS = 600.0
@@ -75,6 +75,7 @@ class WorkerPool:
         memory_limit: float | None = None,
         log_dir: Path,
         grace_period: float = 5.0,
+        multi_device: bool = True,
     ) -> None:
         self.devices = list(devices)
         self._server = server
@@ -83,30 +84,33 @@ class WorkerPool:
         self._memory_limit = memory_limit
         self._log_dir = log_dir
         self._grace = grace_period
+        self._multi_device = multi_device  # jobs may span devices: workers import what process groups need
         self._lock = threading.Lock()
         self._workers = [_Worker(i) for i in range(len(devices))]
         self._jobs: dict[Any, _Job] = {}
         self._ended: queue.Queue = queue.Queue()
-        self._preload: dict | None = None
         self._host: subprocess.Popen | None = None
         self._token = ""
         self._rendezvous_ids = itertools.count()
 
     # -- life cycle ----------------------------------------------------------------------------------------------
     def start(self, preload: dict | None = None) -> None:
-        """Start the host and its workers; each imports ``preload`` (an objective recipe) as soon as it is up."""
-        self._preload = preload
+        """Start the host and its workers; the host imports ``preload`` (an objective recipe) before forking them."""
         self._token = self._server.register(self._handle)
         self._log_dir.mkdir(parents=True, exist_ok=True)
         config = {
             "devices": [d.to_json() for d in self.devices], "channel": self._server.address, "token": self._token,
-            "folder": str(self._log_dir), "memory_limit": self._memory_limit,
+            "folder": str(self._log_dir), "memory_limit": self._memory_limit, "preload": preload,
+            "multi_device": self._multi_device,
         }
         config_path = self._folder / "pool.json"
         config_path.write_text(json.dumps(config), encoding="utf-8")
         os.chmod(config_path, 0o600)
         command = [sys.executable, "-m", "optuna_saturn.runner._host", str(config_path)]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "lo"}
+        env = {
+            **os.environ, "PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "lo",
+            "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(extensions_cache())),
+        }
         if self.devices[0].kind == "cuda":  # every worker sees the pool's GPUs; worker i uses the i-th
             env["CUDA_VISIBLE_DEVICES"] = ",".join(physical_gpus(self.devices))
             env["NCCL_SOCKET_IFNAME"] = "lo"
@@ -204,8 +208,6 @@ class WorkerPool:
                 worker = self._workers[index]
                 worker.pid, worker.connected, worker.job = int(message["pid"]), True, None
                 worker.orders = queue.Queue()
-                if self._preload is not None:
-                    worker.orders.put({"preload": self._preload})
             return {"worker": index}
         if op == "next":
             return self._next_order(self._workers[index])

@@ -1,0 +1,257 @@
+"""The benchmark that decides: a whole sweep under SaturnExecutor against plain ``study.optimize(n_jobs=N)``.
+
+The same enqueued trials (no pruner), in one run, three ways, each in a fresh process (each pays its own imports
+and start-up):
+
+- **plain**: ``study.optimize(objective, n_trials, n_jobs=N)``, the same training loop written for a plain trial
+  (``PlainTrial`` below: ``prepare`` moves the model, ``steps`` is ``range``), threads with one torch thread each;
+- **cold**: ``SaturnExecutor(devices=N, strategies=["single", "ddp"])`` with an empty profile store;
+- **warm**: the same executor again, on the store the cold run filled.
+
+Two objectives: the example's tiny GPT-2 (``examples/gpt2_sweep.py``), and a wider GPT-2 whose steps are longer.
+Reported: the wall-clock ratio to plain, the makespan over the lower bound of the trials' actual runtimes,
+per-trial start-up (launch to first step), the devices' idle seconds, the profiling device-seconds and their share
+of all device time (devices x wall clock).
+
+    python benchmarks/vs_optuna.py [--objective example|wide|both] [--n-trials 8] [--devices 2] [--repeats 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path[:0] = [ROOT, HERE, os.path.join(ROOT, "examples")]
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import optuna  # noqa: E402
+import torch  # noqa: E402
+
+import gpt2_sweep  # noqa: E402
+
+WIDE_STEPS = 40
+
+
+def wide_objective(trial) -> float:
+    """GPT-2 with wider, deeper blocks than the example's: steps take several times longer."""
+    import transformers
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    transformers.logging.set_verbosity_error()
+    lr = trial.suggest_float("lr", 1e-4, 1e-2, log=True)
+    n_embd = trial.suggest_categorical("n_embd", [128, 192, 256])
+    n_layer = trial.suggest_int("n_layer", 2, 4)
+    batch_size = trial.suggest_categorical("batch_size", [16, 32])
+    ids = gpt2_sweep.token_ids()
+    torch.manual_seed(trial.number)
+    config = GPT2Config(
+        vocab_size=gpt2_sweep.VOCAB_SIZE, n_positions=gpt2_sweep.SEQ_LEN, n_embd=n_embd, n_layer=n_layer, n_head=4,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+    )
+    model = GPT2LMHeadModel(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    loader = torch.utils.data.DataLoader(gpt2_sweep.blocks(ids), batch_size=batch_size, shuffle=True, drop_last=True)
+    model, optimizer, loader = trial.prepare(model, optimizer, loader)
+    batches = iter(loader)
+    loss = torch.zeros(())
+    for _ in trial.steps(WIDE_STEPS):
+        (x,) = next(batches)
+        optimizer.zero_grad()
+        for part in trial.micro_batches(x.to(trial.device)):
+            loss = model(input_ids=part, labels=part).loss
+            trial.backward(loss)
+        optimizer.step()
+    return trial.reduce_mean(loss.detach())
+
+
+OBJECTIVES = {"example": gpt2_sweep.objective, "wide": wide_objective}
+
+
+class PlainTrial:
+    """The trial API the objectives use, for a plain Optuna trial in one process: what a user would write
+    without optuna-saturn (``prepare`` moves the model, ``steps`` is ``range``, ``backward`` is ``loss.backward``)."""
+
+    device = torch.device("cpu")
+    rank = local_rank = 0
+    world_size = 1
+    is_main_process = True
+    gradient_accumulation = 1
+    is_profiling = False
+
+    def __init__(self, trial: optuna.Trial) -> None:
+        self._trial = trial
+        self.number = trial.number
+
+    def __getattr__(self, name: str) -> Any:  # suggest_*, report, should_prune, set_user_attr, params
+        return getattr(self._trial, name)
+
+    def prepare(self, *objects: Any) -> Any:
+        out = [o.to(self.device) if isinstance(o, torch.nn.Module) else o for o in objects]
+        return out[0] if len(out) == 1 else tuple(out)
+
+    def steps(self, total: int) -> Iterator[int]:
+        return iter(range(total))
+
+    def micro_batches(self, batch: Any) -> Iterator[Any]:
+        yield batch
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def reduce_mean(self, value: Any, weight: float | None = None) -> float:
+        return float(value)
+
+
+def trial_params(objective: str, n_trials: int, seed: int = 0) -> list[dict]:
+    """The trials every arm runs: sampled once, then enqueued in each."""
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    fixed = []
+    for _ in range(n_trials):
+        trial = study.ask()
+        probe = PlainTrial(trial)
+        if objective == "example":
+            params = {"lr": probe.suggest_float("lr", 1e-4, 1e-2, log=True),
+                      "n_embd": probe.suggest_categorical("n_embd", [32, 64, 96]),
+                      "n_layer": probe.suggest_int("n_layer", 1, 3),
+                      "batch_size": probe.suggest_categorical("batch_size", [8, 16, 32])}
+        else:
+            params = {"lr": probe.suggest_float("lr", 1e-4, 1e-2, log=True),
+                      "n_embd": probe.suggest_categorical("n_embd", [128, 192, 256]),
+                      "n_layer": probe.suggest_int("n_layer", 2, 4),
+                      "batch_size": probe.suggest_categorical("batch_size", [16, 32])}
+        fixed.append(params)
+    return fixed
+
+
+def run_arm(arm: str, objective: str, params: list[dict], devices: int, store: str, log_dir: str) -> dict:
+    """One arm in this process; returns its numbers."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(pruner=optuna.pruners.NopPruner())
+    for p in params:
+        study.enqueue_trial(p)
+    started = time.time()
+    if arm == "plain":
+        torch.set_num_threads(1)
+        fn = OBJECTIVES[objective]
+        study.optimize(lambda t: fn(PlainTrial(t)), n_trials=len(params), n_jobs=devices)
+        wall = time.time() - started
+        runtimes = [(t.datetime_complete - t.datetime_start).total_seconds() for t in study.trials]
+        return {"wall": wall, "lower_bound": _lower_bound(runtimes, [1] * len(runtimes), devices),
+                "runtimes": [round(r, 2) for r in runtimes]}
+    from optuna_saturn import SaturnExecutor
+
+    SaturnExecutor(
+        devices=devices, strategies=["single", "ddp"], profile_store=store, log_dir=log_dir, isolate_network=True,
+        progress="quiet", dashboard=False,
+    ).optimize(study, OBJECTIVES[objective], n_trials=len(params))
+    wall = time.time() - started
+    trials = [t for t in study.trials if "saturn:actual_runtime" in t.user_attrs]
+    attrs = [t.user_attrs for t in trials]
+    last = study.user_attrs["saturn:last_sweep"]
+    runtimes = [a["saturn:actual_runtime"] for a in attrs]
+    return {
+        "wall": wall,
+        "states": sorted({t.state.name for t in study.trials}),
+        "lower_bound": _lower_bound(runtimes, [a["saturn:num_devices"] for a in attrs], devices),
+        "makespan": max(a["saturn:actual_end"] for a in attrs) if attrs else 0.0,
+        "options": [f'{a["saturn:strategy"]}x{a["saturn:num_devices"]}' for a in attrs],
+        "startup": [round(a["saturn:first_step"] - a["saturn:actual_start"], 3) for a in attrs if "saturn:first_step" in a],
+        "setup": [round(a["saturn:objective_start"] - a["saturn:actual_start"], 3) for a in attrs
+                  if "saturn:objective_start" in a],
+        "first_job_at": min(a["saturn:actual_start"] for a in attrs) if attrs else None,
+        "idle": last.get("idle_device_seconds", {}),
+        "profiling_device_seconds": last["profiling_device_seconds"],
+        "profiling_runs": last["profiling_runs"],
+        "planning_seconds": last.get("planning_seconds"), "describing_seconds": last.get("describing_seconds"),
+        "predicted_error": [abs(a["saturn:planned_runtime"] - a["saturn:actual_runtime"]) / a["saturn:actual_runtime"]
+                            for a in attrs],
+        "priced_by": [a.get("saturn:priced_by") for a in attrs],
+        "runtimes": [round(r, 2) for r in runtimes],
+        "timeline": [(t.number, a["saturn:strategy"], a["saturn:devices"], a["saturn:actual_start"], a["saturn:actual_end"],
+                      a["saturn:planned_runtime"]) for t, a in zip(trials, attrs)],
+    }
+
+
+def _lower_bound(runtimes: list[float], devices_used: list[int], devices: int) -> float:
+    """No plan of these trials, at their actual runtimes on the devices they used, could end sooner."""
+    if not runtimes:
+        return 0.0
+    return max(max(runtimes), sum(r * d for r, d in zip(runtimes, devices_used)) / devices)
+
+
+def _subprocess(arm: str, objective: str, params: list[dict], devices: int, store: str, log_dir: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, __file__, "--arm", arm, "--objective", objective, "--devices", str(devices),
+         "--store", store, "--log-dir", log_dir, "--params", json.dumps(params)],
+        capture_output=True, text=True, check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"{arm} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def compare(objective: str, n_trials: int, devices: int, seed: int, arms: list[str]) -> list[list[Any]]:
+    params = trial_params(objective, n_trials, seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        store, logs = os.path.join(tmp, "profiles"), os.path.join(tmp, "runs")
+        results = {arm: _subprocess(arm, objective, params, devices, store, logs) for arm in arms}
+    plain = results["plain"]["wall"] if "plain" in results else float("nan")
+    rows = []
+    for arm, r in results.items():
+        idle = sum(r.get("idle", {}).values())
+        rows.append([
+            objective, arm, f'{r["wall"]:.1f}', f'{r["wall"] / plain:.2f}',
+            f'{r.get("makespan", r["wall"]) / r["lower_bound"]:.2f}' if r.get("lower_bound") else "-",
+            f'{statistics.median(r["startup"]):.2f}' if r.get("startup") else "-",
+            f'{idle:.1f}' if "idle" in r else "-",
+            f'{r["profiling_device_seconds"]:.1f} ({r["profiling_runs"]})' if "profiling_runs" in r else "-",
+            f'{100 * r["profiling_device_seconds"] / (devices * r["wall"]):.0f}%' if "profiling_runs" in r else "-",
+            f'{100 * statistics.median(r["predicted_error"]):.0f}%' if r.get("predicted_error") else "-",
+            " ".join(r.get("options", [])),
+        ])
+        print(f"{objective} {arm}: {json.dumps(r)}", file=sys.stderr)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--objective", default="both", choices=["example", "wide", "both"])
+    parser.add_argument("--n-trials", type=int, default=8)
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--arms", default="plain,cold,warm", help="which of plain, cold, warm (in that order)")
+    parser.add_argument("--arm", help=argparse.SUPPRESS)
+    parser.add_argument("--store", help=argparse.SUPPRESS)
+    parser.add_argument("--log-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--params", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.arm:  # one arm, in its own process
+        result = run_arm(args.arm, args.objective, json.loads(args.params), args.devices, args.store, args.log_dir)
+        print(json.dumps(result))
+        return
+    gpt2_sweep.token_ids()  # the example's data, built once before any arm is timed
+    from workloads import markdown_table
+
+    rows = []
+    for repeat in range(args.repeats):
+        for objective in (["example", "wide"] if args.objective == "both" else [args.objective]):
+            rows += compare(objective, args.n_trials, args.devices, args.seed + repeat, args.arms.split(","))
+    print(markdown_table(
+        ["objective", "arm", "wall (s)", "/ plain", "makespan / LB", "start-up median (s)", "idle (device-s)",
+         "profiling (device-s, jobs)", "profiling share of device time", "prediction error (median)", "options"], rows,
+    ))
+
+
+if __name__ == "__main__":
+    main()

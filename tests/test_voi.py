@@ -1,0 +1,34 @@
+"""The value-of-information rule: measure an option only when what it may show could shorten the plan by more
+than the measurement costs."""
+
+from __future__ import annotations
+
+from optuna_saturn._voi import profile_gain, worth_measuring
+from optuna_saturn.planner import Cluster, Job, Option
+
+CLUSTER = Cluster([2])
+
+
+def test_a_profile_that_cannot_change_the_plan_is_skipped():
+    """Eight trials of 10 s on one device keep both devices busy: a two-device option, even at its most
+    hopeful 4 s, would not end the sweep sooner, so measuring it is worth nothing."""
+    jobs = [Job(str(i), [Option("single", 1, 10.0), Option("ddp", 2, 8.0)]) for i in range(8)]
+    gain = profile_gain(jobs, CLUSTER, "0", ("ddp", 2, 1), optimistic_runtime=5.0)
+    assert gain == 0.0
+    assert not worth_measuring(gain, measurement_seconds=1.0, devices=2, cluster=CLUSTER)
+
+
+def test_a_profile_that_can_change_the_plan_is_run():
+    """One long trial left: if its two-device option is as fast as hoped, the sweep ends 8 s sooner; measuring
+    it costs 2 s on both devices: worth it. At 30 s of measurement it is not."""
+    jobs = [Job("0", [Option("single", 1, 20.0), Option("ddp", 2, 14.0)])]
+    gain = profile_gain(jobs, CLUSTER, "0", ("ddp", 2, 1), optimistic_runtime=12.0)
+    assert gain == 8.0
+    assert worth_measuring(gain, measurement_seconds=2.0, devices=2, cluster=CLUSTER)
+    assert not worth_measuring(gain, measurement_seconds=30.0, devices=2, cluster=CLUSTER)
+
+
+def test_an_only_option_is_not_profiled_separately():
+    """With nothing to choose between, the trial's first real run measures its option anyway."""
+    jobs = [Job("0", [Option("single", 1, 20.0)])]
+    assert profile_gain(jobs, CLUSTER, "0", ("single", 1, 1), optimistic_runtime=1.0) == 0.0
