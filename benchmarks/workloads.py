@@ -202,6 +202,38 @@ def paper_like_profiling_seconds() -> float:
     return total
 
 
+def paper_like_voi_profiling(*, uncertainty: float = 0.3, seed: int = 0) -> tuple[float, int, int]:
+    """Device-seconds the executor's value-of-information rule (``optuna_saturn._voi``) would spend profiling the
+    paper-like sweep, and how many options it measures of how many it could: every option's runtime is predicted
+    off by a seeded factor within ``1 +- uncertainty`` (the cost model's fitted uncertainty is 0.1-0.3), and each
+    option of the first trial of each distinct workload is measured when the plan could gain more than the
+    measurement costs, judged once with every trial known. The learning-rate siblings are priced by those
+    measurements (the profile key leaves the learning rate out)."""
+    from optuna_saturn._voi import profile_gain, worth_measuring
+    from optuna_saturn.planner import Cluster
+
+    rng = random.Random(seed)
+    cluster = Cluster([8])
+    predicted = [Job(j.name, [Option(o.strategy, o.devices, o.runtime * rng.uniform(1 / (1 + uncertainty),
+                                                                                    1 + uncertainty))
+                              for o in j.options]) for j in paper_like(startup=WARM_JOB_SECONDS)]
+    spent, measured, candidates = 0.0, 0, 0
+    for model, batches in PAPER_LIKE:
+        for batch in batches:
+            name = f"{model.name}-b{batch}-lr{LEARNING_RATES[0]:g}"
+            job = next(j for j in predicted if j.name == name)
+            costs = {(o.strategy, o.devices): o.runtime
+                     for o in model_options(model, batch, startup=WARM_JOB_SECONDS, steps=PROFILE_STEPS)}
+            for option in job.options:
+                candidates += 1
+                gain = profile_gain(predicted, cluster, name, option.choice, option.runtime / (1 + uncertainty))
+                cost = costs[(option.strategy, option.devices)]
+                if worth_measuring(gain, cost, option.devices, cluster):
+                    spent += cost * option.devices
+                    measured += 1
+    return spent, measured, candidates
+
+
 def random_workload(n: int, seed: int, *, max_devices: int = 8) -> list[Job]:
     """Seeded synthetic trials: runtimes 10 min to 3 h on one device, sub-linear speed-up, some 1-device-infeasible."""
     rng = random.Random(seed)

@@ -613,7 +613,7 @@ class Sweep:
             for d in run.devices:
                 self._device_free_since[d] = now
             if isinstance(run, _TrialRun):
-                self._finish_trial(run, end)
+                measured |= self._finish_trial(run, end)
             else:
                 self._finish_profile(run, end)
                 measured = True
@@ -621,13 +621,15 @@ class Sweep:
         if measured:
             self._reprice()
 
-    def _finish_trial(self, run: _TrialRun, end: JobEnd, reason: str = "") -> None:
+    def _finish_trial(self, run: _TrialRun, end: JobEnd, reason: str = "") -> bool:
+        """Tell the study how the trial ended. Returns whether its run taught the pricing something (then the
+        waiting trials are priced again)."""
         session, trial = run.session, run.session.trial
         option = run.waiting.assignment.option
         outcome = session.outcome or {}
         op = outcome.get("op")
         if op == "fail" and not reason and self._retry_elsewhere(run, outcome):
-            return
+            return True  # an option left out for its workload
         if not reason and op in ("fail", None):
             reason = _first_rank_error(run.errors) or (
                 f"the trial's workers ended ({end.reason or 'unknown'}) before reporting a result"
@@ -644,9 +646,10 @@ class Sweep:
         frozen = self._bridge.tell(trial, state, values, attrs=attrs, log=run.log)
         if frozen.state == TrialState.COMPLETE:
             self._estimator.observe(option, now - run.started)
-        self._learn_from(run, frozen.state)
+        learned = self._learn_from(run, frozen.state)
         self._log_finished(frozen, now - run.started, reason, run.log)
         self._notify("on_trial_end", frozen, now)
+        return learned
 
     def _retry_elsewhere(self, run: _TrialRun, outcome: dict) -> bool:
         """A trial failed in a way the option, not the trial, may be at fault: it ran out of memory (the option is
@@ -677,17 +680,18 @@ class Sweep:
         self._waiting[waiting.trial.number] = _Waiting(waiting.trial, price, attempts=waiting.attempts + 1)
         return True
 
-    def _learn_from(self, run: _TrialRun, state: TrialState) -> None:
-        """The trial's real steps are its option's profile (or correct it): later trials are priced by them."""
+    def _learn_from(self, run: _TrialRun, state: TrialState) -> bool:
+        """The trial's real steps are its option's profile (or correct it): later trials are priced by them.
+        Returns whether it learned anything."""
         session, option = run.session, run.waiting.assignment.option
         priced = run.waiting.price.option(option.choice)
         record = priced.record if priced is not None else None
         if state != TrialState.FAIL and record is not None and session.step_seconds is not None:
             self._estimator.observe_step_rate(record.step_seconds, session.step_seconds)
         if self._pricer is None or session.step_seconds is None or state == TrialState.FAIL:
-            return
+            return False
         if session.step < min(session.total_steps or 0, 10):
-            return  # too few steps to stand for the whole loop
+            return False  # too few steps to stand for the whole loop
         startup = session.first_step_at - self._start - run.started - session.step_seconds
         tail = (session.outcome_at - session.last_progress_at) if session.outcome_at and session.last_progress_at \
             else None
@@ -695,6 +699,7 @@ class Sweep:
             session.trial.number, option, step_seconds=session.step_seconds, steps=session.step,
             startup_seconds=max(0.0, startup), tail_seconds=tail, loop_steps=session.loop_steps,
         )
+        return True
 
     def _finish_profile(self, run: _ProfileRun, end: JobEnd) -> None:
         self._profile_seconds += (self._elapsed() - run.started) * len(run.devices)

@@ -104,11 +104,14 @@ def serve(config: dict, index: int, objectives: dict[str, Any]) -> NoReturn:
 
 
 def _import_what_strategies_import() -> None:
-    """The first DistributedDataParallel or fully_shard of a process imports torch._dynamo and its dependencies
-    (1.6 s here); a warm worker pays that once, before its first job, not during a trial."""
+    """The engines, and what the first DistributedDataParallel or fully_shard of a process imports (torch._dynamo
+    and its dependencies, 1.6 s here): a warm worker pays that once, before its first job, not during a trial."""
     import torch._dynamo  # noqa: F401
-    import torch.distributed.fsdp  # noqa: F401
-    import torch.nn.parallel  # noqa: F401
+
+    from optuna_saturn.engines import ENGINES, engine_class
+
+    for name in ENGINES:
+        engine_class(name)
 
 
 def _reset_libraries() -> None:

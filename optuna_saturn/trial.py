@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from optuna_saturn.channel import ChannelClient
-from optuna_saturn.engines import Engine
+from optuna_saturn.engines._base import Engine
 from optuna_saturn.microbatch import AccumulationError, split_batch
 from optuna_saturn.sharding import LoaderView, RankRows
 from optuna_saturn.strategy import Strategy

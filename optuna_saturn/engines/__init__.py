@@ -6,22 +6,30 @@ small class with one job, looked up by the ``engine`` key of a strategy template
 
 from __future__ import annotations
 
-from optuna_saturn.engines._base import Engine, StrategyMismatch, WorkerContext
-from optuna_saturn.engines._ddp import DDPEngine
-from optuna_saturn.engines._deepspeed import DeepSpeedEngine
-from optuna_saturn.engines._fsdp import FSDPEngine
-from optuna_saturn.engines._single import SingleEngine
+import importlib
 
-ENGINES: dict[str, type[Engine]] = {
-    "single": SingleEngine, "ddp": DDPEngine, "fsdp": FSDPEngine, "deepspeed": DeepSpeedEngine,
+from optuna_saturn.engines._base import Engine, StrategyMismatch, WorkerContext
+
+#: Each engine's class, imported when a worker first needs it: the executor's own process never applies a
+#: strategy, and importing FSDP and DDP costs it a second or more of start-up.
+ENGINES: dict[str, str] = {
+    "single": "optuna_saturn.engines._single:SingleEngine",
+    "ddp": "optuna_saturn.engines._ddp:DDPEngine",
+    "fsdp": "optuna_saturn.engines._fsdp:FSDPEngine",
+    "deepspeed": "optuna_saturn.engines._deepspeed:DeepSpeedEngine",
 }
 
 
-def engine_for(name: str, context: WorkerContext) -> Engine:
+def engine_class(name: str) -> type[Engine]:
     try:
-        return ENGINES[name](context)
+        module, attribute = ENGINES[name].split(":")
     except KeyError:
         raise ValueError(f"No engine {name!r} in this version; available: {sorted(ENGINES)}.") from None
+    return getattr(importlib.import_module(module), attribute)
 
 
-__all__ = ["ENGINES", "Engine", "StrategyMismatch", "WorkerContext", "engine_for"]
+def engine_for(name: str, context: WorkerContext) -> Engine:
+    return engine_class(name)(context)
+
+
+__all__ = ["ENGINES", "Engine", "StrategyMismatch", "WorkerContext", "engine_class", "engine_for"]
