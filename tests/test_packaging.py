@@ -1,0 +1,41 @@
+"""The wheel users install holds every module of the source tree and every shipped strategy template (an editable
+install, which the rest of the suite uses, cannot show a package missing from ``pyproject.toml``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_wheel_holds_every_module_and_template(tmp_path):
+    # from a copy of what a source distribution holds: a build/ folder left by an earlier build would hide a
+    # package missing from the list
+    source = tmp_path / "source"
+    for name in ("pyproject.toml", "README.md"):
+        source.mkdir(exist_ok=True)
+        shutil.copy(ROOT / name, source / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for folder in ("optuna_saturn", "strategies"):
+        shutil.copytree(ROOT / folder, source / folder, ignore=ignore)
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    (wheel,) = tmp_path.glob("optuna_saturn-*.whl")
+    inside = set(zipfile.ZipFile(wheel).namelist())
+
+    modules = {str(p.relative_to(ROOT)) for p in (ROOT / "optuna_saturn").rglob("*.py")}
+    templates = {f"optuna_saturn/_builtin_strategies/{p.name}" for p in (ROOT / "strategies").glob("*.toml")}
+    assert len(templates) >= 10
+    missing = sorted((modules | templates) - inside)
+    assert not missing, f"not in the wheel (add the package to [tool.setuptools] in pyproject.toml): {missing}"
+    assert any(name.endswith("entry_points.txt") for name in inside)
+    assert os.path.basename(wheel).startswith("optuna_saturn-")
