@@ -6,7 +6,9 @@ a worker's ``suggest`` or ``report``, all take the same lock (:attr:`StudyBridge
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,28 @@ class StudyBridge:
             except Exception as exc:
                 trial.set_user_attr(ATTR + "fail_reason", f"could not record the result: {exc}")
                 return self.study.tell(trial, state=TrialState.FAIL)
+
+    @contextlib.contextmanager
+    def optimize_loop(self) -> Iterator[None]:
+        """While the sweep runs, the study is in an optimize loop as Optuna sees it: ``study.stop()`` from a
+        callback (``MaxTrialsCallback``, say) is allowed and asks the sweep to stop asking."""
+        local = self.study._thread_local
+        was = getattr(local, "in_optimize_loop", False)
+        local.in_optimize_loop, self.study._stop_flag = True, False
+        try:
+            yield
+        finally:
+            local.in_optimize_loop, self.study._stop_flag = was, False
+
+    @property
+    def stop_requested(self) -> bool:
+        return bool(getattr(self.study, "_stop_flag", False))
+
+    def call_back(self, callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]], trial: FrozenTrial) -> None:
+        """Each callback with ``(study, frozen_trial)``, in order, as ``study.optimize`` calls them after a trial
+        ends. An exception in one stops the sweep, as it stops ``study.optimize``."""
+        for callback in callbacks:
+            callback(self.study, trial)
 
     def fail(self, trial: optuna.Trial, reason: str, *, attrs: dict[str, Any] | None = None) -> FrozenTrial:
         return self.tell(trial, TrialState.FAIL, attrs={**(attrs or {}), "fail_reason": reason})

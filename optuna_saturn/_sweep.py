@@ -15,6 +15,7 @@ The loop is single-threaded; the channel's threads answer workers, under the stu
 
 from __future__ import annotations
 
+import gc
 import glob
 import json
 import os
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from optuna_saturn._bridge import StudyBridge
 from optuna_saturn._pricing import PricedOption, Pricer, ProfileEntry, ProfileJob, TrialPrice
@@ -128,8 +129,12 @@ class Sweep:
         n_trials: int | None,
         timeout: float | None,
         batch_size: int,
+        callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = (),
+        gc_after_trial: bool = False,
     ) -> None:
         self.settings = settings
+        self._callbacks = list(callbacks)
+        self._gc_after_trial = gc_after_trial
         self.study = study
         self._bridge = StudyBridge(study, artifact_store=settings.artifact_store)
         self._objective_recipe_factory = objective_recipe
@@ -176,7 +181,7 @@ class Sweep:
     def run(self) -> None:
         self._notify("on_sweep_start", [str(d) for d in self.settings.devices], self._start)
         runner = LocalRunner(grace_period=self.settings.grace_period)
-        with ChannelServer() as server:
+        with ChannelServer() as server, self._bridge.optimize_loop():
             self._server = server
             self._recipe = self._objective_recipe_factory(os.path.dirname(server.address))
             pool = WorkerPool(
@@ -184,6 +189,7 @@ class Sweep:
                 memory_limit=self.settings.worker_memory_limit, log_dir=self._run_dir / "workers",
                 grace_period=self.settings.grace_period,
                 multi_device=any(max(s.device_counts(len(self.settings.devices))) > 1 for s in self.settings.strategies),
+                engines={s.engine for s in self.settings.strategies},
             )
             pool.start(preload=self._recipe)
             try:
@@ -223,6 +229,8 @@ class Sweep:
     def _may_ask(self) -> bool:
         if self.n_trials is not None and self._asked >= self.n_trials:
             return False
+        if self._bridge.stop_requested:  # study.stop() from a callback: the trials asked still run
+            return False
         return self.timeout is None or time.time() - self._start < self.timeout
 
     def _elapsed(self) -> float:
@@ -255,7 +263,7 @@ class Sweep:
                 reason = "no strategy fits this trial on these devices (every option ran out of memory or failed)"
                 frozen = self._bridge.fail(trial, reason, attrs={"profiles": price.profiles})
                 _logger.warning(f"Trial {trial.number} failed: {reason}.")
-                self._notify("on_trial_end", frozen, self._elapsed())
+                self._trial_ended(frozen, self._elapsed())
                 continue
             self._waiting[trial.number] = _Waiting(trial, price)
             self._seen.append([p.option for p in price.options])
@@ -621,7 +629,7 @@ class Sweep:
         if measured:
             self._reprice()
 
-    def _finish_trial(self, run: _TrialRun, end: JobEnd, reason: str = "") -> bool:
+    def _finish_trial(self, run: _TrialRun, end: JobEnd, reason: str = "", *, stopping: bool = False) -> bool:
         """Tell the study how the trial ended. Returns whether its run taught the pricing something (then the
         waiting trials are priced again)."""
         session, trial = run.session, run.session.trial
@@ -648,8 +656,17 @@ class Sweep:
             self._estimator.observe(option, now - run.started)
         learned = self._learn_from(run, frozen.state)
         self._log_finished(frozen, now - run.started, reason, run.log)
-        self._notify("on_trial_end", frozen, now)
+        self._trial_ended(frozen, now, call_back=not stopping)
         return learned
+
+    def _trial_ended(self, frozen: FrozenTrial, now: float, *, call_back: bool = True) -> None:
+        """What follows every trial's end: the listeners, then Optuna's callbacks and ``gc_after_trial``, in this
+        process, as ``study.optimize`` does (not for trials the sweep's own interruption ended)."""
+        self._notify("on_trial_end", frozen, now)
+        if call_back:
+            self._bridge.call_back(self._callbacks, frozen)
+        if self._gc_after_trial:
+            gc.collect()
 
     def _retry_elsewhere(self, run: _TrialRun, outcome: dict) -> bool:
         """A trial failed in a way the option, not the trial, may be at fault: it ran out of memory (the option is
@@ -803,7 +820,8 @@ class Sweep:
         pool.close()
         runner.stop_all()
         for run in trials:
-            self._finish_trial(run, JobEnd(run.key, run.devices, False, "stopped"), reason=f"sweep stopped: {reason}")
+            self._finish_trial(run, JobEnd(run.key, run.devices, False, "stopped"), reason=f"sweep stopped: {reason}",
+                               stopping=True)
         self._running.clear()
         for waiting in self._waiting.values():
             self._bridge.fail(waiting.trial, f"not started: sweep stopped: {reason}")

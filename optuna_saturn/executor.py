@@ -7,12 +7,13 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import optuna
+from optuna.trial import FrozenTrial
 
 from optuna_saturn._objective_ref import describe_objective
 from optuna_saturn._sweep import Sweep, SweepSettings
@@ -107,6 +108,10 @@ class SaturnExecutor:
         n_trials: int | None = None,
         timeout: float | None = None,
         batch_size: int | None = None,
+        *,
+        callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] | None = None,
+        catch: Iterable[type[Exception]] | type[Exception] = (),
+        gc_after_trial: bool = False,
     ) -> None:
         """Run ``n_trials`` more trials of ``study`` (or until ``timeout`` seconds, or Ctrl-C).
 
@@ -114,7 +119,23 @@ class SaturnExecutor:
         devices at once (default: the number of devices); it is not a barrier. ``timeout`` stops asking for new
         trials; trials already asked still run. Ctrl-C stops every process and ends the running trials as FAIL
         with the reason in their user attrs, then re-raises ``KeyboardInterrupt``.
+
+        ``callbacks``, ``catch`` and ``gc_after_trial`` speak ``study.optimize``'s language:
+
+        - each callback is called with ``(study, frozen_trial)`` in this process after every trial ends
+          (COMPLETE, PRUNED or FAIL), in order; ``study.stop()`` from one (``MaxTrialsCallback``) stops asking,
+          and the trials already asked finish. An exception in a callback ends the sweep, as in Optuna.
+        - an exception in a trial never ends the sweep here, whatever its class: the trial ends FAIL with the
+          error in ``saturn:fail_reason`` and the other trials go on (one trial's crash must not kill the others
+          it shares the machine with). So every exception is caught; ``catch`` is accepted for code written for
+          ``study.optimize`` (and checked to be exception classes) and changes nothing.
+        - ``gc_after_trial`` runs ``gc.collect()`` in this process after each trial, after the callbacks; worker
+          processes always collect (and empty the CUDA cache) after each job.
         """
+        _check_catch(catch)
+        for callback in callbacks or ():
+            if not callable(callback):
+                raise TypeError(f"callbacks must be callables taking (study, frozen_trial), got {callback!r}.")
         if not isinstance(study, optuna.Study):
             raise TypeError(f"study must be an optuna.Study, got {type(study).__name__}.")
         if n_trials is not None and (not isinstance(n_trials, int) or n_trials < 0):
@@ -126,7 +147,8 @@ class SaturnExecutor:
             raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}.")
         self._run(Sweep(
             self._settings, study, objective, lambda folder: describe_objective(objective, folder),
-            n_trials=n_trials, timeout=timeout, batch_size=batch,
+            n_trials=n_trials, timeout=timeout, batch_size=batch, callbacks=list(callbacks or ()),
+            gc_after_trial=bool(gc_after_trial),
         ))
 
     def profile(
@@ -162,6 +184,13 @@ class SaturnExecutor:
                 sweep.run()
         finally:
             saturn_logger.setLevel(level)
+
+
+def _check_catch(catch: Iterable[type[Exception]] | type[Exception]) -> None:
+    classes = (catch,) if isinstance(catch, type) else tuple(catch)
+    for cls in classes:
+        if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+            raise TypeError(f"catch must be exception classes (as in study.optimize), got {cls!r}.")
 
 
 def _default_listeners(progress: ProgressMode | None, dashboard: bool | None) -> list[SweepListener]:

@@ -196,3 +196,23 @@ def test_trials_are_asked_as_devices_free_and_planned_with_observed_runtimes(sat
     assert heard.plans[0][0] == (0,) and len(heard.plans) >= 6  # asked one by one, re-planned at every event
     for trial in study.trials[2:]:  # asked after the first ones ended
         assert trial.user_attrs["saturn:planned_runtime"] < 60.0
+
+@pytest.mark.launch
+def test_optuna_callbacks_hear_every_trial_and_can_stop_the_sweep(saturn_options):
+    """``callbacks`` as in ``study.optimize``: each hears ``(study, frozen_trial)`` after every trial ends, in
+    this process, and ``MaxTrialsCallback`` (``study.stop()``) stops asking; trials asked already finish."""
+    heard: list[tuple[int, TrialState]] = []
+
+    def record(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        assert trial.state.is_finished() and study.trials[trial.number].state == trial.state
+        heard.append((trial.number, trial.state))
+
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    SaturnExecutor(devices=2, strategies=["single"], **saturn_options).optimize(
+        study, objectives.quadratic, n_trials=20, batch_size=1, gc_after_trial=True, catch=(ValueError,),
+        callbacks=[optuna.study.MaxTrialsCallback(3, states=(TrialState.COMPLETE,)), record],
+    )
+    assert 3 <= len(study.trials) < 20
+    assert all(t.state == TrialState.COMPLETE for t in study.trials)
+    assert sorted(heard) == sorted((t.number, t.state) for t in study.trials)
+    assert not study._thread_local.in_optimize_loop  # the study is left as study.optimize leaves it

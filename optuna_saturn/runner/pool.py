@@ -76,6 +76,7 @@ class WorkerPool:
         log_dir: Path,
         grace_period: float = 5.0,
         multi_device: bool = True,
+        engines: Sequence[str] = (),
     ) -> None:
         self.devices = list(devices)
         self._server = server
@@ -85,6 +86,7 @@ class WorkerPool:
         self._log_dir = log_dir
         self._grace = grace_period
         self._multi_device = multi_device  # jobs may span devices: workers import what process groups need
+        self._engines = sorted(engines)  # the engines jobs will use: imported once, before the workers fork
         self._lock = threading.Lock()
         self._workers = [_Worker(i) for i in range(len(devices))]
         self._jobs: dict[Any, _Job] = {}
@@ -101,7 +103,7 @@ class WorkerPool:
         config = {
             "devices": [d.to_json() for d in self.devices], "channel": self._server.address, "token": self._token,
             "folder": str(self._log_dir), "memory_limit": self._memory_limit, "preload": preload,
-            "multi_device": self._multi_device,
+            "multi_device": self._multi_device, "engines": self._engines,
         }
         config_path = self._folder / "pool.json"
         config_path.write_text(json.dumps(config), encoding="utf-8")
