@@ -834,6 +834,7 @@ class Sweep:
         elif frozen.state == TrialState.PRUNED:
             _logger.info(f"Trial {frozen.number} pruned after {seconds:.1f} s.")
         else:
+            reason = reason or frozen.user_attrs.get("saturn:fail_reason", "")  # (the study refused its value)
             _logger.warning(f"Trial {frozen.number} failed after {seconds:.1f} s: {reason}\n{_tail(log)}")
 
     def _log_summary(self) -> None:

@@ -157,7 +157,7 @@ def same_curve(trial) -> float:
 def _train_blocks(trial, steps: int, *, largest_micro_batch: int | None = None, width: int = 32) -> float:
     """Trains ``Blocks`` on a global batch of 32; a micro-batch over ``largest_micro_batch`` rows runs out of
     memory (as on a GPU), in profiling and in the real run alike."""
-    lr = trial.suggest_float("lr", 0.01, 0.1, log=True)
+    lr = trial.suggest_float("lr", 0.01, 0.04, log=True)  # (SGD on these blocks diverges to NaN near 0.1)
     torch.manual_seed(0)
     model = Blocks(width=width)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
