@@ -6,9 +6,8 @@ a worker's ``suggest`` or ``report``, all take the same lock (:attr:`StudyBridge
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ class StudyBridge:
         self.study = study
         self.lock = threading.Lock()
         self._artifact_store = artifact_store
+        self.stop_requested = False  # a callback called study.stop()
 
     def ask(self) -> optuna.Trial:
         with self.lock:
@@ -57,27 +57,22 @@ class StudyBridge:
                 trial.set_user_attr(ATTR + "fail_reason", f"could not record the result: {exc}")
                 return self.study.tell(trial, state=TrialState.FAIL)
 
-    @contextlib.contextmanager
-    def optimize_loop(self) -> Iterator[None]:
-        """While the sweep runs, the study is in an optimize loop as Optuna sees it: ``study.stop()`` from a
-        callback (``MaxTrialsCallback``, say) is allowed and asks the sweep to stop asking."""
-        local = self.study._thread_local
-        was = getattr(local, "in_optimize_loop", False)
-        local.in_optimize_loop, self.study._stop_flag = True, False
-        try:
-            yield
-        finally:
-            local.in_optimize_loop, self.study._stop_flag = was, False
-
-    @property
-    def stop_requested(self) -> bool:
-        return bool(getattr(self.study, "_stop_flag", False))
-
     def call_back(self, callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]], trial: FrozenTrial) -> None:
         """Each callback with ``(study, frozen_trial)``, in order, as ``study.optimize`` calls them after a trial
-        ends. An exception in one stops the sweep, as it stops ``study.optimize``."""
-        for callback in callbacks:
-            callback(self.study, trial)
+        ends. An exception in one stops the sweep, as it stops ``study.optimize``. They run inside Optuna's
+        optimize-loop flag, so ``study.stop()`` (``MaxTrialsCallback``, say) is allowed; it sets
+        :attr:`stop_requested`, and the sweep stops asking."""
+        if not callbacks:
+            return
+        local = self.study._thread_local
+        was, local.in_optimize_loop, self.study._stop_flag = local.in_optimize_loop, True, False
+        try:
+            for callback in callbacks:
+                callback(self.study, trial)
+        finally:
+            local.in_optimize_loop = was
+            self.stop_requested = self.stop_requested or self.study._stop_flag
+            self.study._stop_flag = False
 
     def fail(self, trial: optuna.Trial, reason: str, *, attrs: dict[str, Any] | None = None) -> FrozenTrial:
         return self.tell(trial, TrialState.FAIL, attrs={**(attrs or {}), "fail_reason": reason})

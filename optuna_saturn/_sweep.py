@@ -181,15 +181,16 @@ class Sweep:
     def run(self) -> None:
         self._notify("on_sweep_start", [str(d) for d in self.settings.devices], self._start)
         runner = LocalRunner(grace_period=self.settings.grace_period)
-        with ChannelServer() as server, self._bridge.optimize_loop():
+        with ChannelServer() as server:
             self._server = server
             self._recipe = self._objective_recipe_factory(os.path.dirname(server.address))
+            strategies, devices = self.settings.strategies, len(self.settings.devices)
             pool = WorkerPool(
                 self.settings.devices, server, isolate_network=self.settings.isolate_network,
                 memory_limit=self.settings.worker_memory_limit, log_dir=self._run_dir / "workers",
                 grace_period=self.settings.grace_period,
-                multi_device=any(max(s.device_counts(len(self.settings.devices))) > 1 for s in self.settings.strategies),
-                engines={s.engine for s in self.settings.strategies},
+                multi_device=any(n > 1 for s in strategies for n in s.device_counts(devices)),
+                engines={s.engine for s in strategies},
             )
             pool.start(preload=self._recipe)
             try:
@@ -401,7 +402,8 @@ class Sweep:
         now = self._elapsed()
         free = self._free(pool)
         ready = pool.ready()
-        measuring = {e.trial.number for r in self._running.values() if isinstance(r, _ProfileRun) for e in r.job.entries}
+        measuring = {e.trial.number for r in self._running.values() if isinstance(r, _ProfileRun)
+                     for e in r.job.entries}
         planned = sorted(
             (w for w in self._waiting.values() if w.assignment is not None and w.trial.number not in measuring),
             key=lambda w: (w.assignment.start, w.trial.number),

@@ -1,12 +1,13 @@
 """A warm worker: one process per device that runs job after job.
 
 Forked by the pool host (:mod:`optuna_saturn.runner._host`) once torch, optuna-saturn and the objective's module
-are imported (:func:`prepare_process`), it pins itself to its device (:func:`serve`); then each job costs a process
-group (a new file rendezvous each time), not a process start. Between jobs nothing of the last one survives: the process group is
-destroyed, DeepSpeed's and Accelerate's process-wide state is reset, and the random generators, default dtype,
-environment, working folder and backend flags go back to what they were after start-up. A job that failed, ran
-out of memory, or left the process larger than ``memory_limit`` allows ends the process instead (the host starts
-a fresh one): a failed job's peers may be stuck in a collective, and memory may not come back.
+are imported (:func:`prepare_process`), it pins itself to its device (:func:`serve`); then each job costs a
+process group (a new file rendezvous each time), not a process start. Between jobs nothing of the last one
+survives: the process group is destroyed, DeepSpeed's and Accelerate's process-wide state is reset, and the
+random generators, default dtype, environment, working folder and backend flags go back to what they were after
+start-up. A job that failed, ran out of memory, or left the process larger than ``memory_limit`` allows ends the
+process instead (the host forks a fresh one): a failed job's peers may be stuck in a collective, and memory may
+not come back.
 """
 
 from __future__ import annotations
@@ -72,9 +73,6 @@ def serve(config: dict, index: int, objectives: dict[str, Any]) -> NoReturn:
         order = pool.call("next", worker=index)
         if order.get("exit"):
             break
-        if "preload" in order:  # an objective the host did not import
-            _objective(objectives, order["preload"])
-            continue
         job = order["job"]
         fn = _objective(objectives, job["objective"])
         if baseline is None:  # the state every job starts from

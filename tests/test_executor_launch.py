@@ -197,6 +197,7 @@ def test_trials_are_asked_as_devices_free_and_planned_with_observed_runtimes(sat
     for trial in study.trials[2:]:  # asked after the first ones ended
         assert trial.user_attrs["saturn:planned_runtime"] < 60.0
 
+
 @pytest.mark.launch
 def test_optuna_callbacks_hear_every_trial_and_can_stop_the_sweep(saturn_options):
     """``callbacks`` as in ``study.optimize``: each hears ``(study, frozen_trial)`` after every trial ends, in

@@ -3,7 +3,6 @@ install, which the rest of the suite uses, cannot show a package missing from ``
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -37,5 +36,4 @@ def test_the_wheel_holds_every_module_and_template(tmp_path):
     assert len(templates) >= 10
     missing = sorted((modules | templates) - inside)
     assert not missing, f"not in the wheel (add the package to [tool.setuptools] in pyproject.toml): {missing}"
-    assert any(name.endswith("entry_points.txt") for name in inside)
-    assert os.path.basename(wheel).startswith("optuna_saturn-")
+    assert any(name.endswith("entry_points.txt") for name in inside)  # the optuna-saturn command

@@ -20,7 +20,9 @@ from optuna_saturn.strategy import load_strategies
 pytestmark = pytest.mark.launch
 
 TOLERANCE = 1e-4
-STRATEGIES = sorted(load_strategies())
+#: Every strategy at every device count it allows on this 2-device pool (zero3-offload runs on 1 and 2).
+RUNS = [(name, n) for name, strategy in sorted(load_strategies().items()) for n in strategy.device_counts(2)]
+COMPARED = [f"{name}x{n}" for name, n in RUNS if (name, n) != ("single", 1)]
 SHARDED = {"fsdp", "fsdp-ckpt", "fsdp-offload", "zero3", "zero3-offload"}
 
 
@@ -33,22 +35,28 @@ def _refused(strategy: str, case: str) -> bool:
 def matrix(tmp_path_factory):
     logs = tmp_path_factory.mktemp("user-code")
     results = {}
-    for name in STRATEGIES:
+    for name, devices in RUNS:
         study = optuna.create_study()
         SaturnExecutor(
-            devices=1 if name.startswith("single") else 2, strategies=[name], isolate_network=True, log_dir=logs,
+            devices=devices, strategies=[name], isolate_network=True, log_dir=logs,
             grace_period=5, profile=False, progress=None, dashboard=False,
         ).optimize(study, objectives.user_code_matrix, n_trials=1)
         trial = study.trials[0]
-        assert trial.state == TrialState.COMPLETE, (name, trial.user_attrs.get("saturn:fail_reason"))
-        results[name] = trial.user_attrs["results"]
+        assert trial.state == TrialState.COMPLETE, (name, devices, trial.user_attrs.get("saturn:fail_reason"))
+        assert trial.user_attrs["saturn:num_devices"] == devices
+        results[f"{name}x{devices}"] = trial.user_attrs["results"]
+    for run, cases in results.items():  # (shown with -s: how far each run is from single's loss curves)
+        worst = max((abs(a - b) / abs(b) for case, r in cases.items() if "curve" in r
+                     for a, b in zip(r["curve"], results["singlex1"][case]["curve"])), default=float("nan"))
+        print(f"{run}: worst relative loss-curve difference to singlex1 {worst:.1e}")
     return results
 
 
-@pytest.mark.parametrize("strategy", [s for s in STRATEGIES if s != "single"])
+@pytest.mark.parametrize("run", COMPARED)
 @pytest.mark.parametrize("case", objectives.USER_CODE_CASES)
-def test_user_code_matches_single_or_names_the_fix(matrix, strategy, case):
-    reference, result = matrix["single"][case], matrix[strategy][case]
+def test_user_code_matches_single_or_names_the_fix(matrix, run, case):
+    strategy = run.rsplit("x", 1)[0]
+    reference, result = matrix["singlex1"][case], matrix[run][case]
     assert "error" not in reference, reference
     if _refused(strategy, case):
         assert "StrategyMismatch" in result.get("error", ""), result
@@ -64,14 +72,15 @@ def test_user_code_matches_single_or_names_the_fix(matrix, strategy, case):
 
 def test_the_matrix_checks_what_it_claims(matrix):
     """Clipping really clips (norms over the limit), schedulers really move the learning rate."""
-    single = matrix["single"]
+    single = matrix["singlex1"]
     assert all(max(single[c]["norms"]) > 0.05 for c in objectives.USER_CODE_CASES if "/clipping/" in c)
     assert all(len(set(single[c]["lrs"])) > 1 for c in objectives.USER_CODE_CASES if "/scheduler/" in c)
 
 
-@pytest.mark.parametrize("strategy", [s for s in STRATEGIES if s != "single"])
-def test_saving_and_exact_evaluation_under_every_strategy(matrix, strategy):
-    reference, result = matrix["single"]["saving-and-evaluating"], matrix[strategy]["saving-and-evaluating"]
+@pytest.mark.parametrize("run", COMPARED)
+def test_saving_and_exact_evaluation_under_every_strategy(matrix, run):
+    strategy = run.rsplit("x", 1)[0]
+    reference, result = matrix["singlex1"]["saving-and-evaluating"], matrix[run]["saving-and-evaluating"]
     assert result["saved"].keys() == reference["saved"].keys()
     for key, values in reference["saved"].items():  # trial.state_dict(model): the whole model, on rank 0
         assert result["saved"][key] == pytest.approx(values, rel=TOLERANCE, abs=1e-6), key
