@@ -12,6 +12,9 @@ _PR_SET_NAME = 15
 #: What ``ps``, ``top`` and psutil's ``name()`` call a warm worker (a fork of the pool host, so its command line
 #: is the host's): this prefix and its device index.
 WORKER_NAME = "saturn-worker-"
+#: ... and the pool host they are forked from (itself a fork of the executor, whose command line it shows, where
+#: that is safe).
+HOST_NAME = "saturn-host"
 
 
 def die_with_parent() -> None:

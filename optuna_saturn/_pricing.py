@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import statistics
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import optuna
@@ -187,6 +187,7 @@ class Pricer:
                 Option(strategy.name, devices, runtime, resolved.gradient_accumulation), resolved.key, None,
                 prediction.uncertainty, prediction.basis,
             ))
+        price.options = no_better_than_linear_scaling(price.options, self._strategies)
         return price
 
     def _predicted_runtime(
@@ -438,3 +439,33 @@ def summary(record: ProfileRecord) -> dict:
         out["loops"] = len(record.loop_steps)
         out["between_seconds"] = record.between_seconds
     return out
+
+
+def no_better_than_linear_scaling(
+    options: Sequence[PricedOption], strategies: Mapping[str, Strategy]
+) -> list[PricedOption]:
+    """Predicted options raised to what linear scaling of this trial's measured ones allows: ``k`` devices at best
+    divide the device-seconds of the same training by ``k``. A cost model extrapolating from a few small workloads
+    can predict more (2.6x on 2 devices was seen, which the plan then chose and lost time on); the floor is taken
+    only from strategies that compute plainly (no recomputation, no offload), which memory savings cannot beat."""
+    plain = [p.option.runtime * p.option.devices for p in options
+             if p.measured and computes_plainly(strategies[p.option.strategy])]
+    if not plain:
+        return list(options)
+    least = min(plain)
+    return [
+        p if p.measured or p.option.runtime * p.option.devices >= least
+        else replace(p, option=replace(p.option, runtime=least / p.option.devices), basis=f"{p.basis}, floored")
+        for p in options
+    ]
+
+
+def computes_plainly(strategy: Strategy) -> bool:
+    """Whether the strategy does the step's compute with nothing traded for memory (activation recomputation,
+    offload to CPU), so that no other strategy's step can beat it by more than its device count."""
+    knobs = strategy.knobs
+    if knobs.get("activation_checkpointing") or knobs.get("cpu_offload"):
+        return False
+    zero = strategy.launcher_config.get("zero_optimization", {})
+    return not any(str(zero.get(part, {}).get("device", "none")) != "none"
+                   for part in ("offload_optimizer", "offload_param"))

@@ -412,3 +412,21 @@ def sleeps(trial) -> float:
     for _ in trial.steps(10):
         time.sleep(seconds / 10)
     return seconds
+
+
+def where_it_runs(trial) -> float:
+    """Says which process its worker was forked from (the pool host: its command line, its network namespace),
+    after a parallel-looking torch op and, on several devices, a collective: it must not hang."""
+    trial.suggest_float("x", 0, 1)
+    host = os.getppid()
+    with open(f"/proc/{host}/cmdline", "rb") as f:
+        cmdline = f.read().split(b"\0")
+    (torch.randn(1_000_000) * 2).exp().sum()
+    total = torch.ones(1)
+    if dist.is_initialized():
+        dist.all_reduce(total)
+    trial.set_user_attr("host", {
+        "cmdline": [part.decode() for part in cmdline if part], "net": os.readlink("/proc/self/ns/net"),
+        "threads": torch.get_num_threads(),
+    })
+    return float(total)

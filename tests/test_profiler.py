@@ -12,7 +12,9 @@ from optuna.trial import TrialState
 
 import objectives
 from optuna_saturn import SaturnExecutor
+from optuna_saturn._pricing import PricedOption, computes_plainly, no_better_than_linear_scaling
 from optuna_saturn.events import SweepListener
+from optuna_saturn.planner import Option
 from optuna_saturn.profiler import ProfileRecord, ProfileStore, model_state_bytes, probe_workload, profile_key
 from optuna_saturn.strategy import load_strategies
 
@@ -364,3 +366,25 @@ def test_cpu_peak_memory_is_per_strategy_not_cumulative():
     del big
     _release_memory(cpu)
     assert _peak_memory(cpu) < before + 100 * 2**20
+
+
+def test_a_predicted_option_is_never_faster_than_linear_scaling_of_a_measured_plain_one():
+    strategies = load_strategies()
+
+    def measured(strategy: str, devices: int, runtime: float) -> PricedOption:
+        record = ProfileRecord(key=strategy, strategy=strategy, devices=devices, hardware="hw", feasible=True,
+                               step_seconds=0.1, startup_seconds=0.0, peak_memory_bytes=1, timed_steps=5)
+        return PricedOption(Option(strategy, devices, runtime), strategy, record)
+
+    def predicted(strategy: str, devices: int, runtime: float) -> PricedOption:
+        return PricedOption(Option(strategy, devices, runtime), strategy, None, 0.3, "scaled")
+
+    single, ckpt = measured("single", 1, 10.0), measured("single-ckpt", 1, 13.0)
+    ddp, slow_zero = predicted("ddp", 2, 3.9), predicted("zero3-offload", 2, 8.0)
+    floored = {p.option.strategy: p for p in no_better_than_linear_scaling([single, ckpt, ddp, slow_zero], strategies)}
+    assert floored["ddp"].option.runtime == pytest.approx(5.0) and floored["ddp"].basis == "scaled, floored"
+    assert floored["zero3-offload"] == slow_zero and floored["single"] == single and floored["single-ckpt"] == ckpt
+    # Recomputation and offload trade speed for memory: a measurement of them bounds nothing.
+    assert no_better_than_linear_scaling([ckpt, ddp], strategies) == [ckpt, ddp]
+    assert not computes_plainly(strategies["zero3-offload"]) and not computes_plainly(strategies["fsdp-offload"])
+    assert computes_plainly(strategies["zero3"]) and computes_plainly(strategies["ddp"])

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 
 import optuna
+import psutil
 import pytest
+import torch
 from optuna.trial import TrialState
 
 import objectives
 from optuna_saturn import SaturnExecutor
+from optuna_saturn.devices import Device, available_cores
+from optuna_saturn.runner._forked_host import why_not_fork
 
 pytestmark = pytest.mark.launch
 
@@ -84,3 +89,44 @@ def test_no_device_idles_while_a_trial_could_be_asked(saturn_options):
     gaps = [b["saturn:objective_start"] - a["saturn:actual_end"] for a, b in zip(short, short[1:])]
     # hand-overs take milliseconds (benchmarks/dispatch_overhead.py); the bounds leave room for a loaded CI machine
     assert statistics.median(gaps) < 0.5 and max(gaps) < 2.0, gaps
+
+
+@pytest.mark.parametrize("host", ["fork of the executor", "fresh interpreter"])
+def test_the_pool_host_is_a_fork_of_the_executor_only_where_that_is_safe(saturn_options, host):
+    """This process runs an OpenMP parallel region first (a fork of it would hang in one of its own): workers of
+    one thread are still forked from it, with no hang; workers of several threads come from a fresh interpreter.
+    Either way the host is inside its own loopback-only namespace and a collective across workers works."""
+    cores = available_cores()
+    if len(cores) < 2:
+        pytest.skip("needs 2 cores")
+    if host == "fork of the executor":  # two devices of one core each
+        devices = [Device("cpu", 0, (cores[0],)), Device("cpu", 1, (cores[1],))]
+    else:  # one device of several cores
+        devices = [Device("cpu", 0, tuple(cores))]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        (torch.randn(2_000_000) * 2).exp().sum()  # this process's OpenMP thread pool now exists
+    finally:
+        torch.set_num_threads(threads)
+    assert (why_not_fork(devices) is None) == (host == "fork of the executor")
+
+    study = optuna.create_study()
+    SaturnExecutor(devices=devices, strategies=["single", "ddp"], **saturn_options).optimize(
+        study, objectives.where_it_runs, n_trials=2
+    )
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
+    for trial in study.trials:
+        found = trial.user_attrs["host"]
+        assert trial.value == trial.user_attrs["saturn:num_devices"]  # the all_reduce over its ranks
+        assert found["net"] != os.readlink("/proc/self/ns/net")
+        if host == "fork of the executor":
+            assert found["cmdline"] == psutil.Process().cmdline() and found["threads"] == 1
+        else:
+            assert "optuna_saturn.runner._host" in found["cmdline"] and found["threads"] == len(devices[0].cores)
+
+
+def test_why_not_fork_names_the_reason():
+    assert why_not_fork([Device("cpu", 0, (0,)), Device("cpu", 1, (1,))]) is None
+    assert why_not_fork([Device("cuda", 0), Device("cuda", 1)]) is None  # CUDA is not initialised here
+    assert "OpenMP" in why_not_fork([Device("cpu", 0, (0, 1))])

@@ -1,14 +1,16 @@
 """The pool host: one process that prepares a warm worker once, then forks one per device, and forks another
 whenever one exits.
 
-Run by :class:`~optuna_saturn.runner.pool.WorkerPool` as ``python -m optuna_saturn.runner._host CONFIG``, inside the
-sweep's loopback-only network namespace when network isolation is on: its workers inherit that one namespace,
-so they can form process groups with each other, and nothing they open is reachable from outside.
+Started by :class:`~optuna_saturn.runner.pool.WorkerPool` as a fork of the executor's process where that is safe
+(:mod:`optuna_saturn.runner._forked_host`: torch and the objective's module are then imported already), else as
+``python -m optuna_saturn.runner._host CONFIG``; inside the sweep's loopback-only network namespace when network
+isolation is on: its workers inherit that one namespace, so they can form process groups with each other, and
+nothing they open is reachable from outside.
 
 It imports torch, optuna-saturn and the objective's module, and runs the objective up to its first training loop
 with placeholder hyperparameters (so what it imports lazily, transformers' model classes say, is imported too),
 once; each worker is then a fork of it, ready in milliseconds, instead of an interpreter that imports it all again.
-Nothing has started a thread or touched a GPU by then, so the forks are safe. A worker that exits (recycled after
+The host runs one thread and never touches a GPU, so the forks are safe. A worker that exits (recycled after
 a failure, an out-of-memory or memory growth, or killed by the executor) is replaced the same way; one that keeps
 dying right after it starts is given up on (its log says why; the executor reports it). SIGTERM ends the host and
 its workers; so does the executor's death.
@@ -28,9 +30,10 @@ _QUICK_EXITS = 3
 
 
 def main(config_path: str) -> None:
-    from optuna_saturn._lifetime import die_with_parent
+    from optuna_saturn._lifetime import HOST_NAME, die_with_parent, name_process
 
     die_with_parent()
+    name_process(HOST_NAME)
     with open(config_path, encoding="utf-8") as f:
         config = json.load(f)
     from optuna_saturn._warm_worker import prepare_process, serve

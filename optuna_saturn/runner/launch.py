@@ -41,6 +41,31 @@ def network_isolation_prefix() -> list[str]:
     return ["unshare", *user_namespace, "--net", "--", "sh", "-c", _LOOPBACK_ONLY, "sh"]
 
 
+_CLONE_NEWUSER = 0x10000000
+_CLONE_NEWNET = 0x40000000
+
+
+def enter_loopback_only_namespace() -> None:
+    """Move this (single-threaded) process into a fresh network namespace that has only loopback, as
+    :func:`network_isolation_prefix` does for a command: the same ``unshare``, from inside (a forked pool host)."""
+    import ctypes
+    import subprocess
+
+    if shutil.which("ip") is None:
+        raise RuntimeError("isolate_network=True needs 'ip' (iproute2) on PATH.")
+    uid, gid = os.geteuid(), os.getegid()
+    flags = _CLONE_NEWNET if uid == 0 else _CLONE_NEWUSER | _CLONE_NEWNET
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(flags) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"unshare(network namespace) failed: {os.strerror(error)}")
+    if uid != 0:  # root inside the new user namespace, as `unshare --map-root-user`
+        for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+            with open(f"/proc/self/{name}", "w", encoding="ascii") as f:
+                f.write(text)
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+
+
 def free_port() -> int:
     """A free TCP port on loopback, for launchers that need one named (in an isolated namespace any port is)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:

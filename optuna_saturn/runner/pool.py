@@ -24,9 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import optuna
+
 from optuna_saturn.channel import ChannelServer
 from optuna_saturn.devices import Device
+from optuna_saturn.runner._forked_host import ForkedHost, why_not_fork
 from optuna_saturn.runner.launch import extensions_cache, network_isolation_prefix, physical_gpus
+
+_logger = optuna.logging.get_logger("optuna.saturn.runner")
 
 #: How long a job's ranks may wait for each other to join its process group.
 RENDEZVOUS_TIMEOUT_SECONDS = 600.0
@@ -77,6 +82,7 @@ class WorkerPool:
         grace_period: float = 5.0,
         multi_device: bool = True,
         engines: Sequence[str] = (),
+        fork: bool = True,
     ) -> None:
         self.devices = list(devices)
         self._server = server
@@ -87,11 +93,12 @@ class WorkerPool:
         self._grace = grace_period
         self._multi_device = multi_device  # jobs may span devices: workers import what process groups need
         self._engines = sorted(engines)  # the engines jobs will use: imported once, before the workers fork
+        self._fork = fork  # the host may be a fork of this process (runner._forked_host says when it is safe)
         self._lock = threading.Lock()
         self._workers = [_Worker(i) for i in range(len(devices))]
         self._jobs: dict[Any, _Job] = {}
         self._ended: queue.Queue = queue.Queue()
-        self._host: subprocess.Popen | None = None
+        self._host: subprocess.Popen | ForkedHost | None = None
         self._token = ""
         self._rendezvous_ids = itertools.count()
 
@@ -108,9 +115,8 @@ class WorkerPool:
         config_path = self._folder / "pool.json"
         config_path.write_text(json.dumps(config), encoding="utf-8")
         os.chmod(config_path, 0o600)
-        command = [sys.executable, "-m", "optuna_saturn.runner._host", str(config_path)]
         env = {
-            **os.environ, "PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "lo",
+            "PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "lo",
             "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(extensions_cache())),
         }
         if self.devices[0].kind == "cuda":  # every worker sees the pool's GPUs; worker i uses the i-th
@@ -118,11 +124,20 @@ class WorkerPool:
             env["NCCL_SOCKET_IFNAME"] = "lo"
         else:
             env["CUDA_VISIBLE_DEVICES"] = ""
+        log = self._log_dir / "pool-host.log"
+        why_not = why_not_fork(self.devices) if self._fork else "forking the executor was turned off"
+        if why_not is None:
+            self._host = ForkedHost.start(
+                "optuna_saturn.runner._host:main", str(config_path), env=env, log=log, enter_namespace=self._isolate,
+            )
+            return
+        _logger.debug(f"The worker pool's host is a fresh interpreter: {why_not}.")
+        command = [sys.executable, "-m", "optuna_saturn.runner._host", str(config_path)]
         if self._isolate:
             command = network_isolation_prefix() + command
-        with open(self._log_dir / "pool-host.log", "ab") as log:
+        with open(log, "ab") as out:
             self._host = subprocess.Popen(
-                command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                command, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,  # Ctrl-C reaches the executor only; it stops the pool as a whole
             )
 
