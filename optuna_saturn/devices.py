@@ -76,8 +76,8 @@ def resolve_devices(spec: DeviceSpec = "auto", *, allow_shared_cores: bool = Fal
     """Turn the user's ``devices=`` argument into concrete devices, or explain what is wrong with it.
 
     ``"auto"``: every visible CUDA GPU, else one CPU device per core. ``"cpu"`` / ``"cuda"``: force the kind.
-    An int: that many devices of the auto kind. A list: CUDA indices (ints), ``"cuda:N"`` / ``"cpu:N"`` names
-    (a CPU name's N counts CPU devices of one core each), or :class:`Device` objects.
+    ``"cpu:N"``: N CPU devices. An int: that many devices of the auto kind. A list: CUDA indices (ints),
+    ``"cuda:N"`` names, or :class:`Device` objects (CPU devices with the cores of your choice).
     """
     n_cuda = cuda_device_count()
     if isinstance(spec, str):
