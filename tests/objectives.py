@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 
@@ -416,7 +417,8 @@ def sleeps(trial) -> float:
 
 def where_it_runs(trial) -> float:
     """Says which process its worker was forked from (the pool host: its command line, its network namespace),
-    after a parallel-looking torch op and, on several devices, a collective: it must not hang."""
+    and what its garbage collector sees, after a parallel-looking torch op and, on several devices, a
+    collective: it must not hang."""
     trial.suggest_float("x", 0, 1)
     host = os.getppid()
     with open(f"/proc/{host}/cmdline", "rb") as f:
@@ -427,6 +429,6 @@ def where_it_runs(trial) -> float:
         dist.all_reduce(total)
     trial.set_user_attr("host", {
         "cmdline": [part.decode() for part in cmdline if part], "net": os.readlink("/proc/self/ns/net"),
-        "threads": torch.get_num_threads(),
+        "threads": torch.get_num_threads(), "gc_frozen": gc.get_freeze_count(), "gc_tracked": len(gc.get_objects()),
     })
     return float(total)
