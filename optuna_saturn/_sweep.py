@@ -643,6 +643,7 @@ class Sweep:
         waiting trials are priced again)."""
         session, trial = run.session, run.session.trial
         option = run.waiting.assignment.option
+        self._relay_progress_of(run)  # the last steps of a short trial land between two relays
         outcome = session.outcome or {}
         op = outcome.get("op")
         if op == "fail" and not reason and self._retry_elsewhere(run, outcome):
@@ -811,15 +812,17 @@ class Sweep:
 
     def _relay_progress(self) -> None:
         for run in self._running.values():
-            if not isinstance(run, _TrialRun):
-                continue
-            session = run.session
-            if session.step != run.reported_step:
-                run.reported_step = session.step
-                self._notify(
-                    "on_trial_progress",
-                    TrialProgress(session.trial.number, session.step, session.total_steps, session.step_seconds),
-                )
+            if isinstance(run, _TrialRun):
+                self._relay_progress_of(run)
+
+    def _relay_progress_of(self, run: _TrialRun) -> None:
+        session = run.session
+        if session.step != run.reported_step:
+            run.reported_step = session.step
+            self._notify(
+                "on_trial_progress",
+                TrialProgress(session.trial.number, session.step, session.total_steps, session.step_seconds),
+            )
 
     # -- stopping -------------------------------------------------------------------------------------------------
     def _abort(self, pool: WorkerPool, runner: LocalRunner, reason: str) -> None:
