@@ -236,6 +236,39 @@ class SaturnTrial:
                 raise TypeError(f"trial.prepare() cannot prepare a {type(obj).__name__}.")
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
+    def accelerator(self, **kwargs: Any) -> Any:
+        """An ``accelerate.Accelerator`` for a script written with Accelerate, with the trial's strategy applied.
+
+        Use it where the script says ``Accelerator(...)``; ``accelerator.prepare``, ``backward``,
+        ``accumulate``, ``clip_grad_norm_``, ``gather_for_metrics`` and ``get_state_dict`` then go through this
+        trial's strategy (FSDP really shards, ZeRO is really ZeRO, on CPU too), and iterating the prepared
+        training DataLoader counts the trial's steps. A DataLoader's ``batch_size`` is the global batch, as written
+        for one process. See :class:`~optuna_saturn.integrations.accelerate.SaturnAccelerator`.
+        """
+        from optuna_saturn.integrations.accelerate import SaturnAccelerator
+
+        return SaturnAccelerator(self, **kwargs)
+
+    def prepare_trainer(self, trainer: Any, *, metric: str = "eval_loss") -> Any:
+        """Run a ``transformers.Trainer`` under this trial's strategy; returns the same trainer.
+
+        ::
+
+            trainer = trial.prepare_trainer(Trainer(model=model, args=args, train_dataset=..., eval_dataset=...))
+            trainer.train()
+            return trainer.evaluate()["eval_loss"]
+
+        What it changes: the trainer's accelerator applies the trial's strategy (leave ``fsdp``/``deepspeed`` out of
+        ``TrainingArguments``: the strategy is the sweep's choice); ``per_device_train_batch_size`` is the global
+        batch, as written for one process, and each rank gets its rows; its optimizer steps are the trial's steps
+        (progress, runtime profiling); each evaluation reports ``metrics[metric]`` at the global step and prunes
+        every rank when the study's pruner says so; it writes to ``<output_dir>/trial-<number>``. Under a
+        sharding strategy, ``trainer.save_model()`` gathers the whole model on rank 0.
+        """
+        from optuna_saturn.integrations.trainer import prepare_trainer
+
+        return prepare_trainer(self, trainer, metric=metric)
+
     @property
     def gradient_accumulation(self) -> int:
         """Micro-batches per optimizer step on each device (1: none). The planner raises it only for options

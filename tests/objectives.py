@@ -113,7 +113,11 @@ def strategy_facts(model, optimizer) -> dict:
     """What a test needs to see that a strategy is really applied."""
     from torch.distributed.tensor import DTensor
 
+    from torch.distributed.fsdp import FSDPModule
+
     facts: dict = {"optimizer": type(getattr(optimizer, "optimizer", optimizer)).__name__}
+    if isinstance(model, FSDPModule):  # after a forward pass the root module keeps its parameters gathered
+        model.reshard()
     params = list(model.parameters())
     dtensors = [p for p in params if isinstance(p, DTensor)]
     if dtensors:

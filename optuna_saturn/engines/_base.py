@@ -43,6 +43,9 @@ class Engine:
 
     #: Each rank holds only a shard of the parameters: the user's module cannot be handed out whole.
     shards_parameters = False
+    #: The engine counts micro-batches itself (DeepSpeed): accumulation driven from outside its own knob, such as
+    #: Trainer's ``gradient_accumulation_steps``, cannot be followed.
+    counts_micro_batches = False
 
     def __init__(self, context: WorkerContext) -> None:
         self.context = context
@@ -81,6 +84,11 @@ class Engine:
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return model
+
+    def user_module(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The user's module inside the strategy's wrapper, for forward passes and attributes even when its
+        parameters are sharded (then it is no use for saving: see :meth:`full_state_dict`)."""
+        return model if self.shards_parameters else self.unwrap(model)
 
     def full_state_dict(self, model: torch.nn.Module) -> dict[str, Any]:
         """The whole model's state dict, as one process would have it, on rank 0; other ranks get an empty dict

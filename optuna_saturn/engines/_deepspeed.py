@@ -71,9 +71,16 @@ class DeepSpeedEngine(Engine):
     def stage(self) -> int:
         return int(self.context.launcher_config.get("zero_optimization", {}).get("stage", 0))
 
+    counts_micro_batches = True
+
     @property
     def shards_parameters(self) -> bool:  # type: ignore[override]
         return self.stage >= 3
+
+    def user_module(self, model: torch.nn.Module) -> torch.nn.Module:
+        import deepspeed
+
+        return model.module if isinstance(model, deepspeed.DeepSpeedEngine) else model
 
     def prepare_model_and_optimizer(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None

@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from optuna_saturn._process_state import restored_process_state
 from optuna_saturn.cost_model import Work
 from optuna_saturn.microbatch import AccumulationError, batch_rows, tensors_of
+from optuna_saturn.profiler._probe_hf import meta_models_stay_put
 
 _logger = optuna.logging.get_logger("optuna.saturn.profiler")
 
@@ -134,6 +135,16 @@ class _ProbeTrial:
             prepared.append(obj)
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
+    def prepare_trainer(self, trainer: Any, *, metric: str = "eval_loss") -> Any:
+        from optuna_saturn.profiler._probe_hf import describe_trainer
+
+        describe_trainer(self, trainer)
+
+    def accelerator(self, **kwargs: Any) -> Any:
+        from optuna_saturn.profiler._probe_hf import ProbeAccelerator
+
+        return ProbeAccelerator(self)
+
     def micro_batches(self, batch: Any) -> Iterator[Any]:
         yield batch
 
@@ -222,7 +233,7 @@ def probe_workload(objective: Any, trial: optuna.Trial, lock: threading.Lock) ->
     probe = _ProbeTrial(trial, lock)
     with restored_process_state():
         try:
-            with init_empty_weights(include_buffers=False):
+            with init_empty_weights(include_buffers=False), meta_models_stay_put():
                 objective(probe)
         except _ProbeDone:
             pass
@@ -232,8 +243,9 @@ def probe_workload(objective: Any, trial: optuna.Trial, lock: threading.Lock) ->
             ) from exc
         if probe.model is None or probe.loader is None or probe.total_steps is None:
             raise RuntimeError(
-                "the objective must call trial.prepare(model, ..., dataloader) and then iterate trial.steps(n) "
-                "for its runtime to be profiled"
+                "the objective must call trial.prepare(model, ..., dataloader) and then iterate trial.steps(n), "
+                "or train through trial.prepare_trainer(trainer) or trial.accelerator(), for its runtime to be "
+                "profiled"
             )
         try:
             signature, rows, tokens = _batch_signature(first_batch(probe.loader))

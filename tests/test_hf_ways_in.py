@@ -1,0 +1,126 @@
+"""The Hugging Face ways in: a ``transformers.Trainer`` objective (``trial.prepare_trainer``) and an Accelerate
+script (``trial.accelerator()``) run under the strategy the sweep chose, really applied (FSDP shards, ZeRO is
+ZeRO), and compute what they compute in one process: the same loss curve within 1e-4."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+import hf_objectives
+from optuna_saturn import SaturnExecutor
+
+pytestmark = pytest.mark.launch
+
+TOLERANCE = 1e-4
+RUNS = [("single", 1), ("ddp", 2), ("fsdp", 2), ("zero2", 2), ("zero3", 2)]
+PARAMS = {"learning_rate": 3e-3}
+
+
+def _run(objective, strategy: str, devices: int, logs, *, profile: bool = False, pruner=None, n_trials: int = 1):
+    study = optuna.create_study(pruner=pruner)
+    for _ in range(n_trials):
+        study.enqueue_trial(PARAMS)
+    SaturnExecutor(
+        devices=devices, strategies=[strategy], isolate_network=True, log_dir=logs, grace_period=5,
+        profile=profile, progress=None, dashboard=False,
+    ).optimize(study, objective, n_trials=n_trials)
+    return study
+
+
+@pytest.fixture(scope="module", params=["trainer_gpt2", "accelerate_gpt2"])
+def runs(request, tmp_path_factory):
+    """Each strategy's one trial of the objective, as the study holds it."""
+    logs = tmp_path_factory.mktemp(request.param)
+    objective = getattr(hf_objectives, request.param)
+    trials = {}
+    for strategy, devices in RUNS:
+        trial = _run(objective, strategy, devices, logs).trials[0]
+        assert trial.state == TrialState.COMPLETE, (strategy, trial.user_attrs.get("saturn:fail_reason"))
+        assert trial.user_attrs["saturn:strategy"] == strategy and trial.user_attrs["saturn:num_devices"] == devices
+        trials[f"{strategy}x{devices}"] = trial
+    single = trials["singlex1"].user_attrs["curve"]
+    for run, trial in trials.items():  # (shown with -s)
+        worst = max(abs(a - b) / abs(b) for a, b in zip(trial.user_attrs["curve"], single))
+        print(f"{request.param} {run}: worst relative loss-curve difference to singlex1 {worst:.1e}")
+    return trials
+
+
+@pytest.mark.parametrize("run", [f"{s}x{n}" for s, n in RUNS[1:]])
+def test_the_same_trial_trains_the_same_under_every_strategy(runs, run):
+    reference, result = runs["singlex1"], runs[run]
+    curve = result.user_attrs["curve"]
+    assert len(curve) == 12 and curve == pytest.approx(reference.user_attrs["curve"], rel=TOLERANCE)
+    assert curve[-1] < curve[0]
+    assert result.user_attrs["grad_norms"] == pytest.approx(reference.user_attrs["grad_norms"], rel=TOLERANCE)
+    assert max(reference.user_attrs["grad_norms"]) > 0.5  # clipping clipped
+    assert result.value == pytest.approx(reference.value, rel=TOLERANCE)
+
+
+def test_the_strategy_is_really_applied(runs):
+    facts = {run: trial.user_attrs["facts"] for run, trial in runs.items()}
+    assert facts["fsdpx2"]["sharded_params"] and facts["fsdpx2"]["local_fraction"] == pytest.approx(0.5, abs=0.05)
+    assert facts["zero2x2"]["zero_stage"] == 2 and facts["zero3x2"]["zero_stage"] == 3
+    assert "sharded_params" not in facts["ddpx2"] and "zero_stage" not in facts["ddpx2"]
+    assert facts["singlex1"]["optimizer"] == "AdamW"
+
+
+def test_trainer_reports_its_evaluations_and_writes_to_a_folder_per_trial(runs):
+    if "eval_losses" not in runs["singlex1"].user_attrs:
+        pytest.skip("the Accelerate script reports per epoch itself")
+    for run, trial in runs.items():
+        evaluations = trial.user_attrs["eval_losses"]
+        reported = [trial.intermediate_values[step] for step in sorted(trial.intermediate_values)]
+        assert sorted(trial.intermediate_values) == [3, 6, 9, 12] and reported == evaluations[:4], run
+        assert trial.user_attrs["output_dir"].endswith(f"trial-{trial.number}"), run
+
+
+class _PruneAtOnce(optuna.pruners.BasePruner):
+    def prune(self, study, trial) -> bool:
+        return True
+
+
+def test_a_pruned_trainer_trial_stops_every_rank(tmp_path):
+    study = _run(hf_objectives.trainer_gpt2, "ddp", 2, tmp_path, pruner=_PruneAtOnce())
+    trial = study.trials[0]
+    assert trial.state == TrialState.PRUNED, trial.user_attrs.get("saturn:fail_reason")
+    assert list(trial.intermediate_values) == [3]
+
+
+@pytest.mark.parametrize("objective", ["trainer_gpt2", "accelerate_gpt2"])
+def test_both_ways_in_are_profiled_without_a_trial_steps_loop(tmp_path, objective):
+    """The trainer's optimizer steps, or the prepared training DataLoader's batches, are the timed steps."""
+    executor = SaturnExecutor(
+        devices=2, strategies=["single", "ddp"], isolate_network=True, log_dir=tmp_path / "runs", grace_period=5,
+        profile_store=tmp_path / "profiles", progress=None, dashboard=False,
+    )
+    study = executor.profile(getattr(hf_objectives, objective), n_trials=1)
+    profiles = {p["strategy"]: p for p in study.trials[0].user_attrs["saturn:profiles"]}
+    assert set(profiles) == {"single", "ddp"}
+    assert all(p["feasible"] and 0 < p["step_seconds"] < 1 for p in profiles.values()), profiles
+
+
+def test_strategy_settings_of_the_script_are_refused_with_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    study = _run(hf_objectives.accelerate_gpt2, "single", 1, tmp_path)
+    reason = study.trials[0].user_attrs["saturn:fail_reason"]
+    assert study.trials[0].state == TrialState.FAIL
+    assert "ACCELERATE_USE_FSDP" in reason and "optuna-saturn's choice" in reason
+
+
+def test_trainer_gradient_accumulation_is_followed_or_refused(tmp_path, monkeypatch):
+    """Trainer's own accumulation (2 batches per optimizer step): DDP and FSDP skip the synchronisation of the
+    first and train as one process does; DeepSpeed, which counts micro-batches itself, refuses with the reason."""
+    monkeypatch.setenv("SATURN_TEST_ACCUMULATION", "2")
+    curves = {}
+    for strategy, devices in (("single", 1), ("ddp", 2), ("fsdp", 2)):
+        trial = _run(hf_objectives.trainer_gpt2, strategy, devices, tmp_path).trials[0]
+        assert trial.state == TrialState.COMPLETE, (strategy, trial.user_attrs.get("saturn:fail_reason"))
+        curves[strategy] = trial.user_attrs["curve"]
+    assert len(curves["single"]) == 6  # 12 batches, 2 per step
+    assert curves["ddp"] == pytest.approx(curves["single"], rel=TOLERANCE)
+    assert curves["fsdp"] == pytest.approx(curves["single"], rel=TOLERANCE)
+    refused = _run(hf_objectives.trainer_gpt2, "zero2", 2, tmp_path).trials[0]
+    assert refused.state == TrialState.FAIL
+    assert "counts micro-batches itself" in refused.user_attrs["saturn:fail_reason"]
