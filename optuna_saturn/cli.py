@@ -31,6 +31,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain (Click) help: rich's option tables squeeze every description into a narrow column on an 80-column
+    # terminal; Click's layout wraps them under a short option column.
+    rich_markup_mode=None,
 )
 
 StorageOption = Annotated[str, typer.Option(

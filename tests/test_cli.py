@@ -141,6 +141,20 @@ def test_help_lists_every_command() -> None:
     assert "--profile-store" in invoke("profile", "--help").output
 
 
+@pytest.mark.parametrize("command", ["run", "profile", "plan", "simulate", "report"])
+def test_help_is_readable_in_80_columns(command) -> None:
+    """Each option's description wraps under a short option column, not into a narrow one on the right."""
+    result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "80"}, terminal_width=80)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    described = [line for line in lines if line.startswith("  --")]
+    assert described, result.output
+    # every option line that carries a description starts it by column 34, leaving it 46 columns or more
+    starts = [len(line) - len(line.lstrip()) for line in lines if line.startswith(" " * 20) and line.strip()]
+    assert starts and max(starts) <= 34, result.output
+
+
 @pytest.mark.launch
 def test_profile_fills_the_store_and_prints_the_table(tmp_path: Path) -> None:
     require(bool(shutil.which("unshare") and shutil.which("ip")), "unshare or ip (util-linux, iproute2)",
