@@ -8,12 +8,14 @@ and start-up):
 - **cold**: ``SaturnExecutor(devices=N, strategies=["single", "ddp"])`` with an empty profile store;
 - **warm**: the same executor again, on the store the cold run filled.
 
-Two objectives: the example's tiny GPT-2 (``examples/gpt2_sweep.py``), and a wider GPT-2 whose steps are longer.
+Two objectives: the example's tiny GPT-2 (``examples/gpt2_sweep.py``), and a wider GPT-2 whose steps are longer;
+and on request (``--objective trainer``) the same GPT-2 sweep written with ``transformers.Trainer``
+(``examples/hf_trainer_sweep.py``; plain Optuna runs the same Trainer in its threads).
 Reported: the wall-clock ratio to plain, the makespan over the lower bound of the trials' actual runtimes,
 per-trial start-up (launch to first step), the devices' idle seconds, the profiling device-seconds and their share
 of all device time (devices x wall clock).
 
-    python benchmarks/vs_optuna.py [--objective example|wide|both] [--n-trials 8] [--devices 2] [--repeats 1]
+    python benchmarks/vs_optuna.py [--objective example|wide|trainer|both] [--n-trials 8] [--devices 2] [--repeats 1]
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import optuna  # noqa: E402
 import torch  # noqa: E402
 
 import gpt2_sweep  # noqa: E402
+import hf_trainer_sweep  # noqa: E402
 
 WIDE_STEPS = 40
 
@@ -74,7 +77,7 @@ def wide_objective(trial) -> float:
     return trial.reduce_mean(loss.detach())
 
 
-OBJECTIVES = {"example": gpt2_sweep.objective, "wide": wide_objective}
+OBJECTIVES = {"example": gpt2_sweep.objective, "wide": wide_objective, "trainer": hf_trainer_sweep.objective}
 
 
 class PlainTrial:
@@ -111,6 +114,10 @@ class PlainTrial:
     def reduce_mean(self, value: Any, weight: float | None = None) -> float:
         return float(value)
 
+    def prepare_trainer(self, trainer: Any, *, metric: str = "eval_loss") -> Any:
+        """A Trainer as users run it under plain Optuna: reporting and pruning left to them (no pruner here)."""
+        return trainer
+
 
 def trial_params(objective: str, n_trials: int, seed: int = 0) -> list[dict]:
     """The trials every arm runs: sampled once, then enqueued in each."""
@@ -119,7 +126,7 @@ def trial_params(objective: str, n_trials: int, seed: int = 0) -> list[dict]:
     for _ in range(n_trials):
         trial = study.ask()
         probe = PlainTrial(trial)
-        if objective == "example":
+        if objective in ("example", "trainer"):  # the Trainer example searches the example's space
             params = {"lr": probe.suggest_float("lr", 1e-4, 1e-2, log=True),
                       "n_embd": probe.suggest_categorical("n_embd", [32, 64, 96]),
                       "n_layer": probe.suggest_int("n_layer", 1, 3),
@@ -141,12 +148,20 @@ def run_arm(arm: str, objective: str, params: list[dict], devices: int, store: s
         study.enqueue_trial(p)
     started = time.time()
     if arm == "plain":
-        torch.set_num_threads(1)
         fn = OBJECTIVES[objective]
-        study.optimize(lambda t: fn(PlainTrial(t)), n_trials=len(params), n_jobs=devices)
+        if objective == "trainer":
+            # Trainer cannot run in Optuna's threads: its Accelerate state is one per process, and a second trial's
+            # reset breaks the first ("AcceleratorState has no attribute distributed_type"). Without optuna-saturn
+            # a user runs one trial at a time on every core.
+            torch.set_num_threads(devices)
+            study.optimize(lambda t: fn(PlainTrial(t)), n_trials=len(params), n_jobs=1)
+        else:
+            torch.set_num_threads(1)
+            study.optimize(lambda t: fn(PlainTrial(t)), n_trials=len(params), n_jobs=devices)
         wall = time.time() - started
         runtimes = [(t.datetime_complete - t.datetime_start).total_seconds() for t in study.trials]
-        return {"wall": wall, "lower_bound": _lower_bound(runtimes, [1] * len(runtimes), devices),
+        used = devices if objective == "trainer" else 1
+        return {"wall": wall, "lower_bound": _lower_bound(runtimes, [used] * len(runtimes), devices),
                 "runtimes": [round(r, 2) for r in runtimes]}
     from optuna_saturn import SaturnExecutor
 
@@ -225,7 +240,7 @@ def compare(objective: str, n_trials: int, devices: int, seed: int, arms: list[s
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--objective", default="both", choices=["example", "wide", "both"])
+    parser.add_argument("--objective", default="both", choices=["example", "wide", "trainer", "both"])
     parser.add_argument("--n-trials", type=int, default=8)
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1)

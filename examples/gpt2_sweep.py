@@ -116,11 +116,15 @@ def objective(trial) -> float:
     return validation_loss()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(
+    objective=objective, *, description: str = __doc__, storage: str = "sqlite:///saturn-example.sqlite3",
+    study_name: str = "gpt2-tiny",
+) -> None:
+    """Parse the command line, run the sweep, print the best trial (the other examples reuse it)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n-trials", type=int, default=8)
-    parser.add_argument("--storage", default="sqlite:///saturn-example.sqlite3")
-    parser.add_argument("--study-name", default="gpt2-tiny")
+    parser.add_argument("--storage", default=storage)
+    parser.add_argument("--study-name", default=study_name)
     parser.add_argument("--devices", default="auto", help="'auto', 'cpu', or a number of devices")
     parser.add_argument("--strategies", default="single,ddp", help="comma-separated strategy names")
     parser.add_argument("--isolate-network", action="store_true", help="each trial in a loopback-only namespace")
