@@ -16,29 +16,16 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 import optuna
 import torch
-from gpt2_sweep import EVAL_EVERY, SEQ_LEN, TRAIN_STEPS, VOCAB_SIZE, blocks, main, token_ids
+from gpt2_sweep import EVAL_EVERY, TRAIN_STEPS, main, search_space, tiny_gpt2, train_and_validation
 
 
 def objective(trial) -> float:
-    import transformers
-    from transformers import GPT2Config, GPT2LMHeadModel, get_cosine_schedule_with_warmup
+    from transformers import get_cosine_schedule_with_warmup
 
-    transformers.logging.set_verbosity_error()
-    lr = trial.suggest_float("lr", 1e-4, 1e-2, log=True)
-    n_embd = trial.suggest_categorical("n_embd", [32, 64, 96])
-    n_layer = trial.suggest_int("n_layer", 1, 3)
-    batch_size = trial.suggest_categorical("batch_size", [8, 16, 32])
-
+    lr, n_embd, n_layer, batch_size = search_space(trial)
     accelerator = trial.accelerator()  # instead of Accelerator()
-    ids = token_ids()
-    split = int(len(ids) * 0.9)
-    train, val = blocks(ids[:split]), blocks(ids[split:])
-    torch.manual_seed(trial.number)
-    config = GPT2Config(
-        vocab_size=VOCAB_SIZE, n_positions=SEQ_LEN, n_embd=n_embd, n_layer=n_layer, n_head=4,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
-    )
-    model = GPT2LMHeadModel(config)
+    train, val = train_and_validation()
+    model = tiny_gpt2(n_embd, n_layer, seed=trial.number)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     scheduler = get_cosine_schedule_with_warmup(optimizer, num_warmup_steps=10, num_training_steps=TRAIN_STEPS)
     # TRAIN_STEPS batches drawn at random: one pass of this loader is the whole training run

@@ -59,25 +59,41 @@ def blocks(ids: torch.Tensor) -> torch.utils.data.TensorDataset:
     return torch.utils.data.TensorDataset(ids[: n * SEQ_LEN].view(n, SEQ_LEN))
 
 
-def objective(trial) -> float:
+def search_space(trial) -> tuple[float, int, int, int]:
+    """What every example searches: learning rate, width, depth and global batch size."""
+    return (
+        trial.suggest_float("lr", 1e-4, 1e-2, log=True),
+        trial.suggest_categorical("n_embd", [32, 64, 96]),
+        trial.suggest_int("n_layer", 1, 3),
+        trial.suggest_categorical("batch_size", [8, 16, 32]),
+    )
+
+
+def train_and_validation() -> tuple[torch.utils.data.TensorDataset, torch.utils.data.TensorDataset]:
+    """The first 90% of the tokenised text for training, the rest for validation, in rows of SEQ_LEN tokens."""
+    ids = token_ids()
+    split = int(len(ids) * 0.9)
+    return blocks(ids[:split]), blocks(ids[split:])
+
+
+def tiny_gpt2(n_embd: int, n_layer: int, seed: int):
+    """GPT-2 built from a config (nothing downloaded), without dropout, initialised from ``seed``."""
     import transformers
     from transformers import GPT2Config, GPT2LMHeadModel
 
     transformers.logging.set_verbosity_error()
-    lr = trial.suggest_float("lr", 1e-4, 1e-2, log=True)
-    n_embd = trial.suggest_categorical("n_embd", [32, 64, 96])
-    n_layer = trial.suggest_int("n_layer", 1, 3)
-    batch_size = trial.suggest_categorical("batch_size", [8, 16, 32])
-
-    ids = token_ids()
-    split = int(len(ids) * 0.9)
-    train, val = blocks(ids[:split]), blocks(ids[split:])
-    torch.manual_seed(trial.number)
+    torch.manual_seed(seed)
     config = GPT2Config(
         vocab_size=VOCAB_SIZE, n_positions=SEQ_LEN, n_embd=n_embd, n_layer=n_layer, n_head=4,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
     )
-    model = GPT2LMHeadModel(config)
+    return GPT2LMHeadModel(config)
+
+
+def objective(trial) -> float:
+    lr, n_embd, n_layer, batch_size = search_space(trial)
+    train, val = train_and_validation()
+    model = tiny_gpt2(n_embd, n_layer, seed=trial.number)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     train_loader = torch.utils.data.DataLoader(train, batch_size=batch_size, shuffle=True, drop_last=True)
     val_loader = torch.utils.data.DataLoader(val, batch_size=32)

@@ -14,7 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 import torch
-from gpt2_sweep import EVAL_EVERY, SEQ_LEN, TRAIN_STEPS, VOCAB_SIZE, blocks, main, token_ids
+from gpt2_sweep import EVAL_EVERY, TRAIN_STEPS, main, search_space, tiny_gpt2, train_and_validation
 
 OUTPUT_DIR = "saturn-hf-trainer-runs"  # each trial writes under <this>/trial-<number>
 
@@ -34,22 +34,11 @@ class LanguageModelRows(torch.utils.data.Dataset):
 
 
 def objective(trial) -> float:
-    import transformers
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+    from transformers import Trainer, TrainingArguments
 
-    transformers.logging.set_verbosity_error()
-    lr = trial.suggest_float("lr", 1e-4, 1e-2, log=True)
-    n_embd = trial.suggest_categorical("n_embd", [32, 64, 96])
-    n_layer = trial.suggest_int("n_layer", 1, 3)
-    batch_size = trial.suggest_categorical("batch_size", [8, 16, 32])
-
-    ids = token_ids()
-    split = int(len(ids) * 0.9)
-    torch.manual_seed(trial.number)
-    config = GPT2Config(
-        vocab_size=VOCAB_SIZE, n_positions=SEQ_LEN, n_embd=n_embd, n_layer=n_layer, n_head=4,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
-    )
+    lr, n_embd, n_layer, batch_size = search_space(trial)
+    train, val = train_and_validation()
+    model = tiny_gpt2(n_embd, n_layer, seed=trial.number)
     args = TrainingArguments(
         output_dir=OUTPUT_DIR, max_steps=TRAIN_STEPS, per_device_train_batch_size=batch_size,
         per_device_eval_batch_size=32, learning_rate=lr, weight_decay=0.01, lr_scheduler_type="cosine",
@@ -58,8 +47,7 @@ def objective(trial) -> float:
         use_cpu=trial.device.type == "cpu",
     )
     trainer = trial.prepare_trainer(Trainer(
-        model=GPT2LMHeadModel(config), args=args,
-        train_dataset=LanguageModelRows(blocks(ids[:split])), eval_dataset=LanguageModelRows(blocks(ids[split:])),
+        model=model, args=args, train_dataset=LanguageModelRows(train), eval_dataset=LanguageModelRows(val),
     ))  # the one added line: the sweep's strategy, step counting, report and pruning on eval_loss
     trainer.train()
     return trainer.evaluate()["eval_loss"]

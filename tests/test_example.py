@@ -31,6 +31,25 @@ def test_example_gpt2_sweep_runs_and_continues(saturn_options, tmp_path):
     assert complete and all(3.0 < t.value < 7.7 for t in complete)  # below log(vocab): it learned something
 
 
+@pytest.mark.parametrize("script, study_name", [("hf_trainer_sweep.py", "gpt2-trainer"),
+                                                ("accelerate_sweep.py", "gpt2-accelerate")])
+def test_the_hugging_face_examples_run_every_trial(tmp_path, script, study_name):
+    """The GPT-2 sweep written with Trainer, and as an Accelerate script: every trial ends COMPLETE or PRUNED, on
+    every strategy offered, and learns."""
+    storage = f"sqlite:///{tmp_path / 'example.sqlite3'}"
+    env = {**os.environ, "SATURN_EXAMPLE_DATA": str(tmp_path / "data")}
+    command = [sys.executable, os.path.join(ROOT, "examples", script), "--n-trials", "3", "--storage", storage,
+               "--strategies", "single,ddp,fsdp", "--isolate-network"]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    trials = optuna.load_study(study_name=study_name, storage=storage).trials
+    assert len(trials) == 3
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials), [
+        (t.state, t.user_attrs.get("saturn:fail_reason")) for t in trials]
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert complete and all(3.0 < t.value < 7.7 for t in complete)
+
+
 #: The example's trial that gave 6.2465 under single x1 and 6.2589 under ddp x2 before data sharding kept the
 #: user's order and stopped padding evaluation.
 EXAMPLE_TRIAL = {"lr": 2e-3, "n_embd": 32, "n_layer": 1, "batch_size": 16}

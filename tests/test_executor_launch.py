@@ -217,3 +217,23 @@ def test_optuna_callbacks_hear_every_trial_and_can_stop_the_sweep(saturn_options
     assert all(t.state == TrialState.COMPLETE for t in study.trials)
     assert sorted(heard) == sorted((t.number, t.state) for t in study.trials)
     assert not study._thread_local.in_optimize_loop  # the study is left as study.optimize leaves it
+
+
+@pytest.mark.launch
+def test_optuna_integrations_mlflow_callback_logs_every_trial(saturn_options, tmp_path, monkeypatch):
+    """How many teams log their sweeps: optuna-integration's MLflowCallback, through ``callbacks=``, writing to
+    a local MLflow store (the file store, which MLflow 3 keeps behind an opt-in)."""
+    import mlflow  # (dev dependencies: mlflow-skinny, optuna-integration)
+    from optuna_integration.mlflow import MLflowCallback
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = (tmp_path / "mlruns").as_uri()
+    study = optuna.create_study(study_name="logged", sampler=optuna.samplers.RandomSampler(seed=0))
+    SaturnExecutor(devices=2, strategies=["single"], **saturn_options).optimize(
+        study, objectives.quadratic, n_trials=3, callbacks=[MLflowCallback(tracking_uri=uri, metric_name="value")],
+    )
+    mlflow.set_tracking_uri(uri)
+    runs = mlflow.search_runs(experiment_names=["logged"], output_format="list")
+    logged = sorted((float(r.data.params["x"]), r.data.metrics["value"]) for r in runs)
+    expected = sorted((t.params["x"], t.value) for t in study.trials)
+    assert len(logged) == 3 and all(a == pytest.approx(b) for a, b in zip(logged, expected)), (logged, expected)
