@@ -27,6 +27,7 @@ import torch.distributed as dist
 from optuna_saturn.channel import ChannelClient
 from optuna_saturn.engines import StrategyMismatch, WorkerContext, engine_for
 from optuna_saturn.engines import _clipping
+from optuna_saturn.integrations import _guard as accelerate_guard
 from optuna_saturn.microbatch import AccumulationError
 from optuna_saturn.strategy import Strategy
 from optuna_saturn.trial import ProfileComplete, SaturnTrial
@@ -152,7 +153,8 @@ def _run_once(
         }
 
     try:
-        value = objective(trial)
+        with accelerate_guard.running(trial):
+            value = objective(trial)
         if trial.profile_timings is not None:
             return measured()
         values = [float(v) for v in value] if isinstance(value, (list, tuple)) else [float(value)]

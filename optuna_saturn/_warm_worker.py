@@ -29,10 +29,12 @@ def prepare_process(config: dict) -> dict[str, Any]:
     import torch
 
     from optuna_saturn.engines import _clipping
+    from optuna_saturn.integrations import _guard as accelerate_guard
     from optuna_saturn.profiler._probe import warm_up
 
     torch.set_num_threads(1)  # no thread pool before the forks: each worker sizes its own
     _clipping.install()  # before any objective's module imports clip_grad_norm_
+    accelerate_guard.install()  # (imports accelerate once, before the forks)
     _import_what_strategies_import(config.get("engines", ()), multi_device=bool(config.get("multi_device")))
     objectives: dict[str, Any] = {}
     if config.get("preload") is not None:

@@ -104,3 +104,20 @@ def accelerate_gpt2(trial) -> float:
     trial.set_user_attr("grad_norms", norms)
     trial.set_user_attr("facts", strategy_facts(model, optimizer.optimizer))
     return value
+
+
+def plain_accelerator(trial) -> float:
+    """An Accelerate script left as it was, with Accelerate's own ``Accelerator()``."""
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    model = tiny_gpt2()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loader = torch.utils.data.DataLoader(Tokens(16, seed=1), batch_size=8)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    for batch in loader:
+        loss = model(**batch).loss
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    return float(loss)

@@ -126,3 +126,14 @@ def test_trainer_gradient_accumulation_is_followed_or_refused(tmp_path, monkeypa
     refused = _run(hf_objectives.trainer_gpt2, "zero2", 2, tmp_path).trials[0]
     assert refused.state == TrialState.FAIL
     assert "counts micro-batches itself" in refused.user_attrs["saturn:fail_reason"]
+
+
+def test_a_plain_accelerator_runs_only_where_it_cannot_pretend(tmp_path):
+    """Accelerate's own Accelerator() would run DDP whatever the sweep chose: refused under every strategy but
+    single, with the fix named; on one device under single it is the user's one-process code."""
+    refused = _run(hf_objectives.plain_accelerator, "fsdp", 2, tmp_path).trials[0]
+    assert refused.state == TrialState.FAIL
+    reason = refused.user_attrs["saturn:fail_reason"]
+    assert "StrategyMismatch" in reason and "trial.accelerator()" in reason and "'fsdp'" in reason
+    ran = _run(hf_objectives.plain_accelerator, "single", 1, tmp_path).trials[0]
+    assert ran.state == TrialState.COMPLETE, ran.user_attrs.get("saturn:fail_reason")
