@@ -60,6 +60,32 @@ class ProcessState:
             os.environ.update(self.environ)
         os.chdir(self.cwd)
         _set_backend_flags(self.backend_flags)
+        reset_library_state()
+
+
+def reset_library_state() -> None:
+    """Process-wide state of the libraries a trial's code or its strategy set up, which would outlive it.
+
+    Accelerate keeps one ``PartialState``/``AcceleratorState`` per process: left over from a trial (or from
+    describing a Trainer objective in the executor, whose process warm workers may be forked from), it tells
+    the next trial's accelerator it runs alone, and one rank then skips a collective its peers wait in. DeepSpeed
+    keeps its communication backend and process groups (bound to the old process group) in module globals."""
+    import sys
+
+    from optuna_saturn.engines import _clipping
+
+    _clipping.forget_all()
+    for name in ("deepspeed.comm.comm", "deepspeed.utils.groups"):  # back to their import-time values
+        module = sys.modules.get(name)
+        for attribute, value in vars(module).items() if module is not None else ():
+            if attribute in ("cdb", "mpu", "mesh_device") or (attribute.startswith("_") and attribute.isupper()):
+                if isinstance(value, dict):
+                    value.clear()
+                elif not isinstance(value, (str, int, float, bool)):
+                    setattr(module, attribute, None)
+    accelerate_state = sys.modules.get("accelerate.state")
+    if accelerate_state is not None:
+        accelerate_state.AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def _backend_flags() -> dict[str, Any]:

@@ -28,6 +28,7 @@ def prepare_process(config: dict) -> dict[str, Any]:
     os.environ["OPTUNA_SATURN_WORKER"] = "1"
     import torch
 
+    from optuna_saturn._process_state import reset_library_state
     from optuna_saturn.engines import _clipping
     from optuna_saturn.integrations import _guard as accelerate_guard
     from optuna_saturn.profiler._probe import warm_up
@@ -39,6 +40,7 @@ def prepare_process(config: dict) -> dict[str, Any]:
     objectives: dict[str, Any] = {}
     if config.get("preload") is not None:
         warm_up(_objective(objectives, config["preload"]))
+    reset_library_state()  # what the executor's process (this is a fork of it) or the warm-up left set up
     _freeze_what_is_imported()
     return objectives
 
@@ -104,9 +106,8 @@ def serve(config: dict, index: int, objectives: dict[str, Any]) -> NoReturn:
             clean = run_job(job, place, fn)
             if clean:
                 leave_process_group(place)
-                _reset_libraries()
                 release_memory(place.device)
-                baseline.restore()
+                baseline.restore()  # (and the libraries' process-wide state: see reset_library_state)
         grown = limit is not None and resident_memory() > limit
         pool.call("done", worker=index, job=job["name"], clean=clean, recycle=not clean or grown,
                   resident=resident_memory())
@@ -126,26 +127,6 @@ def _import_what_strategies_import(engines: Sequence[str], *, multi_device: bool
         engine_class(name)
     if multi_device:
         import torch._dynamo  # noqa: F401
-
-
-def _reset_libraries() -> None:
-    """Process-wide state of the libraries a strategy uses, which would outlive the job's process group."""
-    from optuna_saturn.engines import _clipping
-
-    _clipping.forget_all()
-    # DeepSpeed keeps its communication backend and its process groups (bound to the old process group) in
-    # module globals: back to their import-time values (None, or empty tables).
-    for name in ("deepspeed.comm.comm", "deepspeed.utils.groups"):
-        module = sys.modules.get(name)
-        for attribute, value in vars(module).items() if module is not None else ():
-            if attribute in ("cdb", "mpu", "mesh_device") or (attribute.startswith("_") and attribute.isupper()):
-                if isinstance(value, dict):
-                    value.clear()
-                elif not isinstance(value, (str, int, float, bool)):
-                    setattr(module, attribute, None)
-    accelerate_state = sys.modules.get("accelerate.state")
-    if accelerate_state is not None:
-        accelerate_state.AcceleratorState._reset_state(reset_partial_state=True)
 
 
 @contextlib.contextmanager

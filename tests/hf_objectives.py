@@ -103,6 +103,7 @@ def accelerate_gpt2(trial) -> float:
     trial.set_user_attr("curve", curve)
     trial.set_user_attr("grad_norms", norms)
     trial.set_user_attr("facts", strategy_facts(model, optimizer.optimizer))
+    trial.set_user_attr("accelerate_processes", accelerator.num_processes)
     return value
 
 

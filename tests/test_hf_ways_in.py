@@ -137,3 +137,19 @@ def test_a_plain_accelerator_runs_only_where_it_cannot_pretend(tmp_path):
     assert "StrategyMismatch" in reason and "trial.accelerator()" in reason and "'fsdp'" in reason
     ran = _run(hf_objectives.plain_accelerator, "single", 1, tmp_path).trials[0]
     assert ran.state == TrialState.COMPLETE, ran.user_attrs.get("saturn:fail_reason")
+
+
+def test_accelerate_state_of_the_executors_process_does_not_reach_the_workers(tmp_path):
+    """The pool host may be a fork of this process. Accelerate state set up here (describing a Trainer objective
+    does; so does a user's own code) would tell a worker's accelerator that it runs alone: its rank would skip
+    the collectives its peer waits in, or reduce nothing. Workers start from a clean library state."""
+    from accelerate.state import PartialState
+
+    PartialState(cpu=True)  # this process: one process, no distribution
+    try:
+        attrs = {s: _run(hf_objectives.accelerate_gpt2, s, n, tmp_path).trials[0].user_attrs
+                 for s, n in (("single", 1), ("ddp", 2))}
+    finally:
+        PartialState._reset_state()
+    assert attrs["ddp"]["accelerate_processes"] == 2
+    assert attrs["ddp"]["curve"] == pytest.approx(attrs["single"]["curve"], rel=TOLERANCE)

@@ -92,7 +92,7 @@ class SaturnAccelerator(Accelerator):
             raise ValueError("prepare(device_placement=...) is not supported: the trial's strategy places the model.")
         trial = self._saturn_trial
         strategy_objects = [a for a in args if isinstance(a, (torch.nn.Module, torch.optim.Optimizer, DataLoader))
-                            and not isinstance(a, (AcceleratedOptimizer,))]
+                            and not isinstance(a, AcceleratedOptimizer)]
         if any(isinstance(a, torch.optim.Optimizer) for a in strategy_objects) and not any(
             isinstance(a, torch.nn.Module) for a in strategy_objects
         ):

@@ -284,7 +284,7 @@ def warm_up(objective: Any) -> None:
 
     with restored_process_state():
         try:
-            with init_empty_weights(include_buffers=False):
+            with init_empty_weights(include_buffers=False), meta_models_stay_put():
                 objective(_ProbeTrial(_FirstValues(), threading.Lock()))  # type: ignore[arg-type]
         except BaseException:  # noqa: BLE001 (a warm-up never fails the sweep)
             pass
