@@ -29,6 +29,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from optuna_saturn._bridge import StudyBridge
+from optuna_saturn._ownership import Heartbeat, Owner, inherit_intermediate_values, recover_orphans
 from optuna_saturn._pricing import PricedOption, Pricer, ProfileEntry, ProfileJob, TrialPrice
 from optuna_saturn._session import TrialSession
 from optuna_saturn._voi import profile_gain, worth_measuring
@@ -81,6 +82,7 @@ class SweepSettings:
     profile_steps: tuple[int, int] = (2, 5)  # warm-up steps, timed steps
     profile_budget: float | None = None  # device-seconds of profiling jobs per sweep (None: as they pay)
     profile_only: bool = False  # measure every option, run no trial
+    max_retries: int = 1  # runs again of a trial whose sweep died while it ran
     worker_memory_limit: float | None = None  # bytes: a warm worker that grows past it is replaced
 
 
@@ -172,6 +174,7 @@ class Sweep:
         self._seen: list[list[Option]] = []  # every asked trial's options, as first priced
         self._plan_version = self._voi_version = 0  # plans made; the plan whose profiling value was judged
         self._planning_seconds = 0.0
+        self._owner = Owner.of_this_process()
 
     def _notify(self, method: str, *args: Any) -> None:
         for listener in list(self._listeners):
@@ -183,9 +186,12 @@ class Sweep:
 
     # -- the loop ---------------------------------------------------------------------------------------------------
     def run(self) -> None:
+        retried = recover_orphans(self._bridge, self._owner, max_retries=self.settings.max_retries)
+        if retried and self.n_trials is not None:  # n_trials counts new trials; the retries run first
+            self.n_trials += len(retried)
         self._notify("on_sweep_start", [str(d) for d in self.settings.devices], self._start)
         runner = LocalRunner(grace_period=self.settings.grace_period)
-        with ChannelServer() as server:
+        with ChannelServer() as server, Heartbeat(self._bridge, self._owner):
             self._server = server
             self._recipe = self._objective_recipe_factory(os.path.dirname(server.address))
             strategies, devices = self.settings.strategies, len(self.settings.devices)
@@ -262,6 +268,8 @@ class Sweep:
             asked_at = time.time()
             trial = self._bridge.ask()
             self._asked += 1
+            self._bridge.set_attrs(trial, {"owner": self._owner.to_json()})
+            inherit_intermediate_values(self._bridge, trial)
             price = self._price(trial)
             self._ask_seconds.append(time.time() - asked_at)
             if not price.options:

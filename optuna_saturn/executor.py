@@ -62,6 +62,10 @@ class SaturnExecutor:
         profile_steps: (warm-up, timed) steps of each profiling run.
         worker_memory_limit: bytes of resident memory past which a warm worker is replaced after its job (memory
             a trial's code leaks does not reach the next trial); ``None``: no limit.
+        max_retries: how many times a trial left RUNNING by a sweep that died (``kill -9``, a lost node, the
+            out-of-memory killer) is run again. At the start of ``optimize`` such trials end FAIL with the reason
+            and their params are enqueued again (``saturn:retry_of``), ahead of new trials; ``n_trials`` still
+            counts new trials. Trials of another live sweep on the same study are left alone.
     """
 
     def __init__(
@@ -85,7 +89,10 @@ class SaturnExecutor:
         profile_budget: float | None = None,
         profile_steps: tuple[int, int] = (2, 5),
         worker_memory_limit: float | None = None,
+        max_retries: int = 1,
     ) -> None:
+        if not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0:
+            raise ValueError(f"max_retries must be an integer >= 0 (0: never run a trial again), got {max_retries!r}.")
         self.devices = resolve_devices(devices, allow_shared_cores=allow_shared_cores)
         self.strategies = select_strategies(strategies, len(self.devices), folders=list(strategy_folders))
         self.solver = solver
@@ -99,6 +106,7 @@ class SaturnExecutor:
                 profile_store if isinstance(profile_store, ProfileStore) else ProfileStore(profile_store)
             ),
             profile_budget=profile_budget, profile_steps=tuple(profile_steps), worker_memory_limit=worker_memory_limit,
+            max_retries=max_retries,
         )
 
     def optimize(

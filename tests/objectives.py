@@ -84,10 +84,12 @@ def maybe_raise(trial) -> float:
 
 
 def sleepy(trial) -> float:
-    """Runs long enough to be interrupted."""
+    """Runs long enough to be interrupted (60 s; ``SATURN_TEST_SLEEPY_STEPS`` of 0.1 s each)."""
     trial.suggest_float("x", 0, 1)
-    for _ in trial.steps(600):
+    for step in trial.steps(int(os.environ.get("SATURN_TEST_SLEEPY_STEPS", "600"))):
         time.sleep(0.1)
+        if step % 10 == 9:
+            trial.report(float(step), step)
     return 0.0
 
 

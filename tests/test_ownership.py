@@ -1,0 +1,117 @@
+"""A sweep that dies leaves no trial RUNNING for ever: the next sweep ends its trials FAIL with the reason and runs
+their params again; trials of a live sweep, and trials no sweep owns, are left alone."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import psutil
+import pytest
+from optuna.trial import TrialState
+
+import objectives
+from optuna_saturn import SaturnExecutor
+from optuna_saturn._bridge import StudyBridge
+from optuna_saturn._ownership import Owner, recover_orphans
+
+HERE = os.path.dirname(__file__)
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_only_the_trials_of_a_sweep_that_is_gone_are_ended_and_enqueued_again(tmp_path):
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.sqlite3'}")
+    me = Owner.of_this_process()
+    live = Owner("live-sweep", me.host, me.pid, me.started)  # another sweep in a process that runs
+    dead = Owner("dead-sweep", me.host, _dead_pid(), me.started)
+    reused = Owner("reused-pid", me.host, me.pid, me.started - 100)  # this pid, but another process's start time
+    far = Owner("far-sweep", "another-host", 1, 0.0)  # another host: judged by its heartbeat alone
+    far_stale = Owner("far-stale", "another-host", 1, 0.0)
+    study.set_user_attr(f"saturn:{far.heartbeat_key}", time.time())
+    study.set_user_attr(f"saturn:{far_stale.heartbeat_key}", time.time() - 3600)
+    owners = [live, dead, reused, far, far_stale, None]
+    for i, owner in enumerate(owners):
+        study.enqueue_trial({"x": i / 10})
+        trial = study.ask()
+        trial.suggest_float("x", 0, 1)
+        trial.report(float(i), 1)
+        if owner is not None:
+            trial.set_user_attr("saturn:owner", owner.to_json())
+    optuna.trial.Trial(study, study.trials[2]._trial_id).set_user_attr("saturn:retries", 1)  # retried once already
+
+    retried = recover_orphans(StudyBridge(study), me, max_retries=1)
+
+    states = [t.state for t in study.trials]
+    assert states[:6] == [TrialState.RUNNING, TrialState.FAIL, TrialState.FAIL, TrialState.RUNNING,
+                          TrialState.FAIL, TrialState.RUNNING]
+    assert retried == [1, 4]  # trial 2 reached max_retries
+    reasons = {t.number: t.user_attrs["saturn:fail_reason"] for t in study.trials if t.state == TrialState.FAIL}
+    assert "is gone" in reasons[1] and "run again" in reasons[1]
+    assert "max_retries" in reasons[2]
+    assert "silent for 3600 s" in reasons[4]
+    waiting = [t for t in study.trials if t.state == TrialState.WAITING]
+    assert [(t.system_attrs["fixed_params"], t.user_attrs["saturn:retry_of"], t.user_attrs["saturn:retries"])
+            for t in waiting] == [({"x": 0.1}, 1, 1), ({"x": 0.4}, 4, 1)]
+
+
+def test_max_retries_is_checked():
+    with pytest.raises(ValueError, match="max_retries must be an integer >= 0"):
+        SaturnExecutor(devices=1, strategies=["single"], max_retries=-1)
+
+
+@pytest.mark.launch
+def test_a_sweep_killed_with_sigkill_is_resumed_by_the_next(saturn_options, tmp_path, monkeypatch):
+    """kill -9 of the executor: its workers die with it, its two trials stay RUNNING; the next sweep on the
+    study ends them FAIL with the reason, runs their params again first, then its own new trial."""
+    storage = f"sqlite:///{tmp_path / 'study.sqlite3'}"
+    sweep = subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "sweep_to_interrupt.py"), storage, str(tmp_path / "runs")],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")])},
+    )
+    deadline = time.monotonic() + 90
+    while True:
+        assert sweep.poll() is None and time.monotonic() < deadline, "the first sweep's trials did not start"
+        try:
+            running = optuna.load_study(study_name="interrupted", storage=storage).get_trials(
+                states=(TrialState.RUNNING,))
+        except KeyError:  # the study is not created yet
+            running = []
+        if len(running) == 2 and all("saturn:owner" in t.user_attrs for t in running):
+            break
+        time.sleep(0.2)
+    time.sleep(3.0)  # the trials report a few steps (every 10 of 0.1 s)
+    descendants = psutil.Process(sweep.pid).children(recursive=True)
+    sweep.send_signal(signal.SIGKILL)
+    sweep.wait(timeout=30)
+    psutil.wait_procs(descendants, timeout=30)  # the workers die with their executor
+
+    study = optuna.load_study(study_name="interrupted", storage=storage)
+    orphans = study.get_trials(states=(TrialState.RUNNING,))
+    assert len(orphans) == 2
+    monkeypatch.setenv("SATURN_TEST_SLEEPY_STEPS", "20")  # the same objective, shorter this time
+    SaturnExecutor(devices=2, strategies=["single"], **saturn_options).optimize(study, objectives.sleepy, n_trials=1)
+
+    trials = optuna.load_study(study_name="interrupted", storage=storage).trials
+    assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    by_number = {t.number: t for t in trials}
+    for orphan in orphans:
+        ended = by_number[orphan.number]
+        assert ended.state == TrialState.FAIL and "the sweep that ran it died" in ended.user_attrs["saturn:fail_reason"]
+    retries = [t for t in trials if "saturn:retry_of" in t.user_attrs]
+    assert sorted(t.user_attrs["saturn:retry_of"] for t in retries) == sorted(o.number for o in orphans)
+    assert all(t.state == TrialState.COMPLETE for t in retries)
+    for retry in retries:
+        orphan = by_number[retry.user_attrs["saturn:retry_of"]]
+        assert retry.params == orphan.params
+        assert orphan.intermediate_values and set(orphan.intermediate_values) <= set(retry.intermediate_values)
+    new = [t for t in trials if t.number > max(o.number for o in orphans) and "saturn:retry_of" not in t.user_attrs]
+    assert len(new) == 1 and new[0].state == TrialState.COMPLETE  # n_trials counts new trials
