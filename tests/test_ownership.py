@@ -68,13 +68,11 @@ def test_max_retries_is_checked():
         SaturnExecutor(devices=1, strategies=["single"], max_retries=-1)
 
 
-@pytest.mark.launch
-def test_a_sweep_killed_with_sigkill_is_resumed_by_the_next(saturn_options, tmp_path, monkeypatch):
-    """kill -9 of the executor: its workers die with it, its two trials stay RUNNING; the next sweep on the
-    study ends them FAIL with the reason, runs their params again first, then its own new trial."""
-    storage = f"sqlite:///{tmp_path / 'study.sqlite3'}"
+def _start_sweep(storage: str, log_dir) -> subprocess.Popen:
+    """A sweep of 60 s trials on 2 devices, in its own process (``sweep_to_interrupt.py``), once its two first
+    trials run and record their owner."""
     sweep = subprocess.Popen(
-        [sys.executable, os.path.join(HERE, "sweep_to_interrupt.py"), storage, str(tmp_path / "runs")],
+        [sys.executable, os.path.join(HERE, "sweep_to_interrupt.py"), storage, str(log_dir)],
         env={**os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")])},
     )
     deadline = time.monotonic() + 90
@@ -85,10 +83,39 @@ def test_a_sweep_killed_with_sigkill_is_resumed_by_the_next(saturn_options, tmp_
                 states=(TrialState.RUNNING,))
         except KeyError:  # the study is not created yet
             running = []
-        if len(running) == 2 and all("saturn:owner" in t.user_attrs for t in running):
-            break
+        if len([t for t in running if "saturn:owner" in t.user_attrs and t.intermediate_values]) >= 2:
+            return sweep
         time.sleep(0.2)
-    time.sleep(3.0)  # the trials report a few steps (every 10 of 0.1 s)
+
+
+@pytest.mark.launch
+def test_two_executors_share_a_study_and_leave_each_others_trials_alone(saturn_options, tmp_path):
+    storage = f"sqlite:///{tmp_path / 'study.sqlite3'}"
+    first = _start_sweep(storage, tmp_path / "runs")
+    try:
+        study = optuna.load_study(study_name="interrupted", storage=storage)
+        theirs = {t.number for t in study.get_trials(states=(TrialState.RUNNING,))}
+        SaturnExecutor(devices=1, strategies=["single"], allow_shared_cores=True, **saturn_options).optimize(
+            study, objectives.quadratic, n_trials=2)
+        trials = {t.number: t for t in optuna.load_study(study_name="interrupted", storage=storage).trials}
+        assert all(trials[n].state == TrialState.RUNNING for n in theirs)  # the live sweep's, untouched
+        mine = [t for t in trials.values() if t.number not in theirs and "y" in t.params]
+        assert len(mine) == 2 and all(t.state == TrialState.COMPLETE for t in mine)
+        owners = {t.user_attrs["saturn:owner"]["sweep"] for t in trials.values() if "saturn:owner" in t.user_attrs}
+        assert len(owners) == 2
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.wait(timeout=60)
+    ended = optuna.load_study(study_name="interrupted", storage=storage).trials
+    assert not [t for t in ended if t.state == TrialState.RUNNING]
+
+
+@pytest.mark.launch
+def test_a_sweep_killed_with_sigkill_is_resumed_by_the_next(saturn_options, tmp_path, monkeypatch):
+    """kill -9 of the executor: its workers die with it, its two trials stay RUNNING; the next sweep on the
+    study ends them FAIL with the reason, runs their params again first, then its own new trial."""
+    storage = f"sqlite:///{tmp_path / 'study.sqlite3'}"
+    sweep = _start_sweep(storage, tmp_path / "runs")
     descendants = psutil.Process(sweep.pid).children(recursive=True)
     sweep.send_signal(signal.SIGKILL)
     sweep.wait(timeout=30)
