@@ -45,7 +45,8 @@ class Owner:
 
     @classmethod
     def of_this_process(cls) -> Owner:
-        return cls(uuid.uuid4().hex[:12], socket.gethostname(), psutil.Process().pid, psutil.Process().create_time())
+        me = psutil.Process()
+        return cls(uuid.uuid4().hex[:12], socket.gethostname(), me.pid, me.create_time())
 
     @classmethod
     def from_json(cls, data: dict) -> Owner:
@@ -138,14 +139,12 @@ def _end_orphan(bridge: StudyBridge, trial: FrozenTrial, reason: str, *, again: 
         bridge.study.tell(trial.number, state=TrialState.FAIL)
 
 
-def inherit_intermediate_values(bridge: StudyBridge, trial: optuna.Trial) -> int | None:
-    """A retried trial starts with the intermediate values its first run reported (the pruner sees its curve);
-    returns the number of the trial it retries, if it is one."""
+def inherit_intermediate_values(bridge: StudyBridge, trial: optuna.Trial) -> None:
+    """A retried trial starts with the intermediate values its first run reported (the pruner sees its curve)."""
     with bridge.lock:
         retry_of = trial.user_attrs.get(ATTR + "retry_of")
         if retry_of is None:
-            return None
+            return
         earlier = bridge.study.get_trials(deepcopy=False)[int(retry_of)]
         for step, value in sorted(earlier.intermediate_values.items()):
             trial.report(value, step)
-    return int(retry_of)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ class ProcessState:
     environ: dict[str, str]
     cwd: str
     backend_flags: dict[str, Any]
+    accelerate: tuple[dict, ...] | None  # Accelerate's per-process states (see _accelerate_states)
 
     @classmethod
     def capture(cls) -> "ProcessState":
@@ -42,6 +44,7 @@ class ProcessState:
             default_dtype=torch.get_default_dtype(), grad_enabled=torch.is_grad_enabled(),
             num_threads=torch.get_num_threads(), deterministic=torch.are_deterministic_algorithms_enabled(),
             environ=dict(os.environ), cwd=os.getcwd(), backend_flags=_backend_flags(),
+            accelerate=_accelerate_state(),
         )
 
     def restore(self) -> None:
@@ -60,7 +63,8 @@ class ProcessState:
             os.environ.update(self.environ)
         os.chdir(self.cwd)
         _set_backend_flags(self.backend_flags)
-        reset_library_state()
+        _forget_strategy_state()
+        _set_accelerate_state(self.accelerate)
 
 
 def reset_library_state() -> None:
@@ -70,8 +74,32 @@ def reset_library_state() -> None:
     describing a Trainer objective in the executor, whose process warm workers may be forked from), it tells
     the next trial's accelerator it runs alone, and one rank then skips a collective its peers wait in. DeepSpeed
     keeps its communication backend and process groups (bound to the old process group) in module globals."""
-    import sys
+    _forget_strategy_state()
+    _set_accelerate_state(None)
 
+
+def _accelerate_states() -> tuple[dict, ...]:
+    """Accelerate's per-process singletons (each a class-level dict every instance shares), if it is imported."""
+    state = sys.modules.get("accelerate.state")
+    if state is None:
+        return ()
+    return state.PartialState._shared_state, state.AcceleratorState._shared_state, state.GradientState._shared_state
+
+
+def _accelerate_state() -> tuple[dict, ...] | None:
+    shared = _accelerate_states()
+    return tuple(dict(d) for d in shared) if shared else None
+
+
+def _set_accelerate_state(saved: tuple[dict, ...] | None) -> None:
+    """Back to ``saved`` (``None``: nothing set up, as before the first ``Accelerator``)."""
+    for shared, values in zip(_accelerate_states(), saved or ({}, {}, {})):
+        shared.clear()
+        shared.update(values)
+
+
+def _forget_strategy_state() -> None:
+    """DeepSpeed's communication globals and the clipping registry: bound to a process group that is gone."""
     from optuna_saturn.engines import _clipping
 
     _clipping.forget_all()
@@ -83,9 +111,6 @@ def reset_library_state() -> None:
                     value.clear()
                 elif not isinstance(value, (str, int, float, bool)):
                     setattr(module, attribute, None)
-    accelerate_state = sys.modules.get("accelerate.state")
-    if accelerate_state is not None:
-        accelerate_state.AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def _backend_flags() -> dict[str, Any]:

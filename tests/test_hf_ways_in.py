@@ -149,6 +149,8 @@ def test_accelerate_state_of_the_executors_process_does_not_reach_the_workers(tm
     try:
         attrs = {s: _run(hf_objectives.accelerate_gpt2, s, n, tmp_path).trials[0].user_attrs
                  for s, n in (("single", 1), ("ddp", 2))}
+        # ...and describing the trials (here, in this process) put this process's own state back, not reset it
+        assert PartialState._shared_state and PartialState().num_processes == 1
     finally:
         PartialState._reset_state()
     assert attrs["ddp"]["accelerate_processes"] == 2

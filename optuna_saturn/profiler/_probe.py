@@ -15,6 +15,7 @@ share one.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import threading
@@ -29,7 +30,6 @@ from torch.utils.data import DataLoader, IterableDataset
 from optuna_saturn._process_state import restored_process_state
 from optuna_saturn.cost_model import Work
 from optuna_saturn.microbatch import AccumulationError, batch_rows, tensors_of
-from optuna_saturn.profiler._probe_hf import meta_models_stay_put
 
 _logger = optuna.logging.get_logger("optuna.saturn.profiler")
 
@@ -62,10 +62,12 @@ class Workload:
 
 class _ProbeLoader:
     """Stands in for a prepared DataLoader: creating an iterator works, taking a batch ends the probe (no real
-    work happens after the description)."""
+    work happens after the description). For an objective whose loop is a pass over the loader (an Accelerate
+    script), iterating it first is that loop: ``loop_of`` records its length."""
 
-    def __init__(self, loader: DataLoader) -> None:
+    def __init__(self, loader: DataLoader, loop_of: "_ProbeTrial | None" = None) -> None:
         self._loader = loader
+        self._loop_of = loop_of
         self.batch_size = loader.batch_size
         self.dataset = loader.dataset
 
@@ -73,6 +75,9 @@ class _ProbeLoader:
         return len(self._loader)
 
     def __iter__(self) -> "_ProbeLoader":
+        if self._loop_of is not None and self._loop_of.total_steps is None:
+            with contextlib.suppress(TypeError):  # an IterableDataset without a length: no loop length to learn
+                self._loop_of.total_steps = len(self._loader)
         return self
 
     def __next__(self) -> Any:
@@ -122,7 +127,7 @@ class _ProbeTrial:
     def set_user_attr(self, key: str, value: Any) -> None:
         pass
 
-    def prepare(self, *objects: Any) -> Any:
+    def prepare(self, *objects: Any, loaders_are_loops: bool = False) -> Any:
         prepared: list[Any] = []
         for obj in objects:
             if isinstance(obj, torch.nn.Module):
@@ -131,7 +136,7 @@ class _ProbeTrial:
                 self.optimizer = obj
             elif isinstance(obj, DataLoader):
                 self.loader = self.loader or obj
-                obj = _ProbeLoader(obj)
+                obj = _ProbeLoader(obj, self if loaders_are_loops else None)
             prepared.append(obj)
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
@@ -223,6 +228,24 @@ def _batch_signature(batch: Any) -> tuple[str, int | None, int]:
     ids = [t for t in tensors_of(batch) if t.dim() >= 2 and not t.is_floating_point()]
     tokens = ids[0].shape[0] * ids[0].shape[1] if ids else (rows or 0)
     return ";".join(_shapes(batch)), rows, int(tokens)
+
+
+@contextlib.contextmanager
+def meta_models_stay_put() -> Iterator[None]:
+    """While describing, modules have no weights (meta tensors), and code that moves a model (Trainer moves it to
+    its device when it is created) would fail: moving a module with meta parameters is a no-op meanwhile."""
+    original = torch.nn.Module.to
+
+    def to(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if any(p.is_meta for p in module.parameters()):
+            return module
+        return original(module, *args, **kwargs)
+
+    torch.nn.Module.to = to  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module.to = original  # type: ignore[method-assign]
 
 
 def probe_workload(objective: Any, trial: optuna.Trial, lock: threading.Lock) -> Workload:

@@ -7,18 +7,15 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from optuna_saturn.profiler._probe import _ProbeTrial
+from optuna_saturn.profiler._probe import _ProbeDone, _ProbeTrial
 
 
 def describe_trainer(probe: _ProbeTrial, trainer: Any) -> None:
     """The trainer's model, its training DataLoader and its number of optimizer steps (its one loop)."""
-    from optuna_saturn.profiler._probe import _ProbeDone
-
     args = trainer.args
     loader = trainer.get_train_dataloader()
     with contextlib.suppress(Exception):  # its class is part of the description; Trainer makes it in train()
@@ -35,9 +32,9 @@ def describe_trainer(probe: _ProbeTrial, trainer: Any) -> None:
 
 
 class ProbeAccelerator:
-    """Stands in for ``trial.accelerator()`` while describing: ``prepare`` records the model and the DataLoaders;
-    iterating a prepared DataLoader is the first training loop (its length is the loop's), and ends the
-    description."""
+    """Stands in for ``trial.accelerator()`` while describing: ``prepare`` is the probe's (it records the model
+    and the DataLoaders); iterating a prepared DataLoader is the first training loop (its length is the loop's),
+    and ends the description."""
 
     is_main_process = is_local_main_process = True
     num_processes = 1
@@ -53,22 +50,9 @@ class ProbeAccelerator:
         return self._probe.device
 
     def prepare(self, *args: Any, device_placement: Any = None) -> Any:
-        from torch.utils.data import DataLoader
-
-        prepared = []
-        for obj in args:
-            if isinstance(obj, DataLoader):
-                prepared.append(_FirstLoop(self._probe, obj))
-                self._probe.loader = self._probe.loader or obj
-            elif isinstance(obj, (torch.nn.Module, torch.optim.Optimizer)):
-                prepared.append(self._probe.prepare(obj))
-            else:
-                prepared.append(obj)
-        return prepared[0] if len(prepared) == 1 else tuple(prepared)
+        return self._probe.prepare(*args, loaders_are_loops=True)
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        from optuna_saturn.profiler._probe import _ProbeDone
-
         raise _ProbeDone
 
     @contextlib.contextmanager
@@ -83,39 +67,3 @@ class ProbeAccelerator:
 
     def unwrap_model(self, model: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.nn.Module:
         return model
-
-
-class _FirstLoop:
-    def __init__(self, probe: _ProbeTrial, loader: Any) -> None:
-        self._probe = probe
-        self._loader = loader
-        self.batch_size = loader.batch_size
-        self.dataset = loader.dataset
-
-    def __len__(self) -> int:
-        return len(self._loader)
-
-    def __iter__(self) -> Iterator[Any]:
-        from optuna_saturn.profiler._probe import _ProbeDone
-
-        if self._probe.total_steps is None:
-            self._probe.total_steps = len(self._loader)
-        raise _ProbeDone
-
-
-@contextlib.contextmanager
-def meta_models_stay_put() -> Iterator[None]:
-    """While describing, modules have no weights (meta tensors), and code that moves a model (Trainer moves it to
-    its device when it is created) would fail: moving a module with meta parameters is a no-op meanwhile."""
-    original = torch.nn.Module.to
-
-    def to(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if any(p.is_meta for p in module.parameters()):
-            return module
-        return original(module, *args, **kwargs)
-
-    torch.nn.Module.to = to  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        torch.nn.Module.to = original  # type: ignore[method-assign]
