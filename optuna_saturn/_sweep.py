@@ -34,7 +34,7 @@ from optuna_saturn._pricing import PricedOption, Pricer, ProfileEntry, ProfileJo
 from optuna_saturn._session import TrialSession
 from optuna_saturn._voi import profile_gain, worth_measuring
 from optuna_saturn.channel import ChannelServer
-from optuna_saturn.devices import Device
+from optuna_saturn.devices import Device, pin_cores
 from optuna_saturn.estimates import RuntimeEstimator
 from optuna_saturn.events import ProfileEvent, SweepListener, TrialProgress, TrialStart
 from optuna_saturn.planner import Assignment, Cluster, Job, Option, Plan, Reservation, replan
@@ -46,6 +46,9 @@ from optuna_saturn.strategy import Strategy
 
 _logger = optuna.logging.get_logger("optuna.saturn")
 _REPLAN_SECONDS = 0.1  # plans happen while devices may wait for them, and take a core: keep them short
+#: The planner's backend while a device waits for the plan: its heuristics alone (greedy and moldable list
+#: scheduling, a few milliseconds; the first CP-SAT plan of a process also imports OR-Tools, 0.4 s).
+_URGENT_SOLVER = "list"
 #: Ask the next trial when a device will have nothing to do within twice the time asking and describing a trial
 #: took lately, plus this margin: it is then planned before the device frees, and asked as late as that allows.
 _ASK_AHEAD_SECONDS = 0.1
@@ -159,6 +162,7 @@ class Sweep:
         self._profile_queue: list[ProfileJob] = []
         self._profiled: set[tuple[int, tuple[str, int, int]]] = set()  # (trial, choice) measured or being measured
         self._plan_dirty = False
+        self._refine_plan = False  # the last plan was the heuristics' alone: the solvers refine it when they may
         self._asked = 0
         self._start = time.time()
         self._run_dir = settings.log_dir / f"{_safe(study.study_name)}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -211,7 +215,7 @@ class Sweep:
                         raise RuntimeError(problem)
                     self._dispatch(pool, runner)
                     self._ask()
-                    if self._plan_dirty:
+                    if self._plan_due():
                         self._plan()
                         self._dispatch(pool, runner)
                     self._profile(pool, runner)
@@ -231,8 +235,11 @@ class Sweep:
         self._notify("on_sweep_end", self._elapsed(), False)
 
     def _wait_seconds(self) -> float:
-        """How long to wait for a job's end: briefly while launchers must be polled or devices wait for the
-        pool to come up, longer otherwise (progress is relayed between waits)."""
+        """How long to wait for a job's end: not at all before the first trial is asked (the pool starts while
+        it is described), briefly while launchers must be polled or devices wait for the pool to come up,
+        longer otherwise (progress is relayed between waits)."""
+        if not (self._waiting or self._running) and self._may_ask():
+            return 0.0
         if any(r.launched is not None for r in self._running.values()):
             return 0.05
         return 0.05 if self._waiting and not self._running else 0.25
@@ -358,18 +365,22 @@ class Sweep:
 
     def _plan(self) -> None:
         """Re-plan every waiting trial around the running jobs (the previous plan is kept unless a new one is
-        clearly shorter)."""
-        self._plan_dirty = False
+        clearly shorter). While a device has no job, the plan is what it waits for: then only the planner's
+        heuristics run (milliseconds), and the solvers refine the plan once every device is busy again."""
+        self._plan_dirty = self._refine_plan = False
         if not self._waiting or self.settings.profile_only:
             return
         self._plan_version += 1
         now = self._elapsed()
         jobs, busy = self._jobs_and_busy()
         previous = [w.assignment for w in self._waiting.values() if w.assignment is not None]  # (real trials only)
+        urgent = self.settings.solver == "auto" and self._a_device_is_free()
         plan = replan(
-            Plan(tuple(previous)) if previous else None, jobs, self._cluster, busy=busy, solver=self.settings.solver,
+            Plan(tuple(previous)) if previous else None, jobs, self._cluster, busy=busy,
+            solver=_URGENT_SOLVER if urgent else self.settings.solver,
             time_limit=min(self.settings.time_limit, _REPLAN_SECONDS),
         )
+        self._refine_plan = urgent
         real = []
         for a in plan.assignments:
             if a.job.startswith(_FUTURE):
@@ -382,6 +393,13 @@ class Sweep:
         self._planning_seconds += time.time() - self._start - now
         shown = Plan(tuple(real), solver=plan.solver, lower_bound=plan.lower_bound, solve_seconds=plan.solve_seconds)
         self._notify("on_plan", shown, [int(a.job) for a in real], now)
+
+    def _a_device_is_free(self) -> bool:
+        return len({d for r in self._running.values() for d in r.devices}) < len(self.settings.devices)
+
+    def _plan_due(self) -> bool:
+        """Whether to plan now: something changed, or the heuristics' plan is to be refined and no device waits."""
+        return self._plan_dirty or (self._refine_plan and not self._a_device_is_free())
 
     def _remaining(self, run: _Run, now: float) -> float:
         """Seconds a running job still needs: a trial from its measured step rate when it reports one (plus what
@@ -522,7 +540,8 @@ class Sweep:
         spec_path = spec["errors"] + ".json"
         devices = [self.settings.devices[i] for i in run.devices]
         with open(spec_path, "w", encoding="utf-8") as f:
-            json.dump({**spec, "devices": [d.to_json() for d in devices]}, f)
+            json.dump({**spec, "devices": [d.to_json() for d in devices],
+                       "pin_cores": pin_cores(self.settings.devices)}, f)
         os.chmod(spec_path, 0o600)
         launch = build_launch(strategy, devices, spec_path, isolate_network=self.settings.isolate_network)
         run.launched = runner.launch(run.key, launch, run.log)

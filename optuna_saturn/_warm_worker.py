@@ -74,7 +74,7 @@ def serve(config: dict, index: int, objectives: dict[str, Any]) -> NoReturn:
     die_with_parent()  # the pool host
     name_process(f"{WORKER_NAME}{index}")
     device = config["devices"][index]
-    pin_to_device(device)
+    pin_to_device(device, pin_cores=config.get("pin_cores", True))
 
     import torch
 

@@ -14,10 +14,12 @@ import sys
 from typing import NoReturn
 
 
-def pin_to_device(device: dict) -> None:
-    """Pin CPU affinity and thread counts before torch starts its thread pools."""
+def pin_to_device(device: dict, *, pin_cores: bool = True) -> None:
+    """Size the thread pools to the device's cores before torch starts them, and pin the process to those cores
+    if ``pin_cores`` (see :func:`optuna_saturn.devices.pin_cores`)."""
     if device["kind"] == "cpu" and device["cores"]:
-        os.sched_setaffinity(0, device["cores"])
+        if pin_cores:
+            os.sched_setaffinity(0, device["cores"])
         os.environ["OMP_NUM_THREADS"] = str(len(device["cores"]))
 
 
@@ -28,7 +30,7 @@ def main(spec_path: str) -> NoReturn:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     device = spec["devices"][local_rank]
-    pin_to_device(device)
+    pin_to_device(device, pin_cores=spec.get("pin_cores", True))
     os.environ["OPTUNA_SATURN_WORKER"] = "1"
 
     import torch

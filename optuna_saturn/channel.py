@@ -64,7 +64,9 @@ class ChannelServer:
 
         self._server = socketserver.ThreadingUnixStreamServer(self.address, _RequestHandler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="saturn-channel", daemon=True)
+        # (close() waits for the serving loop's next poll: the default half second would end every sweep late)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="saturn-channel", daemon=True)
         self._thread.start()
 
     def register(self, handler: Handler) -> str:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from optuna_saturn import SaturnExecutor, StrategyError
-from optuna_saturn.devices import Device, available_cores, cpu_devices, resolve_devices
+from optuna_saturn.devices import Device, available_cores, cpu_devices, pin_cores, resolve_devices
 from optuna_saturn.runner.launch import build_launch
 from optuna_saturn.strategy import load_strategies, parse_strategy, select_strategies
 
@@ -13,6 +13,14 @@ def test_cpu_devices_split_cores_without_overlap():
     devices = cpu_devices(len(cores))
     assert [d.kind for d in devices] == ["cpu"] * len(cores)
     assert sorted(c for d in devices for c in d.cores) == cores
+
+
+def test_cpu_workers_are_pinned_only_while_the_pool_leaves_the_executor_a_core(monkeypatch):
+    monkeypatch.setattr("optuna_saturn.devices.available_cores", lambda: [0, 1, 2, 3])
+    assert pin_cores([Device("cpu", 0, (0,)), Device("cpu", 1, (1,))])  # cores 2 and 3 are left
+    assert not pin_cores([Device("cpu", i, (i,)) for i in range(4)])  # every core is a device's
+    assert not pin_cores([Device("cpu", 0, (0, 1)), Device("cpu", 1, (2, 3))])
+    assert pin_cores([Device("cuda", 0), Device("cuda", 1)])  # (GPU workers have no cores to pin)
 
 
 def test_more_cpu_devices_than_cores_needs_consent():

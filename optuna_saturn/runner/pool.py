@@ -27,7 +27,7 @@ from typing import Any
 import optuna
 
 from optuna_saturn.channel import ChannelServer
-from optuna_saturn.devices import Device
+from optuna_saturn.devices import Device, pin_cores
 from optuna_saturn.runner._forked_host import ForkedHost, why_not_fork
 from optuna_saturn.runner.launch import extensions_cache, network_isolation_prefix, physical_gpus
 
@@ -110,7 +110,7 @@ class WorkerPool:
         config = {
             "devices": [d.to_json() for d in self.devices], "channel": self._server.address, "token": self._token,
             "folder": str(self._log_dir), "memory_limit": self._memory_limit, "preload": preload,
-            "multi_device": self._multi_device, "engines": self._engines,
+            "multi_device": self._multi_device, "engines": self._engines, "pin_cores": pin_cores(self.devices),
         }
         config_path = self._folder / "pool.json"
         config_path.write_text(json.dumps(config), encoding="utf-8")
