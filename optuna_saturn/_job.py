@@ -132,7 +132,7 @@ def _run_once(
     _clipping.forget_all()
     trial = SaturnTrial(
         number=spec["trial_number"], strategy=strategy, engine=engine_for(strategy.engine, context),
-        channel=channel, control_group=place.control_group, profile=profile,
+        channel=channel, control_group=place.control_group, profile=profile, checkpoint=spec.get("checkpoint"),
     )
     started_at = time.time()
     if channel is not None:

@@ -122,10 +122,11 @@ def recover_orphans(bridge: StudyBridge, me: Owner, *, max_retries: int) -> list
         again = retries < max_retries
         _end_orphan(bridge, trial, f"the sweep that ran it died: {reason}", again=again)
         if again:
+            carried = {ATTR + "retry_of": trial.number, ATTR + "retries": retries + 1}
+            if ATTR + "checkpoint" in trial.user_attrs:  # the run again resumes from it
+                carried[ATTR + "checkpoint"] = trial.user_attrs[ATTR + "checkpoint"]
             with bridge.lock:
-                study.enqueue_trial(trial.params, user_attrs={
-                    ATTR + "retry_of": trial.number, ATTR + "retries": retries + 1,
-                })
+                study.enqueue_trial(trial.params, user_attrs=carried)
             retried.append(trial.number)
     return retried
 

@@ -8,6 +8,8 @@ from typing import Any
 
 import optuna
 
+from optuna_saturn._bridge import ATTR
+
 _SUGGEST_METHODS = frozenset({"suggest_float", "suggest_int", "suggest_categorical"})
 
 
@@ -30,6 +32,9 @@ class TrialSession:
         self.step = 0
         self.total_steps: int | None = None
         self.step_seconds: float | None = None
+        self.resumed_from = 0  # the step the run resumed from its checkpoint (its steps before ran earlier)
+        self.checkpoint: dict[str, Any] | None = None  # the latest checkpoint the run saved (its record)
+        self._reported: set[int] | None = None  # steps with an intermediate value (inherited ones included)
         self._loops: dict[int, int] = {}  # loop index -> its steps (epochs, when the objective loops per epoch)
 
     def handle(self, op: str, message: dict) -> Any:
@@ -46,6 +51,8 @@ class TrialSession:
             self.profiles.append(message)
             self.outcome_at = time.time()
             return None
+        if op == "checkpointed":
+            return self._checkpointed(message["record"])
         if op in ("result", "pruned", "fail"):
             self.outcome = {"op": op, **{k: v for k, v in message.items() if k != "op"}}
             self.outcome_at = time.time()
@@ -60,7 +67,7 @@ class TrialSession:
                 raise ValueError(f"{method} cannot be relayed; use one of {sorted(_SUGGEST_METHODS)}.")
             return getattr(self.trial, method)(*message["args"], **message["kwargs"])
         if op == "report":
-            self.trial.report(message["value"], message["step"])
+            self._report(float(message["value"]), int(message["step"]))
             return None
         if op == "should_prune":
             return self.trial.should_prune()
@@ -71,15 +78,33 @@ class TrialSession:
             return self.trial.params
         raise ValueError(f"Unknown request {op!r} from a worker.")
 
+    def _report(self, value: float, step: int) -> None:
+        """An intermediate value, once per step: a run resumed from a checkpoint reports again the steps after
+        it that the first run had reported (and the trial inherited); those are left as they were."""
+        if self._reported is None:
+            frozen = self.trial.study._storage.get_trial(self.trial._trial_id)
+            self._reported = set(frozen.intermediate_values)
+        if step in self._reported:
+            return
+        self.trial.report(value, step)
+        self._reported.add(step)
+
+    def _checkpointed(self, record: dict) -> None:
+        self.checkpoint = record
+        with self._lock:
+            self.trial.set_user_attr(ATTR + "checkpoint", record)
+
     def _progress(self, message: dict) -> None:
         now = time.time()
         if self.first_step_at is None:
             self.first_step_at = now
         self.last_progress_at = now
         self.step, self.total_steps = int(message["step"]), int(message["total"])
+        self.resumed_from = int(message.get("resumed", 0))
         self._loops[int(message.get("loop", 0))] = int(message.get("loop_total", self.total_steps))
-        if self.step > 1:
-            self.step_seconds = float(message["elapsed"]) / self.step
+        ran = self.step - self.resumed_from
+        if ran > 1:
+            self.step_seconds = float(message["elapsed"]) / ran
         return None
 
     @property

@@ -28,7 +28,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from optuna_saturn._bridge import StudyBridge
+from optuna_saturn import checkpoint
+from optuna_saturn._bridge import ATTR, StudyBridge
 from optuna_saturn._ownership import Heartbeat, Owner, inherit_intermediate_values, recover_orphans
 from optuna_saturn._pricing import PricedOption, Pricer, ProfileEntry, ProfileJob, TrialPrice
 from optuna_saturn._session import TrialSession
@@ -86,6 +87,8 @@ class SweepSettings:
     profile_budget: float | None = None  # device-seconds of profiling jobs per sweep (None: as they pay)
     profile_only: bool = False  # measure every option, run no trial
     max_retries: int = 1  # runs again of a trial whose sweep died while it ran
+    checkpoint_dir: Path | None = None  # where trials' checkpoints go (None: <log_dir>/checkpoints)
+    keep_checkpoints: bool = False  # keep them after a trial ends COMPLETE or PRUNED
     worker_memory_limit: float | None = None  # bytes: a warm worker that grows past it is replaced
 
 
@@ -99,6 +102,7 @@ class _Waiting:
     planned_start: float = 0.0  # seconds since the sweep started
     planned_end: float = 0.0
     attempts: int = 0  # runs that failed under an option tried for the first time (then left out)
+    resume: checkpoint.CheckpointRecord | None = None  # the checkpoint an earlier run of its params left
 
 
 @dataclass
@@ -179,6 +183,8 @@ class Sweep:
         self._plan_version = self._voi_version = 0  # plans made; the plan whose profiling value was judged
         self._planning_seconds = 0.0
         self._owner = Owner.of_this_process()
+        self._resumes: dict[int, checkpoint.CheckpointRecord | None] = {}  # per trial asked
+        self._checkpoint_root = (settings.checkpoint_dir or settings.log_dir / "checkpoints") / _safe(study.study_name)
 
     def _notify(self, method: str, *args: Any) -> None:
         for listener in list(self._listeners):
@@ -277,6 +283,7 @@ class Sweep:
             self._asked += 1
             self._bridge.set_attrs(trial, {"owner": self._owner.to_json()})
             inherit_intermediate_values(self._bridge, trial)
+            self._resumes[trial.number] = self._checkpoint_to_resume(trial)
             price = self._price(trial)
             self._ask_seconds.append(time.time() - asked_at)
             if not price.options:
@@ -285,7 +292,7 @@ class Sweep:
                 _logger.warning(f"Trial {trial.number} failed: {reason}.")
                 self._trial_ended(frozen, self._elapsed())
                 continue
-            self._waiting[trial.number] = _Waiting(trial, price)
+            self._waiting[trial.number] = _Waiting(trial, price, resume=self._resumes[trial.number])
             self._seen.append(weighed([p.option for p in price.options], price.options))
             self._plan_dirty = True
             if self.settings.profile_only:
@@ -309,12 +316,44 @@ class Sweep:
                     busy_until[d] = max(busy_until[d], waiting.planned_end)
         return min(busy_until) <= now + horizon
 
+    def _checkpoint_to_resume(self, trial: optuna.Trial) -> checkpoint.CheckpointRecord | None:
+        """The checkpoint a retried trial inherited from the run the dead sweep left, if it is still on disk."""
+        data = trial.user_attrs.get(ATTR + "checkpoint") if ATTR + "retry_of" in trial.user_attrs else None
+        if not data:
+            return None
+        record = checkpoint.CheckpointRecord.from_json(data)
+        if not checkpoint.exists(record):
+            _logger.warning(f"Trial {trial.number} runs again from the start: its checkpoint {record.path} is gone.")
+            return None
+        _logger.info(f"Trial {trial.number} resumes from step {record.step} ({record.strategy} x"
+                     f"{record.world_size} checkpoint in {record.path}).")
+        return record
+
+    def _resumable(self, trial: optuna.Trial, options: list[PricedOption]) -> list[PricedOption]:
+        """A trial that resumes from a checkpoint runs only under options that can load it; if none can, it runs
+        from the start."""
+        record = self._resumes.get(trial.number)
+        if record is None:
+            return options
+        able = [p for p in options if checkpoint.can_resume(
+            record, self._strategies[p.option.strategy].engine, p.option.devices)]
+        if not able:
+            _logger.warning(f"Trial {trial.number} runs again from the start: none of its options can load its "
+                            f"{record.format} checkpoint of {record.world_size} rank(s).")
+            self._resumes[trial.number] = None
+            if trial.number in self._waiting:
+                self._waiting[trial.number].resume = None
+            return options
+        return able
+
     def _price(self, trial: optuna.Trial) -> TrialPrice:
         if self._pricer is None:
-            return TrialPrice(None, [PricedOption(o, "", None, 1.0, "estimate") for o in self._estimator.options()])
+            return TrialPrice(None, self._resumable(
+                trial, [PricedOption(o, "", None, 1.0, "estimate") for o in self._estimator.options()]))
         price = self._pricer.price(trial)
         if price.workload is None:  # cannot be described: planned from runtime estimates
             price.options = [PricedOption(o, "", None, 1.0, "estimate") for o in self._estimator.options()]
+        price.options = self._resumable(trial, price.options)
         self._bridge.set_attrs(trial, {
             "options": [p.option.to_json() for p in price.options], "profiles": price.profiles,
         })
@@ -338,6 +377,9 @@ class Sweep:
             if record is not None and not record.observed and workload is not None:
                 loop_seconds = record.trial_steps(workload.total_steps) * record.step_seconds
                 option = replace(option, runtime=self._estimator.corrected(option.runtime, loop_seconds))
+            if waiting.resume is not None and workload is not None and workload.total_steps:
+                left = max(0.0, 1.0 - waiting.resume.step / workload.total_steps)  # its steps after the checkpoint
+                option = replace(option, runtime=max(option.runtime * left, 1e-3))
             out.append(option)
         return out
 
@@ -500,6 +542,10 @@ class Sweep:
         session = TrialSession(trial, self._bridge.lock)
         key = f"trial-{trial.number}"
         spec = self._spec(session, trial.number, strategy, key, gradient_accumulation=assignment.option.gradient_accumulation)
+        spec["checkpoint"] = {
+            "dir": str(self._checkpoint_root / f"trial-{trial.number}"),
+            "resume": None if waiting.resume is None else waiting.resume.to_json(),
+        }
         run = _TrialRun(
             key, tuple(assignment.devices), self._elapsed(), self._run_dir / f"trial-{trial.number}.log",
             spec["errors"], [spec["token"]], waiting=waiting, session=session,
@@ -689,12 +735,20 @@ class Sweep:
         if reason:
             attrs["fail_reason"] = reason
         frozen = self._bridge.tell(trial, state, values, attrs=attrs, log=run.log)
-        if frozen.state == TrialState.COMPLETE:
+        if frozen.state in (TrialState.COMPLETE, TrialState.PRUNED) and not self.settings.keep_checkpoints:
+            self._remove_checkpoints(run)
+        if frozen.state == TrialState.COMPLETE and not session.resumed_from:
             self._estimator.observe(option, now - run.started)
         learned = self._learn_from(run, frozen.state)
         self._log_finished(frozen, now - run.started, reason, run.log)
         self._trial_ended(frozen, now, call_back=not stopping)
         return learned
+
+    def _remove_checkpoints(self, run: _TrialRun) -> None:
+        """A trial that ended needs no checkpoint: neither its own nor the one it resumed from."""
+        checkpoint.remove(self._checkpoint_root / f"trial-{run.session.trial.number}")
+        if run.waiting.resume is not None:
+            checkpoint.remove(Path(run.waiting.resume.path).parent)
 
     def _trial_ended(self, frozen: FrozenTrial, now: float, *, call_back: bool = True) -> None:
         """What follows every trial's end: the listeners, then Optuna's callbacks and ``gc_after_trial``, in this
@@ -709,8 +763,9 @@ class Sweep:
         """A trial failed in a way the option, not the trial, may be at fault: it ran out of memory (the option is
         recorded as not fitting; more micro-batches may), refused the trial's code (a ``StrategyMismatch``), or
         crashed before its first step under an option nobody had run for its workload. The option is never planned
-        for this workload again in the sweep, and the trial waits for another one, from scratch (its parameters
-        are kept). Returns whether it does."""
+        for this workload again in the sweep, and the trial waits for another one (its parameters are kept), from
+        its latest checkpoint if it saved one that another option can load, else from scratch. Returns whether it
+        does."""
         waiting, option = run.waiting, run.waiting.assignment.option
         priced = waiting.price.option(option.choice)
         # a crash before the first step under an option never run for this workload: the strategy, likely
@@ -724,6 +779,8 @@ class Sweep:
             self._pricer.mark_out_of_memory(waiting.trial.number, option, error)
         else:
             self._pricer.mark_failed(waiting.trial.number, option, error)
+        if run.session.checkpoint is not None:  # it got that far: the next run goes on from there
+            self._resumes[waiting.trial.number] = checkpoint.CheckpointRecord.from_json(run.session.checkpoint)
         price = self._price(waiting.trial)
         if not price.options:
             return False
@@ -731,7 +788,8 @@ class Sweep:
             f"Trial {waiting.trial.number} failed under {option.label}, the first run of that option for its "
             f"workload ({error}); the option is left out and the trial is planned again."
         )
-        self._waiting[waiting.trial.number] = _Waiting(waiting.trial, price, attempts=waiting.attempts + 1)
+        self._waiting[waiting.trial.number] = _Waiting(waiting.trial, price, attempts=waiting.attempts + 1,
+                                                       resume=self._resumes.get(waiting.trial.number))
         return True
 
     def _learn_from(self, run: _TrialRun, state: TrialState) -> bool:
@@ -744,6 +802,8 @@ class Sweep:
             self._estimator.observe_step_rate(record.step_seconds, session.step_seconds)
         if self._pricer is None or session.step_seconds is None or state == TrialState.FAIL:
             return False
+        if session.resumed_from:
+            return False  # a part of the trial: its start-up and length stand for no whole run
         if session.step < min(session.total_steps or 0, 10):
             return False  # too few steps to stand for the whole loop
         startup = session.first_step_at - self._start - run.started - session.step_seconds
@@ -835,6 +895,8 @@ class Sweep:
             attrs["first_step"] = round(session.first_step_at - self._start, 3)
         if session.step_seconds is not None:
             attrs["step_seconds"] = round(session.step_seconds, 5)
+        if session.resumed_from:
+            attrs["resumed_from_step"] = session.resumed_from
         return attrs
 
     def _relay_progress(self) -> None:

@@ -65,7 +65,13 @@ class SaturnExecutor:
         max_retries: how many times a trial left RUNNING by a sweep that died (``kill -9``, a lost node, the
             out-of-memory killer) is run again. At the start of ``optimize`` such trials end FAIL with the reason
             and their params are enqueued again (``saturn:retry_of``), ahead of new trials; ``n_trials`` still
-            counts new trials. Trials of another live sweep on the same study are left alone.
+            counts new trials. Trials of another live sweep on the same study are left alone. A trial that saved
+            a checkpoint (``trial.checkpoint``) resumes from it when run again.
+        checkpoint_dir: where ``trial.checkpoint`` saves (a folder per study and trial; the trial's
+            ``saturn:checkpoint`` attribute says where its latest is). Default: ``<log_dir>/checkpoints``. Use a
+            folder the next sweep can read: the one that runs the trial again resumes from it.
+        keep_checkpoints: keep a trial's checkpoint after it ends COMPLETE or PRUNED (by default it is removed
+            then; a trial that fails keeps it).
     """
 
     def __init__(
@@ -90,6 +96,8 @@ class SaturnExecutor:
         profile_steps: tuple[int, int] = (2, 5),
         worker_memory_limit: float | None = None,
         max_retries: int = 1,
+        checkpoint_dir: str | os.PathLike | None = None,
+        keep_checkpoints: bool = False,
     ) -> None:
         if not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0:
             raise ValueError(f"max_retries must be an integer >= 0 (0: never run a trial again), got {max_retries!r}.")
@@ -106,7 +114,8 @@ class SaturnExecutor:
                 profile_store if isinstance(profile_store, ProfileStore) else ProfileStore(profile_store)
             ),
             profile_budget=profile_budget, profile_steps=tuple(profile_steps), worker_memory_limit=worker_memory_limit,
-            max_retries=max_retries,
+            max_retries=max_retries, checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir),
+            keep_checkpoints=bool(keep_checkpoints),
         )
 
     def optimize(

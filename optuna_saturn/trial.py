@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from optuna_saturn.channel import ChannelClient
+from optuna_saturn.checkpoint import CheckpointRecord
 from optuna_saturn.engines._base import Engine
 from optuna_saturn.microbatch import AccumulationError, split_batch
 from optuna_saturn.sharding import LoaderView, RankRows
@@ -108,6 +109,7 @@ class SaturnTrial:
         channel: ChannelClient | None,
         control_group: Any,
         profile: dict | None = None,
+        checkpoint: dict | None = None,
     ) -> None:
         self.number = number
         self.strategy = strategy
@@ -123,6 +125,11 @@ class SaturnTrial:
         self._first_loop_started: float | None = None
         self.steps_started = False  # the training loop began: memory now goes to activations, not the model
         self.profile_timings: StepTimings | None = None  # set when a profiling run's timed loop ends
+        checkpoint = checkpoint or {}
+        self._checkpoint_dir = checkpoint.get("dir")  # this trial's checkpoint folder
+        resume = checkpoint.get("resume")  # the checkpoint an earlier run of these params left
+        self._resume = None if resume is None else CheckpointRecord.from_json(resume)
+        self.resumed_from = 0  # the step restore() loaded
 
     # -- where this process stands --------------------------------------------------------------------------------
     @property
@@ -350,6 +357,56 @@ class SaturnTrial:
         """
         return self._engine.full_state_dict(model)
 
+    def checkpoint(
+        self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+        scheduler: Any = None,
+    ) -> None:
+        """Save the training state after ``step`` steps (the prepared model and optimizer, the LR scheduler, the
+        random generators), so that if this trial's sweep dies, the trial run again resumes here. Call it on
+        every rank (saving shards is collective), every few hundred steps or at the end of an epoch; only the
+        latest checkpoint is kept, and it is removed once the trial ends COMPLETE or PRUNED::
+
+            start = trial.restore(model, optimizer, scheduler)   # 0 unless an earlier run left a checkpoint
+            for step in trial.steps(total, start=start):
+                ...
+                if (step + 1) % 100 == 0:
+                    trial.checkpoint(step + 1, model, optimizer, scheduler)
+
+        Under single, DDP and FSDP it is a ``torch.distributed.checkpoint`` (it reshards, so the run again may
+        use another of these strategies, or another device count); under DeepSpeed, DeepSpeed's own. A profiling
+        run saves nothing."""
+        if self._profile is not None:
+            return
+        if self._checkpoint_dir is None:
+            raise RuntimeError("This trial has no checkpoint folder (it was not started by a SaturnExecutor).")
+        from pathlib import Path
+
+        from optuna_saturn import checkpoint
+
+        record = checkpoint.save(self._engine, Path(self._checkpoint_dir), step, model, optimizer, scheduler,
+                                 group=self._group)
+        self._relay("checkpointed", record=record.to_json())
+
+    def restore(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
+    ) -> int:
+        """Load the checkpoint that an earlier run of this trial's params left (see :meth:`checkpoint`) into the
+        prepared model, optimizer and scheduler, and the random generators; returns its step, where the training
+        loop goes on (``trial.steps(total, start=step)``). Returns 0 and loads nothing on a first run, and in a
+        profiling run. Call it on every rank, after ``trial.prepare``.
+
+        The random generators come back as they were at the checkpoint, so a trial checkpointed at the end of an
+        epoch resumes exactly as it would have gone on if its loop starts each epoch's ``iter(loader)`` inside the
+        loop (creating an iterator draws a seed: one made before the loop would draw once more than the first run
+        did). One checkpointed mid-epoch sees the rest of that epoch in another order."""
+        if self._profile is not None or self._resume is None:
+            return 0
+        from optuna_saturn import checkpoint
+
+        self.resumed_from = checkpoint.load(self._engine, self._resume, model, optimizer, scheduler,
+                                            group=self._group)
+        return self.resumed_from
+
     def reduce_mean(self, value: float | torch.Tensor, weight: float | None = None) -> float:
         """The mean of a number over all ranks, e.g. a validation loss computed on each rank's rows.
 
@@ -406,8 +463,9 @@ class SaturnTrial:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def steps(self, total: int) -> Iterator[int]:
-        """``range(total)`` that also times the steps and reports progress to the executor.
+    def steps(self, total: int, *, start: int = 0) -> Iterator[int]:
+        """``range(start, total)`` that also times the steps and reports progress to the executor (``start``:
+        the step :meth:`restore` returned, for a trial that resumes from its checkpoint).
 
         Call it once for the whole training loop, or once per epoch (``for epoch in range(E): for step in
         trial.steps(len(loader))``): every loop counts towards the trial's progress and runtime. The executor uses
@@ -416,7 +474,9 @@ class SaturnTrial:
         yield one step each and are counted (see :class:`StepTimings`).
         """
         self.steps_started = True
-        total = int(total)
+        total, start = int(total), int(start)
+        if not 0 <= start <= total:
+            raise ValueError(f"trial.steps(total={total}, start={start}): start must be between 0 and total.")
         if self._profile is not None:
             yield from self._profiled_steps(total)
             return
@@ -426,18 +486,18 @@ class SaturnTrial:
         started = last_report = time.perf_counter()
         if self._first_loop_started is None:
             self._first_loop_started = started
-        taken = 0
+        taken = start
         try:
-            for step in range(budget):
+            for step in range(start, budget):
                 yield step
                 taken = step + 1
                 now = time.perf_counter()
-                if step == 0 or now - last_report >= _PROGRESS_EVERY_S or step == budget - 1:
+                if step == start or now - last_report >= _PROGRESS_EVERY_S or step == budget - 1:
                     self._synchronize()
                     now = time.perf_counter()
                     self._relay(
                         "progress", step=done + taken, total=done + budget, loop=loop, loop_total=budget,
-                        elapsed=now - self._first_loop_started,
+                        elapsed=now - self._first_loop_started, resumed=start,
                     )
                     last_report = now
         finally:

@@ -438,3 +438,49 @@ def where_it_runs(trial) -> float:
         "threads": torch.get_num_threads(), "gc_frozen": gc.get_freeze_count(), "gc_tracked": len(gc.get_objects()),
     })
     return float(total)
+
+
+#: Epochs of ``resumable``; it checkpoints every 2 epochs and reports every epoch.
+RESUMABLE_EPOCHS = 6
+
+
+def resumable(trial) -> float:
+    """What a user writes to survive a dead sweep: AdamW with a warm-up/decay schedule, a shuffled loader,
+    ``trial.restore`` before the loop and ``trial.checkpoint`` every 2 epochs. With ``SATURN_TEST_HANG_AT=k`` its
+    first run (not a resumed one) stops moving after it reports at step k, so a test can kill its sweep there."""
+    lr = trial.suggest_float("lr", 0.01, 0.03)
+    torch.manual_seed(0)
+    model = Blocks(width=16, depth=2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    loader = torch.utils.data.DataLoader(regression_data(64), batch_size=16, shuffle=True)
+    model, optimizer, loader = trial.prepare(model, optimizer, loader)
+    per_epoch = len(loader)
+    total = RESUMABLE_EPOCHS * per_epoch
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=total)
+    start = trial.restore(model, optimizer, scheduler)
+    hang_at = int(os.environ.get("SATURN_TEST_HANG_AT", "0"))
+    for step in trial.steps(total, start=start):
+        if step % per_epoch == 0:  # each epoch's pass starts here, after a restore too
+            batches = iter(loader)
+        x, y = next(batches)
+        optimizer.zero_grad()
+        for mx, my in trial.micro_batches((x.to(trial.device), y.to(trial.device))):
+            trial.backward(torch.nn.functional.mse_loss(model(mx), my))
+        optimizer.step()
+        scheduler.step()
+        time.sleep(float(os.environ.get("SATURN_TEST_STEP_SLEEP", "0")))
+        if (step + 1) % per_epoch == 0:
+            trial.report(_full_loss(trial, model), step + 1)
+            if (step + 1) % (2 * per_epoch) == 0:
+                trial.checkpoint(step + 1, model, optimizer, scheduler)
+            if start == 0 and step + 1 == hang_at:
+                time.sleep(3600)
+    trial.set_user_attr("started_at_step", start)
+    return _full_loss(trial, model)
+
+
+def _full_loss(trial, model) -> float:
+    """The loss over all 64 rows, the same on every rank."""
+    x, y = regression_data(64).tensors
+    with torch.no_grad():
+        return trial.reduce_mean(torch.nn.functional.mse_loss(model(x.to(trial.device)), y.to(trial.device)))

@@ -46,6 +46,8 @@ class Engine:
     #: The engine counts micro-batches itself (DeepSpeed): accumulation driven from outside its own knob, such as
     #: Trainer's ``gradient_accumulation_steps``, cannot be followed.
     counts_micro_batches = False
+    #: How trial.checkpoint() saves this engine's training state (see :mod:`optuna_saturn.checkpoint`).
+    checkpoint_format = "torch.distributed.checkpoint"
 
     def __init__(self, context: WorkerContext) -> None:
         self.context = context

@@ -72,6 +72,7 @@ class DeepSpeedEngine(Engine):
         return int(self.context.launcher_config.get("zero_optimization", {}).get("stage", 0))
 
     counts_micro_batches = True
+    checkpoint_format = "deepspeed"  # its own: the ZeRO partitions and its engine's counters
 
     @property
     def shards_parameters(self) -> bool:  # type: ignore[override]

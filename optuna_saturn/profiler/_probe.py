@@ -171,7 +171,13 @@ class _ProbeTrial:
     def step_budget(self, steps: int) -> int:
         return steps
 
-    def steps(self, total: int):
+    def restore(self, model: torch.nn.Module, optimizer: Any = None, scheduler: Any = None) -> int:
+        return 0  # (the description is of the whole trial, as a first run)
+
+    def checkpoint(self, step: int, model: torch.nn.Module, optimizer: Any = None, scheduler: Any = None) -> None:
+        pass
+
+    def steps(self, total: int, *, start: int = 0):
         self.total_steps = int(total)
         raise _ProbeDone
         yield  # pragma: no cover  (makes this a generator, like SaturnTrial.steps)

@@ -1,0 +1,191 @@
+"""A trial's checkpoints: its training state on disk, so that a trial run again after its sweep died resumes where
+the first run stopped instead of from scratch.
+
+What is saved: the model, the optimizer, the LR scheduler, the random generators (rank 0's, as every rank draws
+from them alike: see :mod:`optuna_saturn.sharding`) and the step. Where: one folder per trial, ``step-<k>`` in it
+for the latest checkpoint only, written under a temporary name and renamed when complete (a checkpoint that a kill
+cut short is never taken for one). Its record (:class:`CheckpointRecord`) is the trial's ``saturn:checkpoint``
+user attribute.
+
+Two formats, chosen by the strategy's engine:
+
+- **torch.distributed.checkpoint** (single, DDP, FSDP): every rank writes its shards, each tensor under its
+  parameter's name (``get_state_dict`` strips DDP's and FSDP's wrappers), and loading reshards: a checkpoint saved
+  by FSDP on 2 ranks loads into one process, or DDP on 4, and the other way round. So a retried trial may be
+  planned on any of these options, whatever its first run used.
+- **DeepSpeed's own checkpoint** (ZeRO): ``engine.save_checkpoint``, whose optimizer partitions belong to the world
+  size that wrote them; a retried trial is then planned only on DeepSpeed options of that device count
+  (:func:`can_resume`). (DeepSpeed's universal checkpoint, which reshards, is not used yet.)
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+DCP = "torch.distributed.checkpoint"
+DEEPSPEED = "deepspeed"
+_RECORD_FILE = "saturn-checkpoint.json"
+_TAG = "state"  # DeepSpeed's tag: its files go in step-<k>/state/
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """A complete checkpoint: where it is, the steps it holds, and what wrote it."""
+
+    path: str
+    step: int
+    format: str
+    strategy: str
+    world_size: int
+    saved_at: float
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> CheckpointRecord:
+        return cls(str(data["path"]), int(data["step"]), str(data["format"]), str(data["strategy"]),
+                   int(data["world_size"]), float(data["saved_at"]))
+
+
+def format_of(engine_name: str) -> str:
+    """The format a strategy's engine (its template's ``engine``) checkpoints in."""
+    return DEEPSPEED if engine_name == "deepspeed" else DCP
+
+
+def can_resume(record: CheckpointRecord, engine_name: str, world_size: int) -> bool:
+    """Whether a run under this engine and world size can load ``record``: any of the reshardable format's, or
+    DeepSpeed on as many ranks as wrote its partitions."""
+    if format_of(engine_name) != record.format:
+        return False
+    return record.format == DCP or record.world_size == world_size
+
+
+def exists(record: CheckpointRecord) -> bool:
+    return (Path(record.path) / _RECORD_FILE).is_file()
+
+
+def save(
+    engine: Any, folder: Path, step: int, model: torch.nn.Module, optimizer: Any, scheduler: Any, *, group: Any,
+) -> CheckpointRecord:
+    """Save the training state at ``step`` in ``folder`` (collective: every rank calls it). Returns the record,
+    on every rank; older checkpoints of the trial are removed once this one is complete."""
+    context = engine.context
+    fmt = engine.checkpoint_format
+    final = folder / f"step-{step}"
+    partial = folder / f"step-{step}.partial"
+    if context.rank == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    trainer = _trainer_state(step, scheduler, context.world_size, group)
+    _barrier(context.world_size, group)  # the folder exists for every rank
+    if fmt == DEEPSPEED:
+        model.save_checkpoint(str(partial), tag=_TAG, client_state={"saturn": trainer})
+    else:
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(_dcp_state(model, optimizer, trainer), checkpoint_id=str(partial), process_group=_dcp_group(group))
+    _barrier(context.world_size, group)  # every rank's part is written
+    record = CheckpointRecord(str(final.resolve()), int(step), fmt, context.strategy, context.world_size, time.time())
+    if context.rank == 0:
+        (partial / _RECORD_FILE).write_text(json.dumps(record.to_json()), encoding="utf-8")
+        shutil.rmtree(final, ignore_errors=True)
+        partial.rename(final)
+        for old in folder.glob("step-*"):
+            if old != final:
+                shutil.rmtree(old, ignore_errors=True)
+    _barrier(context.world_size, group)
+    return record
+
+
+def load(engine: Any, record: CheckpointRecord, model: torch.nn.Module, optimizer: Any, scheduler: Any,
+         *, group: Any) -> int:
+    """Load ``record`` into the prepared model, optimizer and scheduler, and the random generators; returns its
+    step. Collective."""
+    if record.format == DEEPSPEED:
+        _, client = model.load_checkpoint(record.path, tag=_TAG, load_optimizer_states=optimizer is not None,
+                                          load_lr_scheduler_states=False)
+        trainer = (client or {})["saturn"]
+    else:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        state = _dcp_state(model, optimizer, b"")
+        dcp.load(state, checkpoint_id=record.path, process_group=_dcp_group(group))
+        set_state_dict(model, [] if optimizer is None else [optimizer], model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"] if optimizer is not None else {})
+        trainer = state["trainer"]
+    saved = pickle.loads(trainer)  # noqa: S301 (our own file, in the sweep's folder)
+    if scheduler is not None and saved["scheduler"] is not None:
+        scheduler.load_state_dict(saved["scheduler"])
+    _set_random_states(saved["random"])
+    return int(saved["step"])
+
+
+def remove(path: str | Path) -> None:
+    """A trial's checkpoint folder, once nothing will resume from it."""
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _dcp_state(model: torch.nn.Module, optimizer: Any, trainer: bytes) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, [] if optimizer is None else [optimizer])
+    return {"model": model_state, "optimizer": optim_state if optimizer is not None else {}, "trainer": trainer}
+
+
+def _dcp_group(group: Any) -> Any:
+    return group if dist.is_available() and dist.is_initialized() else None
+
+
+def _trainer_state(step: int, scheduler: Any, world_size: int, group: Any) -> bytes:
+    """The step, the scheduler and rank 0's random generators, as one blob that every rank holds alike (the
+    checkpoint keeps one copy of what is not a tensor)."""
+    blob: list[Any] = [None]
+    if world_size == 1 or dist.get_rank(group) == 0:
+        blob = [pickle.dumps({
+            "step": int(step), "scheduler": None if scheduler is None else scheduler.state_dict(),
+            "random": _random_states(),
+        })]
+    if world_size > 1:
+        dist.broadcast_object_list(blob, src=0, group=group)
+    return blob[0]
+
+
+def _random_states() -> dict[str, Any]:
+    states: dict[str, Any] = {"torch": torch.get_rng_state(), "random": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state()
+    try:
+        import numpy
+
+        states["numpy"] = numpy.random.get_state()
+    except ImportError:
+        pass
+    return states
+
+
+def _set_random_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    random.setstate(states["random"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state(states["cuda"])
+    if "numpy" in states:
+        import numpy
+
+        numpy.random.set_state(states["numpy"])
+
+
+def _barrier(world_size: int, group: Any) -> None:
+    if world_size > 1:
+        dist.barrier(group=group)

@@ -1,0 +1,16 @@
+"""A sweep of ``objectives.resumable`` run in a process of its own, so that a test can kill -9 it mid-trial:
+``python sweep_to_kill.py STORAGE LOG_DIR STRATEGY DEVICES``."""
+
+import sys
+
+import optuna
+
+import objectives
+from optuna_saturn import SaturnExecutor
+
+if __name__ == "__main__":
+    storage, log_dir, strategy, devices = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    study = optuna.load_study(study_name="killed", storage=storage)
+    executor = SaturnExecutor(devices=devices, strategies=[strategy], isolate_network=True, log_dir=log_dir,
+                              profile_store=f"{log_dir}/profiles", progress="plain", dashboard=False)
+    executor.optimize(study, objectives.resumable, n_trials=1)

@@ -1,0 +1,99 @@
+"""A trial that checkpoints survives its sweep's death: the sweep that runs it again resumes from its latest
+checkpoint, under whichever option the planner picks (torch.distributed.checkpoint reshards), and ends where an
+uninterrupted run ends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+from optuna.trial import TrialState
+
+import objectives
+from optuna_saturn import SaturnExecutor
+
+HERE = os.path.dirname(__file__)
+STEPS = objectives.RESUMABLE_EPOCHS * 4  # 64 rows in batches of 16
+HANG_AT = 20  # the first run reports at 20, its latest checkpoint is at 16
+
+
+def _uninterrupted(saturn_options, tmp_path: Path, strategy: str, devices: int, params: dict) -> optuna.trial.FrozenTrial:
+    study = optuna.create_study()
+    study.enqueue_trial(params)
+    options = {**saturn_options, "log_dir": tmp_path / "reference"}
+    SaturnExecutor(devices=devices, strategies=[strategy], allow_shared_cores=True, **options).optimize(
+        study, objectives.resumable, n_trials=1)
+    return study.trials[0]
+
+
+def _killed_after_its_checkpoint(storage: str, log_dir: Path, strategy: str, devices: int) -> optuna.trial.FrozenTrial:
+    """Run the study's trial in a sweep of its own until it has checkpointed at step 16 and reported step 20, then
+    kill -9 that sweep. Returns the trial as the dead sweep left it."""
+    sweep = subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "sweep_to_kill.py"), storage, str(log_dir), strategy, str(devices)],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]),
+             "SATURN_TEST_HANG_AT": str(HANG_AT)},
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert sweep.poll() is None and time.monotonic() < deadline, "the sweep did not get to its checkpoint"
+            trial = optuna.load_study(study_name="killed", storage=storage).trials[0]
+            if HANG_AT in trial.intermediate_values and "saturn:checkpoint" in trial.user_attrs:
+                break
+            time.sleep(0.2)
+        descendants = psutil.Process(sweep.pid).children(recursive=True)
+    finally:
+        sweep.send_signal(signal.SIGKILL)
+        sweep.wait(timeout=30)
+    psutil.wait_procs(descendants, timeout=30)
+    return optuna.load_study(study_name="killed", storage=storage).trials[0]
+
+
+@pytest.mark.launch
+@pytest.mark.parametrize(("first", "then"), [
+    (("fsdp", 2), ("single", 1)),  # sharded on 2 ranks, loaded whole into one process
+    (("single", 1), ("ddp", 2)),
+    (("fsdp", 2), ("fsdp", 4)),  # resharded from 2 ranks to 4 (4 devices sharing 2 cores here)
+    (("zero2", 2), ("zero2", 2)),  # DeepSpeed's own checkpoint, on as many ranks
+], ids=lambda o: f"{o[0]}x{o[1]}")
+def test_a_trial_killed_with_its_sweep_resumes_from_its_checkpoint(saturn_options, tmp_path, first, then):
+    params = {"lr": 0.02}
+    reference = _uninterrupted(saturn_options, tmp_path, *then, params)
+    assert reference.state == TrialState.COMPLETE
+
+    storage = f"sqlite:///{tmp_path / 'study.sqlite3'}"
+    optuna.create_study(study_name="killed", storage=storage).enqueue_trial(params)
+    dead = _killed_after_its_checkpoint(storage, tmp_path / "first", *first)
+    record = dead.user_attrs["saturn:checkpoint"]
+    assert dead.state == TrialState.RUNNING and record["step"] == 16 and record["strategy"] == first[0]
+    assert Path(record["path"]).is_dir()
+
+    study = optuna.load_study(study_name="killed", storage=storage)
+    options = {**saturn_options, "log_dir": tmp_path / "then"}
+    SaturnExecutor(devices=then[1], strategies=[then[0]], allow_shared_cores=True, **options).optimize(
+        study, objectives.resumable, n_trials=0)
+
+    trials = optuna.load_study(study_name="killed", storage=storage).trials
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE]
+    retry = trials[1]
+    assert retry.user_attrs["saturn:retry_of"] == 0 and retry.user_attrs["started_at_step"] == 16
+    assert retry.user_attrs["saturn:resumed_from_step"] == 16
+    assert retry.user_attrs["saturn:strategy"] == then[0]
+    # The steps the first run reported are kept, once each; the run again adds those after them, and ends where an
+    # uninterrupted run of the same params ends (the checkpoint fell at an epoch's end: the same batches follow).
+    assert sorted(retry.intermediate_values) == list(range(4, STEPS + 1, 4))
+    assert retry.intermediate_values[HANG_AT] == dead.intermediate_values[HANG_AT]
+    for step in range(HANG_AT + 4, STEPS + 1, 4):
+        assert retry.intermediate_values[step] == pytest.approx(reference.intermediate_values[step], rel=1e-4)
+    assert retry.value == pytest.approx(reference.value, rel=1e-4)
+    print(f"{first} -> {then}: resumed value {retry.value!r}, uninterrupted {reference.value!r}, "
+          f"relative difference {abs(retry.value - reference.value) / reference.value:.1e}")
+    assert not Path(record["path"]).exists()  # a trial that ended needs its checkpoints no more
