@@ -118,17 +118,27 @@ def recover_orphans(bridge: StudyBridge, me: Owner, *, max_retries: int) -> list
         reason = None if owner.sweep == me.sweep else owner.gone(heartbeats.get(ATTR + owner.heartbeat_key), now)
         if reason is None:
             continue
-        retries = int(trial.user_attrs.get(ATTR + "retries", 0))
-        again = retries < max_retries
+        again = may_run_again(trial, max_retries)
         _end_orphan(bridge, trial, f"the sweep that ran it died: {reason}", again=again)
         if again:
-            carried = {ATTR + "retry_of": trial.number, ATTR + "retries": retries + 1}
-            if ATTR + "checkpoint" in trial.user_attrs:  # the run again resumes from it
-                carried[ATTR + "checkpoint"] = trial.user_attrs[ATTR + "checkpoint"]
-            with bridge.lock:
-                study.enqueue_trial(trial.params, user_attrs=carried)
+            run_again(bridge, trial)
             retried.append(trial.number)
     return retried
+
+
+def may_run_again(trial: FrozenTrial, max_retries: int) -> bool:
+    """Whether a trial (whose own run was a retry, perhaps) may be run again once more."""
+    return int(trial.user_attrs.get(ATTR + "retries", 0)) < max_retries
+
+
+def run_again(bridge: StudyBridge, trial: FrozenTrial) -> None:
+    """Enqueue ``trial``'s params again, recording which trial it retries and how many runs it had; with its
+    checkpoint, if it saved one (the run again resumes from it)."""
+    carried = {ATTR + "retry_of": trial.number, ATTR + "retries": int(trial.user_attrs.get(ATTR + "retries", 0)) + 1}
+    if ATTR + "checkpoint" in trial.user_attrs:
+        carried[ATTR + "checkpoint"] = trial.user_attrs[ATTR + "checkpoint"]
+    with bridge.lock:
+        bridge.study.enqueue_trial(trial.params, user_attrs=carried)
 
 
 def _end_orphan(bridge: StudyBridge, trial: FrozenTrial, reason: str, *, again: bool) -> None:

@@ -30,7 +30,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from optuna_saturn import checkpoint
 from optuna_saturn._bridge import ATTR, StudyBridge
-from optuna_saturn._ownership import Heartbeat, Owner, inherit_intermediate_values, recover_orphans
+from optuna_saturn._ownership import (
+    Heartbeat, Owner, inherit_intermediate_values, may_run_again, recover_orphans, run_again,
+)
 from optuna_saturn._pricing import PricedOption, Pricer, ProfileEntry, ProfileJob, TrialPrice
 from optuna_saturn._session import TrialSession
 from optuna_saturn._voi import profile_gain, worth_measuring
@@ -67,6 +69,9 @@ _LOG_TAIL_LINES = 20
 #: A trial whose first runs of options fail (out of memory, a strategy mismatch, a crash) is planned again on
 #: other options this many times in all.
 _MAX_ATTEMPTS = 3
+#: A trial whose steps stopped moving for this long at least (and for half its planned runtime, and for fifty of
+#: its steps) has a rank that hangs: it is stopped and run again. Its evaluation between steps must fit in that.
+_MIN_STALL_SECONDS = 120.0
 #: Launchers whose processes the warm workers cannot stand in for (they set up the job themselves).
 _LAUNCHED = ("deepspeed", "accelerate")
 
@@ -89,6 +94,7 @@ class SweepSettings:
     max_retries: int = 1  # runs again of a trial whose sweep died while it ran
     checkpoint_dir: Path | None = None  # where trials' checkpoints go (None: <log_dir>/checkpoints)
     keep_checkpoints: bool = False  # keep them after a trial ends COMPLETE or PRUNED
+    stall_timeout: float | None = None  # seconds without progress after which a trial is stopped (None: derived)
     worker_memory_limit: float | None = None  # bytes: a warm worker that grows past it is replaced
 
 
@@ -123,6 +129,7 @@ class _TrialRun(_Run):
     waiting: _Waiting | None = None
     session: TrialSession | None = None
     reported_step: int = 0
+    stalled: str = ""  # why the sweep stopped it: its ranks stopped moving
 
 
 @dataclass
@@ -226,6 +233,7 @@ class Sweep:
                         self._dispatch(pool, runner)
                     self._profile(pool, runner)
                     self._relay_progress()
+                    self._stop_stalled(pool, runner)
                     if not (self._waiting or self._running or self._may_ask()):
                         break
                     if self.settings.profile_only and not self._running and not self._profile_queue:
@@ -686,6 +694,29 @@ class Sweep:
                 self._notify("on_profile", ProfileEvent(
                     entry.trial.number, option_label(s.name, job.devices, job.gradient_accumulation), "started"))
 
+    def _stall_limit(self, run: _TrialRun) -> float:
+        if self.settings.stall_timeout is not None:
+            return self.settings.stall_timeout
+        step = run.session.step_seconds or 0.0
+        return max(_MIN_STALL_SECONDS, 0.5 * run.waiting.assignment.option.runtime, 50 * step)
+
+    def _stop_stalled(self, pool: WorkerPool, runner: LocalRunner) -> None:
+        """Stop every trial that has taken steps and then reported none for longer than its stall limit: one of
+        its ranks hangs (a deadlocked collective, a stuck data loader), or died where its peers wait for it. It
+        is run again like the trial of a dead sweep (:meth:`_finish_trial`)."""
+        now = time.time()
+        for run in list(self._running.values()):
+            if not isinstance(run, _TrialRun) or run.stalled or run.session.last_progress_at is None:
+                continue
+            silent, limit = now - run.session.last_progress_at, self._stall_limit(run)
+            if silent > limit:
+                run.stalled = f"its ranks reported no progress for {silent:.0f} s (the limit is {limit:.0f} s)"
+                _logger.warning(f"Trial {run.session.trial.number}: {run.stalled}; stopping it.")
+                if run.launched is not None:
+                    runner.stop(run.key)
+                else:
+                    pool.stop(run.key, reason=run.stalled)
+
     # -- ends -------------------------------------------------------------------------------------------------------
     def _launches_ended(self, runner: LocalRunner) -> list[JobEnd]:
         return [JobEnd(l.key, self._running[l.key].devices, code == 0, f"exit code {code}")
@@ -721,6 +752,10 @@ class Sweep:
         op = outcome.get("op")
         if op == "fail" and not reason and self._retry_elsewhere(run, outcome):
             return True  # an option left out for its workload
+        # A rank that died or hung, not the trial's code: the trial is run again (from its checkpoint)
+        faulted = not stopping and (bool(run.stalled) or (op is None and not end.clean))
+        if run.stalled and not reason:
+            reason = run.stalled
         if not reason and op in ("fail", None):
             reason = _first_rank_error(run.errors) or (
                 f"the trial's workers ended ({end.reason or 'unknown'}) before reporting a result"
@@ -740,9 +775,23 @@ class Sweep:
         if frozen.state == TrialState.COMPLETE and not session.resumed_from:
             self._estimator.observe(option, now - run.started)
         learned = self._learn_from(run, frozen.state)
+        if faulted and frozen.state == TrialState.FAIL:
+            self._run_again(frozen)
         self._log_finished(frozen, now - run.started, reason, run.log)
         self._trial_ended(frozen, now, call_back=not stopping)
         return learned
+
+    def _run_again(self, frozen: FrozenTrial) -> None:
+        """A trial whose rank died or hung: its params run again next (``max_retries`` times at most), resuming
+        from its checkpoint if it saved one. ``n_trials`` still counts new trials."""
+        if not may_run_again(frozen, self.settings.max_retries):
+            _logger.warning(f"Trial {frozen.number} is not run again: it ran {self.settings.max_retries + 1} times.")
+            return
+        run_again(self._bridge, frozen)
+        if self.n_trials is not None:
+            self.n_trials += 1
+        _logger.warning(f"Trial {frozen.number}'s params run again as a new trial"
+                        + (" from its checkpoint." if ATTR + "checkpoint" in frozen.user_attrs else "."))
 
     def _remove_checkpoints(self, run: _TrialRun) -> None:
         """A trial that ended needs no checkpoint: neither its own nor the one it resumed from."""

@@ -64,7 +64,8 @@ class SaturnExecutor:
             a trial's code leaks does not reach the next trial); ``None``: no limit.
         max_retries: how many times a trial left RUNNING by a sweep that died (``kill -9``, a lost node, the
             out-of-memory killer) is run again. At the start of ``optimize`` such trials end FAIL with the reason
-            and their params are enqueued again (``saturn:retry_of``), ahead of new trials; ``n_trials`` still
+            and their params are enqueued again (``saturn:retry_of``), ahead of new trials; so are the trials of
+            this sweep whose rank died or hung; ``n_trials`` still
             counts new trials. Trials of another live sweep on the same study are left alone. A trial that saved
             a checkpoint (``trial.checkpoint``) resumes from it when run again.
         checkpoint_dir: where ``trial.checkpoint`` saves (a folder per study and trial; the trial's
@@ -72,6 +73,10 @@ class SaturnExecutor:
             folder the next sweep can read: the one that runs the trial again resumes from it.
         keep_checkpoints: keep a trial's checkpoint after it ends COMPLETE or PRUNED (by default it is removed
             then; a trial that fails keeps it).
+        stall_timeout: seconds a trial may go without reporting a step, once it has taken one, before it is taken
+            for hung (a deadlocked collective, a stuck loader), stopped, and run again like a trial whose rank died
+            (``max_retries``, from its checkpoint). ``None``: the longest of 2 minutes, half its planned runtime and
+            50 of its steps.
     """
 
     def __init__(
@@ -98,7 +103,10 @@ class SaturnExecutor:
         max_retries: int = 1,
         checkpoint_dir: str | os.PathLike | None = None,
         keep_checkpoints: bool = False,
+        stall_timeout: float | None = None,
     ) -> None:
+        if stall_timeout is not None and not stall_timeout > 0:
+            raise ValueError(f"stall_timeout must be a positive number of seconds or None, got {stall_timeout!r}.")
         if not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0:
             raise ValueError(f"max_retries must be an integer >= 0 (0: never run a trial again), got {max_retries!r}.")
         self.devices = resolve_devices(devices, allow_shared_cores=allow_shared_cores)
@@ -115,7 +123,7 @@ class SaturnExecutor:
             ),
             profile_budget=profile_budget, profile_steps=tuple(profile_steps), worker_memory_limit=worker_memory_limit,
             max_retries=max_retries, checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir),
-            keep_checkpoints=bool(keep_checkpoints),
+            keep_checkpoints=bool(keep_checkpoints), stall_timeout=stall_timeout,
         )
 
     def optimize(

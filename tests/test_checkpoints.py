@@ -97,3 +97,52 @@ def test_a_trial_killed_with_its_sweep_resumes_from_its_checkpoint(saturn_option
     print(f"{first} -> {then}: resumed value {retry.value!r}, uninterrupted {reference.value!r}, "
           f"relative difference {abs(retry.value - reference.value) / reference.value:.1e}")
     assert not Path(record["path"]).exists()  # a trial that ended needs its checkpoints no more
+
+
+def _kill_a_worker_once_hung(storage: str) -> None:
+    """Once the trial hangs after its checkpoint, kill -9 the worker of its rank 1 (the rank 0 of a DDP job then
+    waits for it no more than the pool's grace period)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        trial = optuna.load_study(study_name="faults", storage=storage).trials[0]
+        if HANG_AT in trial.intermediate_values:
+            for process in psutil.Process().children(recursive=True):
+                if process.name() == "saturn-worker-1":
+                    process.kill()
+                    return
+        time.sleep(0.2)
+
+
+@pytest.mark.launch
+@pytest.mark.parametrize("fault", ["a rank hangs", "a rank is killed"])
+def test_a_trial_whose_rank_dies_or_hangs_is_run_again_from_its_checkpoint(saturn_options, tmp_path, monkeypatch,
+                                                                           fault):
+    storage = f"sqlite:///{tmp_path / 'study.sqlite3'}"
+    study = optuna.create_study(study_name="faults", storage=storage)
+    study.enqueue_trial({"lr": 0.02})
+    monkeypatch.setenv("SATURN_TEST_HANG_AT", str(HANG_AT))  # (the first run only)
+    stall_timeout = 3.0 if fault == "a rank hangs" else None
+    killer = None
+    if fault == "a rank is killed":
+        import threading
+
+        killer = threading.Thread(target=_kill_a_worker_once_hung, args=(storage,), daemon=True)
+        killer.start()
+    SaturnExecutor(devices=2, strategies=["ddp"], stall_timeout=stall_timeout, **saturn_options).optimize(
+        study, objectives.resumable, n_trials=1)
+    if killer is not None:
+        killer.join(timeout=5)
+
+    first, again = optuna.load_study(study_name="faults", storage=storage).trials  # n_trials counts new trials
+    assert first.state == TrialState.FAIL
+    reason = first.user_attrs["saturn:fail_reason"]
+    assert ("reported no progress for" in reason) if stall_timeout else ("before reporting a result" in reason
+                                                                         or "rank" in reason), reason
+    assert again.state == TrialState.COMPLETE and again.params == first.params
+    assert again.user_attrs["saturn:retry_of"] == 0 and again.user_attrs["saturn:resumed_from_step"] == 16
+    assert sorted(again.intermediate_values) == list(range(4, STEPS + 1, 4))
+
+
+def test_stall_timeout_is_checked():
+    with pytest.raises(ValueError, match="stall_timeout must be a positive number"):
+        SaturnExecutor(devices=1, strategies=["single"], stall_timeout=0)
