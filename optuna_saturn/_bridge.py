@@ -1,7 +1,8 @@
 """Everything a sweep says to the user's study, in one place.
 
 Samplers and storages are used from one thread at a time: the scheduler's, and the channel's threads that answer
-a worker's ``suggest`` or ``report``, all take the same lock (:attr:`StudyBridge.lock`).
+a worker's ``suggest`` or ``report``, all take the same lock (:attr:`StudyBridge.lock`). A trial's result is kept
+on disk until the storage has it, and telling it is retried while the storage fails (:mod:`optuna_saturn._outbox`).
 """
 
 from __future__ import annotations
@@ -14,14 +15,17 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from optuna_saturn._outbox import STORAGE_ERRORS, Outbox, Outgoing, retrying
+
 ATTR = "saturn:"
 _logger = optuna.logging.get_logger("optuna.saturn")
 
 
 class StudyBridge:
-    def __init__(self, study: optuna.Study, *, artifact_store: Any = None) -> None:
+    def __init__(self, study: optuna.Study, *, artifact_store: Any = None, outbox: Outbox | None = None) -> None:
         self.study = study
         self.lock = threading.Lock()
+        self._outbox = outbox
         self._artifact_store = artifact_store
         self.stop_requested = False  # a callback called study.stop()
 
@@ -31,9 +35,12 @@ class StudyBridge:
 
     def set_attrs(self, trial: optuna.Trial, attrs: dict[str, Any]) -> None:
         """``saturn:``-prefixed user attributes of a trial that is still running."""
-        with self.lock:
-            for key, value in attrs.items():
-                trial.set_user_attr(ATTR + key, value)
+        def set_them() -> None:
+            with self.lock:
+                for key, value in attrs.items():
+                    trial.set_user_attr(ATTR + key, value)
+
+        retrying(set_them, what=f"set trial {trial.number}'s attributes")
 
     def tell(
         self,
@@ -45,17 +52,62 @@ class StudyBridge:
         log: Path | None = None,
     ) -> FrozenTrial:
         """End a trial with its attributes. A failed trial's log goes to the artifact store, if there is one; a
-        result the study refuses (say, a value of the wrong shape) fails the trial instead: the sweep goes on."""
+        result the study refuses (say, a value of the wrong shape) fails the trial instead: the sweep goes on.
+        The result is in the outbox until the storage has it; while the storage fails, telling is retried."""
+        attrs = {ATTR + key: value for key, value in (attrs or {}).items()}
+        kept = None if self._outbox is None else self._outbox.keep(
+            Outgoing(trial._trial_id, trial.number, state.name, values, attrs))
+        frozen = retrying(lambda: self._tell_now(trial, state, values, attrs, log),
+                          what=f"record trial {trial.number}'s result")
+        if kept is not None:
+            Outbox.done(kept)
+        return frozen
+
+    def _tell_now(self, trial: optuna.Trial, state: TrialState, values: list[float] | None, attrs: dict[str, Any],
+                  log: Path | None) -> FrozenTrial:
         with self.lock:
-            for key, value in (attrs or {}).items():
-                trial.set_user_attr(ATTR + key, value)
+            stored = self.study._storage.get_trial(trial._trial_id)
+            if stored.state.is_finished():  # an attempt the storage took, though its answer was lost
+                return stored
+            for key, value in attrs.items():
+                trial.set_user_attr(key, value)
             if state == TrialState.FAIL and log is not None:
                 self._keep_log(trial, log)
             try:
                 return self.study.tell(trial, values if state == TrialState.COMPLETE else None, state=state)
+            except STORAGE_ERRORS:
+                raise
             except Exception as exc:
                 trial.set_user_attr(ATTR + "fail_reason", f"could not record the result: {exc}")
                 return self.study.tell(trial, state=TrialState.FAIL)
+
+    def tell_what_the_outbox_kept(self, orphaned: Callable[[FrozenTrial], bool]) -> list[int]:
+        """Tell the results an earlier sweep kept in the outbox but the storage never got, for its trials that are
+        still RUNNING and whose sweep is gone (``orphaned``); drop those the storage has. Returns the numbers of
+        the trials told."""
+        if self._outbox is None:
+            return []
+        told = []
+        for path, result in self._outbox.pending():
+            with self.lock:
+                try:
+                    stored = self.study._storage.get_trial(result.trial_id)
+                except KeyError:  # (another study's, with the same name before)
+                    stored = None
+                if stored is not None and stored.number == result.number and stored.state == TrialState.RUNNING:
+                    if not orphaned(stored):
+                        continue  # its sweep lives: it tells it itself
+                    for key, value in result.attrs.items():
+                        self.study._storage.set_trial_user_attr(result.trial_id, key, value)
+                    state = TrialState[result.state]
+                    self.study.tell(result.number, result.values if state == TrialState.COMPLETE else None,
+                                    state=state)
+                    told.append(result.number)
+            Outbox.done(path)
+        if told:
+            _logger.warning(f"Recorded the results of trial(s) {told} that an earlier sweep kept on disk "
+                            f"({self._outbox.folder}) while the storage was down.")
+        return told
 
     def call_back(self, callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]], trial: FrozenTrial) -> None:
         """Each callback with ``(study, frozen_trial)``, in order, as ``study.optimize`` calls them after a trial

@@ -111,11 +111,7 @@ def recover_orphans(bridge: StudyBridge, me: Owner, *, max_retries: int) -> list
         heartbeats = study.user_attrs
         running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     for trial in running:
-        data = trial.user_attrs.get(ATTR + "owner")
-        if not data:
-            continue
-        owner = Owner.from_json(data)
-        reason = None if owner.sweep == me.sweep else owner.gone(heartbeats.get(ATTR + owner.heartbeat_key), now)
+        reason = why_orphaned(trial, me, heartbeats, now)
         if reason is None:
             continue
         again = may_run_again(trial, max_retries)
@@ -124,6 +120,16 @@ def recover_orphans(bridge: StudyBridge, me: Owner, *, max_retries: int) -> list
             run_again(bridge, trial)
             retried.append(trial.number)
     return retried
+
+
+def why_orphaned(trial: FrozenTrial, me: Owner, study_attrs: dict[str, Any], now: float) -> str | None:
+    """Why a RUNNING trial's sweep is gone (``study_attrs`` holds the sweeps' heartbeats), or None while it may
+    still run it (or no sweep owns it, or it is ours)."""
+    data = trial.user_attrs.get(ATTR + "owner")
+    if not data:
+        return None
+    owner = Owner.from_json(data)
+    return None if owner.sweep == me.sweep else owner.gone(study_attrs.get(ATTR + owner.heartbeat_key), now)
 
 
 def may_run_again(trial: FrozenTrial, max_retries: int) -> bool:

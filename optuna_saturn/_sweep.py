@@ -30,8 +30,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from optuna_saturn import checkpoint
 from optuna_saturn._bridge import ATTR, StudyBridge
+from optuna_saturn._outbox import STORAGE_ERRORS, Outbox
 from optuna_saturn._ownership import (
-    Heartbeat, Owner, inherit_intermediate_values, may_run_again, recover_orphans, run_again,
+    Heartbeat, Owner, inherit_intermediate_values, may_run_again, recover_orphans, run_again, why_orphaned,
 )
 from optuna_saturn._pricing import PricedOption, Pricer, ProfileEntry, ProfileJob, TrialPrice
 from optuna_saturn._session import TrialSession
@@ -156,7 +157,8 @@ class Sweep:
         self._callbacks = list(callbacks)
         self._gc_after_trial = gc_after_trial
         self.study = study
-        self._bridge = StudyBridge(study, artifact_store=settings.artifact_store)
+        self._bridge = StudyBridge(study, artifact_store=settings.artifact_store,
+                                   outbox=Outbox(settings.log_dir / "outbox" / _safe(study.study_name)))
         self._objective_recipe_factory = objective_recipe
         self.n_trials = n_trials
         self.timeout = timeout
@@ -203,6 +205,8 @@ class Sweep:
 
     # -- the loop ---------------------------------------------------------------------------------------------------
     def run(self) -> None:
+        self._bridge.tell_what_the_outbox_kept(
+            lambda trial: why_orphaned(trial, self._owner, self.study.user_attrs, time.time()) is not None)
         retried = recover_orphans(self._bridge, self._owner, max_retries=self.settings.max_retries)
         if retried and self.n_trials is not None:  # n_trials counts new trials; the retries run first
             self.n_trials += len(retried)
@@ -969,12 +973,15 @@ class Sweep:
         _logger.warning(f"Stopping the sweep: {reason}. Stopping {len(trials)} running trial(s).")
         pool.close()
         runner.stop_all()
-        for run in trials:
-            self._finish_trial(run, JobEnd(run.key, run.devices, False, "stopped"), reason=f"sweep stopped: {reason}",
-                               stopping=True)
+        try:
+            for run in trials:
+                self._finish_trial(run, JobEnd(run.key, run.devices, False, "stopped"),
+                                   reason=f"sweep stopped: {reason}", stopping=True)
+            for waiting in self._waiting.values():
+                self._bridge.fail(waiting.trial, f"not started: sweep stopped: {reason}")
+        except STORAGE_ERRORS:  # (what it could not tell is in the outbox: the next sweep tells it)
+            _logger.exception("The storage failed while the sweep stopped; the next optimize ends its trials.")
         self._running.clear()
-        for waiting in self._waiting.values():
-            self._bridge.fail(waiting.trial, f"not started: sweep stopped: {reason}")
         self._waiting.clear()
 
     # -- output -----------------------------------------------------------------------------------------------------

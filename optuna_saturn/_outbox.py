@@ -1,0 +1,97 @@
+"""Results on their way to the storage: kept on disk until the storage has them, so that no trial's result is lost
+when the storage is down longer than the sweep waits for it, or the executor dies while it waits.
+
+A trial's result (its state, values and the sweep's attributes) is written to the sweep's outbox folder before
+it is told, and removed once the storage has it. What is left there (the storage never came back; the executor was
+killed between the two) is told by the next ``optimize`` on the same study, before anything else, for every trial
+that is still RUNNING; it would otherwise be ended FAIL as a dead sweep's orphan and run again.
+
+Storage calls themselves are retried with back-off (:func:`retrying`) on the errors a restarting database or a
+locked SQLite file raise; other errors (a value the study refuses) are not the storage's and are raised at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import optuna
+import sqlalchemy.exc
+
+_logger = optuna.logging.get_logger("optuna.saturn")
+T = TypeVar("T")
+
+#: Errors of a storage that may answer again: a database restarting or unreachable, a locked SQLite file, a
+#: journal file on a flaky file system. (Optuna's RDB storage raises StorageInternalError for a failed commit.)
+STORAGE_ERRORS: tuple[type[BaseException], ...] = (
+    optuna.exceptions.StorageInternalError, sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError,
+    sqlalchemy.exc.TimeoutError, OSError,
+)
+#: How long a storage call is retried before the sweep gives up on the storage (results stay in the outbox).
+RETRY_SECONDS = 120.0
+_FIRST_WAIT, _LONGEST_WAIT = 0.2, 10.0
+
+
+def retrying(call: Callable[[], T], *, what: str, budget: float = RETRY_SECONDS) -> T:
+    """``call()``, again after each storage error, waiting twice as long each time (0.2 s up to 10 s), for up to
+    ``budget`` seconds; then the last error is raised."""
+    deadline = time.monotonic() + budget
+    wait = _FIRST_WAIT
+    while True:
+        try:
+            return call()
+        except STORAGE_ERRORS as exc:
+            if time.monotonic() + wait > deadline:
+                raise
+            cause = exc.__cause__ or exc  # (Optuna wraps the database's own error, which says what happened)
+            _logger.warning(f"The storage failed to {what} ({type(cause).__name__}: {str(cause).splitlines()[0]}); "
+                            f"trying again in {wait:.1f} s.")
+            time.sleep(wait)
+            wait = min(2 * wait, _LONGEST_WAIT)
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """A trial's result as the sweep tells it."""
+
+    trial_id: int
+    number: int
+    state: str  # a TrialState's name
+    values: list[float] | None
+    attrs: dict[str, Any]
+
+
+class Outbox:
+    """One folder of results not yet in the storage (see the module's docstring)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def keep(self, result: Outgoing) -> Path:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f"trial-{result.number}-{uuid.uuid4().hex[:8]}.json"
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps(asdict(result)), encoding="utf-8")
+        os.replace(partial, path)  # a file that is there is whole
+        return path
+
+    @staticmethod
+    def done(path: Path) -> None:
+        path.unlink(missing_ok=True)
+
+    def pending(self) -> list[tuple[Path, Outgoing]]:
+        if not self.folder.is_dir():
+            return []
+        out = []
+        for path in sorted(self.folder.glob("trial-*.json")):
+            try:
+                out.append((path, Outgoing(**json.loads(path.read_text(encoding="utf-8")))))
+            except (OSError, ValueError, TypeError):
+                _logger.warning(f"Ignoring an unreadable result file in the outbox: {path}.")
+        return out

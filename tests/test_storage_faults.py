@@ -1,0 +1,91 @@
+"""A storage that fails while the sweep tells a result loses nothing: telling is retried with back-off, and the
+result waits on disk (the outbox) until the storage has it; what a dead sweep left there is told by the next."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+import objectives
+from optuna_saturn import SaturnExecutor
+from optuna_saturn._bridge import StudyBridge
+from optuna_saturn._outbox import Outbox, Outgoing
+from optuna_saturn._ownership import Owner
+
+
+def _locked_for(path: str, seconds: float, locked: threading.Event) -> None:
+    """Another process's write lock on the SQLite file, as a sweep's storage meets it."""
+    connection = sqlite3.connect(path, timeout=0)
+    connection.execute("BEGIN EXCLUSIVE")
+    locked.set()
+    time.sleep(seconds)
+    connection.rollback()
+    connection.close()
+
+
+def test_a_result_is_told_once_the_locked_sqlite_file_is_free_and_kept_on_disk_until_then(tmp_path, caplog):
+    path = tmp_path / "study.sqlite3"
+    storage = optuna.storages.RDBStorage(f"sqlite:///{path}", engine_kwargs={"connect_args": {"timeout": 0.2}})
+    study = optuna.create_study(storage=storage, study_name="locked")
+    outbox = Outbox(tmp_path / "outbox")
+    bridge = StudyBridge(study, outbox=outbox)
+    trial = bridge.ask()
+    locked = threading.Event()
+    holder = threading.Thread(target=_locked_for, args=(str(path), 2.0, locked))
+    holder.start()
+    locked.wait(timeout=10)
+    seen_on_disk = []
+
+    def watch() -> None:
+        deadline = time.monotonic() + 1.5  # (the lock holds for 2 s)
+        while not seen_on_disk and time.monotonic() < deadline:
+            seen_on_disk.extend(result for _, result in outbox.pending())
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    with caplog.at_level(logging.WARNING, logger="optuna.saturn"):
+        watcher.start()  # while the lock holds, the result is on disk
+        frozen = bridge.tell(trial, TrialState.COMPLETE, [1.5], attrs={"strategy": "single"})
+    holder.join()
+    watcher.join()
+    assert frozen.state == TrialState.COMPLETE and frozen.value == 1.5
+    stored = optuna.load_study(study_name="locked", storage=f"sqlite:///{path}").trials[0]
+    assert stored.state == TrialState.COMPLETE and stored.user_attrs["saturn:strategy"] == "single"
+    assert "trying again" in caplog.text and "database is locked" in caplog.text
+    assert [r.values for r in seen_on_disk] == [[1.5]]  # kept until the storage had it, then removed
+    assert not outbox.pending()
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+@pytest.mark.launch
+def test_a_result_a_dead_sweep_kept_on_disk_is_told_by_the_next_sweep(saturn_options, tmp_path):
+    storage = f"sqlite:///{tmp_path / 'study.sqlite3'}"
+    study = optuna.create_study(study_name="kept", storage=storage)
+    trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    dead = Owner("deadsweep", socket.gethostname(), _dead_pid(), 0.0)
+    study._storage.set_trial_user_attr(trial._trial_id, "saturn:owner", dead.to_json())
+    # The dead sweep had the result, but the storage never got it.
+    Outbox(saturn_options["log_dir"] / "outbox" / "kept").keep(Outgoing(
+        trial._trial_id, trial.number, "COMPLETE", [0.25], {"saturn:strategy": "ddp"}))
+
+    SaturnExecutor(devices=1, strategies=["single"], **saturn_options).optimize(study, objectives.quadratic,
+                                                                                 n_trials=0)
+    trials = optuna.load_study(study_name="kept", storage=storage).trials
+    assert len(trials) == 1  # told, not ended FAIL and run again
+    assert trials[0].state == TrialState.COMPLETE and trials[0].value == 0.25
+    assert trials[0].user_attrs["saturn:strategy"] == "ddp"
+    assert not list((saturn_options["log_dir"] / "outbox" / "kept").glob("*.json"))
