@@ -47,6 +47,16 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"Object of type {type(value).__name__} cannot be sent to a worker.")
 
 
+class _NamedThreadsServer(socketserver.ThreadingUnixStreamServer):
+    """Names the thread of each connection, so that the pool host knows it for one of the executor's own
+    (:func:`optuna_saturn.runner._forked_host.why_not_fork`)."""
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        thread = threading.Thread(target=self.process_request_thread, args=(request, client_address),
+                                  name="saturn-channel-connection", daemon=True)
+        thread.start()
+
+
 class ChannelServer:
     """Serves every running trial of one sweep; each trial registers a handler under a fresh token."""
 
@@ -62,7 +72,7 @@ class ChannelServer:
             def handle(self) -> None:
                 server._serve_connection(self.rfile, self.wfile)
 
-        self._server = socketserver.ThreadingUnixStreamServer(self.address, _RequestHandler)
+        self._server = _NamedThreadsServer(self.address, _RequestHandler)
         self._server.daemon_threads = True
         # (close() waits for the serving loop's next poll: the default half second would end every sweep late)
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},

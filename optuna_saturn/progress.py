@@ -229,6 +229,9 @@ class RichProgress(SweepListener):
                           refresh_per_second=self.refresh_per_second, transient=False)
         original = sys.stderr, sys.stdout
         self._live.start()
+        refresher = getattr(self._live, "_refresh_thread", None)
+        if refresher is not None:  # ours: the pool host may still be forked beside it (its locks are the console's,
+            refresher.name = "saturn-progress"  # which the host never takes: its output goes to its log)
         self._redirect_logs(original)
 
     def on_plan(self, study: optuna.Study, plan: Plan, trial_numbers: Sequence[int], now: float) -> None:

@@ -1,5 +1,5 @@
 """A sweep of ``objectives.resumable`` run in a process of its own, so that a test can kill -9 it mid-trial:
-``python sweep_to_kill.py STORAGE LOG_DIR STRATEGY DEVICES``."""
+``python sweep_to_kill.py STORAGE LOG_DIR STRATEGIES DEVICES [N_TRIALS]`` (STRATEGIES comma-separated)."""
 
 import sys
 
@@ -9,8 +9,9 @@ import objectives
 from optuna_saturn import SaturnExecutor
 
 if __name__ == "__main__":
-    storage, log_dir, strategy, devices = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    storage, log_dir, strategies, devices = sys.argv[1], sys.argv[2], sys.argv[3].split(","), int(sys.argv[4])
+    n_trials = int(sys.argv[5]) if len(sys.argv) > 5 else 1
     study = optuna.load_study(study_name="killed", storage=storage)
-    executor = SaturnExecutor(devices=devices, strategies=[strategy], isolate_network=True, log_dir=log_dir,
+    executor = SaturnExecutor(devices=devices, strategies=strategies, isolate_network=True, log_dir=log_dir,
                               profile_store=f"{log_dir}/profiles", progress="plain", dashboard=False)
-    executor.optimize(study, objectives.resumable, n_trials=1)
+    executor.optimize(study, objectives.resumable, n_trials=n_trials)

@@ -133,3 +133,16 @@ def test_why_not_fork_names_the_reason():
     assert why_not_fork([Device("cpu", 0, (0,)), Device("cpu", 1, (1,))]) is None
     assert why_not_fork([Device("cuda", 0), Device("cuda", 1)]) is None  # CUDA is not initialised here
     assert "OpenMP" in why_not_fork([Device("cpu", 0, (0, 1))])
+    # A thread of the user's (a database poller, say) may hold a lock the fork would keep locked for ever: the host
+    # hung before it started a worker (a test that watched the study from a thread met it, once in a full run).
+    import threading
+
+    stop = threading.Event()
+    theirs = threading.Thread(target=stop.wait, name="user-poller")
+    theirs.start()
+    try:
+        assert "other threads (user-poller)" in why_not_fork([Device("cpu", 0, (0,))])
+    finally:
+        stop.set()
+        theirs.join()
+    assert why_not_fork([Device("cpu", 0, (0,))]) is None

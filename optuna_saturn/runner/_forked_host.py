@@ -6,6 +6,9 @@ loaded file system) before the first trial can start. What is not safe to fork i
 (:func:`why_not_fork`), and the pool falls back to a fresh interpreter, saying why in the log:
 
 - **CUDA.** A process that has initialised CUDA cannot use it in a fork.
+- **Other threads.** A fork keeps only the thread that forks; a lock another thread held at that moment (a
+  database driver's, logging's, the import system's) stays held for ever in the child, which then hangs. So the
+  executor forks only while no thread but its own (``saturn-*``) runs.
 - **OpenMP.** PyTorch's intra-op threads come from GNU OpenMP, whose thread pool does not survive a fork: a fork
   of a process that has run a parallel region hangs in its first parallel region of its own. A warm worker that
   runs one intra-op thread (a GPU worker, a CPU device of one core) never enters one, so it is safe whatever the
@@ -24,6 +27,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -38,6 +42,11 @@ def why_not_fork(devices: Sequence[Device]) -> str | None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return "this process has initialised CUDA, which a fork cannot use"
+    others = [t.name for t in threading.enumerate()
+              if t is not threading.current_thread() and not t.name.startswith("saturn-")]
+    if others:
+        return (f"this process runs other threads ({', '.join(sorted(others)[:3])}), whose locks a fork would keep "
+                "locked for ever")
     multi_threaded = [str(d) for d in devices if d.kind == "cpu" and len(d.cores) > 1]
     if multi_threaded:
         return (f"the workers of {', '.join(multi_threaded)} run several OpenMP threads, which a fork of a process "

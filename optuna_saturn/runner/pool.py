@@ -268,7 +268,7 @@ class WorkerPool:
                     # Its peers may wait forever in a collective with it: stop those that do not finish soon
                     # (most fail alike and report in time; rank 0 may still be sending the trial's outcome).
                     timer = threading.Timer(self._grace, self._stop_unfinished, args=(key,))
-                    timer.daemon = True
+                    timer.daemon, timer.name = True, "saturn-grace"
                     timer.start()
             if len(job.finished) == len(job.devices):
                 del self._jobs[key]
