@@ -447,7 +447,8 @@ RESUMABLE_EPOCHS = 6
 def resumable(trial) -> float:
     """What a user writes to survive a dead sweep: AdamW with a warm-up/decay schedule, a shuffled loader,
     ``trial.restore`` before the loop and ``trial.checkpoint`` every 2 epochs. With ``SATURN_TEST_HANG_AT=k`` its
-    first run (not a resumed one) stops moving after it reports at step k, so a test can kill its sweep there."""
+    first run (not a resumed one) stops moving after it reports at step k, so a test can kill its sweep there;
+    with ``SATURN_TEST_OOM_AT=k`` its first run on several ranks runs out of memory there."""
     lr = trial.suggest_float("lr", 0.01, 0.03)
     torch.manual_seed(0)
     model = Blocks(width=16, depth=2)
@@ -475,6 +476,8 @@ def resumable(trial) -> float:
                 trial.checkpoint(step + 1, model, optimizer, scheduler)
             if start == 0 and step + 1 == hang_at:
                 time.sleep(3600)
+            if start == 0 and step + 1 == int(os.environ.get("SATURN_TEST_OOM_AT", "0")) and trial.world_size > 1:
+                raise torch.OutOfMemoryError("out of memory (a test's: this option does not fit at this step)")
     trial.set_user_attr("started_at_step", start)
     return _full_loss(trial, model)
 

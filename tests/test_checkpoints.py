@@ -146,3 +146,21 @@ def test_a_trial_whose_rank_dies_or_hangs_is_run_again_from_its_checkpoint(satur
 def test_stall_timeout_is_checked():
     with pytest.raises(ValueError, match="stall_timeout must be a positive number"):
         SaturnExecutor(devices=1, strategies=["single"], stall_timeout=0)
+
+
+@pytest.mark.launch
+def test_a_trial_out_of_memory_at_run_time_goes_on_from_its_checkpoint_under_another_option(saturn_options,
+                                                                                             monkeypatch):
+    study = optuna.create_study()
+    study.enqueue_trial({"lr": 0.02})
+    monkeypatch.setenv("SATURN_TEST_OOM_AT", str(HANG_AT))  # under ddp x2, after its checkpoint at 16
+    SaturnExecutor(devices=2, strategies=["ddp", "single"], **saturn_options).optimize(
+        study, objectives.resumable, n_trials=1, batch_size=1)
+    (trial,) = study.trials  # the same trial, planned again: not a new one
+    assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
+    # another option: single, or ddp with more micro-batches per step (the same global batch in less memory)
+    option = (trial.user_attrs["saturn:strategy"], trial.user_attrs["saturn:gradient_accumulation"])
+    assert option != ("ddp", 1), option
+    assert trial.user_attrs["saturn:resumed_from_step"] == 16
+    assert trial.user_attrs["started_at_step"] == 16
+    assert sorted(trial.intermediate_values) == list(range(4, STEPS + 1, 4))
