@@ -30,8 +30,11 @@ class StudyBridge:
         self.stop_requested = False  # a callback called study.stop()
 
     def ask(self) -> optuna.Trial:
-        with self.lock:
-            return self.study.ask()
+        def ask_now() -> optuna.Trial:
+            with self.lock:
+                return self.study.ask()
+
+        return retrying(ask_now, what="ask for a trial")
 
     def set_attrs(self, trial: optuna.Trial, attrs: dict[str, Any]) -> None:
         """``saturn:``-prefixed user attributes of a trial that is still running."""
@@ -130,8 +133,11 @@ class StudyBridge:
         return self.tell(trial, TrialState.FAIL, attrs={**(attrs or {}), "fail_reason": reason})
 
     def set_study_attr(self, key: str, value: Any) -> None:
-        with self.lock:
-            self.study.set_user_attr(ATTR + key, value)
+        def set_it() -> None:
+            with self.lock:
+                self.study.set_user_attr(ATTR + key, value)
+
+        retrying(set_it, what=f"set the study's {ATTR + key}")
 
     def _keep_log(self, trial: optuna.Trial, log: Path) -> None:
         if self._artifact_store is None or not log.exists():

@@ -9,6 +9,7 @@ from typing import Any
 import optuna
 
 from optuna_saturn._bridge import ATTR
+from optuna_saturn._outbox import retrying
 
 _SUGGEST_METHODS = frozenset({"suggest_float", "suggest_int", "suggest_categorical"})
 
@@ -57,6 +58,10 @@ class TrialSession:
             self.outcome = {"op": op, **{k: v for k, v in message.items() if k != "op"}}
             self.outcome_at = time.time()
             return None
+        # (a storage restarting answers again: its calls wait for it, the worker's with them)
+        return retrying(lambda: self._call_trial_locked(op, message), what=f"answer trial {self.trial.number}'s {op}")
+
+    def _call_trial_locked(self, op: str, message: dict) -> Any:
         with self._lock:
             return self._call_trial(op, message)
 
@@ -91,8 +96,12 @@ class TrialSession:
 
     def _checkpointed(self, record: dict) -> None:
         self.checkpoint = record
-        with self._lock:
-            self.trial.set_user_attr(ATTR + "checkpoint", record)
+
+        def record_it() -> None:
+            with self._lock:
+                self.trial.set_user_attr(ATTR + "checkpoint", record)
+
+        retrying(record_it, what=f"record trial {self.trial.number}'s checkpoint")
 
     def _progress(self, message: dict) -> None:
         now = time.time()
