@@ -109,7 +109,6 @@ class _Waiting:
     planned_start: float = 0.0  # seconds since the sweep started
     planned_end: float = 0.0
     attempts: int = 0  # runs that failed under an option tried for the first time (then left out)
-    resume: checkpoint.CheckpointRecord | None = None  # the checkpoint an earlier run of its params left
 
 
 @dataclass
@@ -192,7 +191,8 @@ class Sweep:
         self._plan_version = self._voi_version = 0  # plans made; the plan whose profiling value was judged
         self._planning_seconds = 0.0
         self._owner = Owner.of_this_process()
-        self._resumes: dict[int, checkpoint.CheckpointRecord | None] = {}  # per trial asked
+        #: per trial asked, the checkpoint its next run resumes from (an earlier run's of its params, or its own)
+        self._resumes: dict[int, checkpoint.CheckpointRecord | None] = {}
         self._checkpoint_root = (settings.checkpoint_dir or settings.log_dir / "checkpoints") / _safe(study.study_name)
 
     def _notify(self, method: str, *args: Any) -> None:
@@ -304,7 +304,7 @@ class Sweep:
                 _logger.warning(f"Trial {trial.number} failed: {reason}.")
                 self._trial_ended(frozen, self._elapsed())
                 continue
-            self._waiting[trial.number] = _Waiting(trial, price, resume=self._resumes[trial.number])
+            self._waiting[trial.number] = _Waiting(trial, price)
             self._seen.append(weighed([p.option for p in price.options], price.options))
             self._plan_dirty = True
             if self.settings.profile_only:
@@ -353,8 +353,6 @@ class Sweep:
             _logger.warning(f"Trial {trial.number} runs again from the start: none of its options can load its "
                             f"{record.format} checkpoint of {record.world_size} rank(s).")
             self._resumes[trial.number] = None
-            if trial.number in self._waiting:
-                self._waiting[trial.number].resume = None
             return options
         return able
 
@@ -389,8 +387,9 @@ class Sweep:
             if record is not None and not record.observed and workload is not None:
                 loop_seconds = record.trial_steps(workload.total_steps) * record.step_seconds
                 option = replace(option, runtime=self._estimator.corrected(option.runtime, loop_seconds))
-            if waiting.resume is not None and workload is not None and workload.total_steps:
-                left = max(0.0, 1.0 - waiting.resume.step / workload.total_steps)  # its steps after the checkpoint
+            resume = self._resumes.get(waiting.trial.number)
+            if resume is not None and workload is not None and workload.total_steps:
+                left = max(0.0, 1.0 - resume.step / workload.total_steps)  # its steps after the checkpoint
                 option = replace(option, runtime=max(option.runtime * left, 1e-3))
             out.append(option)
         return out
@@ -554,9 +553,10 @@ class Sweep:
         session = TrialSession(trial, self._bridge.lock)
         key = f"trial-{trial.number}"
         spec = self._spec(session, trial.number, strategy, key, gradient_accumulation=assignment.option.gradient_accumulation)
+        resume = self._resumes.get(trial.number)
         spec["checkpoint"] = {
             "dir": str(self._checkpoint_root / f"trial-{trial.number}"),
-            "resume": None if waiting.resume is None else waiting.resume.to_json(),
+            "resume": None if resume is None else resume.to_json(),
         }
         run = _TrialRun(
             key, tuple(assignment.devices), self._elapsed(), self._run_dir / f"trial-{trial.number}.log",
@@ -800,8 +800,9 @@ class Sweep:
     def _remove_checkpoints(self, run: _TrialRun) -> None:
         """A trial that ended needs no checkpoint: neither its own nor the one it resumed from."""
         checkpoint.remove(self._checkpoint_root / f"trial-{run.session.trial.number}")
-        if run.waiting.resume is not None:
-            checkpoint.remove(Path(run.waiting.resume.path).parent)
+        resume = self._resumes.get(run.session.trial.number)
+        if resume is not None:
+            checkpoint.remove(Path(resume.path).parent)
 
     def _trial_ended(self, frozen: FrozenTrial, now: float, *, call_back: bool = True) -> None:
         """What follows every trial's end: the listeners, then Optuna's callbacks and ``gc_after_trial``, in this
@@ -841,8 +842,7 @@ class Sweep:
             f"Trial {waiting.trial.number} failed under {option.label}, the first run of that option for its "
             f"workload ({error}); the option is left out and the trial is planned again."
         )
-        self._waiting[waiting.trial.number] = _Waiting(waiting.trial, price, attempts=waiting.attempts + 1,
-                                                       resume=self._resumes.get(waiting.trial.number))
+        self._waiting[waiting.trial.number] = _Waiting(waiting.trial, price, attempts=waiting.attempts + 1)
         return True
 
     def _learn_from(self, run: _TrialRun, state: TrialState) -> bool:

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
+from optuna_saturn import checkpoint
 from optuna_saturn.sharding import OnBatch, ShardedDataLoader
 
 
@@ -47,7 +48,7 @@ class Engine:
     #: Trainer's ``gradient_accumulation_steps``, cannot be followed.
     counts_micro_batches = False
     #: How trial.checkpoint() saves this engine's training state (see :mod:`optuna_saturn.checkpoint`).
-    checkpoint_format = "torch.distributed.checkpoint"
+    checkpoint_format = checkpoint.DCP
 
     def __init__(self, context: WorkerContext) -> None:
         self.context = context

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from optuna_saturn import checkpoint
 from optuna_saturn.engines import _clipping
 from optuna_saturn.engines._base import Engine, StrategyMismatch
 
@@ -72,7 +73,7 @@ class DeepSpeedEngine(Engine):
         return int(self.context.launcher_config.get("zero_optimization", {}).get("stage", 0))
 
     counts_micro_batches = True
-    checkpoint_format = "deepspeed"  # its own: the ZeRO partitions and its engine's counters
+    checkpoint_format = checkpoint.DEEPSPEED  # its own: the ZeRO partitions and its engine's counters
 
     @property
     def shards_parameters(self) -> bool:  # type: ignore[override]
