@@ -8,11 +8,10 @@ reports could do).
 Usage: ``python benchmarks/simulation.py [--seeds 5]``."""
 
 import argparse
-import random
 import statistics
 
 import _common  # noqa: F401
-from workloads import markdown_table, paper_like, random_workload
+from workloads import markdown_table, noisy_outcomes, paper_like, random_workload
 
 from optuna_saturn.planner import Cluster
 from optuna_saturn.simulator import simulate
@@ -32,9 +31,7 @@ def main() -> None:
         out = {m: [] for m in ("static", "replan", "clairvoyant", "replan-estimated")}
         util = {m: [] for m in out}
         for seed in range(args.seeds):
-            rng = random.Random(seed)
-            noise = {j.name: rng.uniform(0.8, 1.2) for j in jobs}
-            prunes = {j.name: rng.uniform(0.1, 0.6) for j in jobs if rng.random() < args.prune_rate}
+            noise, prunes = noisy_outcomes(jobs, seed, prune_rate=args.prune_rate)
             for mode in out:
                 r = simulate(jobs, cluster, noise=noise, prune_at=prunes, mode=mode.split("-")[0],
                              time_limit=args.time_limit, seed=seed, observe_step_rate=mode == "replan")

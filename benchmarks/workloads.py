@@ -40,6 +40,10 @@ each device processes ``B / N`` sequences per step, in ``k`` micro-batches of ``
   a fresh interpreter, its imports and NCCL's initialisation each time). optuna-saturn's warm workers start once
   per sweep (``POOL_START_SECONDS``, the same 60 s) and each trial then pays a new process group
   (``WARM_JOB_SECONDS``: an NCCL communicator for up to 8 GPUs, a few seconds; assumption 10 s) plus its model load.
+- Elastic resize (a running trial checkpointed, stopped and restarted under another option): its checkpoint of
+  ``16P`` bytes (the model states above) written and read back at ``CHECKPOINT_BANDWIDTH`` (a node-local NVMe
+  at 2 GB/s, assumption), a new process group (``WARM_JOB_SECONDS``) and the model load; the steps since its
+  last checkpoint are not lost (the executor stops a moved trial right after a checkpoint).
 - Profiling: a measured option costs its set-up (``WARM_JOB_SECONDS`` plus the model load) and
   ``PROFILE_STEPS`` steps (2 warm-up and 5 timed, the executor's default), on all of its devices.
 
@@ -74,6 +78,7 @@ OVERLAP = 0.5
 STARTUP_SECONDS = 60.0
 LOAD_BANDWIDTH = 2e9
 WARM_JOB_SECONDS = 10.0
+CHECKPOINT_BANDWIDTH = 2e9
 POOL_START_SECONDS = STARTUP_SECONDS
 PROFILE_STEPS = 7
 DEVICE_COUNTS = (1, 2, 4, 8)
@@ -189,6 +194,26 @@ def paper_like(*, startup: float = STARTUP_SECONDS) -> list[Job]:
             for lr in LEARNING_RATES:
                 jobs.append(Job(f"{model.name}-b{batch}-lr{lr:g}", model_options(model, batch, startup=startup)))
     return jobs
+
+
+def paper_like_restart_seconds() -> dict[str, float]:
+    """Per trial of :func:`paper_like`, the seconds an elastic resize costs it (see the module's docstring)."""
+    costs = {}
+    for model, batches in PAPER_LIKE:
+        for batch in batches:
+            seconds = 2 * 16 * model.params / CHECKPOINT_BANDWIDTH + WARM_JOB_SECONDS + 2 * model.params / LOAD_BANDWIDTH
+            for lr in LEARNING_RATES:
+                costs[f"{model.name}-b{batch}-lr{lr:g}"] = seconds
+    return costs
+
+
+def noisy_outcomes(jobs: list[Job], seed: int, *, prune_rate: float = 0.3) -> tuple[dict[str, float], dict[str, float]]:
+    """What really happens to ``jobs`` in a seeded sweep: each true runtime is the estimate times U(0.8, 1.2), and
+    each trial is pruned with probability ``prune_rate`` at U(0.1, 0.6) of its steps. Returns (noise, prune_at)."""
+    rng = random.Random(seed)
+    noise = {j.name: rng.uniform(0.8, 1.2) for j in jobs}
+    prunes = {j.name: rng.uniform(0.1, 0.6) for j in jobs if rng.random() < prune_rate}
+    return noise, prunes
 
 
 def paper_like_profiling_seconds() -> float:

@@ -30,7 +30,7 @@ from optuna_saturn.engines import _clipping
 from optuna_saturn.integrations import _guard as accelerate_guard
 from optuna_saturn.microbatch import AccumulationError
 from optuna_saturn.strategy import Strategy
-from optuna_saturn.trial import ProfileComplete, SaturnTrial
+from optuna_saturn.trial import ProfileComplete, SaturnTrial, TrialMoved
 
 
 @dataclass(frozen=True)
@@ -163,6 +163,8 @@ def _run_once(
         if trial.profile_timings is not None:
             return measured()
         return {"op": "pruned", "message": str(exc)}
+    except TrialMoved as exc:  # the executor goes on with it elsewhere, from the checkpoint just saved
+        return {"op": "moved", "step": exc.step}
     except BaseException as exc:  # the trial failed; the sweep goes on
         traceback.print_exc()
         error = f"{type(exc).__name__}: {exc}"

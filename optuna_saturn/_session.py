@@ -35,6 +35,9 @@ class TrialSession:
         self.step_seconds: float | None = None
         self.resumed_from = 0  # the step the run resumed from its checkpoint (its steps before ran earlier)
         self.checkpoint: dict[str, Any] | None = None  # the latest checkpoint the run saved (its record)
+        self.checkpoint_steps: list[int] = []  # the steps the run checkpointed at
+        self.checkpoint_seconds = 0.0  # how long its latest checkpoint took to save
+        self.move_requested = False  # the sweep moves the trial elsewhere at its next checkpoint (elastic resize)
         self._reported: set[int] | None = None  # steps with an intermediate value (inherited ones included)
         self._loops: dict[int, int] = {}  # loop index -> its steps (epochs, when the objective loops per epoch)
 
@@ -53,8 +56,8 @@ class TrialSession:
             self.outcome_at = time.time()
             return None
         if op == "checkpointed":
-            return self._checkpointed(message["record"])
-        if op in ("result", "pruned", "fail"):
+            return self._checkpointed(message["record"], float(message.get("seconds", 0.0)))
+        if op in ("result", "pruned", "fail", "moved"):
             self.outcome = {"op": op, **{k: v for k, v in message.items() if k != "op"}}
             self.outcome_at = time.time()
             return None
@@ -94,14 +97,18 @@ class TrialSession:
         self.trial.report(value, step)
         self._reported.add(step)
 
-    def _checkpointed(self, record: dict) -> None:
-        self.checkpoint = record
+    def _checkpointed(self, record: dict, seconds: float) -> bool:
+        """Records the checkpoint; answers whether the run is to stop here, to be moved (the sweep asked)."""
+        self.checkpoint, self.checkpoint_seconds = record, seconds
+        self.checkpoint_steps.append(int(record["step"]))
 
         def record_it() -> None:
             with self._lock:
                 self.trial.set_user_attr(ATTR + "checkpoint", record)
 
         retrying(record_it, what=f"record trial {self.trial.number}'s checkpoint")
+        # (a checkpoint after the last step leaves nothing to move)
+        return self.move_requested and (self.total_steps is None or int(record["step"]) < self.total_steps)
 
     def _progress(self, message: dict) -> None:
         now = time.time()

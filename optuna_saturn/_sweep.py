@@ -28,7 +28,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from optuna_saturn import checkpoint
+from optuna_saturn import _elastic, checkpoint
 from optuna_saturn._bridge import ATTR, StudyBridge
 from optuna_saturn._outbox import STORAGE_ERRORS, Outbox
 from optuna_saturn._ownership import (
@@ -40,8 +40,8 @@ from optuna_saturn._voi import profile_gain, worth_measuring
 from optuna_saturn.channel import ChannelServer
 from optuna_saturn.devices import Device, pin_cores
 from optuna_saturn.estimates import RuntimeEstimator
-from optuna_saturn.events import ProfileEvent, SweepListener, TrialProgress, TrialStart
-from optuna_saturn.planner import Assignment, Cluster, Job, Option, Plan, Reservation, replan
+from optuna_saturn.events import ProfileEvent, SweepListener, TrialMove, TrialProgress, TrialStart
+from optuna_saturn.planner import Assignment, Cluster, Job, Option, Plan, Reservation, best_resize, replan
 from optuna_saturn.planner._types import option_label
 from optuna_saturn.profiler import ProfileStore
 from optuna_saturn.runner import LaunchedTrial, LocalRunner, build_launch
@@ -96,6 +96,7 @@ class SweepSettings:
     checkpoint_dir: Path | None = None  # where trials' checkpoints go (None: <log_dir>/checkpoints)
     keep_checkpoints: bool = False  # keep them after a trial ends COMPLETE or PRUNED
     stall_timeout: float | None = None  # seconds without progress after which a trial is stopped (None: derived)
+    elastic: bool = True  # move a running trial that checkpoints to another option when the sweep ends sooner
     worker_memory_limit: float | None = None  # bytes: a warm worker that grows past it is replaced
 
 
@@ -109,6 +110,7 @@ class _Waiting:
     planned_start: float = 0.0  # seconds since the sweep started
     planned_end: float = 0.0
     attempts: int = 0  # runs that failed under an option tried for the first time (then left out)
+    moves: list[dict] = field(default_factory=list)  # where the sweep moved it from while it ran (elastic resize)
 
 
 @dataclass
@@ -193,6 +195,8 @@ class Sweep:
         self._owner = Owner.of_this_process()
         #: per trial asked, the checkpoint its next run resumes from (an earlier run's of its params, or its own)
         self._resumes: dict[int, checkpoint.CheckpointRecord | None] = {}
+        self._moves_due = False  # a job ended since moves were last weighed
+        self._checkpoints_seen = 0  # checkpoints the running trials had saved when moves were last weighed
         self._checkpoint_root = (settings.checkpoint_dir or settings.log_dir / "checkpoints") / _safe(study.study_name)
 
     def _notify(self, method: str, *args: Any) -> None:
@@ -235,6 +239,7 @@ class Sweep:
                     if self._plan_due():
                         self._plan()
                         self._dispatch(pool, runner)
+                    self._consider_moves()
                     self._profile(pool, runner)
                     self._relay_progress()
                     self._stop_stalled(pool, runner)
@@ -721,6 +726,69 @@ class Sweep:
                 else:
                     pool.stop(run.key, reason=run.stalled)
 
+    # -- elastic resize ---------------------------------------------------------------------------------------------
+    def _consider_moves(self) -> None:
+        """Elastic resize (:mod:`optuna_saturn._elastic`): once a device freed or a running trial checkpointed,
+        whether stopping one running trial at its next checkpoint and going on under another option ends the
+        plan sooner than keeping every trial where it is, by more than the move costs (twice: the plan does not
+        foresee prunes). At most one move is pending at a time."""
+        if not self.settings.elastic or self.settings.profile_only:
+            return
+        runs = [r for r in self._running.values() if isinstance(r, _TrialRun)]
+        checkpoints = sum(len(r.session.checkpoint_steps) for r in runs)
+        due = self._moves_due or (checkpoints != self._checkpoints_seen and self._a_device_is_free())
+        self._checkpoints_seen = checkpoints
+        if not due or any(r.session.move_requested for r in runs):
+            return
+        self._moves_due = False
+        now = self._elapsed()
+        movable, costs = {}, {}
+        engines = {name: s.engine for name, s in self._strategies.items()}
+        for run in runs:
+            if len(run.waiting.moves) >= _elastic.MAX_MOVES or run.session.checkpoint is None:
+                continue
+            options = self._options(run.waiting)
+            current = next((o for o in options if o.choice == run.waiting.assignment.option.choice), None)
+            if current is None:
+                continue
+            startup = (run.session.first_step_at - self._start - run.started) if run.session.first_step_at else 0.0
+            costs[run.key] = _elastic.move_cost_seconds(run.session, startup)
+            rest = _elastic.rest_of_run(run.key, run.session, options, current, self._remaining(run, now),
+                                        engines=engines, cost=costs[run.key])
+            if rest is not None:
+                movable[run.key] = rest
+        if not movable:
+            return
+        jobs, busy = self._jobs_and_busy()
+        previous = [w.assignment for w in self._waiting.values() if w.assignment is not None]
+        move = best_resize(jobs, self._cluster, busy=busy, movable=movable,
+                           previous=Plan(tuple(previous)) if previous else None, solver=_URGENT_SOLVER,
+                           time_limit=_REPLAN_SECONDS, min_gain=costs)
+        if move is None:
+            return
+        run = self._running[move.job]
+        run.session.move_requested = True
+        target = move.plan.for_job(move.job).option
+        self._notify("on_trial_move", TrialMove(
+            run.session.trial.number, run.waiting.assignment.option.label, target.label, "asked",
+            summary=f"the plan then ends in {move.makespan:.0f} s instead of {move.kept_makespan:.0f} s (the move "
+                    f"costs about {costs[move.job]:.1f} s)"))
+
+    def _continue_moved(self, run: _TrialRun) -> None:
+        """A trial stopped at its checkpoint to move: it waits again, to resume from that checkpoint under an
+        option other than the one it left (the plan picks which), and stays RUNNING in the study meanwhile."""
+        waiting, session = run.waiting, run.session
+        number, left = session.trial.number, waiting.assignment.option
+        self._resumes[number] = checkpoint.CheckpointRecord.from_json(session.checkpoint)
+        price = self._price(session.trial)
+        others = [p for p in price.options if p.option.choice != left.choice]
+        price.options = others or price.options
+        moves = [*waiting.moves, {"from": left.label, "at_step": int(session.checkpoint["step"]),
+                                  "at": round(self._elapsed(), 3)}]
+        self._bridge.set_attrs(session.trial, {"moves": moves})
+        self._waiting[number] = _Waiting(session.trial, price, attempts=waiting.attempts, moves=moves)
+        self._notify("on_trial_move", TrialMove(number, left.label, "", "stopped", step=moves[-1]["at_step"]))
+
     # -- ends -------------------------------------------------------------------------------------------------------
     def _launches_ended(self, runner: LocalRunner) -> list[JobEnd]:
         return [JobEnd(l.key, self._running[l.key].devices, code == 0, f"exit code {code}")
@@ -737,6 +805,7 @@ class Sweep:
             now = self._elapsed()
             for d in run.devices:
                 self._device_free_since[d] = now
+            self._moves_due = True
             if isinstance(run, _TrialRun):
                 measured |= self._finish_trial(run, end)
             else:
@@ -756,6 +825,9 @@ class Sweep:
         op = outcome.get("op")
         if op == "fail" and not reason and self._retry_elsewhere(run, outcome):
             return True  # an option left out for its workload
+        if op == "moved" and not reason and not stopping:
+            self._continue_moved(run)
+            return True
         # A rank that died or hung, not the trial's code: the trial is run again (from its checkpoint)
         faulted = not stopping and (bool(run.stalled) or (op is None and not end.clean))
         if run.stalled and not reason:
@@ -842,7 +914,8 @@ class Sweep:
             f"Trial {waiting.trial.number} failed under {option.label}, the first run of that option for its "
             f"workload ({error}); the option is left out and the trial is planned again."
         )
-        self._waiting[waiting.trial.number] = _Waiting(waiting.trial, price, attempts=waiting.attempts + 1)
+        self._waiting[waiting.trial.number] = _Waiting(waiting.trial, price, attempts=waiting.attempts + 1,
+                                                       moves=waiting.moves)
         return True
 
     def _learn_from(self, run: _TrialRun, state: TrialState) -> bool:

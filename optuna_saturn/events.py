@@ -43,6 +43,20 @@ class ProfileEvent:
     summary: str = ""
 
 
+@dataclass(frozen=True)
+class TrialMove:
+    """Elastic resize of a running trial: ``phase`` "asked" (it stops at its next checkpoint, to go on under
+    ``to_option``; ``summary`` says what the plan gains) or "stopped" (it did, at ``step``; it starts again
+    under the option the next plan gives it)."""
+
+    number: int
+    from_option: str  # e.g. "singlex1"
+    to_option: str
+    phase: str
+    step: int = 0
+    summary: str = ""
+
+
 class SweepListener:
     """Override what you need; every method defaults to doing nothing. Times are seconds since the sweep began."""
 
@@ -59,6 +73,9 @@ class SweepListener:
         pass
 
     def on_trial_progress(self, study: optuna.Study, progress: TrialProgress) -> None:
+        pass
+
+    def on_trial_move(self, study: optuna.Study, move: TrialMove) -> None:
         pass
 
     def on_trial_end(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, now: float) -> None:

@@ -77,6 +77,11 @@ class SaturnExecutor:
             for hung (a deadlocked collective, a stuck loader), stopped, and run again like a trial whose rank died
             (``max_retries``, from its checkpoint). ``None``: the longest of 2 minutes, half its planned runtime and
             50 of its steps.
+        elastic: move a running trial to another strategy or device count (elastic resize) when the plan says the
+            sweep then ends sooner by more than twice what the move costs: a long trial left alone on one device
+            at the sweep's tail takes the devices that freed, say. Only trials that checkpoint move (once they
+            saved a checkpoint in their run): the trial stops right after its next ``trial.checkpoint`` and goes
+            on from it under the new option (``saturn:moves`` records each move). At most two moves per trial.
     """
 
     def __init__(
@@ -104,6 +109,7 @@ class SaturnExecutor:
         checkpoint_dir: str | os.PathLike | None = None,
         keep_checkpoints: bool = False,
         stall_timeout: float | None = None,
+        elastic: bool = True,
     ) -> None:
         if stall_timeout is not None and not stall_timeout > 0:
             raise ValueError(f"stall_timeout must be a positive number of seconds or None, got {stall_timeout!r}.")
@@ -123,7 +129,7 @@ class SaturnExecutor:
             ),
             profile_budget=profile_budget, profile_steps=tuple(profile_steps), worker_memory_limit=worker_memory_limit,
             max_retries=max_retries, checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir),
-            keep_checkpoints=bool(keep_checkpoints), stall_timeout=stall_timeout,
+            keep_checkpoints=bool(keep_checkpoints), stall_timeout=stall_timeout, elastic=bool(elastic),
         )
 
     def optimize(

@@ -17,7 +17,7 @@ from typing import IO, Literal
 
 import optuna
 
-from optuna_saturn.events import ProfileEvent, SweepListener, TrialProgress, TrialStart
+from optuna_saturn.events import ProfileEvent, SweepListener, TrialMove, TrialProgress, TrialStart
 from optuna_saturn.planner import Plan
 
 ProgressMode = Literal["auto", "rich", "plain", "quiet"]
@@ -132,6 +132,13 @@ def format_duration(seconds: float | None) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
+def describe_move(move: TrialMove) -> str:
+    if move.phase == "asked":
+        return (f"trial {move.number} moves from {move.from_option} to {move.to_option} at its next checkpoint"
+                + (f": {move.summary}" if move.summary else ""))
+    return f"trial {move.number} stopped under {move.from_option} at step {move.step}, to go on under another option"
+
+
 class QuietProgress(SweepListener):
     """Shows nothing (the sweep's own log lines still go wherever logging sends them)."""
 
@@ -184,6 +191,9 @@ class PlainProgress(SweepListener):
         total = f"/{status.total}" if status.total else ""
         self._write(f"trial {status.number}: step {status.step}{total}, ETA {format_duration(status.remaining(now))}"
                     f"; sweep ETA {format_duration(self.tracker.sweep_remaining(now))}")
+
+    def on_trial_move(self, study: optuna.Study, move: TrialMove) -> None:
+        self._write(describe_move(move))
 
     def on_trial_end(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, now: float) -> None:
         status = self.tracker.trial_end(trial, now)
@@ -249,6 +259,9 @@ class RichProgress(SweepListener):
     def on_trial_progress(self, study: optuna.Study, progress: TrialProgress) -> None:
         with self._lock:
             self.tracker.trial_progress(progress)
+
+    def on_trial_move(self, study: optuna.Study, move: TrialMove) -> None:
+        self.console.print(describe_move(move))  # above the live table
 
     def on_trial_end(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, now: float) -> None:
         with self._lock:

@@ -38,6 +38,17 @@ class ProfileComplete(BaseException):
     BaseException, so the objective's own ``except Exception`` does not swallow it."""
 
 
+class TrialMoved(BaseException):
+    """Raised by :meth:`SaturnTrial.checkpoint` right after a checkpoint the executor asked for to move the trial
+    (elastic resize): the run ends there, and the trial goes on from that checkpoint under another option. A
+    ``BaseException``, like ``KeyboardInterrupt``, so that an objective's ``except Exception`` does not keep the
+    run going."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"moved at step {step}")
+        self.step = step
+
+
 @dataclass
 class StepTimings:
     """What a profiling run measured of the training loops.
@@ -364,7 +375,9 @@ class SaturnTrial:
         """Save the training state after ``step`` steps (the prepared model and optimizer, the LR scheduler, the
         random generators), so that if this trial's sweep dies, the trial run again resumes here. Call it on
         every rank (saving shards is collective), every few hundred steps or at the end of an epoch; only the
-        latest checkpoint is kept, and it is removed once the trial ends COMPLETE or PRUNED::
+        latest checkpoint is kept, and it is removed once the trial ends COMPLETE or PRUNED. A trial that
+        checkpoints may also be moved by the executor to another strategy or device count while it runs (elastic
+        resize): the run then ends inside this call, and the trial goes on from this checkpoint::
 
             start = trial.restore(model, optimizer, scheduler)   # 0 unless an earlier run left a checkpoint
             for step in trial.steps(total, start=start):
@@ -383,9 +396,11 @@ class SaturnTrial:
 
         from optuna_saturn import checkpoint
 
+        started = time.perf_counter()
         record = checkpoint.save(self._engine, Path(self._checkpoint_dir), step, model, optimizer, scheduler,
                                  group=self._group)
-        self._relay("checkpointed", record=record.to_json())
+        if self._ask_and_broadcast("checkpointed", record=record.to_json(), seconds=time.perf_counter() - started):
+            raise TrialMoved(step)  # the executor moves this trial to another option: it goes on from here
 
     def restore(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,

@@ -448,7 +448,10 @@ def resumable(trial) -> float:
     """What a user writes to survive a dead sweep: AdamW with a warm-up/decay schedule, a shuffled loader,
     ``trial.restore`` before the loop and ``trial.checkpoint`` every 2 epochs. With ``SATURN_TEST_HANG_AT=k`` its
     first run (not a resumed one) stops moving after it reports at step k, so a test can kill its sweep there;
-    with ``SATURN_TEST_OOM_AT=k`` its first run on several ranks runs out of memory there."""
+    with ``SATURN_TEST_OOM_AT=k`` its first run on several ranks runs out of memory there. ``SATURN_TEST_EPOCHS``
+    sets its length, ``SATURN_TEST_STEP_SLEEP`` adds seconds to each step (divided by the ranks with
+    ``SATURN_TEST_SLEEP_SPLIT=1``: more devices then run it faster), and ``SATURN_TEST_PRUNE_AT=n:k`` prunes trial
+    ``n`` at step ``k``."""
     lr = trial.suggest_float("lr", 0.01, 0.03)
     torch.manual_seed(0)
     model = Blocks(width=16, depth=2)
@@ -456,7 +459,10 @@ def resumable(trial) -> float:
     loader = torch.utils.data.DataLoader(regression_data(64), batch_size=16, shuffle=True)
     model, optimizer, loader = trial.prepare(model, optimizer, loader)
     per_epoch = len(loader)
-    total = RESUMABLE_EPOCHS * per_epoch
+    total = int(os.environ.get("SATURN_TEST_EPOCHS", RESUMABLE_EPOCHS)) * per_epoch
+    sleep = float(os.environ.get("SATURN_TEST_STEP_SLEEP", "0"))
+    sleep /= trial.world_size if os.environ.get("SATURN_TEST_SLEEP_SPLIT") else 1
+    prune_trial, _, prune_at = os.environ.get("SATURN_TEST_PRUNE_AT", "-1:0").partition(":")
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=total)
     start = trial.restore(model, optimizer, scheduler)
     hang_at = int(os.environ.get("SATURN_TEST_HANG_AT", "0"))
@@ -469,9 +475,11 @@ def resumable(trial) -> float:
             trial.backward(torch.nn.functional.mse_loss(model(mx), my))
         optimizer.step()
         scheduler.step()
-        time.sleep(float(os.environ.get("SATURN_TEST_STEP_SLEEP", "0")))
+        time.sleep(sleep)
         if (step + 1) % per_epoch == 0:
             trial.report(_full_loss(trial, model), step + 1)
+            if trial.number == int(prune_trial) and step + 1 == int(prune_at):
+                raise optuna.TrialPruned()
             if (step + 1) % (2 * per_epoch) == 0:
                 trial.checkpoint(step + 1, model, optimizer, scheduler)
             if start == 0 and step + 1 == hang_at:

@@ -9,6 +9,7 @@ from optuna_saturn.planner._baselines import sequential_max, task_parallel
 from optuna_saturn.planner._bounds import lower_bound
 from optuna_saturn.planner._options import prune_options
 from optuna_saturn.planner._replan import replan
+from optuna_saturn.planner._resize import Resize, best_resize, remaining_job
 from optuna_saturn.planner._solve import SOLVERS, solve
 from optuna_saturn.planner._types import Assignment, Cluster, Job, Option, Plan, Reservation
 from optuna_saturn.planner._validate import plan_problems, validate
@@ -20,10 +21,13 @@ __all__ = [
     "Option",
     "Plan",
     "Reservation",
+    "Resize",
     "SOLVERS",
+    "best_resize",
     "lower_bound",
     "plan_problems",
     "prune_options",
+    "remaining_job",
     "replan",
     "sequential_max",
     "solve",
