@@ -2,7 +2,9 @@
 the first run stopped instead of from scratch.
 
 What is saved: the model, the optimizer, the LR scheduler, the random generators (rank 0's, as every rank draws
-from them alike: see :mod:`optuna_saturn.sharding`) and the step. Where: one folder per trial, ``step-<k>`` in it
+from them alike: see :mod:`optuna_saturn.sharding`), where each prepared DataLoader's pass stands
+(:mod:`optuna_saturn._positions`: a run resumed mid-epoch trains on the batches the first run would have) and the
+step. Where: one folder per trial, ``step-<k>`` in it
 for the latest checkpoint only, written under a temporary name and renamed when complete (a checkpoint that a kill
 cut short is never taken for one). Its record (:class:`CheckpointRecord`) is the trial's ``saturn:checkpoint``
 user attribute.
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import random
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -31,6 +32,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from optuna_saturn._random_state import capture, restore
 
 DCP = "torch.distributed.checkpoint"
 DEEPSPEED = "deepspeed"
@@ -77,9 +80,11 @@ def exists(record: CheckpointRecord) -> bool:
 
 def save(
     engine: Any, folder: Path, step: int, model: torch.nn.Module, optimizer: Any, scheduler: Any, *, group: Any,
+    loaders: list[Any] = (),
 ) -> CheckpointRecord:
-    """Save the training state at ``step`` in ``folder`` (collective: every rank calls it). Returns the record,
-    on every rank; older checkpoints of the trial are removed once this one is complete."""
+    """Save the training state at ``step`` in ``folder`` (collective: every rank calls it), with ``loaders``
+    (where each prepared loader's pass stands, :mod:`optuna_saturn._positions`). Returns the record, on every
+    rank; older checkpoints of the trial are removed once this one is complete."""
     context = engine.context
     fmt = engine.checkpoint_format
     final = folder / f"step-{step}"
@@ -87,7 +92,7 @@ def save(
     if context.rank == 0:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
-    trainer = _trainer_state(step, scheduler, context.world_size, group)
+    trainer = _trainer_state(step, scheduler, list(loaders), context.world_size, group)
     _barrier(context.world_size, group)  # the folder exists for every rank
     if fmt == DEEPSPEED:
         model.save_checkpoint(str(partial), tag=_TAG, client_state={"saturn": trainer})
@@ -109,9 +114,9 @@ def save(
 
 
 def load(engine: Any, record: CheckpointRecord, model: torch.nn.Module, optimizer: Any, scheduler: Any,
-         *, group: Any) -> int:
+         *, group: Any) -> tuple[int, list[Any]]:
     """Load ``record`` into the prepared model, optimizer and scheduler, and the random generators; returns its
-    step. Collective."""
+    step and the loaders' positions it saved. Collective."""
     if record.format == DEEPSPEED:
         _, client = model.load_checkpoint(record.path, tag=_TAG, load_optimizer_states=optimizer is not None,
                                           load_lr_scheduler_states=False)
@@ -128,8 +133,8 @@ def load(engine: Any, record: CheckpointRecord, model: torch.nn.Module, optimize
     saved = pickle.loads(trainer)  # noqa: S301 (our own file, in the sweep's folder)
     if scheduler is not None and saved["scheduler"] is not None:
         scheduler.load_state_dict(saved["scheduler"])
-    _set_random_states(saved["random"])
-    return int(saved["step"])
+    restore(saved["random"])
+    return int(saved["step"]), list(saved.get("loaders", []))
 
 
 def remove(path: str | Path) -> None:
@@ -148,42 +153,18 @@ def _dcp_group(group: Any) -> Any:
     return group if dist.is_available() and dist.is_initialized() else None
 
 
-def _trainer_state(step: int, scheduler: Any, world_size: int, group: Any) -> bytes:
-    """The step, the scheduler and rank 0's random generators, as one blob that every rank holds alike (the
-    checkpoint keeps one copy of what is not a tensor)."""
+def _trainer_state(step: int, scheduler: Any, loaders: list[Any], world_size: int, group: Any) -> bytes:
+    """The step, the scheduler, rank 0's random generators and its loaders' positions, as one blob that every
+    rank holds alike (the checkpoint keeps one copy of what is not a tensor)."""
     blob: list[Any] = [None]
     if world_size == 1 or dist.get_rank(group) == 0:
         blob = [pickle.dumps({
             "step": int(step), "scheduler": None if scheduler is None else scheduler.state_dict(),
-            "random": _random_states(),
+            "random": capture(cuda=True), "loaders": loaders,
         })]
     if world_size > 1:
         dist.broadcast_object_list(blob, src=0, group=group)
     return blob[0]
-
-
-def _random_states() -> dict[str, Any]:
-    states: dict[str, Any] = {"torch": torch.get_rng_state(), "random": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states["cuda"] = torch.cuda.get_rng_state()
-    try:
-        import numpy
-
-        states["numpy"] = numpy.random.get_state()
-    except ImportError:
-        pass
-    return states
-
-
-def _set_random_states(states: dict[str, Any]) -> None:
-    torch.set_rng_state(states["torch"])
-    random.setstate(states["random"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state(states["cuda"])
-    if "numpy" in states:
-        import numpy
-
-        numpy.random.set_state(states["numpy"])
 
 
 def _barrier(world_size: int, group: Any) -> None:

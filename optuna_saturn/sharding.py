@@ -23,7 +23,6 @@ copies out. Which rows the rank got of the batch just yielded is reported throug
 
 from __future__ import annotations
 
-import random
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
+from optuna_saturn._random_state import capture, restore
 from optuna_saturn.microbatch import batch_rows, partition, take_rows
 
 @dataclass(frozen=True)
@@ -143,10 +143,10 @@ class ShardedDataLoader(LoaderView):
         generators = [g for g in (self.loader.generator, getattr(self.loader.sampler, "generator", None)) if g]
         states: list[Any] = [None]
         if self._rank == 0:
-            states = [_random_states(generators)]
+            states = [capture(generators)]
         dist.broadcast_object_list(states, src=0, group=self._group)
         if self._rank != 0:
-            _set_random_states(states[0], generators)
+            restore(states[0], generators)
 
 
 class _RankBatchSampler:
@@ -186,28 +186,3 @@ def _check_shardable(loader: DataLoader) -> None:
             "This DataLoader has in_order=False: its batch order would depend on worker timing, and so would the "
             "trial's result. Use in_order=True (the default)."
         )
-
-
-def _random_states(generators: list[torch.Generator]) -> dict:
-    states: dict[str, Any] = {
-        "torch": torch.get_rng_state(), "random": random.getstate(),
-        "generators": [g.get_state() for g in generators],
-    }
-    try:
-        import numpy
-
-        states["numpy"] = numpy.random.get_state()
-    except ImportError:
-        pass
-    return states
-
-
-def _set_random_states(states: dict, generators: list[torch.Generator]) -> None:
-    torch.set_rng_state(states["torch"])
-    random.setstate(states["random"])
-    for generator, state in zip(generators, states["generators"]):
-        generator.set_state(state)
-    if "numpy" in states:
-        import numpy
-
-        numpy.random.set_state(states["numpy"])

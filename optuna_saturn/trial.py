@@ -22,6 +22,7 @@ from optuna_saturn.channel import ChannelClient
 from optuna_saturn.checkpoint import CheckpointRecord
 from optuna_saturn.engines._base import Engine
 from optuna_saturn.microbatch import AccumulationError, split_batch
+from optuna_saturn._positions import PositionedLoader
 from optuna_saturn.sharding import LoaderView, RankRows
 from optuna_saturn.strategy import Strategy
 
@@ -129,6 +130,7 @@ class SaturnTrial:
         self._group = control_group
         self._profile = profile
         self._models: list[torch.nn.Module] = []
+        self._loaders: list[PositionedLoader] = []  # prepared DataLoaders, in the order prepared
         self._micro_batch: _MicroBatch | None = None  # while inside micro_batches()
         self._batch: RankRows | None = None  # this rank's rows of the batch a prepared loader yielded last
         self._steps_done = 0  # steps of the loops that ended (epochs before the current one)
@@ -249,7 +251,12 @@ class SaturnTrial:
                 prepared.append(optimizer)
             elif isinstance(obj, DataLoader):
                 loader = self._engine.prepare_dataloader(obj, self._on_batch)
-                prepared.append(loader if self._profile is None else _ProfilingLoader(loader, self))
+                if self._profile is not None:
+                    prepared.append(_ProfilingLoader(loader, self))
+                    continue
+                positioned = PositionedLoader(loader)  # a checkpoint saves where its pass is
+                self._loaders.append(positioned)
+                prepared.append(positioned)
             else:
                 raise TypeError(f"trial.prepare() cannot prepare a {type(obj).__name__}.")
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
@@ -398,7 +405,7 @@ class SaturnTrial:
 
         started = time.perf_counter()
         record = checkpoint.save(self._engine, Path(self._checkpoint_dir), step, model, optimizer, scheduler,
-                                 group=self._group)
+                                 group=self._group, loaders=[loader.position() for loader in self._loaders])
         if self._ask_and_broadcast("checkpointed", record=record.to_json(), seconds=time.perf_counter() - started):
             raise TrialMoved(step)  # the executor moves this trial to another option: it goes on from here
 
@@ -410,16 +417,18 @@ class SaturnTrial:
         loop goes on (``trial.steps(total, start=step)``). Returns 0 and loads nothing on a first run, and in a
         profiling run. Call it on every rank, after ``trial.prepare``.
 
-        The random generators come back as they were at the checkpoint, so a trial checkpointed at the end of an
-        epoch resumes exactly as it would have gone on if its loop starts each epoch's ``iter(loader)`` inside the
-        loop (creating an iterator draws a seed: one made before the loop would draw once more than the first run
-        did). One checkpointed mid-epoch sees the rest of that epoch in another order."""
+        The random generators come back as they were at the checkpoint, and each prepared DataLoader's next pass
+        goes on where its pass stood at the checkpoint (the same order, the batches already trained on skipped),
+        so the trial resumes exactly as it would have gone on, at an epoch's end or in the middle of one, if its
+        loop creates its iterators (``iter(loader)``, ``for batch in loader``) after this call."""
         if self._profile is not None or self._resume is None:
             return 0
         from optuna_saturn import checkpoint
 
-        self.resumed_from = checkpoint.load(self._engine, self._resume, model, optimizer, scheduler,
-                                            group=self._group)
+        self.resumed_from, positions = checkpoint.load(self._engine, self._resume, model, optimizer, scheduler,
+                                                       group=self._group)
+        for loader, position in zip(self._loaders, positions):
+            loader.resume_at(position)
         return self.resumed_from
 
     def reduce_mean(self, value: float | torch.Tensor, weight: float | None = None) -> float:

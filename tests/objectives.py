@@ -446,7 +446,8 @@ RESUMABLE_EPOCHS = 6
 
 def resumable(trial) -> float:
     """What a user writes to survive a dead sweep: AdamW with a warm-up/decay schedule, a shuffled loader,
-    ``trial.restore`` before the loop and ``trial.checkpoint`` every 2 epochs. With ``SATURN_TEST_HANG_AT=k`` its
+    ``trial.restore`` before the loop and ``trial.checkpoint`` every 2 epochs (every ``SATURN_TEST_CHECKPOINT_EVERY``
+    steps if set: mid-epoch too). With ``SATURN_TEST_HANG_AT=k`` its
     first run (not a resumed one) stops moving after it reports at step k, so a test can kill its sweep there;
     with ``SATURN_TEST_OOM_AT=k`` its first run on several ranks runs out of memory there. ``SATURN_TEST_EPOCHS``
     sets its length, ``SATURN_TEST_STEP_SLEEP`` adds seconds to each step (divided by the ranks with
@@ -466,10 +467,14 @@ def resumable(trial) -> float:
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=total)
     start = trial.restore(model, optimizer, scheduler)
     hang_at = int(os.environ.get("SATURN_TEST_HANG_AT", "0"))
+    every = int(os.environ.get("SATURN_TEST_CHECKPOINT_EVERY", 2 * per_epoch))
+    batches = iter(loader)  # (after the restore: a pass cut by a checkpoint goes on where it was)
     for step in trial.steps(total, start=start):
-        if step % per_epoch == 0:  # each epoch's pass starts here, after a restore too
+        try:
+            x, y = next(batches)
+        except StopIteration:  # the next epoch
             batches = iter(loader)
-        x, y = next(batches)
+            x, y = next(batches)
         optimizer.zero_grad()
         for mx, my in trial.micro_batches((x.to(trial.device), y.to(trial.device))):
             trial.backward(torch.nn.functional.mse_loss(model(mx), my))
@@ -480,8 +485,9 @@ def resumable(trial) -> float:
             trial.report(_full_loss(trial, model), step + 1)
             if trial.number == int(prune_trial) and step + 1 == int(prune_at):
                 raise optuna.TrialPruned()
-            if (step + 1) % (2 * per_epoch) == 0:
-                trial.checkpoint(step + 1, model, optimizer, scheduler)
+        if (step + 1) % every == 0:
+            trial.checkpoint(step + 1, model, optimizer, scheduler)
+        if (step + 1) % per_epoch == 0:
             if start == 0 and step + 1 == hang_at:
                 time.sleep(3600)
             if start == 0 and step + 1 == int(os.environ.get("SATURN_TEST_OOM_AT", "0")) and trial.world_size > 1:

@@ -109,12 +109,17 @@ def test_plans_without_moves_still_validate() -> None:
     validate(Plan(result.executed), jobs, cluster)
 
 
-EPOCHS = 20  # 80 steps; a checkpoint every 8
+EPOCHS = 20  # 80 steps
 STEP_SLEEP = "0.1"  # seconds per step on one device, half on two
 
 
 @pytest.mark.launch
-def test_a_running_trial_moves_to_the_devices_its_pruned_neighbour_left(saturn_options, tmp_path, monkeypatch):
+@pytest.mark.parametrize("every", [8, 5], ids=["at-epoch-ends", "mid-epoch"])
+def test_a_running_trial_moves_to_the_devices_its_pruned_neighbour_left(saturn_options, tmp_path, monkeypatch, every):
+    """Moved from one device to two at its next checkpoint, the trial ends as it would have unmoved: with
+    checkpoints every 5 steps of 4-step epochs it moves in the middle of an epoch, and its shuffled loader goes
+    on with the batches of that epoch it had not trained on yet."""
+    monkeypatch.setenv("SATURN_TEST_CHECKPOINT_EVERY", str(every))
     monkeypatch.setenv("SATURN_TEST_EPOCHS", str(EPOCHS))
     monkeypatch.setenv("SATURN_TEST_STEP_SLEEP", STEP_SLEEP)
     monkeypatch.setenv("SATURN_TEST_SLEEP_SPLIT", "1")
@@ -138,8 +143,10 @@ def test_a_running_trial_moves_to_the_devices_its_pruned_neighbour_left(saturn_o
     assert move["from"] == "singlex1", move
     assert moved.user_attrs["saturn:strategy"] == "ddp" and moved.user_attrs["saturn:num_devices"] == 2
     assert moved.user_attrs["saturn:resumed_from_step"] == move["at_step"] == moved.user_attrs["started_at_step"]
-    assert 8 <= move["at_step"] < EPOCHS * 4 and move["at_step"] % 8 == 0
-    # every epoch reported once, and the run ends as the unmoved one did (the move fell at an epoch's end)
+    assert every <= move["at_step"] < EPOCHS * 4 and move["at_step"] % every == 0
+    if every == 5:
+        assert move["at_step"] % 4, f"moved at an epoch's end ({move['at_step']}): the test meant mid-epoch"
+    # every epoch reported once, and the run ends as the unmoved one did
     assert sorted(moved.intermediate_values) == list(range(4, EPOCHS * 4 + 1, 4))
     for step, value in reference.trials[0].intermediate_values.items():
         assert moved.intermediate_values[step] == pytest.approx(value, rel=1e-4), step
