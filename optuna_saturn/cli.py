@@ -119,6 +119,9 @@ def run(
         "--dashboard/--no-dashboard", help="Keep a schedule chart and a plan note on the study for "
         "optuna-dashboard, updated as the sweep runs. Default: on when optuna-dashboard is installed.",
         show_default=False)] = None,
+    elastic: Annotated[bool, typer.Option(
+        "--elastic/--no-elastic", help="Move a running trial that checkpoints to another strategy or device count "
+        "when the sweep then ends sooner (elastic resize).")] = True,
 ) -> None:
     """Run a sweep: add --n-trials trials to the study, each planned and launched on the device pool."""
     if progress not in PROGRESS_MODES:
@@ -135,7 +138,7 @@ def run(
     try:
         executor = _executor(
             devices, strategies, strategy_folder, isolate_network, log_dir, solver=solver, listeners=listeners,
-            profile=profile, profile_store=profile_store, profile_budget=profile_budget,
+            profile=profile, profile_store=profile_store, profile_budget=profile_budget, elastic=elastic,
         )
     except (ValueError, TypeError) as exc:  # StrategyError is a ValueError
         fail(str(exc))
