@@ -284,6 +284,15 @@ def test_backends_never_worse_than_heuristics() -> None:
         assert solve(jobs, cluster, solver, time_limit=0.5).makespan <= heuristic.makespan + 1e-9
 
 
+def test_iterated_search_is_valid_and_never_worse_than_list_scheduling() -> None:
+    jobs, cluster = random_jobs(80, 11), Cluster([8, 8, 4])
+    start = solve(jobs, cluster, "list")
+    plan = solve(jobs, cluster, "search", time_limit=1.0, seed=2)
+    validate(plan, jobs, cluster)
+    assert plan.makespan <= start.makespan + 1e-9
+    assert plan.info["backends"] == ["search"]
+
+
 def test_solver_beats_baselines_on_moldable_jobs() -> None:
     jobs, cluster = random_jobs(16, 4), Cluster([8])
     planned = solve(jobs, cluster, "auto", time_limit=1.0).makespan
