@@ -40,15 +40,10 @@ PRUNE_AT = (1.0, 0.2, 0.2, 1.0)  # per trial: the fraction of its steps where it
 
 
 def objective(trial) -> float:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
     lr = trial.suggest_float("lr", 1e-4, 1e-2, log=True)
     prune_at = trial.suggest_float("prune_at", 0.0, 1.0)
     ids = gpt2_sweep.token_ids()
-    torch.manual_seed(0)
-    config = GPT2Config(vocab_size=gpt2_sweep.VOCAB_SIZE, n_positions=gpt2_sweep.SEQ_LEN, n_embd=192, n_layer=3,
-                        n_head=4, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
-    model = GPT2LMHeadModel(config)
+    model = gpt2_sweep.tiny_gpt2(192, 3, seed=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     loader = torch.utils.data.DataLoader(gpt2_sweep.blocks(ids), batch_size=16, shuffle=True, drop_last=True)
     model, optimizer, loader = trial.prepare(model, optimizer, loader)
