@@ -87,11 +87,14 @@ def run_arm(arm: str, store: str, log_dir: str) -> dict:
     executor.optimize(study, objective, n_trials=len(PRUNE_AT))
     wall = time.time() - started
     attrs = [t.user_attrs for t in study.trials]
-    runtimes = [a["saturn:actual_runtime"] * a["saturn:num_devices"] for a in attrs]
+    # device-seconds: each trial's last run, and the runs a move ended (saturn:moves)
+    runtimes = [a["saturn:actual_runtime"] * a["saturn:num_devices"]
+                + sum((m["at"] - m["started"]) * len(m["device_ids"]) for m in a.get("saturn:moves", []))
+                for a in attrs]
     return {
         "wall": wall, "states": [t.state.name for t in study.trials],
         "makespan": max(a["saturn:actual_end"] for a in attrs),
-        "lower_bound": max(sum(runtimes) / 2, max(a["saturn:actual_runtime"] for a in attrs)),
+        "lower_bound": max(sum(runtimes) / 2, max(r / a["saturn:num_devices"] for r, a in zip(runtimes, attrs))),
         "moves": sum(len(a.get("saturn:moves", [])) for a in attrs),
         "options": [f'{a["saturn:strategy"]}x{a["saturn:num_devices"]}' for a in attrs],
         "values": [t.value for t in study.trials],

@@ -783,8 +783,8 @@ class Sweep:
         price = self._price(session.trial)
         others = [p for p in price.options if p.option.choice != left.choice]
         price.options = others or price.options
-        moves = [*waiting.moves, {"from": left.label, "at_step": int(session.checkpoint["step"]),
-                                  "at": round(self._elapsed(), 3)}]
+        moves = [*waiting.moves, {"from": left.label, "device_ids": list(run.devices), "started": round(run.started, 3),
+                                  "at": round(self._elapsed(), 3), "at_step": int(session.checkpoint["step"])}]
         self._bridge.set_attrs(session.trial, {"moves": moves})
         self._waiting[number] = _Waiting(session.trial, price, attempts=waiting.attempts, moves=moves)
         self._notify("on_trial_move", TrialMove(number, left.label, "", "stopped", step=moves[-1]["at_step"]))
