@@ -11,6 +11,9 @@ no step is lost; the cost of the move is what the trial waits and pays meanwhile
 - saving that checkpoint and loading it back (its last save, twice);
 - its run's start-up (from its launch to its first step: a new process group, the objective's set-up).
 
+Only trials whose checkpoints are ``torch.distributed.checkpoint``s move (single, DDP, FSDP): DeepSpeed's does
+not reshard, and one ZeRO stage's does not load into another.
+
 ``simulator.simulate(resize_seconds=...)`` and ``benchmarks/elastic_resize.py`` measure the rule under noise and
 prunes; ``benchmarks/README.md`` has the figures.
 """
@@ -55,6 +58,8 @@ def rest_of_run(
     if session.checkpoint is None or session.move_requested or not current.runtime > 0:
         return None
     record = checkpoint.CheckpointRecord.from_json(session.checkpoint)
+    if record.format != checkpoint.DCP:  # DeepSpeed's does not reshard, nor load into another ZeRO stage
+        return None
     able = [o for o in options if checkpoint.can_resume(record, engines[o.strategy], o.devices)]
     return remaining_job(name, able, current=current.choice, left=1.0, rate=remaining_seconds / current.runtime,
                          restart=cost)

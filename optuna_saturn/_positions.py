@@ -10,7 +10,9 @@ those batches costs, not their training. A pass that had ended is not replayed: 
 from the checkpoint's states, as the first run's next pass did.
 
 Create the pass's iterator after ``trial.restore`` (``iter(loader)`` or a ``for`` loop over it): an iterator made
-before it cannot be put back.
+before it cannot be put back. A loader with ``persistent_workers=True`` reuses its iterator across passes, which a
+new process cannot: its passes are not replayed (a run resumed mid-epoch sees the rest of that epoch in another
+order).
 """
 
 from __future__ import annotations
@@ -34,12 +36,20 @@ class PositionedLoader(LoaderView):
         self._yielded = 0
         self._ended = True
         self._resume: dict[str, Any] | None = None
+        users = loader
+        while isinstance(users, LoaderView):  # (a rank's view: the user's loader underneath)
+            users = users.loader
+        self._persistent = bool(getattr(users, "persistent_workers", False))
 
     def __iter__(self) -> Iterator[Any]:
         resume, self._resume = self._resume, None
+        if resume is not None and resume.get("states") is None:  # between passes: the loader's own generators
+            for generator, state in zip(self._generators, resume.get("generators", [])):
+                generator.set_state(state)
+            resume = None
         now = None
         if resume is not None:
-            now = capture(self._generators)
+            now = capture()  # the checkpoint's global states (trial.restore set them)
             restore(resume["states"], self._generators)
         self._pass_states, self._yielded, self._ended = capture(self._generators), 0, False
         batches = iter(self.loader)
@@ -48,22 +58,26 @@ class PositionedLoader(LoaderView):
                 if next(batches, _END) is _END:
                     break
                 self._yielded += 1
-            restore(now, self._generators)
+            restore(now)  # (the loader's own generators stay where replaying the pass left them)
         return self._counted(batches)
 
     def _counted(self, batches: Iterator[Any]) -> Iterator[Any]:
-        for batch in batches:
-            self._yielded += 1
-            yield batch
-        self._ended = True
+        try:
+            for batch in batches:
+                self._yielded += 1
+                yield batch
+        finally:  # exhausted, or left (a ``break`` closes the iterator): the next pass starts anew
+            self._ended = True
 
     def position(self) -> dict[str, Any] | None:
-        """Its current pass's start and progress, or None between passes."""
-        if self._pass_states is None or self._ended:
-            return None
+        """Its current pass's start and progress; between passes, its own generators' states (or None)."""
+        between = {"states": None, "generators": [g.get_state() for g in self._generators]} \
+            if self._generators else None
+        if self._pass_states is None or self._ended or self._persistent:
+            return between
         try:
             if self._yielded >= len(self):
-                return None
+                return between
         except TypeError:  # an IterableDataset without a length: ended only when it said so
             pass
         return {"states": self._pass_states, "yielded": self._yielded}

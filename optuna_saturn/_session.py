@@ -107,8 +107,7 @@ class TrialSession:
                 self.trial.set_user_attr(ATTR + "checkpoint", record)
 
         retrying(record_it, what=f"record trial {self.trial.number}'s checkpoint")
-        # (a checkpoint after the last step leaves nothing to move)
-        return self.move_requested and (self.total_steps is None or int(record["step"]) < self.total_steps)
+        return self.move_requested
 
     def _progress(self, message: dict) -> None:
         now = time.time()

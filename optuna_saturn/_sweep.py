@@ -111,6 +111,7 @@ class _Waiting:
     planned_end: float = 0.0
     attempts: int = 0  # runs that failed under an option tried for the first time (then left out)
     moves: list[dict] = field(default_factory=list)  # where the sweep moved it from while it ran (elastic resize)
+    left: tuple | None = None  # the option (its choice) its last move left: not planned for it again
 
 
 @dataclass
@@ -361,7 +362,15 @@ class Sweep:
             return options
         return able
 
-    def _price(self, trial: optuna.Trial) -> TrialPrice:
+    def _price(self, trial: optuna.Trial, *, leaving: tuple | None = None) -> TrialPrice:
+        """The trial's options, priced; without the option ``leaving`` (the one a move left) if others remain."""
+        price = self._price_all(trial)
+        others = [p for p in price.options if p.option.choice != leaving]
+        if leaving is not None and others:
+            price.options = others
+        return price
+
+    def _price_all(self, trial: optuna.Trial) -> TrialPrice:
         if self._pricer is None:
             return TrialPrice(None, self._resumable(
                 trial, [PricedOption(o, "", None, 1.0, "estimate") for o in self._estimator.options()]))
@@ -379,7 +388,7 @@ class Sweep:
         if self._pricer is None:
             return
         for waiting in self._waiting.values():
-            waiting.price = self._price(waiting.trial)
+            waiting.price = self._price(waiting.trial, leaving=waiting.left)
         self._plan_dirty = True
 
     # -- planning ---------------------------------------------------------------------------------------------------
@@ -780,13 +789,12 @@ class Sweep:
         waiting, session = run.waiting, run.session
         number, left = session.trial.number, waiting.assignment.option
         self._resumes[number] = checkpoint.CheckpointRecord.from_json(session.checkpoint)
-        price = self._price(session.trial)
-        others = [p for p in price.options if p.option.choice != left.choice]
-        price.options = others or price.options
+        price = self._price(session.trial, leaving=left.choice)
         moves = [*waiting.moves, {"from": left.label, "device_ids": list(run.devices), "started": round(run.started, 3),
                                   "at": round(self._elapsed(), 3), "at_step": int(session.checkpoint["step"])}]
         self._bridge.set_attrs(session.trial, {"moves": moves})
-        self._waiting[number] = _Waiting(session.trial, price, attempts=waiting.attempts, moves=moves)
+        self._waiting[number] = _Waiting(session.trial, price, attempts=waiting.attempts, moves=moves,
+                                         left=left.choice)
         self._notify("on_trial_move", TrialMove(number, left.label, "", "stopped", step=moves[-1]["at_step"]))
 
     # -- ends -------------------------------------------------------------------------------------------------------
@@ -907,7 +915,7 @@ class Sweep:
             self._pricer.mark_failed(waiting.trial.number, option, error)
         if run.session.checkpoint is not None:  # it got that far: the next run goes on from there
             self._resumes[waiting.trial.number] = checkpoint.CheckpointRecord.from_json(run.session.checkpoint)
-        price = self._price(waiting.trial)
+        price = self._price(waiting.trial, leaving=waiting.left)
         if not price.options:
             return False
         _logger.warning(
@@ -915,7 +923,7 @@ class Sweep:
             f"workload ({error}); the option is left out and the trial is planned again."
         )
         self._waiting[waiting.trial.number] = _Waiting(waiting.trial, price, attempts=waiting.attempts + 1,
-                                                       moves=waiting.moves)
+                                                       moves=waiting.moves, left=waiting.left)
         return True
 
     def _learn_from(self, run: _TrialRun, state: TrialState) -> bool:

@@ -166,7 +166,9 @@ def test_a_trial_out_of_memory_at_run_time_goes_on_from_its_checkpoint_under_ano
     assert sorted(trial.intermediate_values) == list(range(4, STEPS + 1, 4))
 
 
-def test_a_loader_resumed_mid_pass_yields_the_rest_of_that_pass_and_then_draws_as_before():
+@pytest.mark.parametrize("own_generator", [False, True], ids=["global-generator", "loader-generator"])
+@pytest.mark.parametrize("cut", [3, 5], ids=["mid-pass", "between-passes"])
+def test_a_loader_resumed_mid_pass_yields_the_rest_of_that_pass_and_then_draws_as_before(own_generator, cut):
     """What a checkpoint saves of a prepared loader: a run that goes on from it sees the batches the first run saw
     next, in this pass and the following one (whose order is drawn from the generators as the first run's was)."""
     import torch
@@ -175,23 +177,29 @@ def test_a_loader_resumed_mid_pass_yields_the_rest_of_that_pass_and_then_draws_a
     from optuna_saturn._random_state import capture, restore
 
     def loader():
+        generator = torch.Generator().manual_seed(1) if own_generator else None
         return PositionedLoader(torch.utils.data.DataLoader(objectives.regression_data(40), batch_size=8,
-                                                            shuffle=True))
+                                                            shuffle=True, generator=generator))
 
     torch.manual_seed(3)
     first = loader()
     batches = iter(first)
-    seen = [next(batches)[0] for _ in range(3)]
-    position, states = first.position(), capture()  # what a checkpoint after step 3 keeps
+    seen = [next(batches)[0] for _ in range(cut)]
+    if cut == 5:  # the pass is over once the loop asks for more
+        assert next(batches, None) is None
+    position, states = first.position(), capture()  # what a checkpoint after step ``cut`` keeps
     rest = [b[0] for b in batches] + [b[0] for b in first]  # the first run goes on: its pass, then the next one
-    assert position["yielded"] == 3 and first.position() is None  # (between passes: nothing to replay)
+    if cut == 3:
+        assert position["yielded"] == 3
 
     torch.manual_seed(99)  # another process, anywhere
     resumed = loader()
     restore(states)
     resumed.resume_at(position)
     again = [b[0] for b in resumed] + [b[0] for b in resumed]
-    assert len(again) == len(rest) == 2 + 5
+    if cut == 5:
+        again = again[:5]  # (one pass: the first run's next)
+    assert len(again) == len(rest) == (2 + 5 if cut == 3 else 5)
     for a, b in zip(again, rest):
         assert torch.equal(a, b)
     assert not any(torch.equal(again[0], s) for s in seen)

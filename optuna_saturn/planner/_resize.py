@@ -60,7 +60,8 @@ def best_resize(
     cost paid; in the simulator (``benchmarks/elastic_resize.py``) that margin turns small losses at high restart
     costs into no moves, and keeps the gains at low ones."""
     kept = replan(previous, jobs, cluster, busy=busy, solver=solver, time_limit=time_limit, seed=seed)
-    kept_end = _end(kept, busy)
+    # (the fresh plan without the move, too: re-planning the waiting jobs alone must not count as the move's gain)
+    kept_end = max([min(kept.makespan, kept.info.get("fresh_makespan", kept.makespan)), *(r.until for r in busy)])
     best: Resize | None = None
     for reservation in busy:
         moved = movable.get(reservation.job)
