@@ -8,6 +8,8 @@ under another name so that its ``if __name__ == "__main__":`` block does not sta
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import importlib
 import os
 import runpy
@@ -61,3 +63,31 @@ def load_objective(recipe: dict) -> Callable[..., Any]:
         return _lookup(namespace, recipe["qualname"])
     with open(recipe["path"], "rb") as f:
         return cloudpickle.load(f)
+
+
+def portable(recipe: dict) -> dict:
+    """``recipe`` for a worker on another machine, which may not see this one's files: a script or pickle it
+    names travels inside it (the objective's imports must still be installed there)."""
+    if recipe.get("kind") not in ("file", "pickle") or "content" in recipe:
+        return recipe
+    with open(recipe["path"], "rb") as f:
+        return {**recipe, "content": base64.b64encode(f.read()).decode("ascii")}
+
+
+def localized(recipe: dict, folder: str) -> dict:
+    """The worker side of :func:`portable`: the file it carries, written into this machine's ``folder`` (once
+    per content), and the recipe pointing there."""
+    if "content" not in recipe:
+        return recipe
+    content = base64.b64decode(recipe["content"])
+    plain = {k: v for k, v in recipe.items() if k != "content"}
+    if os.path.exists(recipe["path"]):  # this machine has it (a shared folder, or the executor's own machine)
+        with open(recipe["path"], "rb") as f:
+            if f.read() == content:
+                return plain
+    name = hashlib.sha256(content).hexdigest()[:16] + os.path.splitext(recipe["path"])[1]
+    path = os.path.join(folder, name)
+    if not os.path.exists(path):
+        with open(path, "wb") as f:
+            f.write(content)
+    return plain | {"path": path}

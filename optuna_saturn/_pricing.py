@@ -114,14 +114,21 @@ class Pricer:
         pool: Sequence[Device],
         store: ProfileStore,
         lock: threading.Lock,
+        max_devices: int | None = None,
+        hardware: str | None = None,
+        device_memory: int | None = None,
     ) -> None:
+        """``max_devices``: the most devices one trial may use (a node's, on a cluster; default: the pool's).
+        ``hardware`` and ``device_memory``: what the devices are, where they are not on this machine (measured
+        on their node; default: measured here)."""
         self._objective = objective
         self._strategies = {s.name: s for s in strategies}
         self._pool = list(pool)
+        self._max_devices = max_devices or len(self._pool)
         self._store = store
         self._lock = lock
-        self._hardware = hardware_fingerprint(pool[0])
-        self._memory = device_memory_bytes(pool)
+        self._hardware = hardware or hardware_fingerprint(pool[0])
+        self._memory = device_memory or device_memory_bytes(pool)
         self._workloads: dict[int, Workload | None] = {}
         # Options that crashed or refused the trial's code, by profile key (which includes the optimizer's class):
         # never planned in this sweep, and not stored, so that a fixed objective is measured again next time.
@@ -409,7 +416,7 @@ class Pricer:
         return [
             (strategy, devices)
             for strategy in self._strategies.values()
-            for devices in strategy.device_counts(len(self._pool))
+            for devices in strategy.device_counts(self._max_devices)
             if model_state_bytes(workload.n_params, workload.bytes_per_param, strategy, devices) <= self._memory
         ]
 

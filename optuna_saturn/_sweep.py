@@ -36,16 +36,19 @@ from optuna_saturn._ownership import (
 )
 from optuna_saturn._pricing import PricedOption, Pricer, ProfileEntry, ProfileJob, TrialPrice
 from optuna_saturn._session import TrialSession
+from optuna_saturn._topology import Topology
 from optuna_saturn._voi import profile_gain, worth_measuring
 from optuna_saturn.channel import ChannelServer
 from optuna_saturn.devices import Device, pin_cores
 from optuna_saturn.estimates import RuntimeEstimator
 from optuna_saturn.events import ProfileEvent, SweepListener, TrialMove, TrialProgress, TrialStart
-from optuna_saturn.planner import Assignment, Cluster, Job, Option, Plan, Reservation, best_resize, replan
+from optuna_saturn.planner import Assignment, Job, Option, Plan, Reservation, best_resize, replan
 from optuna_saturn.planner._types import option_label
 from optuna_saturn.profiler import ProfileStore
 from optuna_saturn.runner import LaunchedTrial, LocalRunner, build_launch
 from optuna_saturn.runner.pool import JobEnd, WorkerPool
+from optuna_saturn.runner.ray_cluster import RayCluster
+from optuna_saturn.runner.ray_pool import RayPool
 from optuna_saturn.strategy import Strategy
 
 _logger = optuna.logging.get_logger("optuna.saturn")
@@ -98,6 +101,7 @@ class SweepSettings:
     stall_timeout: float | None = None  # seconds without progress after which a trial is stopped (None: derived)
     elastic: bool = True  # move a running trial that checkpoints to another option when the sweep ends sooner
     worker_memory_limit: float | None = None  # bytes: a warm worker that grows past it is replaced
+    ray: RayCluster | None = None  # the Ray runner's cluster (None: the local runner, on this machine's devices)
 
 
 @dataclass
@@ -166,11 +170,16 @@ class Sweep:
         self.timeout = timeout
         self.lookahead = batch_size
         self._strategies = {s.name: s for s in settings.strategies}
-        self._cluster = Cluster([len(settings.devices)])
-        self._estimator = RuntimeEstimator(settings.strategies, len(settings.devices))
+        self._topology = Topology.of(settings.devices)
+        self._cluster = self._topology.cluster
+        self._lost: set[int] = set()  # devices of nodes that died (the Ray runner)
+        largest = max(self._cluster.nodes)  # a trial runs inside one node
+        self._estimator = RuntimeEstimator(settings.strategies, largest)
+        node = None if settings.ray is None else settings.ray.nodes[0]  # (the nodes of a cluster are alike)
         self._pricer = None if settings.profile_store is None else Pricer(
             objective=objective, strategies=settings.strategies, pool=settings.devices, store=settings.profile_store,
-            lock=self._bridge.lock,
+            lock=self._bridge.lock, max_devices=largest, hardware=None if node is None else node.hardware,
+            device_memory=None if node is None else node.device_memory,
         )
         self._waiting: dict[int, _Waiting] = {}
         self._running: dict[str, _Run] = {}
@@ -217,21 +226,16 @@ class Sweep:
             self.n_trials += len(retried)
         self._notify("on_sweep_start", [str(d) for d in self.settings.devices], self._start)
         runner = LocalRunner(grace_period=self.settings.grace_period)
-        with ChannelServer() as server, Heartbeat(self._bridge, self._owner):
+        channel_host = None if self.settings.ray is None else self.settings.ray.driver_ip
+        with ChannelServer(host=channel_host) as server, Heartbeat(self._bridge, self._owner):
             self._server = server
-            self._recipe = self._objective_recipe_factory(os.path.dirname(server.address))
-            strategies, devices = self.settings.strategies, len(self.settings.devices)
-            pool = WorkerPool(
-                self.settings.devices, server, isolate_network=self.settings.isolate_network,
-                memory_limit=self.settings.worker_memory_limit, log_dir=self._run_dir / "workers",
-                grace_period=self.settings.grace_period,
-                multi_device=any(n > 1 for s in strategies for n in s.device_counts(devices)),
-                engines={s.engine for s in strategies},
-            )
+            self._recipe = self._objective_recipe_factory(server.folder)
+            pool = self._new_pool(server)
             pool.start(preload=self._recipe)
             try:
                 while True:
                     self._ended(pool.wait(self._wait_seconds()) + self._launches_ended(runner))
+                    self._lose(pool.lost())
                     problem = pool.host_problem()
                     if problem:
                         raise RuntimeError(problem)
@@ -257,6 +261,35 @@ class Sweep:
                 pool.close()
         self._log_summary()
         self._notify("on_sweep_end", self._elapsed(), False)
+
+    def _new_pool(self, server: ChannelServer) -> WorkerPool | RayPool:
+        strategies, largest = self.settings.strategies, max(self._cluster.nodes)
+        common = dict(
+            memory_limit=self.settings.worker_memory_limit, log_dir=self._run_dir / "workers",
+            grace_period=self.settings.grace_period, engines={s.engine for s in strategies},
+            multi_device=any(n > 1 for s in strategies for n in s.device_counts(largest)),
+        )
+        if self.settings.ray is not None:
+            return RayPool(self.settings.ray, **common)
+        return WorkerPool(self.settings.devices, server, isolate_network=self.settings.isolate_network, **common)
+
+    def _lose(self, lost: set[int]) -> None:
+        """Devices whose node died: the plan no longer counts on them (the trials that ran there ended)."""
+        if lost <= self._lost:
+            return
+        self._lost |= lost
+        if len(self._lost) == len(self.settings.devices):
+            return  # nothing left to plan on: the pool reports it (host_problem) and the sweep ends
+        self._topology = Topology.of(self.settings.devices, without=self._lost)
+        self._cluster = self._topology.cluster
+        self._plan_dirty = True
+        for waiting in self._waiting.values():
+            if waiting.assignment is not None and set(waiting.assignment.devices) & self._lost:
+                waiting.assignment = None  # planned again, on the nodes left
+        _logger.warning(
+            f"Devices {', '.join(str(self.settings.devices[d]) for d in sorted(lost))} are gone (their node died); "
+            f"the sweep goes on with the {len(self.settings.devices) - len(self._lost)} others."
+        )
 
     def _wait_seconds(self) -> float:
         """How long to wait for a job's end: not at all before the first trial is asked (the pool starts while
@@ -324,15 +357,15 @@ class Sweep:
         now = self._elapsed()
         horizon = _ASK_AHEAD_SECONDS + 2 * (max(self._ask_seconds[-5:]) if self._ask_seconds else 0.0)
         horizon = horizon if self._ask_seconds else 0.0  # nothing waits to be asked ahead of the first trial
-        busy_until = [now] * len(self.settings.devices)
+        busy_until = {d: now for m in self._topology.members for d in m}
         for run in self._running.values():
-            for d in run.devices:
+            for d in set(run.devices) & busy_until.keys():
                 busy_until[d] = max(busy_until[d], now + self._remaining(run, now))
         for waiting in self._waiting.values():
             if waiting.assignment is not None:
                 for d in waiting.assignment.devices:
                     busy_until[d] = max(busy_until[d], waiting.planned_end)
-        return min(busy_until) <= now + horizon
+        return min(busy_until.values()) <= now + horizon
 
     def _checkpoint_to_resume(self, trial: optuna.Trial) -> checkpoint.CheckpointRecord | None:
         """The checkpoint a retried trial inherited from the run the dead sweep left, if it is still on disk."""
@@ -414,7 +447,8 @@ class Sweep:
     def _jobs_and_busy(self) -> tuple[list[Job], list[Reservation]]:
         now = self._elapsed()
         jobs = [Job(str(n), _tie_broken(self._weighed_options(w))) for n, w in self._waiting.items()]
-        busy = [Reservation(0, r.devices, self._remaining(r, now), r.key) for r in self._running.values()]
+        busy = [self._topology.reservation(r.devices, self._remaining(r, now), r.key)
+                for r in self._running.values() if not set(r.devices) & self._lost]
         return jobs + self._future_jobs(), busy
 
     def _future_jobs(self) -> list[Job]:
@@ -440,10 +474,10 @@ class Sweep:
         self._plan_version += 1
         now = self._elapsed()
         jobs, busy = self._jobs_and_busy()
-        previous = [w.assignment for w in self._waiting.values() if w.assignment is not None]  # (real trials only)
+        previous = self._previous_plan()  # (real trials only)
         urgent = self.settings.solver == "auto" and self._a_device_is_free()
         plan = replan(
-            Plan(tuple(previous)) if previous else None, jobs, self._cluster, busy=busy,
+            previous, jobs, self._cluster, busy=busy,
             solver=_URGENT_SOLVER if urgent else self.settings.solver,
             time_limit=min(self.settings.time_limit, _REPLAN_SECONDS),
         )
@@ -454,15 +488,20 @@ class Sweep:
                 continue
             waiting = self._waiting[int(a.job)]
             option = next(o for o in self._options(waiting) if o.choice == a.option.choice)  # its own runtime
-            a = replace(a, option=option, end=a.start + option.runtime)
+            a = self._topology.to_global(replace(a, option=option, end=a.start + option.runtime))
             real.append(a)
             waiting.assignment, waiting.planned_start, waiting.planned_end = a, now + a.start, now + a.end
         self._planning_seconds += time.time() - self._start - now
         shown = Plan(tuple(real), solver=plan.solver, lower_bound=plan.lower_bound, solve_seconds=plan.solve_seconds)
         self._notify("on_plan", shown, [int(a.job) for a in real], now)
 
+    def _previous_plan(self) -> Plan | None:
+        """The waiting trials' current plan, as the planner sees it (node-local devices)."""
+        previous = [self._topology.to_local(w.assignment) for w in self._waiting.values() if w.assignment is not None]
+        return Plan(tuple(previous)) if previous else None
+
     def _a_device_is_free(self) -> bool:
-        return len({d for r in self._running.values() for d in r.devices}) < len(self.settings.devices)
+        return bool(self._free())
 
     def _plan_due(self) -> bool:
         """Whether to plan now: something changed, or the heuristics' plan is to be refined and no device waits."""
@@ -485,10 +524,10 @@ class Sweep:
         return max(0.0, run.started + self._profile_seconds_estimate(run.job) - now)
 
     # -- starting jobs ----------------------------------------------------------------------------------------------
-    def _free(self, pool: WorkerPool) -> set[int]:
-        """Devices no job holds (their worker may still be starting)."""
+    def _free(self) -> set[int]:
+        """Devices no job holds (their worker may still be starting), on the nodes alive."""
         held = {d for r in self._running.values() for d in r.devices}
-        return set(range(len(self.settings.devices))) - held
+        return set(range(len(self.settings.devices))) - held - self._lost
 
     def _dispatch(self, pool: WorkerPool, runner: LocalRunner) -> None:
         """Start waiting trials in plan order, each with its planned option, on free devices: the planned ones
@@ -500,7 +539,7 @@ class Sweep:
         if self.settings.profile_only:
             return
         now = self._elapsed()
-        free = self._free(pool)
+        free = self._free()
         ready = pool.ready()
         measuring = {e.trial.number for r in self._running.values() if isinstance(r, _ProfileRun)
                      for e in r.job.entries}
@@ -513,10 +552,10 @@ class Sweep:
         for waiting in planned:
             option = waiting.assignment.option
             usable = self._usable(free, ready, option)
-            fits = option.devices <= len(usable)
+            preferred = set(waiting.assignment.devices)
+            devices = sorted(preferred) if preferred <= usable else self._topology.pick(usable, option.devices)
+            fits = devices is not None
             if fits and (blocked_until is None or now + option.runtime <= blocked_until):
-                preferred = set(waiting.assignment.devices)
-                devices = sorted(preferred) if preferred <= usable else sorted(usable)[: option.devices]
                 self._start_as(waiting, option, devices, pool, runner)
                 free -= set(devices)
             else:
@@ -536,9 +575,10 @@ class Sweep:
         best = None
         for option, weighed in zip(self._options(waiting), self._weighed_options(waiting)):
             end = now + weighed.runtime
-            usable = [d for d in sorted(self._usable(free, ready, option)) if needed.get(d, float("inf")) >= end]
-            if option.devices <= len(usable) and end <= waiting.planned_end and (best is None or end < best[0]):
-                best = (end, option, usable[: option.devices])
+            usable = {d for d in self._usable(free, ready, option) if needed.get(d, float("inf")) >= end}
+            devices = self._topology.pick(usable, option.devices)
+            if devices is not None and end <= waiting.planned_end and (best is None or end < best[0]):
+                best = (end, option, devices)
         if best is not None:
             _, option, devices = best
             self._start_as(waiting, option, devices, pool, runner)
@@ -553,7 +593,8 @@ class Sweep:
     ) -> None:
         now = self._elapsed()
         waiting.assignment = replace(
-            waiting.assignment, option=option, devices=tuple(devices), start=0.0, end=option.runtime
+            waiting.assignment, option=option, node=self._topology.node_of(devices[0]), devices=tuple(devices),
+            start=0.0, end=option.runtime,
         )
         # the plan it starts under: no later than planned, and as long as its option takes
         waiting.planned_start = min(waiting.planned_start, now)
@@ -597,7 +638,7 @@ class Sweep:
         return {
             "channel": self._server.address, "token": token, "objective": self._recipe, "trial_number": number,
             "strategy": strategy.to_json(), "profile": profile, "gradient_accumulation": gradient_accumulation,
-            "errors": os.path.join(os.path.dirname(self._server.address), _safe(key)),
+            "errors": os.path.join(self._server.folder, _safe(key)),
         }
 
     def _submit(self, run: _Run, spec: dict, strategy: Strategy, pool: WorkerPool, runner: LocalRunner) -> None:
@@ -632,16 +673,17 @@ class Sweep:
                 _logger.info(f"Profiling budget of {budget} device-seconds spent: the rest is predicted.")
                 self._profile_queue.clear()
                 return
-            idle = sorted(self._idle_devices(pool))
-            job = next((j for j in self._profile_queue if j.devices <= len(idle)), None)
+            idle = self._idle_devices(pool)
+            placed = ((j, self._topology.pick(idle, j.devices)) for j in self._profile_queue)
+            job, devices = next(((j, d) for j, d in placed if d is not None), (None, None))
             if job is None:
                 return
             self._profile_queue.remove(job)
-            self._start_profile(job, tuple(idle[: job.devices]), pool, runner)
+            self._start_profile(job, tuple(devices), pool, runner)
 
     def _idle_devices(self, pool: WorkerPool) -> set[int]:
         """Free, ready devices that no waiting trial is planned to start on now."""
-        free = self._free(pool) & pool.ready()
+        free = self._free() & pool.ready()
         soon = {d for w in self._waiting.values() if w.assignment is not None and w.assignment.start < 0.5
                 for d in w.assignment.devices}
         return free - soon if not self.settings.profile_only else free
@@ -769,9 +811,8 @@ class Sweep:
         if not movable:
             return
         jobs, busy = self._jobs_and_busy()
-        previous = [w.assignment for w in self._waiting.values() if w.assignment is not None]
         move = best_resize(jobs, self._cluster, busy=busy, movable=movable,
-                           previous=Plan(tuple(previous)) if previous else None, solver=_URGENT_SOLVER,
+                           previous=self._previous_plan(), solver=_URGENT_SOLVER,
                            time_limit=_REPLAN_SECONDS, min_gain=costs)
         if move is None:
             return
@@ -1019,6 +1060,7 @@ class Sweep:
             "sweep_started_at": self._start,
             "pool": [str(d) for d in self.settings.devices],
             "log": str(run.log),
+            **self._node_attr(run),
             "priced_by": "measured" if priced is None or priced.measured else priced.basis,
         }
         if waiting.trial.number in self._profiling_runs:
@@ -1032,6 +1074,12 @@ class Sweep:
         if session.resumed_from:
             attrs["resumed_from_step"] = session.resumed_from
         return attrs
+
+    def _node_attr(self, run: _Run) -> dict[str, Any]:
+        """``saturn:node``: the Ray node a trial ran on (its name, Ray id and IP); absent on the local runner."""
+        if self.settings.ray is None:
+            return {}
+        return {"node": self.settings.ray.node(self.settings.devices[run.devices[0]].node).to_json()}
 
     def _relay_progress(self) -> None:
         for run in self._running.values():

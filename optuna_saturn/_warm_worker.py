@@ -76,45 +76,69 @@ def serve(config: dict, index: int, objectives: dict[str, Any]) -> NoReturn:
     device = config["devices"][index]
     pin_to_device(device, pin_cores=config.get("pin_cores", True))
 
-    import torch
-
-    from optuna_saturn._job import exit_now, join_process_group, leave_process_group, release_memory
-    from optuna_saturn._job import resident_memory, run_job
-    from optuna_saturn._process_state import ProcessState
+    from optuna_saturn._job import exit_now, resident_memory
     from optuna_saturn.channel import ChannelClient
 
-    if device["kind"] == "cpu" and device["cores"]:
-        torch.set_num_threads(len(device["cores"]))
+    size_threads(device)
     pool = ChannelClient(config["channel"], config["token"], hello={"worker": index})
-    baseline: ProcessState | None = None
+    runner = JobRunner(device, local_rank=index, objectives=objectives, memory_limit=config.get("memory_limit"))
     while True:
         order = pool.call("next", worker=index)
         if order.get("exit"):
             break
-        job = order["job"]
-        fn = _objective(objectives, job["objective"])
-        if baseline is None:  # the state every job starts from
-            baseline = ProcessState.capture()
-        limit = config.get("memory_limit")
+        clean, recycle = runner.run(order["job"], worker=index)
+        pool.call("done", worker=index, job=order["job"]["name"], clean=clean, recycle=recycle,
+                  resident=resident_memory())
+        if recycle:
+            exit_now(0)  # the host starts a fresh worker in this one's place
+    pool.close()
+    exit_now(0)
+
+
+def size_threads(device: dict) -> None:
+    """A CPU device's worker runs as many torch threads as the device has cores."""
+    import torch
+
+    if device["kind"] == "cpu" and device["cores"]:
+        torch.set_num_threads(len(device["cores"]))
+
+
+class JobRunner:
+    """Runs one warm worker's jobs, one after another, each as one rank of its job's process group; shared by the
+    pool host's workers and the Ray runner's actors. Every job starts from the process state the first one saw."""
+
+    def __init__(self, device: dict, *, local_rank: int, objectives: dict[str, Any],
+                 memory_limit: float | None = None) -> None:
+        self._device = device
+        self._local_rank = local_rank  # a GPU worker sees the pool's GPUs and uses this one
+        self._objectives = objectives
+        self._memory_limit = memory_limit
+        self._baseline: Any = None
+
+    def run(self, job: dict, *, worker: Any) -> tuple[bool, bool]:
+        """Run ``job``; returns whether every step of it ended clean, and whether this process must be replaced
+        (the job failed, so its peers may be stuck and memory may not come back, or the process grew too large)."""
+        from optuna_saturn._job import join_process_group, leave_process_group, release_memory
+        from optuna_saturn._job import resident_memory, run_job
+        from optuna_saturn._process_state import ProcessState
+
+        fn = _objective(self._objectives, job["objective"])
+        if self._baseline is None:  # the state every job starts from
+            self._baseline = ProcessState.capture()
         with _output_to(job["log"]):
-            print(f"optuna-saturn: worker {index} (pid {os.getpid()}) runs {job['name']} as rank {job['rank']} "
+            print(f"optuna-saturn: worker {worker} (pid {os.getpid()}) runs {job['name']} as rank {job['rank']} "
                   f"of {job['world_size']}", flush=True)
-            place = join_process_group(  # a GPU worker sees the pool's GPUs and uses the index-th
-                device, job["rank"], job["world_size"], local_rank=index, init_method=job["rendezvous"],
-                timeout=job.get("timeout"),
+            place = join_process_group(
+                self._device, job["rank"], job["world_size"], local_rank=self._local_rank,
+                init_method=job["rendezvous"], timeout=job.get("timeout"),
             )
             clean = run_job(job, place, fn)
             if clean:
                 leave_process_group(place)
                 release_memory(place.device)
-                baseline.restore()  # (and the libraries' process-wide state: see reset_library_state)
-        grown = limit is not None and resident_memory() > limit
-        pool.call("done", worker=index, job=job["name"], clean=clean, recycle=not clean or grown,
-                  resident=resident_memory())
-        if not clean or grown:
-            exit_now(0)  # the host starts a fresh worker in this one's place
-    pool.close()
-    exit_now(0)
+                self._baseline.restore()  # (and the libraries' process-wide state: see reset_library_state)
+        grown = self._memory_limit is not None and resident_memory() > self._memory_limit
+        return clean, not clean or grown
 
 
 def _import_what_strategies_import(engines: Sequence[str], *, multi_device: bool) -> None:

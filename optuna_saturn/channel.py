@@ -1,7 +1,10 @@
 """The private channel between a trial's rank-0 worker and the executor (DESIGN decision 1).
 
-Newline-delimited JSON over a Unix-domain socket in a 0700 temporary folder. Only rank 0 connects; it presents the
-trial's random token, so a message can never land on another trial. The parent answers each request with the
+Newline-delimited JSON over a Unix-domain socket in a 0700 temporary folder, or, when trials run on other machines
+(the Ray runner), over TCP on the address the cluster reaches this machine at (``tcp://HOST:PORT``). Only rank 0
+connects; it presents the trial's random 128-bit token, which is the authentication: a connection without a
+registered token is closed before any request is served, so a message can never land on another trial, and a
+peer that does not know a token can do nothing. The parent answers each request with the
 result of calling the real ``optuna.Trial``: the user's sampler and pruner decide, in the process that owns them.
 """
 
@@ -57,13 +60,20 @@ class _NamedThreadsServer(socketserver.ThreadingUnixStreamServer):
         thread.start()
 
 
-class ChannelServer:
-    """Serves every running trial of one sweep; each trial registers a handler under a fresh token."""
+class _NamedThreadsTCPServer(socketserver.ThreadingTCPServer):
+    allow_reuse_address = True
+    process_request = _NamedThreadsServer.process_request
 
-    def __init__(self) -> None:
+
+class ChannelServer:
+    """Serves every running trial of one sweep; each trial registers a handler under a fresh token.
+
+    ``host`` None: a Unix socket, for workers on this machine. Otherwise a TCP socket bound to ``host`` (the IP
+    the other nodes reach this one at; never a wildcard), on a port the system picks."""
+
+    def __init__(self, *, host: str | None = None) -> None:
         self._folder = tempfile.mkdtemp(prefix="optuna-saturn-")
         os.chmod(self._folder, 0o700)
-        self.address = os.path.join(self._folder, "channel.sock")
         self._handlers: dict[str, Handler] = {}
         self._lock = threading.Lock()
         server = self
@@ -72,12 +82,24 @@ class ChannelServer:
             def handle(self) -> None:
                 server._serve_connection(self.rfile, self.wfile)
 
-        self._server = _NamedThreadsServer(self.address, _RequestHandler)
+        if host is None:
+            self.address = os.path.join(self._folder, "channel.sock")
+            self._server: socketserver.BaseServer = _NamedThreadsServer(self.address, _RequestHandler)
+        else:
+            if host in ("", "0.0.0.0", "::"):
+                raise ValueError("The channel binds one address the cluster reaches this machine at, not all.")
+            self._server = _NamedThreadsTCPServer((host, 0), _RequestHandler)
+            self.address = f"tcp://{host}:{self._server.server_address[1]}"
         self._server.daemon_threads = True
         # (close() waits for the serving loop's next poll: the default half second would end every sweep late)
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="saturn-channel", daemon=True)
         self._thread.start()
+
+    @property
+    def folder(self) -> str:
+        """The sweep's private 0700 folder on this machine (rendezvous files, error files, the pickled objective)."""
+        return self._folder
 
     def register(self, handler: Handler) -> str:
         token = secrets.token_hex(16)
@@ -137,8 +159,13 @@ class ChannelClient:
     and serialised by a lock."""
 
     def __init__(self, address: str, token: str, *, hello: dict | None = None) -> None:
-        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._socket.connect(address)
+        if address.startswith("tcp://"):
+            host, port = address[len("tcp://"):].rsplit(":", 1)
+            self._socket = socket.create_connection((host, int(port)))
+            self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        else:
+            self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._socket.connect(address)
         self._file = self._socket.makefile("rwb")
         self._lock = threading.Lock()
         self.call("hello", token=token, pid=os.getpid(), **(hello or {}))

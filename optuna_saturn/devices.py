@@ -18,21 +18,25 @@ DeviceKind = Literal["cuda", "cpu"]
 
 @dataclass(frozen=True)
 class Device:
-    """One schedulable device. ``cores`` is the CPU affinity of the process that drives it (empty: any core)."""
+    """One schedulable device. ``cores`` is the CPU affinity of the process that drives it (empty: any core);
+    ``index`` and ``cores`` are those of its machine. ``node`` names that machine in a cluster (empty: this one):
+    a trial's devices are always on one node."""
 
     kind: DeviceKind
     index: int
     cores: tuple[int, ...] = ()
+    node: str = ""
 
     def __str__(self) -> str:
-        return f"{self.kind}:{self.index}"
+        return f"{self.node}/{self.kind}:{self.index}" if self.node else f"{self.kind}:{self.index}"
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "index": self.index, "cores": list(self.cores)}
+        return {"kind": self.kind, "index": self.index, "cores": list(self.cores), "node": self.node}
 
     @classmethod
     def from_json(cls, data: dict) -> "Device":
-        return cls(kind=data["kind"], index=int(data["index"]), cores=tuple(data.get("cores", ())))
+        return cls(kind=data["kind"], index=int(data["index"]), cores=tuple(data.get("cores", ())),
+                   node=data.get("node", ""))
 
 
 DeviceSpec = Union[str, int, Sequence[Union[int, str, Device]]]

@@ -21,9 +21,11 @@ from optuna_saturn.devices import DeviceSpec, resolve_devices
 from optuna_saturn.events import SweepListener
 from optuna_saturn.profiler import ProfileStore
 from optuna_saturn.progress import ProgressMode, make_progress
-from optuna_saturn.strategy import select_strategies
+from optuna_saturn.runner.ray_cluster import discover
+from optuna_saturn.strategy import Strategy, select_strategies
 
 WORKER_ENV = "OPTUNA_SATURN_WORKER"
+_logger = optuna.logging.get_logger("optuna.saturn.executor")
 
 
 class SaturnExecutor:
@@ -77,6 +79,15 @@ class SaturnExecutor:
             for hung (a deadlocked collective, a stuck loader), stopped, and run again like a trial whose rank died
             (``max_retries``, from its checkpoint). ``None``: the longest of 2 minutes, half its planned runtime and
             50 of its steps.
+        runner: ``"local"``: trials run on this machine's devices. ``"ray"``: on the alive nodes of a Ray cluster,
+            each trial inside one node, by warm workers that are Ray actors pinned to their node's devices; the
+            study and its sampler stay in this process. ``devices`` is then read per node (``"auto"``: a node's
+            GPUs, else one CPU device per CPU; ``N`` or ``"cpu:N"``: N on every node), and strategies that need
+            their own launcher (DeepSpeed's, Accelerate's) are left out. Use a storage every machine can reach
+            (PostgreSQL) to watch the sweep from the dashboard, and a ``checkpoint_dir`` they share for trials
+            to resume on another node.
+        ray_address: the Ray cluster to connect to (``"HEAD_IP:6379"``); ``None``: the one this process is
+            connected to (``ray.init``), or ``RAY_ADDRESS``, or the one started on this machine (``ray start``).
         elastic: move a running trial to another strategy or device count (elastic resize) when the plan says the
             sweep then ends sooner by more than twice what the move costs: a long trial left alone on one device
             at the sweep's tail takes the devices that freed, say. Only trials that checkpoint move (once they
@@ -110,13 +121,31 @@ class SaturnExecutor:
         keep_checkpoints: bool = False,
         stall_timeout: float | None = None,
         elastic: bool = True,
+        runner: str = "local",
+        ray_address: str | None = None,
     ) -> None:
         if stall_timeout is not None and not stall_timeout > 0:
             raise ValueError(f"stall_timeout must be a positive number of seconds or None, got {stall_timeout!r}.")
         if not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0:
             raise ValueError(f"max_retries must be an integer >= 0 (0: never run a trial again), got {max_retries!r}.")
-        self.devices = resolve_devices(devices, allow_shared_cores=allow_shared_cores)
-        self.strategies = select_strategies(strategies, len(self.devices), folders=list(strategy_folders))
+        if runner not in ("local", "ray"):
+            raise ValueError(f"runner must be 'local' or 'ray', got {runner!r}.")
+        if runner == "local" and ray_address is not None:
+            raise ValueError("ray_address is for runner='ray'; pass runner='ray' too.")
+        cluster = None
+        if runner == "ray":
+            if isolate_network:
+                raise ValueError(
+                    "isolate_network applies to the local runner's launches; the Ray runner starts no launcher "
+                    "(its trials' process groups talk over each node's loopback). Leave it False."
+                )
+            cluster = discover(devices, address=ray_address)
+            self.devices = cluster.devices
+            self.strategies = _without_launchers(
+                select_strategies(strategies, cluster.largest_node, folders=list(strategy_folders)), strategies)
+        else:
+            self.devices = resolve_devices(devices, allow_shared_cores=allow_shared_cores)
+            self.strategies = select_strategies(strategies, len(self.devices), folders=list(strategy_folders))
         self.solver = solver
         self._quiet_own_log = progress is not None
         self._settings = SweepSettings(
@@ -130,6 +159,7 @@ class SaturnExecutor:
             profile_budget=profile_budget, profile_steps=tuple(profile_steps), worker_memory_limit=worker_memory_limit,
             max_retries=max_retries, checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir),
             keep_checkpoints=bool(keep_checkpoints), stall_timeout=stall_timeout, elastic=bool(elastic),
+            ray=cluster,
         )
 
     def optimize(
@@ -215,6 +245,22 @@ class SaturnExecutor:
                 sweep.run()
         finally:
             saturn_logger.setLevel(level)
+
+
+def _without_launchers(strategies: list[Strategy], asked: Sequence[str] | None) -> list[Strategy]:
+    """The Ray runner's strategies: those its warm workers run. A strategy whose launcher must own the trial's
+    processes (DeepSpeed's launcher, ``accelerate launch``) cannot run in an actor: named, it is an error;
+    among all the known ones, it is left out."""
+    launched = [s.name for s in strategies if s.launcher != "torchrun"]
+    if launched and asked is not None:
+        raise ValueError(
+            f"runner='ray' runs trials in warm workers (Ray actors), and {launched} need their own launcher to "
+            "start the trial's processes. Leave them out of strategies=, or use runner='local'."
+        )
+    kept = [s for s in strategies if s.launcher == "torchrun"]
+    if launched:
+        _logger.info(f"runner='ray' leaves out {launched}: they need their own launcher.")
+    return kept
 
 
 def _check_catch(catch: Iterable[type[Exception]] | type[Exception]) -> None:

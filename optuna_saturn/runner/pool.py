@@ -86,7 +86,7 @@ class WorkerPool:
     ) -> None:
         self.devices = list(devices)
         self._server = server
-        self._folder = Path(os.path.dirname(server.address))
+        self._folder = Path(server.folder)
         self._isolate = isolate_network
         self._memory_limit = memory_limit
         self._log_dir = log_dir
@@ -165,6 +165,10 @@ class WorkerPool:
         """Devices whose worker is up and idle."""
         with self._lock:
             return {w.index for w in self._workers if w.connected and w.job is None}
+
+    def lost(self) -> set[int]:
+        """Devices that can no longer run jobs: none on one machine (a dead worker is replaced)."""
+        return set()
 
     def starting(self) -> set[int]:
         """Devices whose worker is not up yet (the pool is starting, or a worker is being replaced)."""
