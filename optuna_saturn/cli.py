@@ -57,6 +57,12 @@ StrategyFolderOption = Annotated[list[Path] | None, typer.Option(
 IsolateOption = Annotated[bool, typer.Option(
     "--isolate-network", help="Run each trial in its own loopback-only network namespace (Linux; root or "
     "user namespaces). Launchers listen on every interface; use this on shared hosts.")]
+RunnerOption = Annotated[str, typer.Option(
+    "--runner", help="local: this machine's devices. ray: the alive nodes of a Ray cluster (each trial inside one "
+    "node; --devices is then read per node).")]
+RayAddressOption = Annotated[str | None, typer.Option(
+    "--ray-address", envvar="RAY_ADDRESS", show_envvar=True,
+    help="With --runner ray: the cluster's address, HEAD_IP:6379 (default: the one `ray start` runs here).")]
 LogDirOption = Annotated[Path, typer.Option("--log-dir", help="Where each trial's log is written.")]
 ProfileStoreOption = Annotated[Path, typer.Option(
     "--profile-store", help="Folder of cached profiles, keyed by what affects speed (model shape, batch, "
@@ -122,6 +128,8 @@ def run(
     elastic: Annotated[bool, typer.Option(
         "--elastic/--no-elastic", help="Move a running trial that checkpoints to another strategy or device count "
         "when the sweep then ends sooner (elastic resize).")] = True,
+    runner: RunnerOption = "local",
+    ray_address: RayAddressOption = None,
 ) -> None:
     """Run a sweep: add --n-trials trials to the study, each planned and launched on the device pool."""
     if progress not in PROGRESS_MODES:
@@ -139,8 +147,9 @@ def run(
         executor = _executor(
             devices, strategies, strategy_folder, isolate_network, log_dir, solver=solver, listeners=listeners,
             profile=profile, profile_store=profile_store, profile_budget=profile_budget, elastic=elastic,
+            runner=runner, ray_address=ray_address if runner == "ray" else None,
         )
-    except (ValueError, TypeError) as exc:  # StrategyError is a ValueError
+    except (ValueError, TypeError, ImportError, ConnectionError) as exc:  # StrategyError is a ValueError
         fail(str(exc))
     verbosity = optuna.logging.get_verbosity()
     if not isinstance(view, RichProgress):  # plain or quiet: our lines replace Optuna's per-trial INFO lines

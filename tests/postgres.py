@@ -1,6 +1,13 @@
-"""A PostgreSQL server of the test's own: initdb into a temporary folder, listening on 127.0.0.1 only, on a free
-port, stopped by its data folder (pg_ctl, which signals the postmaster's PID). initdb refuses root, so the server
-runs as the ``postgres`` user (``runuser``)."""
+"""PostgreSQL for the tests.
+
+- :func:`postgres_server`: a server of the test's own (a test that stops and starts it): initdb into a temporary
+  folder, listening on 127.0.0.1 only, on a free port, stopped by its data folder (pg_ctl, which signals the
+  postmaster's PID). initdb refuses root, so the server runs as the ``postgres`` user (``runuser``).
+  ``python tests/postgres.py start FOLDER`` starts one the same way and prints its port (``.ci/run`` does, for
+  the whole test run); ``stop FOLDER`` stops it.
+- :func:`postgres_database`: a fresh database, dropped afterwards, on the server ``.ci/run`` started
+  (``SATURN_TEST_POSTGRES=127.0.0.1:PORT``), or on a server of its own where none was.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -24,11 +32,12 @@ def _free_port() -> int:
 
 
 class PostgresServer:
-    def __init__(self) -> None:
+    def __init__(self, folder: str | None = None) -> None:
         for tool in ("initdb", "pg_ctl", "runuser"):
             require(shutil.which(tool) is not None, f"{tool} (PostgreSQL's server)",
                     fix="install PostgreSQL's server (apt-get install postgresql)")
-        self.folder = tempfile.mkdtemp(prefix="saturn-postgres-")
+        self.folder = folder or tempfile.mkdtemp(prefix="saturn-postgres-")
+        os.makedirs(self.folder, exist_ok=True)
         shutil.chown(self.folder, _USER)
         os.chmod(self.folder, 0o700)
         self.port = _free_port()
@@ -50,13 +59,7 @@ class PostgresServer:
         self._as_postgres(["pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop"])
 
     def create_database(self, name: str) -> str:
-        import psycopg2
-
-        connection = psycopg2.connect(host="127.0.0.1", port=self.port, user=_USER, dbname="postgres")
-        connection.autocommit = True
-        with connection.cursor() as cursor:
-            cursor.execute(f"CREATE DATABASE {name}")
-        connection.close()
+        _administer(self.port, f"CREATE DATABASE {name}")
         return self.url(name)
 
     def remove(self) -> None:
@@ -80,3 +83,42 @@ def postgres_server() -> Iterator[PostgresServer]:
         yield server
     finally:
         server.remove()
+
+
+def _administer(port: int, statement: str) -> None:
+    import psycopg2
+
+    connection = psycopg2.connect(host="127.0.0.1", port=port, user=_USER, dbname="postgres")
+    connection.autocommit = True
+    with connection.cursor() as cursor:
+        cursor.execute(statement)
+    connection.close()
+
+
+@contextmanager
+def postgres_database() -> Iterator[str]:
+    """The URL of a fresh database, dropped afterwards (see the module's docstring)."""
+    name = "saturn_" + uuid.uuid4().hex[:12]
+    shared = os.environ.get("SATURN_TEST_POSTGRES")
+    if not shared:
+        with postgres_server() as server:
+            yield server.create_database(name)
+        return
+    port = int(shared.rsplit(":", 1)[1])
+    _administer(port, f"CREATE DATABASE {name}")
+    try:
+        yield f"postgresql+psycopg2://{_USER}@127.0.0.1:{port}/{name}"
+    finally:
+        _administer(port, f"DROP DATABASE {name} WITH (FORCE)")
+
+
+if __name__ == "__main__":  # .ci/run: one server for the whole test run
+    import sys
+
+    action, folder = sys.argv[1], sys.argv[2]
+    if action == "start":
+        server = PostgresServer(folder)
+        server.start()
+        print(server.port)
+    else:
+        PostgresServer._as_postgres(["pg_ctl", "-D", os.path.join(folder, "data"), "-m", "fast", "-w", "stop"])

@@ -18,6 +18,7 @@ import objectives
 from optuna_saturn import SaturnExecutor
 from optuna_saturn._bridge import StudyBridge
 from optuna_saturn._ownership import Owner, recover_orphans
+from postgres import postgres_database
 
 HERE = os.path.dirname(__file__)
 
@@ -68,6 +69,16 @@ def test_max_retries_is_checked():
         SaturnExecutor(devices=1, strategies=["single"], max_retries=-1)
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def storage(request, tmp_path):
+    """The study's storage: a SQLite file, or a fresh database on PostgreSQL (the server .ci/run started)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'study.sqlite3'}"
+        return
+    with postgres_database() as url:
+        yield url
+
+
 def _start_sweep(storage: str, log_dir) -> subprocess.Popen:
     """A sweep of 60 s trials on 2 devices, in its own process (``sweep_to_interrupt.py``), once its two first
     trials run and record their owner."""
@@ -89,8 +100,7 @@ def _start_sweep(storage: str, log_dir) -> subprocess.Popen:
 
 
 @pytest.mark.launch
-def test_two_executors_share_a_study_and_leave_each_others_trials_alone(saturn_options, tmp_path):
-    storage = f"sqlite:///{tmp_path / 'study.sqlite3'}"
+def test_two_executors_share_a_study_and_leave_each_others_trials_alone(saturn_options, tmp_path, storage):
     first = _start_sweep(storage, tmp_path / "runs")
     try:
         study = optuna.load_study(study_name="interrupted", storage=storage)
@@ -111,10 +121,9 @@ def test_two_executors_share_a_study_and_leave_each_others_trials_alone(saturn_o
 
 
 @pytest.mark.launch
-def test_a_sweep_killed_with_sigkill_is_resumed_by_the_next(saturn_options, tmp_path, monkeypatch):
+def test_a_sweep_killed_with_sigkill_is_resumed_by_the_next(saturn_options, tmp_path, monkeypatch, storage):
     """kill -9 of the executor: its workers die with it, its two trials stay RUNNING; the next sweep on the
     study ends them FAIL with the reason, runs their params again first, then its own new trial."""
-    storage = f"sqlite:///{tmp_path / 'study.sqlite3'}"
     sweep = _start_sweep(storage, tmp_path / "runs")
     descendants = psutil.Process(sweep.pid).children(recursive=True)
     sweep.send_signal(signal.SIGKILL)

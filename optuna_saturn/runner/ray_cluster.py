@@ -61,6 +61,8 @@ def connect(address: str | None = None) -> Any:
     ray = import_ray()
     if ray.is_initialized():
         return ray
+    if address and address != "auto" and not address.startswith("ray://"):
+        _check_reachable(address)  # (Ray itself retries an unreachable address for minutes)
     try:
         ray.init(address=address or "auto", log_to_driver=False, configure_logging=False)
     except ConnectionError as exc:
@@ -70,6 +72,20 @@ def connect(address: str | None = None) -> Any:
             "ray.init(address=...) before optimize."
         ) from exc
     return ray
+
+
+def _check_reachable(address: str) -> None:
+    import socket
+
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host or address, int(port) if port.isdigit() else 6379), timeout=5):
+            return
+    except OSError as exc:
+        raise ConnectionError(
+            f"runner='ray' cannot reach a Ray cluster at {address!r} ({exc}). Is `ray start --head` running there, "
+            "and is its port (6379 by default) open to this machine?"
+        ) from exc
 
 
 def discover(spec: DeviceSpec = "auto", *, address: str | None = None) -> RayCluster:
