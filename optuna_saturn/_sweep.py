@@ -236,6 +236,7 @@ class Sweep:
                 while True:
                     self._ended(pool.wait(self._wait_seconds()) + self._launches_ended(runner))
                     self._lose(pool.lost())
+                    self._join(pool)
                     problem = pool.host_problem()
                     if problem:
                         raise RuntimeError(problem)
@@ -290,6 +291,20 @@ class Sweep:
             f"Devices {', '.join(str(self.settings.devices[d]) for d in sorted(lost))} are gone (their node died); "
             f"the sweep goes on with the {len(self.settings.devices) - len(self._lost)} others."
         )
+
+    def _join(self, pool: WorkerPool | RayPool) -> None:
+        """Devices of a node that joined the cluster: planned on from now (their workers are starting)."""
+        joined = pool.joined()
+        if not joined:
+            return
+        first = len(self.settings.devices)
+        self.settings = replace(self.settings, devices=[*self.settings.devices, *joined], ray=pool.cluster)
+        now = self._elapsed()
+        for index in range(first, len(self.settings.devices)):
+            self._device_free_since[index] = now
+        self._topology = Topology.of(self.settings.devices, without=self._lost)
+        self._cluster = self._topology.cluster
+        self._plan_dirty = True
 
     def _wait_seconds(self) -> float:
         """How long to wait for a job's end: not at all before the first trial is asked (the pool starts while

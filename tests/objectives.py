@@ -35,6 +35,7 @@ def train_linear(trial) -> float:
             optimizer.step()
         losses.append(trial.reduce_mean(loss))
         trial.report(losses[-1], epoch)
+        time.sleep(float(os.environ.get("SATURN_TEST_EPOCH_SLEEP", "0")))  # a longer trial, where a test needs one
     flat = torch.cat([p.detach().reshape(-1) for p in trial.unwrap(model).parameters()])
     gathered = [None] * trial.world_size
     pid_list = [None] * trial.world_size

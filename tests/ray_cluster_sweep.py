@@ -1,13 +1,16 @@
 """A real sweep with ``runner="ray"`` on a Ray cluster of two nodes started on this machine
 (``ray.cluster_utils.Cluster``), for ``tests/test_ray_runner.py``. Run it inside a loopback-only network namespace:
 ``python tests/ray_cluster_sweep.py MODE OUT.json`` with MODE ``spread`` (two nodes of two CPU devices, DDP and
-single trials, the study in a PostgreSQL server started in the same namespace) or ``node-death`` (two nodes of one
-device; the worker node is removed while a trial runs there). Writes what the test checks as JSON."""
+single trials, the study in a PostgreSQL server started in the same namespace), ``node-death`` (two nodes of one
+device; the worker node is removed while a trial runs there) or ``node-joins`` (one node of one device; a second
+joins once the first trial runs). Writes what the test checks as JSON."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -25,34 +28,71 @@ from optuna_saturn import SaturnExecutor  # noqa: E402
 from optuna_saturn.events import SweepListener, TrialStart  # noqa: E402
 
 
-class RemoveNodeWhenATrialRunsThere(SweepListener):
-    """Removes the Ray worker node (its raylet and everything on it) a few seconds into the first trial there."""
+class AddNodeOnceATrialRuns(SweepListener):
+    """Once the first trial runs, a node joins the cluster the way a user adds one: ``ray start --address``."""
 
-    def __init__(self, cluster: Cluster, node, node_id: str, after: float) -> None:
-        self._cluster, self._node, self._node_id, self._after = cluster, node, node_id, after
+    def __init__(self, address: str) -> None:
+        self._address = address
+        self.process: subprocess.Popen | None = None
+        self.added_at: float | None = None
+
+    def on_trial_start(self, study: optuna.Study, start: TrialStart) -> None:
+        if self.process is None:
+            ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+            self.process = subprocess.Popen(
+                [ray_bin, "start", f"--address={self._address}", "--node-ip-address=127.0.0.1", "--num-cpus=1",
+                 "--disable-usage-stats", "--block"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            )
+            self.added_at = time.time()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(timeout=60)
+
+
+class KillNodeWhenATrialRunsThere(SweepListener):
+    """Kills a Ray worker node (``kill()``: its raylet, or all of it) a few seconds into the first trial there."""
+
+    def __init__(self, node_name: str, kill, after: float) -> None:
+        self._node_name, self._kill, self._after = node_name, kill, after
         self.removed_at: float | None = None
         self.victim: int | None = None
 
     def on_trial_start(self, study: optuna.Study, start: TrialStart) -> None:
-        if self.victim is None and any(self._node_id[:6] in d for d in start.devices):
+        if self.victim is None and any(d.startswith(self._node_name + "/") for d in start.devices):
             self.victim = start.number
             threading.Timer(self._after, self._remove).start()
 
     def _remove(self) -> None:
-        self._cluster.remove_node(self._node, allow_graceful=False)
+        self._kill()
         self.removed_at = time.time()
 
 
-def main(mode: str, out: str) -> None:
+def main(mode: str, out: str, address: str | None = None, raylet_pid: int | None = None,
+         worker_ip: str | None = None) -> None:
+    """``address``: a cluster started outside (the network-namespace hosts), whose worker node is at
+    ``worker_ip`` and has its raylet at ``raylet_pid``; None: a ``Cluster`` started here."""
     started = time.time()
     per_node = 2 if mode == "spread" else 1
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": per_node, "node_ip_address": "127.0.0.1", "include_dashboard": False})
-    worker = cluster.add_node(num_cpus=per_node, node_ip_address="127.0.0.1")
+    steps = "30" if mode == "node-joins" else "100"  # 3 s or 10 s a trial
+    # spread: 6 s trials, so that both nodes' workers are up before the trials are all done
+    env = {"SATURN_TEST_SLEEPY_STEPS": steps, "SATURN_TEST_EPOCH_SLEEP": "0.4", "HF_HUB_OFFLINE": "1"}
     # the trials' environment reaches the actors through Ray (they are not the driver's children)
-    ray.init(address=cluster.address, log_to_driver=False,
-             runtime_env={"env_vars": {"SATURN_TEST_SLEEPY_STEPS": "100", "HF_HUB_OFFLINE": "1"}})  # 10 s a trial
-    cluster.wait_for_nodes()
+    if address is None:
+        cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": per_node, "node_ip_address": "127.0.0.1", "include_dashboard": False})
+        worker = None if mode == "node-joins" else cluster.add_node(num_cpus=per_node, node_ip_address="127.0.0.1")
+        ray.init(address=cluster.address, log_to_driver=False, runtime_env={"env_vars": env})
+        cluster.wait_for_nodes()
+        worker_id = None if worker is None else worker.node_id
+        kill = lambda: cluster.remove_node(worker, allow_graceful=False)  # noqa: E731
+    else:
+        cluster = None
+        ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": env})
+        worker_id = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == worker_ip)
+        kill = lambda: os.kill(raylet_pid, signal.SIGKILL)  # noqa: E731
     tmp = tempfile.mkdtemp(prefix="saturn-ray-test-")
     server = None
     if mode == "spread":
@@ -65,20 +105,25 @@ def main(mode: str, out: str) -> None:
         storage = f"sqlite:///{tmp}/study.db"
     study = optuna.create_study(storage=storage, study_name=mode)
     listeners = []
+    names = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
     if mode == "node-death":
-        victim = RemoveNodeWhenATrialRunsThere(cluster, worker, worker.node_id, after=3.0)
+        victim = KillNodeWhenATrialRunsThere(_node_name(worker_id, names), kill, after=3.0)
         listeners.append(victim)
+    if mode == "node-joins":
+        known = {n["NodeID"] for n in ray.nodes()}
+        joiner = AddNodeOnceATrialRuns(cluster.address)
+        listeners.append(joiner)
     executor = SaturnExecutor(
         devices=per_node, strategies=["single", "ddp"] if mode == "spread" else ["single"], runner="ray",
         log_dir=f"{tmp}/runs", profile_store=f"{tmp}/profiles", progress="plain", dashboard=False,
         listeners=listeners, max_retries=1,
     )
     objective = objectives.train_linear if mode == "spread" else objectives.sleepy
-    executor.optimize(study, objective, n_trials=6 if mode == "spread" else 3)
+    executor.optimize(study, objective, n_trials={"spread": 6, "node-death": 3, "node-joins": 8}[mode])
     result = {
         "seconds": time.time() - started, "driver_pid": os.getpid(), "storage": storage,
         "devices": [str(d) for d in executor.devices],
-        "worker_node": worker.node_id,
+        "worker_node": worker_id,
         "trials": [{
             "number": t.number, "state": t.state.name, "value": t.value,
             "attrs": {k: v for k, v in t.user_attrs.items() if not k.startswith("saturn:profil")},
@@ -88,13 +133,25 @@ def main(mode: str, out: str) -> None:
     }
     if mode == "node-death":
         result["victim"], result["removed_at"] = victim.victim, victim.removed_at
+    if mode == "node-joins":
+        result["joined_node"] = next((n["NodeID"] for n in ray.nodes() if n["NodeID"] not in known), None)
+        result["added_at"] = joiner.added_at
+        joiner.stop()
     with open(out, "w", encoding="utf-8") as f:
         json.dump(result, f, default=str)
     ray.shutdown()
-    cluster.shutdown()
+    if cluster is not None:
+        cluster.shutdown()
     if server is not None:
         server.remove()
 
 
+def _node_name(node_id: str, ips: dict[str, str]) -> str:
+    """The executor's name for a node (``optuna_saturn.runner.ray_cluster``): its IP, and its id where IPs repeat."""
+    ip = ips[node_id]
+    return ip if list(ips.values()).count(ip) == 1 else f"{ip}#{node_id[:6]}"
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    extra = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
+    main(sys.argv[1], sys.argv[2], **extra)

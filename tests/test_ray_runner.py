@@ -1,16 +1,22 @@
-"""The Ray runner (``SaturnExecutor(runner="ray")``): its parts alone, then real sweeps on a two-node Ray cluster
-started on this machine (``ray.cluster_utils.Cluster``) inside a loopback-only network namespace, so that nothing
-Ray, PostgreSQL or a trial starts listens outside it (DESIGN decision 9)."""
+"""The Ray runner (``SaturnExecutor(runner="ray")``): its parts alone; a node that joins a ``ray.cluster_utils``
+cluster inside a loopback-only network namespace; and real sweeps on two "hosts", network namespaces joined by a
+veth pair, a Ray head on one and a worker node on the other, so that nothing Ray, PostgreSQL or a trial starts
+listens outside them (DESIGN decision 9). ``tests/ray_cluster_sweep.py`` runs each sweep; its ``spread`` and
+``node-death`` modes also run on a ``ray.cluster_utils`` cluster alone, for debugging without root."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 
+import psutil
 import pytest
 
 from optuna_saturn import SaturnExecutor
@@ -120,16 +126,14 @@ def _sweep_on_a_ray_cluster(mode: str, tmp_path) -> dict:
     return json.loads(out.read_text())
 
 
-@pytest.mark.launch
-def test_a_sweep_spreads_over_two_ray_nodes_with_each_ddp_trial_inside_one(tmp_path):
-    result = _sweep_on_a_ray_cluster("spread", tmp_path)
+def _check_spread(result: dict, ips: set[str]) -> None:
+    """Every trial of the ``spread`` sweep completed, on both nodes, each inside one, in the nodes' actors;
+    each DDP trial really trained as one job; every rank's log came back."""
     assert result["storage"].startswith("postgresql"), "the study lives in PostgreSQL"
     trials = result["trials"]
     assert [t["state"] for t in trials] == ["COMPLETE"] * 6
-    nodes = {t["attrs"]["saturn:node"]["name"] for t in trials}
-    assert len(nodes) == 2, f"trials ran on {nodes} only"
-    strategies = {t["attrs"]["saturn:strategy"] for t in trials}
-    assert "ddp" in strategies, strategies
+    assert {t["attrs"]["saturn:node"]["ip"] for t in trials} == ips, "the trials did not spread over both nodes"
+    assert "ddp" in {t["attrs"]["saturn:strategy"] for t in trials}
     for trial in trials:
         attrs = trial["attrs"]
         node = attrs["saturn:node"]["name"]
@@ -138,15 +142,14 @@ def test_a_sweep_spreads_over_two_ray_nodes_with_each_ddp_trial_inside_one(tmp_p
         assert result["driver_pid"] not in pids  # it ran in the node's actors, not in the executor
         assert attrs["world_size"] == attrs["saturn:num_devices"] == len(set(pids))
         if attrs["saturn:strategy"] == "ddp":
-            assert attrs["max_param_diff_across_ranks"] == 0.0  # it really trained as one DDP job
-        # its log came back to the executor's folder, every rank's part of it
+            assert attrs["max_param_diff_across_ranks"] == 0.0
         for rank in range(attrs["world_size"]):
             assert f"runs trial-{trial['number']} as rank {rank} of {attrs['world_size']}" in trial["log"]
 
 
-@pytest.mark.launch
-def test_a_trial_on_a_ray_node_that_dies_fails_with_the_reason_and_runs_again_on_the_node_left(tmp_path):
-    result = _sweep_on_a_ray_cluster("node-death", tmp_path)
+def _check_node_death(result: dict) -> None:
+    """The trial on the node that died ended FAIL with the reason and ran again, to the end, on the node left;
+    no trial stays RUNNING; ``n_trials`` counted new trials."""
     trials = {t["number"]: t for t in result["trials"]}
     victim = trials[result["victim"]]
     assert result["removed_at"] is not None
@@ -160,3 +163,131 @@ def test_a_trial_on_a_ray_node_that_dies_fails_with_the_reason_and_runs_again_on
     new = [t for t in trials.values() if "saturn:retry_of" not in t["attrs"]]
     assert len(new) == 3, "n_trials counts new trials; the retry comes on top"
     assert sum(t["state"] == "COMPLETE" for t in new) == 2
+
+
+@pytest.mark.launch
+def test_a_ray_node_that_joins_during_a_sweep_runs_its_later_trials(tmp_path):
+    result = _sweep_on_a_ray_cluster("node-joins", tmp_path)
+    trials = result["trials"]
+    assert [t["state"] for t in trials] == ["COMPLETE"] * 8
+    on_new = [t for t in trials if t["attrs"]["saturn:node"]["node_id"] == result["joined_node"]]
+    assert on_new, "no trial ran on the node that joined"
+    assert min(t["attrs"]["saturn:actual_start"] for t in on_new) > 0  # (after the sweep had started)
+
+
+# -- two "hosts": network namespaces joined by a veth pair -------------------------------------------------------------
+class NamespaceHosts:
+    """Two hosts on this machine: network namespaces joined by a veth pair, each with its own IP on a private
+    /24 that exists only between them (DESIGN decision 9). Everything started in them is stopped by PID
+    (``ip netns pids``) and the namespaces are deleted."""
+
+    def __init__(self) -> None:
+        tag = f"{os.getpid() % 100000}"
+        self.names = [f"saturn-{tag}-h0", f"saturn-{tag}-h1"]
+        self.ips = [f"10.213.{os.getpid() % 250}.1", f"10.213.{os.getpid() % 250}.2"]
+        self._veth = [f"sv{tag}a", f"sv{tag}b"]
+        self.temp = [tempfile.mkdtemp(prefix="sr"), tempfile.mkdtemp(prefix="sr")]  # short: socket paths
+
+    def __enter__(self) -> "NamespaceHosts":
+        _ip("link", "add", self._veth[0], "type", "veth", "peer", "name", self._veth[1])
+        for name, veth, ip in zip(self.names, self._veth, self.ips):
+            _ip("netns", "add", name)
+            _ip("link", "set", veth, "netns", name)
+            _ip("-n", name, "addr", "add", f"{ip}/24", "dev", veth)
+            _ip("-n", name, "link", "set", veth, "up")
+            _ip("-n", name, "link", "set", "lo", "up")
+        return self
+
+    def start(self, host: int, command: list[str], log: str) -> subprocess.Popen:
+        with open(log, "ab") as out:
+            return subprocess.Popen(["ip", "netns", "exec", self.names[host], *command], stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+
+    def run(self, host: int, command: list[str], timeout: float) -> subprocess.CompletedProcess:
+        return subprocess.run(["ip", "netns", "exec", self.names[host], *command], capture_output=True, text=True,
+                              timeout=timeout, check=False)
+
+    def pids(self, host: int) -> list[int]:
+        out = subprocess.run(["ip", "netns", "pids", self.names[host]], capture_output=True, text=True, check=False)
+        return [int(p) for p in out.stdout.split()]
+
+    def __exit__(self, *exc: object) -> None:
+        for host, name in enumerate(self.names):
+            for pid in self.pids(host):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            subprocess.run(["ip", "netns", "del", name], check=False)
+        for folder in self.temp:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+def _listening() -> set[tuple[str, int]]:
+    return {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections("inet") if c.status == psutil.CONN_LISTEN}
+
+
+def _raylet(hosts: NamespaceHosts, host: int) -> int:
+    for pid in hosts.pids(host):
+        try:
+            if open(f"/proc/{pid}/comm", encoding="ascii").read().strip() == "raylet":
+                return pid
+        except OSError:
+            pass
+    raise AssertionError(f"no raylet runs on host {host}")
+
+
+@pytest.mark.launch
+def test_two_network_namespace_hosts_run_a_sweep_and_survive_the_kill_of_one_raylet(tmp_path):
+    """A Ray head on one host, a Ray worker node on the other, each with its own IP; the executor on the head's
+    host. A sweep spreads over both (a DDP trial inside one host); then a second sweep, whose trial on the worker
+    host loses its raylet (kill -9), is planned on the head's host again. Nothing listens outside these
+    namespaces."""
+    pytest.importorskip("ray", reason="pip install 'optuna-saturn[ray]'")
+    require(os.geteuid() == 0 and bool(shutil.which("ip")), "root and iproute2 (ip netns)", fix="run as root")
+    before = _listening()
+    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+    with NamespaceHosts() as hosts:
+        head = f"{hosts.ips[0]}:6379"
+        common = ["--num-cpus=2", "--disable-usage-stats", "--block"]
+        hosts.start(0, [ray_bin, "start", "--head", f"--node-ip-address={hosts.ips[0]}", "--port=6379",
+                        "--include-dashboard=false", f"--temp-dir={hosts.temp[0]}", *common],
+                    str(tmp_path / "head.log"))
+        time.sleep(1)
+        worker_start = [ray_bin, "start", f"--address={head}", f"--node-ip-address={hosts.ips[1]}",
+                        f"--temp-dir={hosts.temp[1]}", *common]
+        hosts.start(1, worker_start, str(tmp_path / "worker.log"))
+        _wait_for_nodes(hosts, head, 2)
+        assert _listening() <= before, "a Ray process listens outside the namespaces"
+        script = os.path.join(HERE, "ray_cluster_sweep.py")
+        results = {}
+        for mode in ("spread", "node-death"):
+            if mode == "node-death" and len(_alive_ips(hosts, head)) < 2:
+                pytest.fail("the worker host's node is gone before its raylet was killed")
+            extra = {"address": head, "raylet_pid": _raylet(hosts, 1), "worker_ip": hosts.ips[1]}
+            done = hosts.run(0, [sys.executable, script, mode, str(tmp_path / f"{mode}.json"), json.dumps(extra)],
+                             timeout=240)
+            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+            results[mode] = json.loads((tmp_path / f"{mode}.json").read_text())
+        _check_spread(results["spread"], set(hosts.ips))
+        _check_node_death(results["node-death"])
+        assert _listening() <= before
+    assert _listening() <= before
+
+
+def _alive_ips(hosts: NamespaceHosts, head: str) -> set[str]:
+    probe = ("import ray, json; ray.init(address=%r, log_to_driver=False); "
+             "print(json.dumps([n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']]))" % head)
+    done = hosts.run(0, [sys.executable, "-c", probe], timeout=60)
+    return set(json.loads(done.stdout.strip().splitlines()[-1])) if done.returncode == 0 else set()
+
+
+def _wait_for_nodes(hosts: NamespaceHosts, head: str, count: int) -> None:
+    deadline = time.monotonic() + 90
+    while len(_alive_ips(hosts, head)) < count:
+        assert time.monotonic() < deadline, f"the Ray cluster did not reach {count} nodes"
+        time.sleep(2)

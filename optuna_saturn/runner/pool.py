@@ -166,6 +166,10 @@ class WorkerPool:
         with self._lock:
             return {w.index for w in self._workers if w.connected and w.job is None}
 
+    def joined(self) -> list[Device]:
+        """Devices added since the last call: none on one machine."""
+        return []
+
     def lost(self) -> set[int]:
         """Devices that can no longer run jobs: none on one machine (a dead worker is replaced)."""
         return set()

@@ -34,6 +34,7 @@ class RayCluster:
 
     nodes: tuple[RayNode, ...]
     driver_ip: str
+    spec: DeviceSpec = "auto"  # how each node's devices were read (a node that joins is read the same way)
 
     @property
     def devices(self) -> list[Device]:
@@ -92,20 +93,32 @@ def discover(spec: DeviceSpec = "auto", *, address: str | None = None) -> RayClu
     """The cluster's alive nodes and their devices. ``spec`` is read per node: ``"auto"``: every GPU, else one
     CPU device per CPU; ``"cpu"``: one CPU device per CPU; ``"cpu:N"`` or ``N``: N devices on every node."""
     ray = connect(address)
-    alive = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: (n["NodeManagerAddress"], n["NodeID"]))
-    alive = [n for n in alive if n["Resources"].get("CPU", 0) >= 1 or n["Resources"].get("GPU", 0) >= 1]
+    alive = usable_nodes(ray.nodes())
     if not alive:
         raise RuntimeError("The Ray cluster has no alive node with a CPU or a GPU to run trials on.")
+    measured = ray.get([probe(n) for n in alive], timeout=120)
     ips = [n["NodeManagerAddress"] for n in alive]
-    probe = ray.remote(_probe)
-    probes = [probe.options(num_cpus=0, label_selector={"ray.io/node-id": n["NodeID"]}).remote() for n in alive]
-    measured = ray.get(probes, timeout=120)
-    nodes = []
-    for n, hardware in zip(alive, measured):
-        ip = n["NodeManagerAddress"]
-        name = ip if ips.count(ip) == 1 else f"{ip}#{n['NodeID'][:6]}"
-        nodes.append(_node(name, n, hardware, spec))
-    return RayCluster(tuple(nodes), driver_ip=ray.util.get_node_ip_address())
+    nodes = tuple(node_from(info, hardware, spec, ips) for info, hardware in zip(alive, measured))
+    return RayCluster(nodes, driver_ip=ray.util.get_node_ip_address(), spec=spec)
+
+
+def usable_nodes(nodes: list[dict]) -> list[dict]:
+    """``ray.nodes()``'s alive nodes with a CPU or a GPU, in a fixed order."""
+    alive = sorted((n for n in nodes if n.get("Alive")), key=lambda n: (n["NodeManagerAddress"], n["NodeID"]))
+    return [n for n in alive if n["Resources"].get("CPU", 0) >= 1 or n["Resources"].get("GPU", 0) >= 1]
+
+
+def probe(info: dict) -> Any:
+    """A Ray task that measures the node ``info`` describes, on it (a reference to its result)."""
+    ray = import_ray()
+    return ray.remote(_probe).options(num_cpus=0, label_selector={"ray.io/node-id": info["NodeID"]}).remote()
+
+
+def node_from(info: dict, hardware: dict, spec: DeviceSpec, ips: list[str]) -> RayNode:
+    """The node ``info`` (from ``ray.nodes()``) with its devices, named by its IP (and its id where ``ips``, every
+    node's, holds that IP more than once)."""
+    ip = info["NodeManagerAddress"]
+    return _node(ip if ips.count(ip) == 1 else f"{ip}#{info['NodeID'][:6]}", info, hardware, spec)
 
 
 def _node(name: str, info: dict, hardware: dict, spec: DeviceSpec) -> RayNode:

@@ -14,6 +14,8 @@ It offers what :class:`~optuna_saturn.runner.pool.WorkerPool` offers the sweep (
 - **Logs and error files** come back with the call's result, into the executor's log folder, so ``saturn:log``
   and the failed-rank report work without a shared filesystem. The objective travels inside its recipe
   (:func:`optuna_saturn._objective_ref.portable`).
+- **Nodes that join** are measured on arrival; their devices join the pool (:meth:`RayPool.joined`) and the
+  sweep plans on them from its next plan.
 - **Failures.** An actor that dies (its job failed and it must be replaced, ``stop``, a crash) is replaced in
   its bundle. A node that dies loses its devices (:meth:`RayPool.lost`): its jobs end unclean with the reason,
   and the sweep plans on the nodes left.
@@ -39,7 +41,7 @@ from optuna_saturn._objective_ref import localized, portable
 from optuna_saturn.devices import Device
 from optuna_saturn.runner.launch import extensions_cache
 from optuna_saturn.runner.pool import RENDEZVOUS_TIMEOUT_SECONDS, JobEnd
-from optuna_saturn.runner.ray_cluster import RayCluster, RayNode, import_ray
+from optuna_saturn.runner.ray_cluster import RayCluster, RayNode, import_ray, node_from, probe, usable_nodes
 
 _logger = optuna.logging.get_logger("optuna.saturn.runner")
 
@@ -99,6 +101,8 @@ class RayPool:
         self._lost: dict[int, str] = {}  # device -> why it is gone
         self._killed: dict[int, bool] = {}  # devices whose actor this pool killed (its death is no news)
         self._suspect: dict[int, float] = {}  # devices whose actor Ray could not reach, since when
+        self._probes: dict[Any, dict] = {}  # a node that joined: the reference of its measurement -> its info
+        self._joined: list[Device] = []  # devices of nodes that joined, not yet told to the sweep
         self._recipes: dict[str, dict] = {}
         self._rendezvous_ids = itertools.count()
         self._nodes_checked = 0.0
@@ -106,23 +110,25 @@ class RayPool:
     # -- life cycle ----------------------------------------------------------------------------------------------
     def start(self, preload: dict | None = None) -> None:
         """Reserve every node's devices and start their actors; each imports ``preload`` (an objective recipe)."""
-        from ray.util.placement_group import placement_group
-
         self._ray = import_ray()
         self._actor_class = self._ray.remote(_DeviceActor)
         self._config["preload"] = None if preload is None else self._portable(preload)
         self._log_dir.mkdir(parents=True, exist_ok=True)
         for node in self.cluster.nodes:
-            bundle = _bundle(node)
-            self._groups[node.name] = placement_group(
-                [bundle] * len(node.devices), strategy="STRICT_PACK", name=f"optuna-saturn-{node.name}",
-                bundle_label_selector=[{"ray.io/node-id": node.node_id}] * len(node.devices),
-            )
+            self._reserve(node)
         for index in range(len(self.devices)):
             self._spawn(index)
         _logger.info(
             f"Ray runner: {len(self.devices)} devices on {len(self.cluster.nodes)} nodes "
             f"({', '.join(f'{n.name}: {len(n.devices)}' for n in self.cluster.nodes)}); their workers are starting."
+        )
+
+    def _reserve(self, node: RayNode) -> None:
+        from ray.util.placement_group import placement_group
+
+        self._groups[node.name] = placement_group(
+            [_bundle(node)] * len(node.devices), strategy="STRICT_PACK", name=f"optuna-saturn-{node.name}",
+            bundle_label_selector=[{"ray.io/node-id": node.node_id}] * len(node.devices),
         )
 
     def close(self) -> None:
@@ -146,6 +152,12 @@ class RayPool:
         """Devices whose actor is up and idle."""
         return {i for i, a in self._actors.items()
                 if a.starting is None and a.job is None and i not in self._lost and i not in self._suspect}
+
+    def joined(self) -> list[Device]:
+        """Devices of nodes that joined the cluster since the last call, in the pool's order (they follow the
+        devices the pool had); their actors are starting."""
+        joined, self._joined = self._joined, []
+        return joined
 
     def lost(self) -> set[int]:
         """Devices of nodes that died: no job runs on them again in this sweep."""
@@ -182,7 +194,7 @@ class RayPool:
     def wait(self, timeout: float) -> list[JobEnd]:
         """Jobs that ended since the last call; waits up to ``timeout`` seconds for the first one."""
         self._stop_overdue_peers()
-        calls = list(self._calls)
+        calls = [*self._calls, *self._probes]
         if calls:
             done, _ = self._ray.wait(calls, num_returns=1, timeout=timeout)
             if done:
@@ -208,6 +220,9 @@ class RayPool:
 
     # -- what comes back -----------------------------------------------------------------------------------------
     def _settle(self, call: Any) -> None:
+        if call in self._probes:
+            self._welcome(self._probes.pop(call), call)
+            return
         kind, device = self._calls.pop(call)
         try:
             result = self._ray.get(call)
@@ -266,16 +281,47 @@ class RayPool:
         if time.monotonic() - self._nodes_checked < NODE_CHECK_SECONDS:
             return
         self._nodes_checked = time.monotonic()
-        alive = self._alive_nodes()
+        try:
+            nodes = self._ray.nodes()
+        except Exception:  # noqa: BLE001 (the GCS is briefly unreachable: look again next time)
+            return
+        alive = {n["NodeID"] for n in nodes if n.get("Alive")}
         for node in self.cluster.nodes:
-            if alive is not None and node.node_id not in alive:
+            if node.node_id not in alive:
                 self._lose_node(node, f"Ray node {node.name} died")
+        known = {n.node_id for n in self.cluster.nodes} | {info["NodeID"] for info in self._probes.values()}
+        for info in usable_nodes(nodes):
+            if info["NodeID"] not in known:
+                self._probes[probe(info)] = info
         for device, since in list(self._suspect.items()):
             if device in self._lost:
                 del self._suspect[device]
             elif time.monotonic() - since > NODE_DEATH_SECONDS:  # its node lives: the actor alone was lost
                 del self._suspect[device]
                 self._replace(device)
+
+    def _welcome(self, info: dict, measured: Any) -> None:
+        """A node joined: its devices join the pool, and their actors start."""
+        try:
+            hardware = self._ray.get(measured)
+        except self._ray.exceptions.RayError as exc:
+            _logger.warning(f"A Ray node that joined ({info['NodeManagerAddress']}) could not be measured: {exc}")
+            return
+        ips = [n.ip for n in self.cluster.nodes] + [info["NodeManagerAddress"]]
+        node = node_from(info, hardware, self.cluster.spec, ips)
+        if node.hardware != self.cluster.nodes[0].hardware:
+            _logger.warning(f"Ray node {node.name} ({node.hardware}) differs from the others "
+                            f"({self.cluster.nodes[0].hardware}); its trials are planned as if it did not.")
+        self.cluster = RayCluster((*self.cluster.nodes, node), self.cluster.driver_ip, self.cluster.spec)
+        first = len(self.devices)
+        self.devices.extend(node.devices)
+        self._node_of.extend([node] * len(node.devices))
+        self._bundle_of.extend(range(len(node.devices)))
+        self._reserve(node)
+        for index in range(first, len(self.devices)):
+            self._spawn(index)
+        self._joined.extend(node.devices)
+        _logger.info(f"Ray node {node.name} joined with {len(node.devices)} device(s); the sweep plans on them.")
 
     def _alive_nodes(self) -> set[str] | None:
         try:
