@@ -85,7 +85,7 @@ class SaturnExecutor:
             GPUs, else one CPU device per CPU; ``N`` or ``"cpu:N"``: N on every node), and strategies that need
             their own launcher (DeepSpeed's, Accelerate's) are left out. Use a storage every machine can reach
             (PostgreSQL) to watch the sweep from the dashboard, and a ``checkpoint_dir`` they share for trials
-            to resume on another node.
+            to resume on another node (without one, elastic resize is off).
         ray_address: the Ray cluster to connect to (``"HEAD_IP:6379"``); ``None``: the one this process is
             connected to (``ray.init``), or ``RAY_ADDRESS``, or the one started on this machine (``ray start``).
         elastic: move a running trial to another strategy or device count (elastic resize) when the plan says the
@@ -140,6 +140,11 @@ class SaturnExecutor:
                     "(its trials' process groups talk over each node's loopback). Leave it False."
                 )
             cluster = discover(devices, address=ray_address)
+            if elastic and checkpoint_dir is None:
+                # a moved trial resumes on whichever node the plan picks: from a folder every node must read
+                _logger.info("runner='ray' without a checkpoint_dir: elastic resize is off (a moved trial resumes "
+                             "from its checkpoint, which must be in a folder every node shares).")
+                elastic = False
             self.devices = cluster.devices
             self.strategies = _without_launchers(
                 select_strategies(strategies, cluster.largest_node, folders=list(strategy_folders)), strategies)
