@@ -45,6 +45,8 @@ from optuna_saturn.runner.ray_cluster import RayCluster, RayNode, import_ray, no
 
 _logger = optuna.logging.get_logger("optuna.saturn.runner")
 
+#: Failed starts in a row after which a device's actor is not started again.
+START_ATTEMPTS = 3
 #: Seconds between two looks at which nodes are alive.
 NODE_CHECK_SECONDS = 2.0
 #: How long a device whose actor Ray could not reach waits for Ray to say whether its node died (Ray's health
@@ -101,6 +103,7 @@ class RayPool:
         self._lost: dict[int, str] = {}  # device -> why it is gone
         self._killed: dict[int, bool] = {}  # devices whose actor this pool killed (its death is no news)
         self._suspect: dict[int, float] = {}  # devices whose actor Ray could not reach, since when
+        self._start_failures: dict[int, int] = {}  # device -> failed starts in a row
         self._probes: dict[Any, dict] = {}  # a node that joined: the reference of its measurement -> its info
         self._joined: list[Device] = []  # devices of nodes that joined, not yet told to the sweep
         self._recipes: dict[str, dict] = {}
@@ -223,6 +226,8 @@ class RayPool:
         if call in self._probes:
             self._welcome(self._probes.pop(call), call)
             return
+        if call not in self._calls:  # (its node was lost while this round of ends was settled)
+            return
         kind, device = self._calls.pop(call)
         try:
             result = self._ray.get(call)
@@ -232,8 +237,9 @@ class RayPool:
         if kind == "ready":
             actor.starting = None
             if result is None:
-                _logger.warning(f"The worker of device {self.devices[device]} failed to start: {error}")
-                self._replace(device)
+                self._failed_start(device, error)
+            else:
+                self._start_failures.pop(device, None)
             return
         if result is None:
             self._actor_died(device, error)
@@ -248,6 +254,17 @@ class RayPool:
         self._rank_ended(device, result["clean"], "" if result["clean"] else "a rank failed")
         if result["recycle"]:
             self._replace(device)
+
+    def _failed_start(self, device: int, error: BaseException) -> None:
+        """The actor of ``device`` failed to start (its imports failed there, say): started again, up to
+        :data:`START_ATTEMPTS` times in a row; then the device is lost, with the reason in the log."""
+        failures = self._start_failures[device] = self._start_failures.get(device, 0) + 1
+        if failures >= START_ATTEMPTS:
+            self._lost[device] = f"its worker failed to start {failures} times ({_first_line(error)})"
+            _logger.error(f"Device {self.devices[device]} is left out: {self._lost[device]}.")
+            return
+        _logger.warning(f"The worker of device {self.devices[device]} failed to start ({error}); starting it again.")
+        self._replace(device)
 
     def _rank_ended(self, device: int, clean: bool, reason: str) -> None:
         actor = self._actors.get(device)
