@@ -208,6 +208,9 @@ class Sweep:
         self._moves_due = False  # a job ended since moves were last weighed
         self._checkpoints_seen = 0  # checkpoints the running trials had saved when moves were last weighed
         self._checkpoint_root = (settings.checkpoint_dir or settings.log_dir / "checkpoints") / _safe(study.study_name)
+        # whether any device can read a checkpoint another wrote: on one machine, or in a folder the user named
+        # (on a cluster, one every node shares); otherwise a trial run again on another node starts over
+        self._checkpoints_shared = settings.ray is None or settings.checkpoint_dir is not None
 
     def _notify(self, method: str, *args: Any) -> None:
         for listener in list(self._listeners):
@@ -235,8 +238,8 @@ class Sweep:
             try:
                 while True:
                     self._ended(pool.wait(self._wait_seconds()) + self._launches_ended(runner))
-                    self._lose(pool.lost())
                     self._join(pool)
+                    self._lose(pool.lost())
                     problem = pool.host_problem()
                     if problem:
                         raise RuntimeError(problem)
@@ -279,16 +282,26 @@ class Sweep:
         if lost <= self._lost:
             return
         self._lost |= lost
-        if len(self._lost) == len(self.settings.devices):
-            return  # nothing left to plan on: the pool reports it (host_problem) and the sweep ends
-        self._topology = Topology.of(self.settings.devices, without=self._lost)
-        self._cluster = self._topology.cluster
-        self._plan_dirty = True
         for waiting in self._waiting.values():
             if waiting.assignment is not None and set(waiting.assignment.devices) & self._lost:
                 waiting.assignment = None  # planned again, on the nodes left
+        topology = Topology.of(self.settings.devices, without=self._lost)
+        if not topology.members:
+            return  # nothing left to plan on: the pool reports it (host_problem) and the sweep ends
+        self._topology, self._cluster = topology, topology.cluster
+        self._plan_dirty = True
+        largest = max(self._cluster.nodes)
+        for number, waiting in list(self._waiting.items()):
+            if not any(p.option.devices <= largest for p in waiting.price.options):
+                del self._waiting[number]
+                reason = (f"no option of it fits the nodes left (the largest has {largest} device(s)) once "
+                          f"{len(self._lost)} device(s) were lost with their node")
+                frozen = self._bridge.fail(waiting.trial, reason, attrs={"profiles": waiting.price.profiles})
+                _logger.warning(f"Trial {number} failed: {reason}.")
+                self._trial_ended(frozen, self._elapsed())
         _logger.warning(
-            f"Devices {', '.join(str(self.settings.devices[d]) for d in sorted(lost))} are gone (their node died); "
+            f"Devices {', '.join(str(self.settings.devices[d]) for d in sorted(lost))} are gone (their node died, or "
+            "their worker could not start: the log above says which); "
             f"the sweep goes on with the {len(self.settings.devices) - len(self._lost)} others."
         )
 
@@ -461,7 +474,7 @@ class Sweep:
 
     def _jobs_and_busy(self) -> tuple[list[Job], list[Reservation]]:
         now = self._elapsed()
-        jobs = [Job(str(n), _tie_broken(self._weighed_options(w))) for n, w in self._waiting.items()]
+        jobs = [Job(str(n), _tie_broken(self._fitting(self._weighed_options(w)))) for n, w in self._waiting.items()]
         busy = [self._topology.reservation(r.devices, self._remaining(r, now), r.key)
                 for r in self._running.values() if not set(r.devices) & self._lost]
         return jobs + self._future_jobs(), busy
@@ -477,7 +490,13 @@ class Sweep:
         # a trial of median size among those asked so far stands for each of them
         options = sorted(self._seen, key=lambda opts: min(o.runtime * o.devices for o in opts))[len(self._seen) // 2]
         count = min(remaining, _FUTURE_TRIALS * len(self.settings.devices))
-        return [Job(f"{_FUTURE}{i}", _tie_broken(options)) for i in range(count)]
+        options = self._fitting(options)
+        return [Job(f"{_FUTURE}{i}", _tie_broken(options)) for i in range(count)] if options else []
+
+    def _fitting(self, options: Sequence[Option]) -> list[Option]:
+        """The options that fit a node (all, unless nodes were lost)."""
+        largest = max(self._cluster.nodes)
+        return [o for o in options if o.devices <= largest]
 
     def _plan(self) -> None:
         """Re-plan every waiting trial around the running jobs (the previous plan is kept unless a new one is
@@ -969,7 +988,7 @@ class Sweep:
             self._pricer.mark_out_of_memory(waiting.trial.number, option, error)
         else:
             self._pricer.mark_failed(waiting.trial.number, option, error)
-        if run.session.checkpoint is not None:  # it got that far: the next run goes on from there
+        if run.session.checkpoint is not None and self._checkpoints_shared:  # it got that far: go on from there
             self._resumes[waiting.trial.number] = checkpoint.CheckpointRecord.from_json(run.session.checkpoint)
         price = self._price(waiting.trial, leaving=waiting.left)
         if not price.options:

@@ -10,6 +10,7 @@ result of calling the real ``optuna.Trial``: the user's sampler and pruner decid
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -23,6 +24,10 @@ from collections.abc import Callable
 from typing import Any
 
 _logger = logging.getLogger(__name__)
+
+#: How long, and how many bytes, a new connection has to present its hello.
+_HELLO_SECONDS = 10.0
+_HELLO_BYTES = 64 * 1024
 
 #: A request handler: (op, message) -> reply value. Raising sends the error back to the worker.
 Handler = Callable[[str, dict], Any]
@@ -80,7 +85,7 @@ class ChannelServer:
 
         class _RequestHandler(socketserver.StreamRequestHandler):
             def handle(self) -> None:
-                server._serve_connection(self.rfile, self.wfile)
+                server._serve_connection(self.rfile, self.wfile, self.connection)
 
         if host is None:
             self.address = os.path.join(self._folder, "channel.sock")
@@ -122,12 +127,14 @@ class ChannelServer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _serve_connection(self, rfile: Any, wfile: Any) -> None:
+    def _serve_connection(self, rfile: Any, wfile: Any, connection: socket.socket) -> None:
         served: list[Handler] = []  # the connection's handler, once its hello named a valid token
         try:
-            self._serve_requests(rfile, wfile, served)
-        except OSError:  # the peer vanished mid-request (a killed worker)
+            self._serve_requests(rfile, wfile, served, connection)
+        except OSError:  # the peer vanished mid-request (a killed worker), or said nothing in time
             pass
+        except ValueError:  # not our protocol
+            _logger.warning("Closed a channel connection that did not speak the channel's protocol.")
         finally:
             for handler in served:  # the peer went away (or exited): its handler hears it once
                 try:
@@ -135,8 +142,13 @@ class ChannelServer:
                 except Exception:
                     _logger.exception("A channel handler failed on a closed connection.")
 
-    def _serve_requests(self, rfile: Any, wfile: Any, served: list[Handler]) -> None:
-        for line in rfile:
+    def _serve_requests(self, rfile: Any, wfile: Any, served: list[Handler], connection: socket.socket) -> None:
+        # before its hello, a peer gets a few seconds and one line of bounded length: a stranger that connects
+        # (over TCP, anyone who reaches the port) can hold neither a thread nor memory
+        connection.settimeout(_HELLO_SECONDS)
+        hello = rfile.readline(_HELLO_BYTES)
+        connection.settimeout(None)
+        for line in itertools.chain([hello] if hello else [], rfile):
             message = json.loads(line)
             op = message.get("op", "")
             if not served:

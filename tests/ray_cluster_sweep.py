@@ -7,6 +7,7 @@ joins once the first trial runs). Writes what the test checks as JSON."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -47,9 +48,12 @@ class AddNodeOnceATrialRuns(SweepListener):
             self.added_at = time.time()
 
     def stop(self) -> None:
-        if self.process is not None:
+        if self.process is not None and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(timeout=60)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
 
 
 class KillNodeWhenATrialRunsThere(SweepListener):
@@ -73,7 +77,14 @@ class KillNodeWhenATrialRunsThere(SweepListener):
 def main(mode: str, out: str, address: str | None = None, raylet_pid: int | None = None,
          worker_ip: str | None = None) -> None:
     """``address``: a cluster started outside (the network-namespace hosts), whose worker node is at
-    ``worker_ip`` and has its raylet at ``raylet_pid``; None: a ``Cluster`` started here."""
+    ``worker_ip`` and has its raylet at ``raylet_pid``; None: a ``Cluster`` started here. Whatever it starts is
+    stopped, also when it fails."""
+    with contextlib.ExitStack() as stack:
+        _sweep(mode, out, stack, address, raylet_pid, worker_ip)
+
+
+def _sweep(mode: str, out: str, stack: contextlib.ExitStack, address: str | None, raylet_pid: int | None,
+           worker_ip: str | None) -> None:
     started = time.time()
     per_node = 2 if mode == "spread" else 1
     steps = "30" if mode == "node-joins" else "100"  # 3 s or 10 s a trial
@@ -83,35 +94,39 @@ def main(mode: str, out: str, address: str | None = None, raylet_pid: int | None
     if address is None:
         cluster = Cluster(initialize_head=True, head_node_args={
             "num_cpus": per_node, "node_ip_address": "127.0.0.1", "include_dashboard": False})
+        stack.callback(cluster.shutdown)
         worker = None if mode == "node-joins" else cluster.add_node(num_cpus=per_node, node_ip_address="127.0.0.1")
-        ray.init(address=cluster.address, log_to_driver=False, runtime_env={"env_vars": env})
+        address = cluster.address
+        ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": env})
+        stack.callback(ray.shutdown)
         cluster.wait_for_nodes()
         worker_id = None if worker is None else worker.node_id
         kill = lambda: cluster.remove_node(worker, allow_graceful=False)  # noqa: E731
     else:
-        cluster = None
         ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": env})
+        stack.callback(ray.shutdown)
         worker_id = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == worker_ip)
         kill = lambda: os.kill(raylet_pid, signal.SIGKILL)  # noqa: E731
     tmp = tempfile.mkdtemp(prefix="saturn-ray-test-")
-    server = None
     if mode == "spread":
         from postgres import PostgresServer
 
         server = PostgresServer()
+        stack.callback(server.remove)
         server.start()
         storage = server.create_database("ray_sweep")
     else:
         storage = f"sqlite:///{tmp}/study.db"
     study = optuna.create_study(storage=storage, study_name=mode)
-    listeners = []
+    listeners: list[SweepListener] = []
     names = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
     if mode == "node-death":
         victim = KillNodeWhenATrialRunsThere(_node_name(worker_id, names), kill, after=3.0)
         listeners.append(victim)
     if mode == "node-joins":
-        known = {n["NodeID"] for n in ray.nodes()}
-        joiner = AddNodeOnceATrialRuns(cluster.address)
+        known = set(names)
+        joiner = AddNodeOnceATrialRuns(address)
+        stack.callback(joiner.stop)
         listeners.append(joiner)
     executor = SaturnExecutor(
         devices=per_node, strategies=["single", "ddp"] if mode == "spread" else ["single"], runner="ray",
@@ -136,14 +151,8 @@ def main(mode: str, out: str, address: str | None = None, raylet_pid: int | None
     if mode == "node-joins":
         result["joined_node"] = next((n["NodeID"] for n in ray.nodes() if n["NodeID"] not in known), None)
         result["added_at"] = joiner.added_at
-        joiner.stop()
     with open(out, "w", encoding="utf-8") as f:
         json.dump(result, f, default=str)
-    ray.shutdown()
-    if cluster is not None:
-        cluster.shutdown()
-    if server is not None:
-        server.remove()
 
 
 def _node_name(node_id: str, ips: dict[str, str]) -> str:

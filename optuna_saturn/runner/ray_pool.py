@@ -47,6 +47,8 @@ _logger = optuna.logging.get_logger("optuna.saturn.runner")
 
 #: Failed starts in a row after which a device's actor is not started again.
 START_ATTEMPTS = 3
+#: Seconds a node's placement group may take to be placed before its devices are given up.
+RESERVE_SECONDS = 300.0
 #: Seconds between two looks at which nodes are alive.
 NODE_CHECK_SECONDS = 2.0
 #: How long a device whose actor Ray could not reach waits for Ray to say whether its node died (Ray's health
@@ -104,7 +106,9 @@ class RayPool:
         self._killed: dict[int, bool] = {}  # devices whose actor this pool killed (its death is no news)
         self._suspect: dict[int, float] = {}  # devices whose actor Ray could not reach, since when
         self._start_failures: dict[int, int] = {}  # device -> failed starts in a row
-        self._probes: dict[Any, dict] = {}  # a node that joined: the reference of its measurement -> its info
+        self._probes: dict[Any, dict] = {}
+        self._ignored: set[str] = set()  # nodes that joined but cannot be used
+        self._reserved_at: dict[str, float] = {}  # node name -> when its placement group was asked for  # a node that joined: the reference of its measurement -> its info
         self._joined: list[Device] = []  # devices of nodes that joined, not yet told to the sweep
         self._recipes: dict[str, dict] = {}
         self._rendezvous_ids = itertools.count()
@@ -129,6 +133,7 @@ class RayPool:
     def _reserve(self, node: RayNode) -> None:
         from ray.util.placement_group import placement_group
 
+        self._reserved_at[node.name] = time.monotonic()
         self._groups[node.name] = placement_group(
             [_bundle(node)] * len(node.devices), strategy="STRICT_PACK", name=f"optuna-saturn-{node.name}",
             bundle_label_selector=[{"ray.io/node-id": node.node_id}] * len(node.devices),
@@ -142,6 +147,14 @@ class RayPool:
 
         for device in self._actors:
             self._kill(device)
+        cleanup = self._ray.remote(_remove_sweep_folder)
+        alive = self._alive_nodes() or set()
+        removals = [cleanup.options(num_cpus=0, label_selector={"ray.io/node-id": n.node_id}).remote(
+            self._config["sweep"]) for n in self.cluster.nodes if n.node_id in alive]
+        try:
+            self._ray.get(removals, timeout=30)
+        except Exception:  # noqa: BLE001 (a node that went away meanwhile keeps its temporary folder)
+            pass
         for group in self._groups.values():
             try:
                 remove_placement_group(group)
@@ -252,7 +265,7 @@ class RayPool:
                 with open(os.path.join(job.errors_folder, name), "w", encoding="utf-8") as f:
                     f.write(text)
         self._rank_ended(device, result["clean"], "" if result["clean"] else "a rank failed")
-        if result["recycle"]:
+        if self._killed.pop(device, None) or result["recycle"]:  # (killed as it finished: it is gone too)
             self._replace(device)
 
     def _failed_start(self, device: int, error: BaseException) -> None:
@@ -306,7 +319,14 @@ class RayPool:
         for node in self.cluster.nodes:
             if node.node_id not in alive:
                 self._lose_node(node, f"Ray node {node.name} died")
-        known = {n.node_id for n in self.cluster.nodes} | {info["NodeID"] for info in self._probes.values()}
+            elif node.name in self._reserved_at and self._groups[node.name].wait(0):
+                del self._reserved_at[node.name]
+            elif node.name in self._reserved_at and time.monotonic() - self._reserved_at[node.name] > RESERVE_SECONDS:
+                del self._reserved_at[node.name]
+                self._lose_node(node, f"Ray node {node.name}'s devices could not be reserved in "
+                                      f"{RESERVE_SECONDS:.0f} s ({_bundle(node)} each: other work holds them?)")
+        known = ({n.node_id for n in self.cluster.nodes} | {info["NodeID"] for info in self._probes.values()}
+                 | self._ignored)
         for info in usable_nodes(nodes):
             if info["NodeID"] not in known:
                 self._probes[probe(info)] = info
@@ -323,9 +343,15 @@ class RayPool:
             hardware = self._ray.get(measured)
         except self._ray.exceptions.RayError as exc:
             _logger.warning(f"A Ray node that joined ({info['NodeManagerAddress']}) could not be measured: {exc}")
+            self._ignored.add(info["NodeID"])
             return
         ips = [n.ip for n in self.cluster.nodes] + [info["NodeManagerAddress"]]
-        node = node_from(info, hardware, self.cluster.spec, ips)
+        try:
+            node = node_from(info, hardware, self.cluster.spec, ips)
+        except ValueError as exc:  # it does not have what devices= asks of every node
+            _logger.warning(f"A Ray node that joined is not used: {exc}")
+            self._ignored.add(info["NodeID"])
+            return
         if node.hardware != self.cluster.nodes[0].hardware:
             _logger.warning(f"Ray node {node.name} ({node.hardware}) differs from the others "
                             f"({self.cluster.nodes[0].hardware}); its trials are planned as if it did not.")
@@ -356,7 +382,8 @@ class RayPool:
         if not killed and alive is not None and node.node_id not in alive:
             self._lose_node(node, f"Ray node {node.name} died")
             return
-        unreachable = not killed and isinstance(error, self._ray.exceptions.ActorUnavailableError)
+        unreachable = not killed and (isinstance(error, self._ray.exceptions.ActorUnavailableError)
+                                      or "node" in str(error).lower())
         if unreachable:
             reason = (f"the worker of device {self.devices[device]} became unreachable: Ray node {node.name} died "
                       f"or left the cluster ({_first_line(error)})")
@@ -417,6 +444,17 @@ class RayPool:
         return self._recipes[key]
 
 
+def sweep_folder(sweep: str) -> str:
+    """The sweep's private folder on a node."""
+    return os.path.join(tempfile.gettempdir(), f"optuna-saturn-ray-{sweep}")
+
+
+def _remove_sweep_folder(sweep: str) -> None:
+    import shutil
+
+    shutil.rmtree(sweep_folder(sweep), ignore_errors=True)
+
+
 def _first_line(error: BaseException) -> str:
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return f"{type(error).__name__}: {lines[0][:160]}" if lines else type(error).__name__
@@ -439,10 +477,10 @@ class _DeviceActor:
                            "TORCH_EXTENSIONS_DIR": config.get("extensions") or str(extensions_cache())})
         if device["kind"] == "cpu":
             os.environ["CUDA_VISIBLE_DEVICES"] = ""
-        self._folder = tempfile.mkdtemp(prefix="optuna-saturn-ray-")
-        # every rank of a job is on this node: they meet in a folder of it
-        self._rendezvous = os.path.join(tempfile.gettempdir(), f"optuna-saturn-ray-{config['sweep']}")
-        os.makedirs(self._rendezvous, mode=0o700, exist_ok=True)
+        # one folder per sweep on this node: the objective's copy, jobs' logs and errors, and the rendezvous of
+        # each job (its ranks are all on this node); the pool removes it at the end
+        self._folder = self._rendezvous = sweep_folder(config["sweep"])
+        os.makedirs(self._folder, mode=0o700, exist_ok=True)
         from optuna_saturn._warm_worker import JobRunner, prepare_process, size_threads
 
         preload = None if config.get("preload") is None else localized(config["preload"], self._folder)
