@@ -58,7 +58,7 @@ def rest_of_run(
     if session.checkpoint is None or session.move_requested or not current.runtime > 0:
         return None
     record = checkpoint.CheckpointRecord.from_json(session.checkpoint)
-    if record.format != checkpoint.DCP:  # DeepSpeed's does not reshard, nor load into another ZeRO stage
+    if record.format != checkpoint.DCP:  # DeepSpeed's reshards only into its own ZeRO stage, by a conversion: kept
         return None
     able = [o for o in options if checkpoint.can_resume(record, engines[o.strategy], o.devices)]
     return remaining_job(name, able, current=current.choice, left=1.0, rate=remaining_seconds / current.runtime,

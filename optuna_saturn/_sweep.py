@@ -415,7 +415,7 @@ class Sweep:
         if record is None:
             return options
         able = [p for p in options if checkpoint.can_resume(
-            record, self._strategies[p.option.strategy].engine, p.option.devices)]
+            record, self._strategies[p.option.strategy].engine, p.option.devices, p.option.strategy)]
         if not able:
             _logger.warning(f"Trial {trial.number} runs again from the start: none of its options can load its "
                             f"{record.format} checkpoint of {record.world_size} rank(s).")

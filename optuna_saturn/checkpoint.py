@@ -16,8 +16,11 @@ Two formats, chosen by the strategy's engine:
   by FSDP on 2 ranks loads into one process, or DDP on 4, and the other way round. So a retried trial may be
   planned on any of these options, whatever its first run used.
 - **DeepSpeed's own checkpoint** (ZeRO): ``engine.save_checkpoint``, whose optimizer partitions belong to the world
-  size that wrote them; a retried trial is then planned only on DeepSpeed options of that device count
-  (:func:`can_resume`). (DeepSpeed's universal checkpoint, which reshards, is not used yet.)
+  size that wrote them. A run on as many ranks loads it as it is; a run of the same strategy on another number
+  of ranks loads it through DeepSpeed's *universal checkpoint*: rank 0 converts it once
+  (``deepspeed.checkpoint.ds_to_universal``, into ``step-<k>/state_universal``, which reshards every parameter
+  and its optimizer state), and the engine loads that (``load_universal_checkpoint``). Which options may load
+  which checkpoint: :func:`can_resume`.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ DCP = "torch.distributed.checkpoint"
 DEEPSPEED = "deepspeed"
 _RECORD_FILE = "saturn-checkpoint.json"
 _TAG = "state"  # DeepSpeed's tag: its files go in step-<k>/state/
+_UNIVERSAL_TAG = "state_universal"  # the same, converted to DeepSpeed's universal checkpoint
+_CONVERTED = "converted"  # the marker of a complete conversion
 
 
 @dataclass(frozen=True)
@@ -66,12 +71,13 @@ def format_of(engine_name: str) -> str:
     return DEEPSPEED if engine_name == "deepspeed" else DCP
 
 
-def can_resume(record: CheckpointRecord, engine_name: str, world_size: int) -> bool:
-    """Whether a run under this engine and world size can load ``record``: any of the reshardable format's, or
-    DeepSpeed on as many ranks as wrote its partitions."""
+def can_resume(record: CheckpointRecord, engine_name: str, world_size: int, strategy: str | None = None) -> bool:
+    """Whether a run under this engine, world size and strategy can load ``record``: any run of the reshardable
+    format's; a DeepSpeed run on as many ranks as wrote its partitions, or of the same strategy (the same ZeRO
+    stage) on any number of ranks, through the universal checkpoint."""
     if format_of(engine_name) != record.format:
         return False
-    return record.format == DCP or record.world_size == world_size
+    return record.format == DCP or record.world_size == world_size or strategy == record.strategy
 
 
 def exists(record: CheckpointRecord) -> bool:
@@ -118,9 +124,7 @@ def load(engine: Any, record: CheckpointRecord, model: torch.nn.Module, optimize
     """Load ``record`` into the prepared model, optimizer and scheduler, and the random generators; returns its
     step and the loaders' positions it saved. Collective."""
     if record.format == DEEPSPEED:
-        _, client = model.load_checkpoint(record.path, tag=_TAG, load_optimizer_states=optimizer is not None,
-                                          load_lr_scheduler_states=False)
-        trainer = (client or {})["saturn"]
+        trainer = _load_deepspeed(engine, record, model, optimizer, group)
     else:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_state_dict
@@ -135,6 +139,44 @@ def load(engine: Any, record: CheckpointRecord, model: torch.nn.Module, optimize
         scheduler.load_state_dict(saved["scheduler"])
     restore(saved["random"])
     return int(saved["step"]), list(saved.get("loaders", []))
+
+
+def _load_deepspeed(engine: Any, record: CheckpointRecord, model: Any, optimizer: Any, group: Any) -> bytes:
+    """DeepSpeed's checkpoint into the engine ``model``: as it is on as many ranks, else as a universal
+    checkpoint (converted once, by rank 0)."""
+    context = engine.context
+    tag = _TAG
+    if record.world_size != context.world_size:
+        tag = _UNIVERSAL_TAG
+        universal = Path(record.path) / _UNIVERSAL_TAG
+        if context.rank == 0 and not (universal / _CONVERTED).is_file():
+            to_universal(Path(record.path) / _TAG, universal)
+        _barrier(context.world_size, group)
+        model._config.load_universal_checkpoint = True  # (read by load_checkpoint alone)
+    try:
+        _, client = model.load_checkpoint(record.path, tag=tag, load_optimizer_states=optimizer is not None,
+                                          load_lr_scheduler_states=False)
+    finally:
+        model._config.load_universal_checkpoint = False
+    return (client or {})["saturn"]
+
+
+def to_universal(source: Path, target: Path) -> None:
+    """Convert DeepSpeed's ZeRO checkpoint in ``source`` (one tag's folder) into a universal checkpoint in
+    ``target``, which any number of ranks of the same ZeRO stage loads. ``inject_missing_state``: a model that
+    is not Megatron's has no tensor-parallel layout to describe; DeepSpeed then assumes none."""
+    import argparse
+    import contextlib
+    import io
+
+    from deepspeed.checkpoint import ds_to_universal
+
+    shutil.rmtree(target, ignore_errors=True)
+    args = argparse.Namespace(input_folder=str(source), output_folder=str(target), num_extract_workers=1,
+                              num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=True)
+    with contextlib.redirect_stdout(io.StringIO()):  # (it prints every parameter it converts)
+        ds_to_universal.main(args)
+    (target / _CONVERTED).write_text(str(time.time()), encoding="utf-8")
 
 
 def remove(path: str | Path) -> None:

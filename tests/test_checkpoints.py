@@ -63,6 +63,8 @@ def _killed_after_its_checkpoint(storage: str, log_dir: Path, strategy: str, dev
     (("single", 1), ("ddp", 2)),
     (("fsdp", 2), ("fsdp", 4)),  # resharded from 2 ranks to 4 (4 devices sharing 2 cores here)
     (("zero2", 2), ("zero2", 2)),  # DeepSpeed's own checkpoint, on as many ranks
+    (("zero2", 2), ("zero2", 4)),  # DeepSpeed's universal checkpoint: resharded from 2 ranks to 4
+    (("zero3", 2), ("zero3", 4)),  # the same for ZeRO-3's partitioned parameters
 ], ids=lambda o: f"{o[0]}x{o[1]}")
 def test_a_trial_killed_with_its_sweep_resumes_from_its_checkpoint(saturn_options, tmp_path, first, then):
     params = {"lr": 0.02}
