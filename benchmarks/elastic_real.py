@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -102,11 +101,9 @@ def run_arm(arm: str, store: str, log_dir: str) -> dict:
 
 
 def _subprocess(arm: str, store: str, log_dir: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--arm", arm, "--store", store, "--log-dir", log_dir],
-                         capture_output=True, text=True, check=False)
-    if out.returncode != 0:
-        raise RuntimeError(f"{arm} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    from workloads import arm_in_a_process
+
+    return arm_in_a_process(__file__, "--arm", arm, "--store", store, "--log-dir", log_dir)
 
 
 def main() -> None:

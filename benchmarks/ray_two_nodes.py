@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -81,14 +80,10 @@ def run_arm(arm: str, objective: str, params: list[dict], devices: int, folder: 
 
 
 def _arm_in_a_process(arm: str, objective: str, params: list[dict], devices: int, folder: str) -> dict:
-    out = subprocess.run(
-        [sys.executable, __file__, "--arm", arm, "--objective", objective, "--devices", str(devices),
-         "--folder", folder, "--params", json.dumps(params)],
-        capture_output=True, text=True, check=False,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"{arm} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    from workloads import arm_in_a_process
+
+    return arm_in_a_process(__file__, "--arm", arm, "--objective", objective, "--devices", str(devices),
+                            "--folder", folder, "--params", json.dumps(params))
 
 
 def main() -> None:

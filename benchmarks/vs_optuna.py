@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -205,14 +204,10 @@ def _lower_bound(runtimes: list[float], devices_used: list[int], devices: int) -
 
 
 def _subprocess(arm: str, objective: str, params: list[dict], devices: int, store: str, log_dir: str) -> dict:
-    out = subprocess.run(
-        [sys.executable, __file__, "--arm", arm, "--objective", objective, "--devices", str(devices),
-         "--store", store, "--log-dir", log_dir, "--params", json.dumps(params)],
-        capture_output=True, text=True, check=False,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"{arm} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    from workloads import arm_in_a_process
+
+    return arm_in_a_process(__file__, "--arm", arm, "--objective", objective, "--devices", str(devices),
+                            "--store", store, "--log-dir", log_dir, "--params", json.dumps(params))
 
 
 def compare(objective: str, n_trials: int, devices: int, seed: int, arms: list[str]) -> list[list[Any]]:

@@ -57,6 +57,7 @@ the plain one does not fit. Options that do not fit even with micro-batch 1 are 
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
 
@@ -278,6 +279,18 @@ def random_workload(n: int, seed: int, *, max_devices: int = 8) -> list[Job]:
             options = [o for o in options if o.devices >= 2]
         jobs.append(Job(f"r{seed}-{i}", options))
     return jobs
+
+
+def arm_in_a_process(script: str, *args: str) -> dict:
+    """Run one arm of a benchmark as ``python script --arm ... args`` in a fresh process (it pays its own imports
+    and start-up) and return the JSON it prints last."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(args[:2])} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def markdown_table(headers: list[str], rows: list[list[object]]) -> str:

@@ -285,11 +285,8 @@ class Sweep:
         for waiting in self._waiting.values():
             if waiting.assignment is not None and set(waiting.assignment.devices) & self._lost:
                 waiting.assignment = None  # planned again, on the nodes left
-        topology = Topology.of(self.settings.devices, without=self._lost)
-        if not topology.members:
+        if not self._replan_on_the_devices_left():
             return  # nothing left to plan on: the pool reports it (host_problem) and the sweep ends
-        self._topology, self._cluster = topology, topology.cluster
-        self._plan_dirty = True
         largest = max(self._cluster.nodes)
         for number, waiting in list(self._waiting.items()):
             if not any(p.option.devices <= largest for p in waiting.price.options):
@@ -315,9 +312,16 @@ class Sweep:
         now = self._elapsed()
         for index in range(first, len(self.settings.devices)):
             self._device_free_since[index] = now
-        self._topology = Topology.of(self.settings.devices, without=self._lost)
-        self._cluster = self._topology.cluster
+        self._replan_on_the_devices_left()
+
+    def _replan_on_the_devices_left(self) -> bool:
+        """The nodes and devices the plan counts on, after some were lost or joined; False if none is left."""
+        topology = Topology.of(self.settings.devices, without=self._lost)
+        if not topology.members:
+            return False
+        self._topology, self._cluster = topology, topology.cluster
         self._plan_dirty = True
+        return True
 
     def _wait_seconds(self) -> float:
         """How long to wait for a job's end: not at all before the first trial is asked (the pool starts while

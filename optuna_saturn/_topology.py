@@ -15,7 +15,6 @@ from optuna_saturn.planner import Assignment, Cluster, Reservation
 class Topology:
     """``members[n]``: the global indices of node ``n``'s devices, in order."""
 
-    names: tuple[str, ...]
     members: tuple[tuple[int, ...], ...]
 
     @classmethod
@@ -30,7 +29,7 @@ class Topology:
                 names.append(device.node)
                 members[device.node] = []
             members[device.node].append(i)
-        return cls(tuple(names), tuple(tuple(members[n]) for n in names))
+        return cls(tuple(tuple(members[n]) for n in names))
 
     @property
     def cluster(self) -> Cluster:

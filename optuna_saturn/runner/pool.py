@@ -59,12 +59,33 @@ class _Worker:
 
 
 @dataclass
-class _Job:
+class JobRanks:
+    """A job's ranks as they end, one per device: the first failure's reason, and the job's end once all are done.
+    The bookkeeping every pool (this one, the Ray runner's) keeps per job."""
+
     key: Any
     devices: tuple[int, ...]
+    finished: dict[int, bool] = field(default_factory=dict, kw_only=True)  # device -> ended clean
+    reason: str = field(default="", kw_only=True)
+
+    def rank_ended(self, device: int, clean: bool, reason: str) -> None:
+        self.finished[device] = clean
+        if not clean:
+            self.reason = self.reason or reason
+
+    def unfinished(self) -> list[int]:
+        return [d for d in self.devices if d not in self.finished]
+
+    def end(self) -> JobEnd | None:
+        """The job's end once every rank is done, else None."""
+        if self.unfinished():
+            return None
+        return JobEnd(self.key, self.devices, all(self.finished.values()), self.reason)
+
+
+@dataclass
+class _Job(JobRanks):
     rendezvous: Path
-    finished: dict[int, bool] = field(default_factory=dict)  # device -> ended clean
-    reason: str = ""
 
 
 class WorkerPool:
@@ -220,7 +241,7 @@ class WorkerPool:
             if job is None:
                 return
             job.reason = job.reason or reason
-            pids = [self._workers[d].pid for d in job.devices if d not in job.finished]
+            pids = [self._workers[d].pid for d in job.unfinished()]
         for pid in pids:
             if pid:
                 _kill(pid)
@@ -269,25 +290,25 @@ class WorkerPool:
             job = self._jobs.get(key)
             if job is None:
                 return
-            job.finished[index] = clean
+            job.rank_ended(index, clean, reason)
             if not clean:
-                job.reason = job.reason or reason
-                if len(job.finished) < len(job.devices):
+                if job.unfinished():
                     # Its peers may wait forever in a collective with it: stop those that do not finish soon
                     # (most fail alike and report in time; rank 0 may still be sending the trial's outcome).
                     timer = threading.Timer(self._grace, self._stop_unfinished, args=(key,))
                     timer.daemon, timer.name = True, "saturn-grace"
                     timer.start()
-            if len(job.finished) == len(job.devices):
+            end = job.end()
+            if end is not None:
                 del self._jobs[key]
                 job.rendezvous.unlink(missing_ok=True)
-                self._ended.put(JobEnd(key, job.devices, all(job.finished.values()), job.reason))
+                self._ended.put(end)
 
     def _stop_unfinished(self, key: Any) -> None:
         with self._lock:
             job = self._jobs.get(key)
             pids = [] if job is None else [
-                self._workers[d].pid for d in job.devices if d not in job.finished and self._workers[d].pid
+                self._workers[d].pid for d in job.unfinished() if self._workers[d].pid
             ]
         for pid in pids:
             _kill(pid)

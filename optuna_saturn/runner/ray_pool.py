@@ -31,7 +31,7 @@ import secrets
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ import optuna
 from optuna_saturn._objective_ref import localized, portable
 from optuna_saturn.devices import Device
 from optuna_saturn.runner.launch import extensions_cache
-from optuna_saturn.runner.pool import RENDEZVOUS_TIMEOUT_SECONDS, JobEnd
+from optuna_saturn.runner.pool import RENDEZVOUS_TIMEOUT_SECONDS, JobEnd, JobRanks
 from optuna_saturn.runner.ray_cluster import RayCluster, RayNode, import_ray, node_from, probe, usable_nodes
 
 _logger = optuna.logging.get_logger("optuna.saturn.runner")
@@ -64,13 +64,9 @@ class _Actor:
 
 
 @dataclass
-class _RayJob:
-    key: Any
-    devices: tuple[int, ...]
+class _RayJob(JobRanks):
     log: Path
     errors_folder: str
-    finished: dict[int, bool] = field(default_factory=dict)  # device -> ended clean
-    reason: str = ""
     stop_peers_at: float | None = None  # a rank failed: its peers still running then are stopped
 
 
@@ -230,9 +226,8 @@ class RayPool:
         if job is None:
             return
         job.reason = job.reason or reason
-        for device in job.devices:
-            if device not in job.finished:
-                self._kill(device)
+        for device in job.unfinished():
+            self._kill(device)
 
     # -- what comes back -----------------------------------------------------------------------------------------
     def _settle(self, call: Any) -> None:
@@ -287,23 +282,21 @@ class RayPool:
         job = self._jobs.get(key)
         if job is None:
             return
-        job.finished[device] = clean
-        if not clean:
-            job.reason = job.reason or reason
-            if job.stop_peers_at is None:  # its peers may wait forever in a collective with it
-                job.stop_peers_at = time.monotonic() + self._grace
-        if len(job.finished) == len(job.devices):
+        job.rank_ended(device, clean, reason)
+        if not clean and job.stop_peers_at is None:  # its peers may wait forever in a collective with it
+            job.stop_peers_at = time.monotonic() + self._grace
+        end = job.end()
+        if end is not None:
             del self._jobs[key]
-            self._ended.append(JobEnd(key, job.devices, all(job.finished.values()), job.reason))
+            self._ended.append(end)
 
     def _stop_overdue_peers(self) -> None:
         now = time.monotonic()
         for job in list(self._jobs.values()):
             if job.stop_peers_at is not None and now >= job.stop_peers_at:
                 job.stop_peers_at = float("inf")
-                for device in job.devices:
-                    if device not in job.finished:
-                        self._kill(device)
+                for device in job.unfinished():
+                    self._kill(device)
 
     def _check_nodes(self) -> None:
         """Which nodes died since the last look: their devices are lost and their jobs end unclean now (Ray may
