@@ -13,7 +13,9 @@ and on request (``--objective trainer``) the same GPT-2 sweep written with ``tra
 (``examples/hf_trainer_sweep.py``; plain Optuna runs the same Trainer in its threads).
 Reported: the wall-clock ratio to plain, the makespan over the lower bound of the trials' actual runtimes,
 per-trial start-up (launch to first step), the devices' idle seconds, the profiling device-seconds and their share
-of all device time (devices x wall clock).
+of all device time (devices x wall clock). "first trial at" is when the executor's first trial started (its
+pool's start and the first description), and "tail past LB" how much later than that plus the lower bound the
+last trial ended: the schedule's own loss, start-up aside (plain's is its wall clock past its lower bound).
 
     python benchmarks/vs_optuna.py [--objective example|wide|trainer|both] [--n-trials 8] [--devices 2] [--repeats 1]
 """
@@ -222,6 +224,9 @@ def compare(objective: str, n_trials: int, devices: int, seed: int, arms: list[s
         rows.append([
             objective, arm, f'{r["wall"]:.1f}', f'{r["wall"] / plain:.2f}',
             f'{r.get("makespan", r["wall"]) / r["lower_bound"]:.2f}' if r.get("lower_bound") else "-",
+            f'{r.get("first_job_at") or 0.0:.1f}' if arm != "plain" else "-",
+            f'{r.get("makespan", r["wall"]) - (r.get("first_job_at") or 0.0) - r["lower_bound"]:.1f}'
+            if r.get("lower_bound") else "-",
             f'{statistics.median(r["startup"]):.2f}' if r.get("startup") else "-",
             f'{idle:.1f}' if "idle" in r else "-",
             f'{r["profiling_device_seconds"]:.1f} ({r["profiling_runs"]})' if "profiling_runs" in r else "-",
@@ -258,7 +263,8 @@ def main() -> None:
         for objective in (["example", "wide"] if args.objective == "both" else [args.objective]):
             rows += compare(objective, args.n_trials, args.devices, args.seed + repeat, args.arms.split(","))
     print(markdown_table(
-        ["objective", "arm", "wall (s)", "/ plain", "makespan / LB", "start-up median (s)", "idle (device-s)",
+        ["objective", "arm", "wall (s)", "/ plain", "makespan / LB", "first trial at (s)", "tail past LB (s)",
+         "start-up median (s)", "idle (device-s)",
          "profiling (device-s, jobs)", "profiling share of device time", "prediction error (median)", "options"], rows,
     ))
 

@@ -29,12 +29,44 @@ class StudyBridge:
         self._artifact_store = artifact_store
         self.stop_requested = False  # a callback called study.stop()
 
-    def ask(self) -> optuna.Trial:
-        def ask_now() -> optuna.Trial:
+    def ask_new(self) -> optuna.Trial:
+        """A new trial, never one of the study's queue: the sweep takes those itself (:meth:`take`), in the order
+        it plans them, where ``study.ask`` would take the oldest."""
+        def create() -> optuna.Trial:
             with self.lock:
-                return self.study.ask()
+                self.study._thread_local.cached_all_trials = None  # (as study.ask: samplers see the newest trials)
+                return optuna.Trial(self.study, self.study._storage.create_new_trial(self.study._study_id))
 
-        return retrying(ask_now, what="ask for a trial")
+        return retrying(create, what="ask for a trial")
+
+    def queued(self) -> list[FrozenTrial]:
+        """The study's queue: its WAITING trials (``study.enqueue_trial``), oldest first."""
+        def look() -> list[FrozenTrial]:
+            with self.lock:
+                return self.study._storage.get_all_trials(
+                    self.study._study_id, deepcopy=False, states=(TrialState.WAITING,))
+
+        return retrying(look, what="look at the study's queue")
+
+    def take(self, trial_id: int, distributions: dict[str, Any], user_attrs: dict[str, Any]) -> optuna.Trial | None:
+        """Take one trial out of the queue (as ``study.ask`` takes the oldest), suggesting ``distributions``
+        (its queue's fixed values) and setting ``user_attrs``; None if another process took it first."""
+        def take_now() -> optuna.Trial | None:
+            with self.lock:
+                try:
+                    if not self.study._storage.set_trial_state_values(trial_id, TrialState.RUNNING):
+                        return None
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    return None
+                self.study._thread_local.cached_all_trials = None
+                trial = optuna.Trial(self.study, trial_id)
+                for name, distribution in distributions.items():
+                    trial._suggest(name, distribution)
+                for key, value in user_attrs.items():
+                    trial.set_user_attr(key, value)
+                return trial
+
+        return retrying(take_now, what="take a trial from the study's queue")
 
     def set_attrs(self, trial: optuna.Trial, attrs: dict[str, Any]) -> None:
         """``saturn:``-prefixed user attributes of a trial that is still running."""

@@ -35,6 +35,7 @@ from optuna_saturn._ownership import (
     Heartbeat, Owner, inherit_intermediate_values, may_run_again, recover_orphans, run_again, why_orphaned,
 )
 from optuna_saturn._pricing import PricedOption, Pricer, ProfileEntry, ProfileJob, TrialPrice
+from optuna_saturn._queue import QUEUED_TRIALS_PER_DEVICE, ParameterNotFixed, QueuedTrial, StudyQueue
 from optuna_saturn._session import TrialSession
 from optuna_saturn._topology import Topology
 from optuna_saturn._voi import profile_gain, worth_measuring
@@ -117,6 +118,11 @@ class _Waiting:
     moves: list[dict] = field(default_factory=list)  # where the sweep moved it from while it ran (elastic resize)
     left: tuple | None = None  # the option (its choice) its last move left: not planned for it again
 
+    @property
+    def queued(self) -> bool:
+        """Described from the study's queue and still in it: taken from there when it starts."""
+        return isinstance(self.trial, QueuedTrial)
+
 
 @dataclass
 class _Run:
@@ -187,7 +193,8 @@ class Sweep:
         self._profiled: set[tuple[int, tuple[str, int, int]]] = set()  # (trial, choice) measured or being measured
         self._plan_dirty = False
         self._refine_plan = False  # the last plan was the heuristics' alone: the solvers refine it when they may
-        self._asked = 0
+        self._asked = 0  # trials this sweep asked or took from the queue (it runs at most n_trials)
+        self._queue = StudyQueue(self._bridge)
         self._start = time.time()
         self._run_dir = settings.log_dir / f"{_safe(study.study_name)}-{time.strftime('%Y%m%d-%H%M%S')}"
         self._listeners = list(settings.listeners)
@@ -252,6 +259,8 @@ class Sweep:
                     self._profile(pool, runner)
                     self._relay_progress()
                     self._stop_stalled(pool, runner)
+                    if self._asking_stopped():
+                        self._leave_queued_in_the_queue()
                     if not (self._waiting or self._running or self._may_ask()):
                         break
                     if self.settings.profile_only and not self._running and not self._profile_queue:
@@ -293,6 +302,9 @@ class Sweep:
                 del self._waiting[number]
                 reason = (f"no option of it fits the nodes left (the largest has {largest} device(s)) once "
                           f"{len(self._lost)} device(s) were lost with their node")
+                if waiting.queued:
+                    _logger.warning(f"Trial {number} stays in the study's queue: {reason}.")
+                    continue
                 frozen = self._bridge.fail(waiting.trial, reason, attrs={"profiles": waiting.price.profiles})
                 _logger.warning(f"Trial {number} failed: {reason}.")
                 self._trial_ended(frozen, self._elapsed())
@@ -334,11 +346,17 @@ class Sweep:
         return 0.05 if self._waiting and not self._running else 0.25
 
     def _may_ask(self) -> bool:
-        if self.n_trials is not None and self._asked >= self.n_trials:
+        """Whether the sweep may take on another trial: asked, or described from the queue."""
+        if self.n_trials is not None and self._asked + self._queued_waiting() >= self.n_trials:
             return False
-        if self._bridge.stop_requested:  # study.stop() from a callback: the trials asked still run
-            return False
-        return self.timeout is None or time.time() - self._start < self.timeout
+        return not self._asking_stopped()
+
+    def _asking_stopped(self) -> bool:
+        """``study.stop()`` (from a callback: the trials asked still run), or the timeout passed."""
+        return self._bridge.stop_requested or (self.timeout is not None and time.time() - self._start >= self.timeout)
+
+    def _queued_waiting(self) -> int:
+        return sum(w.queued for w in self._waiting.values())
 
     def _elapsed(self) -> float:
         return time.time() - self._start
@@ -348,40 +366,87 @@ class Sweep:
         """Ask a trial whenever a device would otherwise sit idle within the look-ahead: when the plan leaves it
         free now, or within the time asking and describing a trial takes. At most ``lookahead`` asked trials wait
         at once. Asking no earlier than needed lets the sampler see as many finished trials as it can; asking no
-        later keeps devices busy. (A profile-only sweep asks all its trials at once.)"""
+        later keeps devices busy. Trials of the study's queue whose parameters are all fixed need no sampler:
+        they are described and planned at once, up to ``QUEUED_TRIALS_PER_DEVICE`` per device (:mod:`_queue`).
+        (A profile-only sweep asks all its trials at once.)"""
         to_measure: list[tuple[optuna.Trial, tuple[str, int, int]]] = []
         while self._may_ask():
+            queued = self._queue.next_unseen(set(self._waiting))
+            if queued is not None and self._describe_queued(queued):
+                continue
             if self.settings.profile_only:
                 if len(self._waiting) >= (self.n_trials or 0):
                     break
-            else:
-                if len(self._waiting) >= self.lookahead:
-                    return
-                if self._plan_dirty:
-                    self._plan()
-                if not self._idle_soon():
-                    return
+            elif not self._ask_now():
+                return
             asked_at = time.time()
-            trial = self._bridge.ask()
+            trial = self._bridge.ask_new() if queued is None else self._queue.take(queued)
+            if trial is None:
+                continue  # another sweep took it from the queue first
             self._asked += 1
             self._bridge.set_attrs(trial, {"owner": self._owner.to_json()})
             inherit_intermediate_values(self._bridge, trial)
             self._resumes[trial.number] = self._checkpoint_to_resume(trial)
-            price = self._price(trial)
-            self._ask_seconds.append(time.time() - asked_at)
-            if not price.options:
-                reason = "no strategy fits this trial on these devices (every option ran out of memory or failed)"
-                frozen = self._bridge.fail(trial, reason, attrs={"profiles": price.profiles})
-                _logger.warning(f"Trial {trial.number} failed: {reason}.")
-                self._trial_ended(frozen, self._elapsed())
-                continue
-            self._waiting[trial.number] = _Waiting(trial, price)
-            self._seen.append(weighed([p.option for p in price.options], price.options))
-            self._plan_dirty = True
-            if self.settings.profile_only:
-                to_measure += [(trial, p.option.choice) for p in price.options if not p.measured]
+            self._admit(trial, self._price(trial), asked_at)
+            if self.settings.profile_only and trial.number in self._waiting:
+                to_measure += [(trial, p.option.choice) for p in self._waiting[trial.number].price.options
+                               if not p.measured]
         if to_measure:  # every trial of a profile-only sweep, in as few jobs as there are device counts
             self._profile_queue += self._pricer.profile_jobs(to_measure)
+
+    def _ask_now(self) -> bool:
+        """Whether the look-ahead asks a trial now: fewer than ``lookahead`` wait, and a device idles soon."""
+        if len(self._waiting) >= self.lookahead:
+            return False
+        if self._plan_dirty:
+            self._plan()
+        return self._idle_soon()
+
+    def _describe_queued(self, queued: FrozenTrial) -> bool:
+        """Describe and price a queued trial from its fixed parameters, leaving it in the queue; False if it is
+        to be asked instead (it samples, it is a retry, there is no profile store to price it with, or enough
+        known trials wait)."""
+        if (self._pricer is None or self.settings.profile_only or not self._queue.may_describe(queued)
+                or len(self._waiting) >= max(self.lookahead, QUEUED_TRIALS_PER_DEVICE * len(self.settings.devices))):
+            return False
+        started = time.time()
+        known = QueuedTrial(queued)
+        try:
+            price = self._price(known)
+        except ParameterNotFixed as exc:
+            self._queue.samples(queued.number, str(exc))
+            return False
+        self._resumes[known.number] = None
+        if price.options:
+            self._admit(known, price, started)
+            return True
+        trial = self._queue.take(known)  # (to fail it, with the reason, as an asked one)
+        if trial is not None:
+            self._asked += 1
+            self._admit(trial, price, started)
+        return True
+
+    def _admit(self, trial: optuna.Trial | QueuedTrial, price: TrialPrice, asked_at: float) -> None:
+        """A trial described and priced: it waits to be planned, or fails if no option fits it."""
+        self._ask_seconds.append(time.time() - asked_at)
+        if not price.options:
+            reason = "no strategy fits this trial on these devices (every option ran out of memory or failed)"
+            frozen = self._bridge.fail(trial, reason, attrs={"profiles": price.profiles})
+            _logger.warning(f"Trial {trial.number} failed: {reason}.")
+            self._trial_ended(frozen, self._elapsed())
+            return
+        self._waiting[trial.number] = _Waiting(trial, price)
+        self._seen.append(weighed([p.option for p in price.options], price.options))
+        self._plan_dirty = True
+
+    def _leave_queued_in_the_queue(self) -> None:
+        """The sweep asks no more: the queued trials it described and has not started are not its own (they
+        stay in the queue, WAITING, for the study's next optimize)."""
+        for number, waiting in list(self._waiting.items()):
+            if waiting.queued:
+                del self._waiting[number]
+                _logger.info(f"Trial {number} was not started before the sweep stopped asking: it stays in the "
+                             "study's queue.")
 
     def _idle_soon(self) -> bool:
         """Whether some device has nothing to do (no running job, no waiting trial planned on it) from now, or
@@ -488,7 +553,7 @@ class Sweep:
         trial asked alone gets the option that ends it soonest (all devices, say), although the trials still to
         come would make options that use the devices more efficiently finish the sweep sooner; with them, such
         options are kept for the sweep's tail, where they pay."""
-        remaining = (self.n_trials - self._asked) if self.n_trials is not None else _FUTURE_TRIALS
+        remaining = (self.n_trials - self._asked - self._queued_waiting()) if self.n_trials is not None else _FUTURE_TRIALS
         if not self._seen or remaining <= 0 or self.settings.profile_only:
             return []
         # a trial of median size among those asked so far stands for each of them
@@ -594,8 +659,8 @@ class Sweep:
             devices = sorted(preferred) if preferred <= usable else self._topology.pick(usable, option.devices)
             fits = devices is not None
             if fits and (blocked_until is None or now + option.runtime <= blocked_until):
-                self._start_as(waiting, option, devices, pool, runner)
-                free -= set(devices)
+                if self._start_as(waiting, option, devices, pool, runner):
+                    free -= set(devices)
             else:
                 later.append(waiting)
                 if not fits and blocked_until is None:
@@ -619,8 +684,8 @@ class Sweep:
                 best = (end, option, devices)
         if best is not None:
             _, option, devices = best
-            self._start_as(waiting, option, devices, pool, runner)
-            free -= set(devices)
+            if self._start_as(waiting, option, devices, pool, runner):
+                free -= set(devices)
 
     def _usable(self, free: set[int], ready: set[int], option: Option) -> set[int]:
         """Free devices a trial under ``option`` can use now: ready workers, or any, for a launched strategy."""
@@ -628,7 +693,11 @@ class Sweep:
 
     def _start_as(
         self, waiting: _Waiting, option: Option, devices: list[int], pool: WorkerPool, runner: LocalRunner
-    ) -> None:
+    ) -> bool:
+        """Start ``waiting`` under ``option`` on ``devices``; False if it was in the queue and another sweep took
+        it first."""
+        if waiting.queued and not self._take_from_the_queue(waiting):
+            return False
         now = self._elapsed()
         waiting.assignment = replace(
             waiting.assignment, option=option, node=self._topology.node_of(devices[0]), devices=tuple(devices),
@@ -638,6 +707,22 @@ class Sweep:
         waiting.planned_start = min(waiting.planned_start, now)
         waiting.planned_end = waiting.planned_start + option.runtime
         self._start_trial(waiting, pool, runner)
+        return True
+
+    def _take_from_the_queue(self, waiting: _Waiting) -> bool:
+        """The queued trial ``waiting`` described, now taken from the queue to start; False (and forgotten) if
+        another sweep took it first."""
+        number = waiting.trial.number
+        trial = self._queue.take(waiting.trial)
+        if trial is None:
+            del self._waiting[number]
+            self._plan_dirty = True
+            _logger.info(f"Trial {number} was taken from the study's queue by another sweep; it runs there.")
+            return False
+        self._asked += 1
+        self._bridge.set_attrs(trial, {"owner": self._owner.to_json()})
+        waiting.trial = trial
+        return True
 
     def _start_trial(self, waiting: _Waiting, pool: WorkerPool, runner: LocalRunner) -> None:
         trial, assignment = waiting.trial, waiting.assignment
@@ -1145,7 +1230,8 @@ class Sweep:
                 self._finish_trial(run, JobEnd(run.key, run.devices, False, "stopped"),
                                    reason=f"sweep stopped: {reason}", stopping=True)
             for waiting in self._waiting.values():
-                self._bridge.fail(waiting.trial, f"not started: sweep stopped: {reason}")
+                if not waiting.queued:  # (a queued one is still in the queue: the next optimize runs it)
+                    self._bridge.fail(waiting.trial, f"not started: sweep stopped: {reason}")
         except STORAGE_ERRORS:  # (what it could not tell is in the outbox: the next sweep tells it)
             _logger.exception("The storage failed while the sweep stopped; the next optimize ends its trials.")
         self._running.clear()

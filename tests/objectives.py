@@ -502,3 +502,23 @@ def _full_loss(trial, model) -> float:
     x, y = regression_data(64).tensors
     with torch.no_grad():
         return trial.reduce_mean(torch.nn.functional.mse_loss(model(x.to(trial.device)), y.to(trial.device)))
+
+
+def counted_steps(trial) -> float:
+    """Runs ``steps`` steps of 0.2 s on a small model, so the planner can tell a long trial from short ones; with
+    ``sample_lr`` enqueued, it also samples a learning rate."""
+    steps = trial.suggest_int("steps", 1, 50)
+    sample_lr = trial.suggest_categorical("sample_lr", [False, True])
+    lr = trial.suggest_float("lr", 0.01, 0.03) if sample_lr else 0.02
+    torch.manual_seed(0)
+    model = Blocks(width=8, depth=1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    loader = torch.utils.data.DataLoader(regression_data(32), batch_size=32)
+    model, optimizer, loader = trial.prepare(model, optimizer, loader)
+    for _ in trial.steps(steps):
+        x, y = next(iter(loader))
+        optimizer.zero_grad()
+        trial.backward(torch.nn.functional.mse_loss(model(x.to(trial.device)), y.to(trial.device)))
+        optimizer.step()
+        time.sleep(0.2)
+    return float(steps)

@@ -38,7 +38,7 @@ def test_a_result_is_told_once_the_locked_sqlite_file_is_free_and_kept_on_disk_u
     study = optuna.create_study(storage=storage, study_name="locked")
     outbox = Outbox(tmp_path / "outbox")
     bridge = StudyBridge(study, outbox=outbox)
-    trial = bridge.ask()
+    trial = bridge.ask_new()
     locked = threading.Event()
     holder = threading.Thread(target=_locked_for, args=(str(path), 2.0, locked))
     holder.start()
