@@ -9,7 +9,8 @@ timeout, ``study.stop()`` or Ctrl-C leaves the trials not started in it, still W
 same study may take any of them (the first to take one runs it).
 
 A queued trial that suggests a parameter the queue did not fix needs the sampler: describing it stops there
-(:class:`ParameterNotFixed`), and it is asked when the look-ahead needs a trial, like a sampled one.
+(:class:`ParameterNotFixed`), and it is asked when the look-ahead needs a trial, like a sampled one; the queue's
+later trials wait behind it, in their order.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class StudyQueue:
 
     def __init__(self, bridge: StudyBridge) -> None:
         self._bridge = bridge
-        self.fixed = True  # no queued trial has needed the sampler yet
+        self._sampling: set[int] = set()  # queued trials whose description needed the sampler
         self._empty_until = 0.0
 
     def next_unseen(self, seen: set[int]) -> FrozenTrial | None:
@@ -70,16 +71,18 @@ class StudyQueue:
         return None
 
     def may_describe(self, queued: FrozenTrial) -> bool:
-        """Whether ``queued`` may be described before it is asked: all queued trials so far fixed all their
-        parameters, and it is not a trial run again (whose checkpoint decides its options when it is taken)."""
-        return self.fixed and ATTR + "retry_of" not in queued.user_attrs
+        """Whether ``queued`` may be described before it is asked: it did not need the sampler when it was last
+        tried (its objective is not run up to that point again), and it is not a trial run again (whose checkpoint
+        decides its options when it is taken)."""
+        return queued.number not in self._sampling and ATTR + "retry_of" not in queued.user_attrs
 
     def samples(self, number: int, name: str) -> None:
         """Queued trial ``number`` suggested ``name``, which the queue did not fix."""
-        self.fixed = False
+        self._sampling.add(number)
         optuna.logging.get_logger("optuna.saturn").info(
-            f"Trial {number} in the study's queue samples {name!r}: it and the queue's later trials are asked when "
-            "devices need them, like sampled ones (the sampler then sees as many finished trials as it can)."
+            f"Trial {number} in the study's queue samples {name!r}: it is asked when a device needs it, like a "
+            "sampled one (the sampler then sees as many finished trials as it can); the queue's later trials wait "
+            "behind it."
         )
 
     def take(self, queued: QueuedTrial | FrozenTrial) -> optuna.Trial | None:

@@ -371,20 +371,21 @@ class Sweep:
         (A profile-only sweep asks all its trials at once.)"""
         to_measure: list[tuple[optuna.Trial, tuple[str, int, int]]] = []
         while self._may_ask():
-            queued = self._queue.next_unseen(set(self._waiting))
-            if queued is not None and self._describe_queued(queued):
-                continue
+            if self._room_to_describe():
+                queued = self._queue.next_unseen(set(self._waiting))
+                if queued is not None and self._describe_queued(queued):
+                    continue
             if self.settings.profile_only:
                 if len(self._waiting) >= (self.n_trials or 0):
                     break
             elif not self._ask_now():
                 return
             asked_at = time.time()
+            queued = self._queue.next_unseen(set(self._waiting))
             trial = self._bridge.ask_new() if queued is None else self._queue.take(queued)
             if trial is None:
                 continue  # another sweep took it from the queue first
-            self._asked += 1
-            self._bridge.set_attrs(trial, {"owner": self._owner.to_json()})
+            self._own(trial)
             inherit_intermediate_values(self._bridge, trial)
             self._resumes[trial.number] = self._checkpoint_to_resume(trial)
             self._admit(trial, self._price(trial), asked_at)
@@ -402,12 +403,22 @@ class Sweep:
             self._plan()
         return self._idle_soon()
 
+    def _own(self, trial: optuna.Trial) -> None:
+        """A trial this sweep asked or took from the queue: it counts towards ``n_trials``, and is marked ours."""
+        self._asked += 1
+        self._bridge.set_attrs(trial, {"owner": self._owner.to_json()})
+
+    def _room_to_describe(self) -> bool:
+        """Whether a trial of the queue may be described before it is asked: there is a profile store to price
+        it with, and fewer known trials wait than ``QUEUED_TRIALS_PER_DEVICE`` per device allows."""
+        if self._pricer is None or self.settings.profile_only:
+            return False
+        return len(self._waiting) < max(self.lookahead, QUEUED_TRIALS_PER_DEVICE * len(self.settings.devices))
+
     def _describe_queued(self, queued: FrozenTrial) -> bool:
         """Describe and price a queued trial from its fixed parameters, leaving it in the queue; False if it is
-        to be asked instead (it samples, it is a retry, there is no profile store to price it with, or enough
-        known trials wait)."""
-        if (self._pricer is None or self.settings.profile_only or not self._queue.may_describe(queued)
-                or len(self._waiting) >= max(self.lookahead, QUEUED_TRIALS_PER_DEVICE * len(self.settings.devices))):
+        to be asked instead (it samples, or it is a retry)."""
+        if not self._queue.may_describe(queued):
             return False
         started = time.time()
         known = QueuedTrial(queued)
@@ -422,7 +433,7 @@ class Sweep:
             return True
         trial = self._queue.take(known)  # (to fail it, with the reason, as an asked one)
         if trial is not None:
-            self._asked += 1
+            self._own(trial)
             self._admit(trial, price, started)
         return True
 
@@ -719,8 +730,7 @@ class Sweep:
             self._plan_dirty = True
             _logger.info(f"Trial {number} was taken from the study's queue by another sweep; it runs there.")
             return False
-        self._asked += 1
-        self._bridge.set_attrs(trial, {"owner": self._owner.to_json()})
+        self._own(trial)
         waiting.trial = trial
         return True
 

@@ -86,3 +86,5 @@ def test_an_interrupt_leaves_the_queued_trials_it_never_started_in_the_queue(sat
     assert TrialState.RUNNING not in states, states
     assert states.count(TrialState.WAITING) >= 3, states
     assert states.count(TrialState.COMPLETE) >= 1
+    failed = [t for t in study.trials if t.state == TrialState.FAIL]  # (the one still running, if any)
+    assert all("interrupted" in t.user_attrs["saturn:fail_reason"] for t in failed), failed
