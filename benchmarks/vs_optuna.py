@@ -18,6 +18,11 @@ pool's start and the first description), and "tail past LB" how much later than 
 last trial ended: the schedule's own loss, start-up aside (plain's is its wall clock past its lower bound).
 
     python benchmarks/vs_optuna.py [--objective example|wide|trainer|both] [--n-trials 8] [--devices 2] [--repeats 1]
+                                   [--rounds 1]
+
+``--repeats R`` runs R sets of trials (seeds ``seed`` .. ``seed + R - 1``); ``--rounds K`` runs each set K times,
+the arms interleaved, and reports each arm's median round and the ratio of the medians (with the range of the
+rounds' ratios): on a noisy machine one round's ratio moves by about 15% from one run to the next.
 """
 
 from __future__ import annotations
@@ -212,17 +217,30 @@ def _subprocess(arm: str, objective: str, params: list[dict], devices: int, stor
                             "--store", store, "--log-dir", log_dir, "--params", json.dumps(params))
 
 
-def compare(objective: str, n_trials: int, devices: int, seed: int, arms: list[str]) -> list[list[Any]]:
+def compare(
+    objective: str, n_trials: int, devices: int, seed: int, arms: list[str], rounds: int = 1,
+) -> list[list[Any]]:
+    """The arms on the same trials, ``rounds`` times, interleaved (plain, cold, warm, plain, cold, warm, ...; each
+    round's cold arm on an empty store), so that the machine's slow spells fall on every arm alike. Each arm's row
+    is its median round; "/ plain" is the ratio of the medians, with the range of the rounds' own ratios."""
     params = trial_params(objective, n_trials, seed)
-    with tempfile.TemporaryDirectory() as tmp:
-        store, logs = os.path.join(tmp, "profiles"), os.path.join(tmp, "runs")
-        results = {arm: _subprocess(arm, objective, params, devices, store, logs) for arm in arms}
-    plain = results["plain"]["wall"] if "plain" in results else float("nan")
+    results: dict[str, list[dict]] = {arm: [] for arm in arms}
+    for _ in range(rounds):
+        with tempfile.TemporaryDirectory() as tmp:
+            store, logs = os.path.join(tmp, "profiles"), os.path.join(tmp, "runs")
+            for arm in arms:
+                results[arm].append(_subprocess(arm, objective, params, devices, store, logs))
+    plain_walls = [r["wall"] for r in results.get("plain", [])]
+    plain = statistics.median(plain_walls) if plain_walls else float("nan")
     rows = []
-    for arm, r in results.items():
+    for arm, runs in results.items():
+        r = sorted(runs, key=lambda run: run["wall"])[(len(runs) - 1) // 2]  # the median round (the lower of two)
+        wall = statistics.median(run["wall"] for run in runs)
+        ratios = [run["wall"] / p for run, p in zip(runs, plain_walls)]
         idle = sum(r.get("idle", {}).values())
         rows.append([
-            objective, arm, f'{r["wall"]:.1f}', f'{r["wall"] / plain:.2f}',
+            objective, arm, f'{wall:.1f}', f'{wall / plain:.2f}'
+            + (f' ({min(ratios):.2f}-{max(ratios):.2f})' if len(ratios) > 1 else ""),
             f'{r.get("makespan", r["wall"]) / r["lower_bound"]:.2f}' if r.get("lower_bound") else "-",
             f'{r.get("first_job_at") or 0.0:.1f}' if arm != "plain" else "-",
             f'{r.get("makespan", r["wall"]) - (r.get("first_job_at") or 0.0) - r["lower_bound"]:.1f}'
@@ -234,7 +252,8 @@ def compare(objective: str, n_trials: int, devices: int, seed: int, arms: list[s
             f'{100 * statistics.median(r["predicted_error"]):.0f}%' if r.get("predicted_error") else "-",
             " ".join(r.get("options", [])),
         ])
-        print(f"{objective} {arm}: {json.dumps(r)}", file=sys.stderr)
+        for run in runs:
+            print(f"{objective} {arm}: {json.dumps(run)}", file=sys.stderr)
     return rows
 
 
@@ -245,6 +264,8 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run each set of trials this many times, the arms interleaved; report the medians")
     parser.add_argument("--arms", default="plain,cold,warm", help="which of plain, cold, warm (in that order)")
     parser.add_argument("--arm", help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
@@ -261,7 +282,8 @@ def main() -> None:
     rows = []
     for repeat in range(args.repeats):
         for objective in (["example", "wide"] if args.objective == "both" else [args.objective]):
-            rows += compare(objective, args.n_trials, args.devices, args.seed + repeat, args.arms.split(","))
+            rows += compare(objective, args.n_trials, args.devices, args.seed + repeat, args.arms.split(","),
+                            args.rounds)
     print(markdown_table(
         ["objective", "arm", "wall (s)", "/ plain", "makespan / LB", "first trial at (s)", "tail past LB (s)",
          "start-up median (s)", "idle (device-s)",
