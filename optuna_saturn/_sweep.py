@@ -205,7 +205,6 @@ class Sweep:
         self._device_free_since = {i: 0.0 for i in range(len(settings.devices))}
         self._server: ChannelServer | None = None
         self._recipe: dict = {}
-        self._unstarted_pool: WorkerPool | RayPool | None = None  # a pool that starts once a trial is described
         self._ask_seconds: list[float] = []  # how long asking and describing each trial took
         self._seen: list[list[Option]] = []  # every asked trial's options, as first priced
         self._plan_version = self._voi_version = 0  # plans made; the plan whose profiling value was judged
@@ -242,9 +241,7 @@ class Sweep:
             self._server = server
             self._recipe = self._objective_recipe_factory(server.folder)
             pool = self._new_pool(server)
-            self._unstarted_pool = pool
-            if not pool.host_is_a_fork():
-                self._start_pool()
+            pool.start(preload=self._recipe)
             try:
                 while True:
                     self._ended(pool.wait(self._wait_seconds()) + self._launches_ended(runner))
@@ -255,7 +252,6 @@ class Sweep:
                         raise RuntimeError(problem)
                     self._dispatch(pool, runner)
                     self._ask()
-                    self._start_pool()
                     if self._plan_due():
                         self._plan()
                         self._dispatch(pool, runner)
@@ -278,16 +274,6 @@ class Sweep:
                 pool.close()
         self._log_summary()
         self._notify("on_sweep_end", self._elapsed(), False)
-
-    def _start_pool(self) -> None:
-        """Start the pool, once: at the sweep's start if its host is a fresh interpreter (it imports torch, the
-        model's library and the objective's module anyway, alongside the first trial's description), else as soon
-        as the first trial is described (or none could be). A host forked after that inherits what describing
-        imported; forked at once, it would import the same modules at the same time, on the same cores, as the
-        description does, and both would take longer than the two one after the other (benchmarks/README.md)."""
-        pool, self._unstarted_pool = self._unstarted_pool, None
-        if pool is not None:
-            pool.start(preload=self._recipe)
 
     def _new_pool(self, server: ChannelServer) -> WorkerPool | RayPool:
         strategies, largest = self.settings.strategies, max(self._cluster.nodes)
@@ -350,7 +336,7 @@ class Sweep:
         return True
 
     def _wait_seconds(self) -> float:
-        """How long to wait for a job's end: not at all before the first trial is asked (the pool starts once
+        """How long to wait for a job's end: not at all before the first trial is asked (the pool starts while
         it is described), briefly while launchers must be polled or devices wait for the pool to come up,
         longer otherwise (progress is relayed between waits)."""
         if not (self._waiting or self._running) and self._may_ask():
@@ -461,7 +447,6 @@ class Sweep:
             self._trial_ended(frozen, self._elapsed())
             return
         self._waiting[trial.number] = _Waiting(trial, price)
-        self._start_pool()
         self._seen.append(weighed([p.option for p in price.options], price.options))
         self._plan_dirty = True
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import json
 import os
 import time
 
@@ -421,19 +420,6 @@ def sleeps(trial) -> float:
     for _ in trial.steps(10):
         time.sleep(seconds / 10)
     return seconds
-
-
-def sets_up_slowly(trial) -> float:
-    """Its set-up, before its loop, takes a second and is logged to ``SATURN_TEST_SETUP_LOG`` with the process it
-    ran in: the executor's (describing it), the pool host's (warming it up) or a worker's (running it)."""
-    x = trial.suggest_float("x", 0, 1)
-    started = time.time()
-    time.sleep(1.0)
-    with open(os.environ["SATURN_TEST_SETUP_LOG"], "a", encoding="utf-8") as log:
-        log.write(json.dumps({"pid": os.getpid(), "start": started, "end": time.time()}) + "\n")
-    for _ in trial.steps(2):
-        pass
-    return x
 
 
 def where_it_runs(trial) -> float:

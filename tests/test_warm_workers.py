@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 
@@ -128,29 +127,6 @@ def test_the_pool_host_is_a_fork_of_the_executor_only_where_that_is_safe(saturn_
             assert found["cmdline"] == psutil.Process().cmdline() and found["threads"] == 1
         else:
             assert "optuna_saturn.runner._host" in found["cmdline"] and found["threads"] == len(devices[0].cores)
-
-
-def test_a_forked_pool_host_starts_once_the_first_trial_is_described(saturn_options, tmp_path, monkeypatch):
-    """The host forked after the first description inherits what it imported, instead of importing the same modules
-    at the same time on the same cores: no set-up of the objective outside the executor's process starts before
-    the executor's first description of it has ended."""
-    cores = available_cores()
-    if len(cores) < 2:
-        pytest.skip("needs 2 cores")
-    devices = [Device("cpu", 0, (cores[0],)), Device("cpu", 1, (cores[1],))]
-    assert why_not_fork(devices) is None
-    log = tmp_path / "setups.jsonl"
-    monkeypatch.setenv("SATURN_TEST_SETUP_LOG", str(log))
-    study = optuna.create_study()
-    SaturnExecutor(devices=devices, strategies=["single"], **saturn_options).optimize(
-        study, objectives.sets_up_slowly, n_trials=2
-    )
-    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
-    setups = [json.loads(line) for line in log.read_text().splitlines()]
-    described = [s for s in setups if s["pid"] == os.getpid()]
-    elsewhere = [s for s in setups if s["pid"] != os.getpid()]
-    assert described and len(elsewhere) >= 3  # the host's warm-up, and the two trials
-    assert min(s["start"] for s in elsewhere) >= described[0]["end"]
 
 
 def test_why_not_fork_names_the_reason():

@@ -162,10 +162,6 @@ class WorkerPool:
                 start_new_session=True,  # Ctrl-C reaches the executor only; it stops the pool as a whole
             )
 
-    def host_is_a_fork(self) -> bool:
-        """Whether the host would be a fork of this process if started now (then it inherits its imports)."""
-        return self._fork and why_not_fork(self.devices) is None
-
     def close(self) -> None:
         """Stop every worker and the host."""
         with self._lock:

@@ -135,10 +135,6 @@ class RayPool:
             bundle_label_selector=[{"ray.io/node-id": node.node_id}] * len(node.devices),
         )
 
-    def host_is_a_fork(self) -> bool:
-        """False: the actors are processes Ray starts, on their nodes."""
-        return False
-
     def close(self) -> None:
         """Stop every actor and give the nodes' devices back to the cluster."""
         if self._ray is None:
