@@ -205,6 +205,7 @@ class Sweep:
         self._device_free_since = {i: 0.0 for i in range(len(settings.devices))}
         self._server: ChannelServer | None = None
         self._recipe: dict = {}
+        self._owed_a_start: set[int] | None = None  # queued trials to run although asking stopped (see its use)
         self._ask_seconds: list[float] = []  # how long asking and describing each trial took
         self._seen: list[list[Option]] = []  # every asked trial's options, as first priced
         self._plan_version = self._voi_version = 0  # plans made; the plan whose profiling value was judged
@@ -260,7 +261,7 @@ class Sweep:
                     self._relay_progress()
                     self._stop_stalled(pool, runner)
                     if self._asking_stopped():
-                        self._leave_queued_in_the_queue()
+                        self._leave_queued_in_the_queue(pool)
                     if not (self._waiting or self._running or self._may_ask()):
                         break
                     if self.settings.profile_only and not self._running and not self._profile_queue:
@@ -450,11 +451,25 @@ class Sweep:
         self._seen.append(weighed([p.option for p in price.options], price.options))
         self._plan_dirty = True
 
-    def _leave_queued_in_the_queue(self) -> None:
+    def _leave_queued_in_the_queue(self, pool: WorkerPool | RayPool) -> None:
         """The sweep asks no more: the queued trials it described and has not started are not its own (they
-        stay in the queue, WAITING, for the study's next optimize)."""
+        stay in the queue, WAITING, for the study's next optimize), except those it owes a start: planned to start
+        by now on devices whose workers were still starting. Those would be running but for the workers' start-up
+        (plain Optuna's first trials start at once, and its timeout lets them finish): a timeout shorter than the
+        pool's start must not leave the sweep with no trial run. Which trials are owed a start is decided once,
+        when asking stops, one per device."""
+        if self._owed_a_start is None:
+            self._owed_a_start = set()
+            now, waiting_for_workers = self._elapsed(), self._free() - pool.ready()
+            planned = sorted((w for w in self._waiting.values() if w.queued and w.assignment is not None),
+                             key=lambda w: (w.planned_start, w.trial.number))
+            for waiting in planned:
+                devices = set(waiting.assignment.devices)
+                if waiting.planned_start <= now and devices <= waiting_for_workers:
+                    self._owed_a_start.add(waiting.trial.number)
+                    waiting_for_workers -= devices
         for number, waiting in list(self._waiting.items()):
-            if waiting.queued:
+            if waiting.queued and number not in self._owed_a_start:
                 del self._waiting[number]
                 _logger.info(f"Trial {number} was not started before the sweep stopped asking: it stays in the "
                              "study's queue.")

@@ -4,6 +4,8 @@ so the ones it never started stay there."""
 
 from __future__ import annotations
 
+import time
+
 import optuna
 import pytest
 from optuna.trial import TrialState
@@ -68,6 +70,21 @@ def test_a_timeout_leaves_the_queued_trials_it_never_started_in_the_queue(saturn
     _executor(saturn_options).optimize(study, objectives.counted_steps, n_trials=states.count(TrialState.WAITING))
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 8, (states, study.trials)
     assert sorted(t.value for t in study.trials) == [float(s) for s in range(3, 11)]
+
+
+def test_a_timeout_that_comes_while_the_workers_start_still_runs_the_first_trials(saturn_options):
+    """Plain Optuna's first trials start at once, and its timeout lets them finish. Here the timeout passes before
+    the pool's workers are up: the trials planned to start first, one per device, still run; the others stay in
+    the queue."""
+    study = optuna.create_study()
+    for steps in (3, 4, 5, 6):
+        study.enqueue_trial({"steps": steps, "sample_lr": False})
+    started = time.time()
+    _executor(saturn_options).optimize(study, objectives.counted_steps, timeout=0.2)
+    first_start = min((t.datetime_start.timestamp() for t in study.trials if t.datetime_start), default=None)
+    assert first_start is not None and first_start - started > 0.2  # the timeout passed before any trial started
+    states = [t.state for t in study.trials]
+    assert states.count(TrialState.COMPLETE) == 2 and states.count(TrialState.WAITING) == 2, states
 
 
 def test_an_interrupt_leaves_the_queued_trials_it_never_started_in_the_queue(saturn_options):
