@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +54,6 @@ class _Worker:
     connected: bool = False
     job: Any = None  # the key of the job it runs
     orders: queue.Queue = field(default_factory=queue.Queue)
-    started: float = field(default_factory=time.monotonic)
 
 
 @dataclass
