@@ -16,6 +16,9 @@ per-trial start-up (launch to first step), the devices' idle seconds, the profil
 of all device time (devices x wall clock). "first trial at" is when the executor's first trial started (its
 pool's start and the first description), and "tail past LB" how much later than that plus the lower bound the
 last trial ended: the schedule's own loss, start-up aside (plain's is its wall clock past its lower bound).
+"runtime / plain's, trials 3+" compares the same trials' runtimes (each trial's median over the rounds) once
+plain's imports are paid, and "first two trials, plain's runtime past ours" is what plain pays inside its first two
+trials (the model library's import, in both threads) that the executor pays before its first trial starts.
 
     python benchmarks/vs_optuna.py [--objective example|wide|trainer|both] [--n-trials 8] [--devices 2] [--repeats 1]
                                    [--rounds 1]
@@ -207,6 +210,11 @@ def run_arm(arm: str, objective: str, params: list[dict], devices: int, store: s
     }
 
 
+def _median_runtimes(runs: list[dict]) -> list[float]:
+    """Each trial's median runtime over the rounds, in trial order (the same enqueued trial in every arm)."""
+    return [statistics.median(trial) for trial in zip(*(run["runtimes"] for run in runs))]
+
+
 def _cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -241,12 +249,14 @@ def compare(
                 results[arm].append(_subprocess(arm, objective, params, devices, store, logs))
     plain_walls = [r["wall"] for r in results.get("plain", [])]
     plain = statistics.median(plain_walls) if plain_walls else float("nan")
+    plain_runtimes = _median_runtimes(results["plain"]) if "plain" in results else None
     rows = []
     for arm, runs in results.items():
         r = sorted(runs, key=lambda run: run["wall"])[(len(runs) - 1) // 2]  # the median round (the lower of two)
         wall = statistics.median(run["wall"] for run in runs)
         ratios = [run["wall"] / p for run, p in zip(runs, plain_walls)]
         idle = sum(r.get("idle", {}).values())
+        runtimes = _median_runtimes(runs)
         rows.append([
             objective, arm, f'{wall:.1f}', f'{wall / plain:.2f}'
             + (f' ({min(ratios):.2f}-{max(ratios):.2f})' if len(ratios) > 1 else ""),
@@ -259,6 +269,8 @@ def compare(
             f'{r["profiling_device_seconds"]:.1f} ({r["profiling_runs"]})' if "profiling_runs" in r else "-",
             f'{100 * r["profiling_device_seconds"] / (devices * r["wall"]):.0f}%' if "profiling_runs" in r else "-",
             f'{100 * statistics.median(r["predicted_error"]):.0f}%' if r.get("predicted_error") else "-",
+            f'{sum(runtimes[2:]) / sum(plain_runtimes[2:]):.2f}' if plain_runtimes and len(runtimes) > 2 else "-",
+            f'{sum(plain_runtimes[:2]) - sum(runtimes[:2]):.1f}' if plain_runtimes and arm != "plain" else "-",
             " ".join(r.get("options", [])),
         ])
         for run in runs:
@@ -296,7 +308,8 @@ def main() -> None:
     print(markdown_table(
         ["objective", "arm", "wall (s)", "/ plain", "makespan / LB", "first trial at (s)", "tail past LB (s)",
          "start-up median (s)", "idle (device-s)",
-         "profiling (device-s, jobs)", "profiling share of device time", "prediction error (median)", "options"], rows,
+         "profiling (device-s, jobs)", "profiling share of device time", "prediction error (median)",
+         "runtime / plain's, trials 3+", "first two trials, plain's runtime past ours (s)", "options"], rows,
     ))
 
 
