@@ -70,6 +70,12 @@ class StudyQueue:
         self._empty_until = time.time() + _RECHECK_SECONDS
         return None
 
+    def look_again(self) -> None:
+        """Trials may have been enqueued just now (a trial run again, or a callback's ``enqueue_trial``): the next
+        look reads the queue, even if it was empty a moment ago. Else a new trial would be asked ahead of them, and
+        once ``n_trials`` is reached they would be left WAITING."""
+        self._empty_until = 0.0
+
     def may_describe(self, queued: FrozenTrial) -> bool:
         """Whether ``queued`` may be described before it is asked: it did not need the sampler when it was last
         tried (its objective is not run up to that point again), and it is not a trial run again (whose checkpoint

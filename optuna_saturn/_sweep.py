@@ -1079,6 +1079,7 @@ class Sweep:
         self._notify("on_trial_end", frozen, now)
         if call_back:
             self._bridge.call_back(self._callbacks, frozen)
+        self._queue.look_again()  # its params run again, or a callback enqueued trials: ahead of new trials
         if self._gc_after_trial:
             gc.collect()
 

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
+from typing import Callable
 
+import optuna
+import psutil
 import pytest
 
 
@@ -20,3 +25,24 @@ def require(condition: bool, what: str, *, fix: str = "install it with .ci/insta
     if in_ci():
         pytest.fail(message)
     pytest.skip(message)
+
+
+def kill_a_worker_once(storage: str, study_name: str, worker: str,
+                       ready: Callable[[optuna.trial.FrozenTrial], bool]) -> threading.Thread:
+    """A thread that kill -9s this process's descendant named ``worker`` (``saturn-worker-<device>``) once the
+    study's first trial is ``ready`` (say, it reported a step). Join it after the sweep."""
+
+    def kill() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            trials = optuna.load_study(study_name=study_name, storage=storage).trials
+            if trials and ready(trials[0]):
+                for process in psutil.Process().children(recursive=True):
+                    if process.name() == worker:
+                        process.kill()
+                        return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    return thread

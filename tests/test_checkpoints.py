@@ -18,6 +18,7 @@ from optuna.trial import TrialState
 
 import objectives
 from optuna_saturn import SaturnExecutor
+from support import kill_a_worker_once
 
 HERE = os.path.dirname(__file__)
 STEPS = objectives.RESUMABLE_EPOCHS * 4  # 64 rows in batches of 16
@@ -101,20 +102,6 @@ def test_a_trial_killed_with_its_sweep_resumes_from_its_checkpoint(saturn_option
     assert not Path(record["path"]).exists()  # a trial that ended needs its checkpoints no more
 
 
-def _kill_a_worker_once_hung(storage: str) -> None:
-    """Once the trial hangs after its checkpoint, kill -9 the worker of its rank 1 (the rank 0 of a DDP job then
-    waits for it no more than the pool's grace period)."""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        trial = optuna.load_study(study_name="faults", storage=storage).trials[0]
-        if HANG_AT in trial.intermediate_values:
-            for process in psutil.Process().children(recursive=True):
-                if process.name() == "saturn-worker-1":
-                    process.kill()
-                    return
-        time.sleep(0.2)
-
-
 @pytest.mark.launch
 @pytest.mark.parametrize("fault", ["a rank hangs", "a rank is killed"])
 def test_a_trial_whose_rank_dies_or_hangs_is_run_again_from_its_checkpoint(saturn_options, tmp_path, monkeypatch,
@@ -125,11 +112,9 @@ def test_a_trial_whose_rank_dies_or_hangs_is_run_again_from_its_checkpoint(satur
     monkeypatch.setenv("SATURN_TEST_HANG_AT", str(HANG_AT))  # (the first run only)
     stall_timeout = 3.0 if fault == "a rank hangs" else None
     killer = None
-    if fault == "a rank is killed":
-        import threading
-
-        killer = threading.Thread(target=_kill_a_worker_once_hung, args=(storage,), daemon=True)
-        killer.start()
+    if fault == "a rank is killed":  # once it hangs after its checkpoint, its rank 1 (rank 0 then waits for it
+        # no more than the pool's grace period)
+        killer = kill_a_worker_once(storage, "faults", "saturn-worker-1", lambda t: HANG_AT in t.intermediate_values)
     SaturnExecutor(devices=2, strategies=["ddp"], stall_timeout=stall_timeout, **saturn_options).optimize(
         study, objectives.resumable, n_trials=1)
     if killer is not None:

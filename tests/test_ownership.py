@@ -20,6 +20,7 @@ from optuna_saturn import SaturnExecutor
 from optuna_saturn._bridge import StudyBridge
 from optuna_saturn._ownership import Owner, recover_orphans
 from postgres import postgres_database
+from support import kill_a_worker_once
 
 HERE = os.path.dirname(__file__)
 
@@ -154,3 +155,27 @@ def test_a_sweep_killed_with_sigkill_is_resumed_by_the_next(saturn_options, tmp_
         assert orphan.intermediate_values and set(orphan.intermediate_values) <= set(retry.intermediate_values)
     new = [t for t in trials if t.number > max(o.number for o in orphans) and "saturn:retry_of" not in t.user_attrs]
     assert len(new) == 1 and new[0].state == TrialState.COMPLETE  # n_trials counts new trials
+
+
+@pytest.mark.launch
+def test_a_trial_run_again_starts_ahead_of_the_new_trials_asked_after_it(saturn_options, tmp_path, monkeypatch):
+    """The params of a trial whose rank died go back to the study's queue. The next trial the sweep takes is that
+    retry, not a new one, even when the queue was read (empty) a moment before; and n_trials still counts new
+    trials, so no retry is left WAITING when the sweep ends. (Before, a new trial was asked ahead of it, and on a
+    Ray cluster that lost a node the retry was left WAITING.)"""
+    storage = f"sqlite:///{tmp_path / 'study.sqlite3'}"
+    study = optuna.create_study(study_name="rank-dies", storage=storage)
+    monkeypatch.setenv("SATURN_TEST_SLEEPY_STEPS", "30")  # 3 s a trial
+    killer = kill_a_worker_once(storage, "rank-dies", "saturn-worker-0", lambda t: bool(t.intermediate_values))
+    SaturnExecutor(devices=1, strategies=["single"], **saturn_options).optimize(study, objectives.sleepy, n_trials=3)
+    killer.join(timeout=5)
+
+    trials = optuna.load_study(study_name="rank-dies", storage=storage).trials
+    assert trials[0].state == TrialState.FAIL, trials[0].user_attrs
+    retry = next(t for t in trials if t.user_attrs.get("saturn:retry_of") == 0)
+    assert retry.state == TrialState.COMPLETE and retry.params == trials[0].params
+    later = [t for t in trials if t.number > retry.number]
+    assert later and all(t.datetime_start > retry.datetime_start for t in later), [
+        (t.number, t.datetime_start) for t in trials]
+    assert [t.state for t in trials].count(TrialState.COMPLETE) == 3  # n_trials new trials, and the retry
+    assert not [t.number for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
