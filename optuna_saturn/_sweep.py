@@ -206,6 +206,7 @@ class Sweep:
         self._server: ChannelServer | None = None
         self._recipe: dict = {}
         self._owed_a_start: set[int] | None = None  # queued trials to run although asking stopped (see its use)
+        self._had_a_first_round = False  # a trial for every device: the timeout may stop asking from then on
         self._ask_seconds: list[float] = []  # how long asking and describing each trial took
         self._seen: list[list[Option]] = []  # every asked trial's options, as first priced
         self._plan_version = self._voi_version = 0  # plans made; the plan whose profiling value was judged
@@ -353,8 +354,20 @@ class Sweep:
         return not self._asking_stopped()
 
     def _asking_stopped(self) -> bool:
-        """``study.stop()`` (from a callback: the trials asked still run), or the timeout passed."""
-        return self._bridge.stop_requested or (self.timeout is not None and time.time() - self._start >= self.timeout)
+        """``study.stop()`` (from a callback: the trials asked still run), or the timeout passed once the sweep
+        has its first trial for every device: plain Optuna's ``n_jobs`` threads each start a trial before they
+        first look at the timeout, so a timeout shorter than describing the first trials still runs that many."""
+        if self._bridge.stop_requested:
+            return True
+        return self.timeout is not None and time.time() - self._start >= self.timeout and not self._first_round_due()
+
+    def _first_round_due(self) -> bool:
+        """Whether the sweep has had fewer trials than devices yet: asked, or described from the queue. (Once it
+        had them, a node that joins later does not make it ask past the timeout.)"""
+        if not self._had_a_first_round:
+            self._had_a_first_round = (self._asked + self._queued_waiting()
+                                       >= len(self.settings.devices) - len(self._lost))
+        return not self._had_a_first_round
 
     def _queued_waiting(self) -> int:
         return sum(w.queued for w in self._waiting.values())
