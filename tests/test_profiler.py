@@ -165,6 +165,41 @@ def test_objective_that_cannot_be_dry_run_is_reported():
         probe_workload(no_steps, trial, threading.Lock())
 
 
+def test_an_objective_that_takes_a_batch_before_its_loop_is_described():
+    """Users read a first batch's shapes, or run a first forward pass, before training: that batch is the
+    loader's real first one (on the model's meta device once moved to ``trial.device``), and the description goes
+    on to the trial.steps() loop. Before, the description ended at that batch, and the trial was never profiled."""
+    seen = {}
+
+    def objective(trial):
+        loader = torch.utils.data.DataLoader(objectives.regression_data(64), batch_size=16)
+        model = torch.nn.Linear(8, 1)
+        model, loader = trial.prepare(model, loader)
+        x, _ = next(iter(loader))
+        seen["shape"], seen["sum"] = tuple(x.shape), float(x.sum())
+        seen["out"] = model(x.to(trial.device)).shape  # a first forward pass
+        for _ in trial.steps(12):
+            x, y = next(iter(loader))
+        return 0.0
+
+    workload = _describe(objective)
+    first = next(iter(torch.utils.data.DataLoader(objectives.regression_data(64), batch_size=16)))[0]
+    assert seen == {"shape": (16, 8), "sum": float(first.sum()), "out": (16, 1)}
+    assert workload.total_steps == 12 and workload.global_batch == 16 and workload.n_params == 9
+
+
+def test_an_objective_that_loops_over_its_loader_without_trial_steps_is_reported():
+    def no_steps_loop(trial):
+        loader = torch.utils.data.DataLoader(objectives.regression_data(64), batch_size=16)
+        model, loader = trial.prepare(torch.nn.Linear(8, 1), loader)
+        while True:  # (it would never end, were the batches not limited)
+            for x, y in loader:
+                model(x.to(trial.device))
+
+    with pytest.raises(RuntimeError, match=r"trial.steps\(n\).*it took 8 batches from its DataLoader"):
+        _describe(no_steps_loop)
+
+
 def test_analytic_model_state_shrinks_as_each_strategy_shards():
     s = load_strategies()
     n = 1_000_000  # fp32: 4 MB of parameters, 4 MB of gradients

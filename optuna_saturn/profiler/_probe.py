@@ -60,14 +60,21 @@ class Workload:
         return dict(self.__dict__)
 
 
-class _ProbeLoader:
-    """Stands in for a prepared DataLoader: creating an iterator works, taking a batch ends the probe (no real
-    work happens after the description). For an objective whose loop is a pass over the loader (an Accelerate
-    script), iterating it first is that loop: ``loop_of`` records its length."""
+#: Batches an objective may take from a prepared DataLoader before its ``trial.steps()`` loop (to read their
+#: shapes, or for a first forward pass); taking more ends the description (it never reached its loop).
+BATCHES_BEFORE_THE_LOOP = 8
 
-    def __init__(self, loader: DataLoader, loop_of: "_ProbeTrial | None" = None) -> None:
+
+class _ProbeLoader:
+    """Stands in for a prepared DataLoader: creating an iterator works; a batch taken before the objective's
+    ``trial.steps()`` loop is the loader's real first batch (up to ``BATCHES_BEFORE_THE_LOOP``), and one taken
+    after ends the probe (no real work happens after the description). For an objective whose loop is a pass over
+    the loader (an Accelerate script), iterating it first is that loop: ``loop_of`` records its length."""
+
+    def __init__(self, loader: DataLoader, probe: "_ProbeTrial", *, is_the_loop: bool = False) -> None:
         self._loader = loader
-        self._loop_of = loop_of
+        self._probe = probe
+        self._loop_of = probe if is_the_loop else None
         self.batch_size = loader.batch_size
         self.dataset = loader.dataset
 
@@ -81,6 +88,11 @@ class _ProbeLoader:
         return self
 
     def __next__(self) -> Any:
+        probe = self._probe
+        before_the_loop = self._loop_of is None and probe.total_steps is None
+        if before_the_loop and probe.batches_before_the_loop < BATCHES_BEFORE_THE_LOOP:
+            probe.batches_before_the_loop += 1  # (its shapes read, a first forward pass): the loop comes next
+            return first_batch(self._loader)
         raise _ProbeDone
 
 
@@ -100,6 +112,7 @@ class _ProbeTrial:
         self.optimizer: torch.optim.Optimizer | None = None
         self.loader: DataLoader | None = None
         self.total_steps: int | None = None
+        self.batches_before_the_loop = 0  # taken from a prepared DataLoader before its trial.steps() loop
 
     def _suggest(self, method: str, *args: Any, **kwargs: Any) -> Any:
         with self._lock:
@@ -136,7 +149,7 @@ class _ProbeTrial:
                 self.optimizer = obj
             elif isinstance(obj, DataLoader):
                 self.loader = self.loader or obj
-                obj = _ProbeLoader(obj, self if loaders_are_loops else None)
+                obj = _ProbeLoader(obj, self, is_the_loop=loaders_are_loops)
             prepared.append(obj)
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
@@ -271,10 +284,12 @@ def probe_workload(objective: Any, trial: optuna.Trial, lock: threading.Lock) ->
                 f"describing it before its first trial.steps() loop raised {type(exc).__name__}: {exc}"
             ) from exc
         if probe.model is None or probe.loader is None or probe.total_steps is None:
+            took = (f" (it took {probe.batches_before_the_loop} batches from its DataLoader without reaching a "
+                    "trial.steps() loop)") if probe.batches_before_the_loop >= BATCHES_BEFORE_THE_LOOP else ""
             raise RuntimeError(
                 "the objective must call trial.prepare(model, ..., dataloader) and then iterate trial.steps(n), "
                 "or train through trial.prepare_trainer(trainer) or trial.accelerator(), for its runtime to be "
-                "profiled"
+                f"profiled{took}"
             )
         try:
             signature, rows, tokens = _batch_signature(first_batch(probe.loader))
