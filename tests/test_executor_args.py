@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import optuna
 import pytest
 
@@ -33,6 +37,27 @@ def test_optimize_inside_a_worker_explains_the_main_guard(monkeypatch):
     monkeypatch.setenv("OPTUNA_SATURN_WORKER", "1")
     with pytest.raises(RuntimeError, match="__name__ == .__main__."):
         SaturnExecutor(devices=1, strategies=["single"]).optimize(optuna.create_study(), objectives.quadratic)
+
+
+def test_a_script_without_the_main_guard_fails_with_the_reason_not_just_a_log(saturn_options, tmp_path):
+    """The workers import the objective's script; one that starts a sweep at import ends the pool's host. The
+    executor's error says why, with the fix, instead of only pointing at the host's log."""
+    script = tmp_path / "no_guard.py"
+    script.write_text(textwrap.dedent(f"""
+        import optuna
+        from optuna_saturn import SaturnExecutor
+
+        def objective(trial):
+            return trial.suggest_float("x", 0, 1)
+
+        SaturnExecutor(devices=1, strategies=["single"], isolate_network=True, log_dir={str(tmp_path / "runs")!r},
+                       profile_store={str(tmp_path / "profiles")!r}, progress="plain", dashboard=False,
+                       ).optimize(optuna.create_study(), objective, n_trials=1)
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert "the worker pool's host exited" in last and '__name__ == "__main__"' in last, done.stderr[-3000:]
 
 
 def test_zero_trials_is_a_no_op():

@@ -201,7 +201,10 @@ class WorkerPool:
     def host_problem(self) -> str | None:
         """Why the pool cannot run jobs any more, if it cannot (its host died)."""
         if self._host is not None and self._host.poll() is not None:
-            return f"the worker pool's host exited with code {self._host.returncode} (log: {self._log_dir})"
+            log = self._log_dir / "pool-host.log"
+            said = _last_line(log)
+            return (f"the worker pool's host exited with code {self._host.returncode}"
+                    + (f": {said}" if said else "") + f" (its log: {log})")
         return None
 
     def submit(self, key: Any, job: dict, devices: Sequence[int], *, log: Path) -> None:
@@ -331,3 +334,12 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _last_line(log: Path) -> str:
+    """The last line a process wrote that is not indented: a traceback's exception, or its own last word."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return next((line.strip() for line in reversed(lines) if line.strip() and not line[0].isspace()), "")
