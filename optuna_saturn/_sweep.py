@@ -257,6 +257,7 @@ class Sweep:
                     if self._plan_due():
                         self._plan()
                         self._dispatch(pool, runner)
+                    self._note_the_first_round()
                     self._consider_moves()
                     self._profile(pool, runner)
                     self._relay_progress()
@@ -354,20 +355,28 @@ class Sweep:
         return not self._asking_stopped()
 
     def _asking_stopped(self) -> bool:
-        """``study.stop()`` (from a callback: the trials asked still run), or the timeout passed once the sweep
-        has its first trial for every device: plain Optuna's ``n_jobs`` threads each start a trial before they
-        first look at the timeout, so a timeout shorter than describing the first trials still runs that many."""
+        """``study.stop()`` (from a callback: the trials asked still run), or the timeout passed once every device
+        had a trial. Plain Optuna's ``n_jobs`` threads start their first trials within moments of each other, so a
+        short timeout still runs one per thread; the sweep describes each trial first (seconds, for a large
+        model's imports), and a timeout shorter than that would otherwise leave devices without one."""
         if self._bridge.stop_requested:
             return True
         return self.timeout is not None and time.time() - self._start >= self.timeout and not self._first_round_due()
 
     def _first_round_due(self) -> bool:
-        """Whether the sweep has had fewer trials than devices yet: asked, or described from the queue. (Once it
-        had them, a node that joins later does not make it ask past the timeout.)"""
-        if not self._had_a_first_round:
-            self._had_a_first_round = (self._asked + self._queued_waiting()
-                                       >= len(self.settings.devices) - len(self._lost))
-        return not self._had_a_first_round
+        """Whether some device has yet to get its first trial: fewer trials than devices were asked (or described
+        from the queue), and some device has none running or planned on it."""
+        if self._had_a_first_round:
+            return False
+        devices = {d for members in self._topology.members for d in members}
+        held = {d for run in self._running.values() for d in run.devices}
+        held |= {d for w in self._waiting.values() if w.assignment is not None for d in w.assignment.devices}
+        return self._asked + self._queued_waiting() < len(devices) and not devices <= held
+
+    def _note_the_first_round(self) -> None:
+        """Once every device had a trial, it stays had: a node that joins later does not reopen asking past the
+        timeout."""
+        self._had_a_first_round = self._had_a_first_round or not self._first_round_due()
 
     def _queued_waiting(self) -> int:
         return sum(w.queued for w in self._waiting.values())

@@ -33,15 +33,19 @@ def kill_a_worker_once(storage: str, study_name: str, worker: str,
     study's first trial is ``ready`` (say, it reported a step). Join it after the sweep."""
 
     def kill() -> None:
+        study = optuna.load_study(study_name=study_name, storage=storage)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            trials = optuna.load_study(study_name=study_name, storage=storage).trials
+            trials = study.get_trials(deepcopy=False)
             if trials and ready(trials[0]):
                 for process in psutil.Process().children(recursive=True):
-                    if process.name() == worker:
-                        process.kill()
-                        return
-            time.sleep(0.05)
+                    try:
+                        if process.name() == worker:
+                            process.kill()
+                            return
+                    except psutil.Error:  # (a process that ended while the children were listed)
+                        continue
+            time.sleep(0.2)
 
     thread = threading.Thread(target=kill, daemon=True)
     thread.start()

@@ -39,6 +39,7 @@ def test_optimize_inside_a_worker_explains_the_main_guard(monkeypatch):
         SaturnExecutor(devices=1, strategies=["single"]).optimize(optuna.create_study(), objectives.quadratic)
 
 
+@pytest.mark.launch
 def test_a_script_without_the_main_guard_fails_with_the_reason_not_just_a_log(saturn_options, tmp_path):
     """The workers import the objective's script; one that starts a sweep at import ends the pool's host. The
     executor's error says why, with the fix, instead of only pointing at the host's log."""

@@ -165,7 +165,9 @@ def test_a_trial_run_again_starts_ahead_of_the_new_trials_asked_after_it(saturn_
     Ray cluster that lost a node the retry was left WAITING.)"""
     storage = f"sqlite:///{tmp_path / 'study.sqlite3'}"
     study = optuna.create_study(study_name="rank-dies", storage=storage)
-    monkeypatch.setenv("SATURN_TEST_SLEEPY_STEPS", "30")  # 3 s a trial
+    # 3 s trials, trial 0 killed about 1 s in: no look-ahead trial is asked yet (it would start ahead of the retry,
+    # having been asked before it)
+    monkeypatch.setenv("SATURN_TEST_SLEEPY_STEPS", "30")
     killer = kill_a_worker_once(storage, "rank-dies", "saturn-worker-0", lambda t: bool(t.intermediate_values))
     SaturnExecutor(devices=1, strategies=["single"], **saturn_options).optimize(study, objectives.sleepy, n_trials=3)
     killer.join(timeout=5)

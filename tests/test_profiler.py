@@ -178,13 +178,14 @@ def test_an_objective_that_takes_a_batch_before_its_loop_is_described():
         x, _ = next(iter(loader))
         seen["shape"], seen["sum"] = tuple(x.shape), float(x.sum())
         seen["out"] = model(x.to(trial.device)).shape  # a first forward pass
+        seen["evaluated"] = sum(1 for _ in loader)  # an evaluation pass before training: it ends
         for _ in trial.steps(12):
             x, y = next(iter(loader))
         return 0.0
 
     workload = _describe(objective)
     first = next(iter(torch.utils.data.DataLoader(objectives.regression_data(64), batch_size=16)))[0]
-    assert seen == {"shape": (16, 8), "sum": float(first.sum()), "out": (16, 1)}
+    assert seen == {"shape": (16, 8), "sum": float(first.sum()), "out": (16, 1), "evaluated": 4}
     assert workload.total_steps == 12 and workload.global_batch == 16 and workload.n_params == 9
 
 
@@ -196,7 +197,7 @@ def test_an_objective_that_loops_over_its_loader_without_trial_steps_is_reported
             for x, y in loader:
                 model(x.to(trial.device))
 
-    with pytest.raises(RuntimeError, match=r"trial.steps\(n\).*it took 8 batches from its DataLoader"):
+    with pytest.raises(RuntimeError, match=r"trial.steps\(n\).*it took 64 batches from its DataLoaders"):
         _describe(no_steps_loop)
 
 

@@ -60,40 +60,52 @@ class Workload:
         return dict(self.__dict__)
 
 
-#: Batches an objective may take from a prepared DataLoader before its ``trial.steps()`` loop (to read their
-#: shapes, or for a first forward pass); taking more ends the description (it never reached its loop).
-BATCHES_BEFORE_THE_LOOP = 8
+#: Batches an objective may take from its prepared DataLoaders before its ``trial.steps()`` loop (to read their
+#: shapes, a first forward pass, an evaluation pass); taking more ends the description (it never reached its loop).
+BATCHES_BEFORE_THE_LOOP = 64
 
 
 class _ProbeLoader:
-    """Stands in for a prepared DataLoader: creating an iterator works; a batch taken before the objective's
-    ``trial.steps()`` loop is the loader's real first batch (up to ``BATCHES_BEFORE_THE_LOOP``), and one taken
-    after ends the probe (no real work happens after the description). For an objective whose loop is a pass over
-    the loader (an Accelerate script), iterating it first is that loop: ``loop_of`` records its length."""
+    """Stands in for a prepared DataLoader: a batch taken before the objective's ``trial.steps()`` loop is the
+    loader's real first batch (a pass ends after ``len(loader)`` of them; ``BATCHES_BEFORE_THE_LOOP`` in all), and
+    one taken in the loop ends the probe (no real work happens after the description). For an objective whose
+    loop is a pass over the loader (an Accelerate script), iterating it first is that loop: ``loop_of`` records
+    its length, and its first batch ends the probe."""
 
     def __init__(self, loader: DataLoader, probe: "_ProbeTrial", *, is_the_loop: bool = False) -> None:
         self._loader = loader
         self._probe = probe
         self._loop_of = probe if is_the_loop else None
+        self._first: Any = None
         self.batch_size = loader.batch_size
         self.dataset = loader.dataset
 
     def __len__(self) -> int:
         return len(self._loader)
 
-    def __iter__(self) -> "_ProbeLoader":
+    def __iter__(self) -> Iterator[Any]:
         if self._loop_of is not None and self._loop_of.total_steps is None:
             with contextlib.suppress(TypeError):  # an IterableDataset without a length: no loop length to learn
                 self._loop_of.total_steps = len(self._loader)
-        return self
+        return self._one_pass()
 
-    def __next__(self) -> Any:
-        probe = self._probe
-        before_the_loop = self._loop_of is None and probe.total_steps is None
-        if before_the_loop and probe.batches_before_the_loop < BATCHES_BEFORE_THE_LOOP:
-            probe.batches_before_the_loop += 1  # (its shapes read, a first forward pass): the loop comes next
-            return first_batch(self._loader)
-        raise _ProbeDone
+    def _one_pass(self) -> Iterator[Any]:
+        try:
+            length = len(self._loader)
+        except TypeError:  # an IterableDataset without a length: its passes end at the budget
+            length = None
+        taken = 0
+        while length is None or taken < length:
+            probe = self._probe
+            if self._loop_of is not None or probe.total_steps is not None:
+                raise _ProbeDone  # the training loop's first batch: described
+            if probe.batches_before_the_loop >= BATCHES_BEFORE_THE_LOOP:
+                raise _ProbeDone  # (reported: it never reached a trial.steps() loop)
+            probe.batches_before_the_loop += 1
+            taken += 1
+            if self._first is None:
+                self._first = first_batch(self._loader)
+            yield self._first
 
 
 class _ProbeTrial:
@@ -284,7 +296,7 @@ def probe_workload(objective: Any, trial: optuna.Trial, lock: threading.Lock) ->
                 f"describing it before its first trial.steps() loop raised {type(exc).__name__}: {exc}"
             ) from exc
         if probe.model is None or probe.loader is None or probe.total_steps is None:
-            took = (f" (it took {probe.batches_before_the_loop} batches from its DataLoader without reaching a "
+            took = (f" (it took {probe.batches_before_the_loop} batches from its DataLoaders without reaching a "
                     "trial.steps() loop)") if probe.batches_before_the_loop >= BATCHES_BEFORE_THE_LOOP else ""
             raise RuntimeError(
                 "the objective must call trial.prepare(model, ..., dataloader) and then iterate trial.steps(n), "

@@ -202,9 +202,10 @@ class WorkerPool:
         """Why the pool cannot run jobs any more, if it cannot (its host died)."""
         if self._host is not None and self._host.poll() is not None:
             log = self._log_dir / "pool-host.log"
-            said = _last_line(log)
+            said = _last_unindented_line(log)
+            said = said if len(said) <= 300 else said[:300] + "..."
             return (f"the worker pool's host exited with code {self._host.returncode}"
-                    + (f": {said}" if said else "") + f" (its log: {log})")
+                    + (f"; its log ends: {said}" if said else "") + f" (the whole log: {log})")
         return None
 
     def submit(self, key: Any, job: dict, devices: Sequence[int], *, log: Path) -> None:
@@ -336,8 +337,9 @@ def _kill(pid: int) -> None:
         pass
 
 
-def _last_line(log: Path) -> str:
-    """The last line a process wrote that is not indented: a traceback's exception, or its own last word."""
+def _last_unindented_line(log: Path) -> str:
+    """The last line a process wrote that is not indented: a traceback's exception (or, for a process killed from
+    outside, just its last message)."""
     try:
         lines = log.read_text(errors="replace").splitlines()
     except OSError:
