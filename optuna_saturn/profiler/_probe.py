@@ -94,9 +94,8 @@ class _ProbeLoader:
             length = len(self._loader)
         except TypeError:  # an IterableDataset without a length: its passes end at the budget
             length = None
-        taken = 0
+        probe, taken = self._probe, 0
         while length is None or taken < length:
-            probe = self._probe
             if self._loop_of is not None or probe.total_steps is not None:
                 raise _ProbeDone  # the training loop's first batch: described
             if probe.batches_before_the_loop >= BATCHES_BEFORE_THE_LOOP:

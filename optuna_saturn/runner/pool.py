@@ -109,6 +109,7 @@ class WorkerPool:
         self._isolate = isolate_network
         self._memory_limit = memory_limit
         self._log_dir = log_dir
+        self._host_log = log_dir / "pool-host.log"
         self._grace = grace_period
         self._multi_device = multi_device  # jobs may span devices: workers import what process groups need
         self._engines = sorted(engines)  # the engines jobs will use: imported once, before the workers fork
@@ -143,7 +144,7 @@ class WorkerPool:
             env["NCCL_SOCKET_IFNAME"] = "lo"
         else:
             env["CUDA_VISIBLE_DEVICES"] = ""
-        log = self._log_dir / "pool-host.log"
+        log = self._host_log
         why_not = why_not_fork(self.devices) if self._fork else "forking the executor was turned off"
         if why_not is None:
             self._host = ForkedHost.start(
@@ -201,11 +202,10 @@ class WorkerPool:
     def host_problem(self) -> str | None:
         """Why the pool cannot run jobs any more, if it cannot (its host died)."""
         if self._host is not None and self._host.poll() is not None:
-            log = self._log_dir / "pool-host.log"
-            said = _last_unindented_line(log)
+            said = _last_unindented_line(self._host_log)
             said = said if len(said) <= 300 else said[:300] + "..."
             return (f"the worker pool's host exited with code {self._host.returncode}"
-                    + (f"; its log ends: {said}" if said else "") + f" (the whole log: {log})")
+                    + (f"; its log ends: {said}" if said else "") + f" (the whole log: {self._host_log})")
         return None
 
     def submit(self, key: Any, job: dict, devices: Sequence[int], *, log: Path) -> None:
