@@ -424,6 +424,8 @@ class Sweep:
             return False
         if self._plan_dirty:
             self._plan()
+            if self._asking_stopped():  # past the timeout, that plan gave every device its first trial
+                return False
         return self._idle_soon()
 
     def _own(self, trial: optuna.Trial) -> None:

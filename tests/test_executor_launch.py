@@ -231,6 +231,17 @@ def test_a_timeout_shorter_than_describing_the_first_trial_still_runs_one_trial_
     assert second - first > 0.001  # asked once the first was described: after the timeout
 
 
+def test_past_a_timeout_a_trial_on_every_device_is_the_whole_first_round(saturn_options, monkeypatch):
+    """A DDP trial planned on both devices gives each its first trial: past the timeout, no second trial is asked,
+    even when the look-ahead would ask the next one at once (here it asks whenever a device's planned work ends
+    within a minute; on a fresh process the first description's imports make it as eager)."""
+    monkeypatch.setattr("optuna_saturn._sweep._ASK_AHEAD_SECONDS", 60.0)
+    study = optuna.create_study()
+    SaturnExecutor(devices=2, strategies=["ddp"], **saturn_options).optimize(
+        study, objectives.train_linear, n_trials=20, timeout=0.001)
+    assert [(t.state, t.user_attrs["saturn:num_devices"]) for t in study.trials] == [(TrialState.COMPLETE, 2)]
+
+
 @pytest.mark.launch
 def test_optuna_integrations_mlflow_callback_logs_every_trial(saturn_options, tmp_path, monkeypatch):
     """How many teams log their sweeps: optuna-integration's MLflowCallback, through ``callbacks=``, writing to
