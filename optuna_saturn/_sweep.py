@@ -933,14 +933,19 @@ class Sweep:
         return max(_MIN_STALL_SECONDS, 0.5 * run.waiting.assignment.option.runtime, 50 * step)
 
     def _stop_stalled(self, pool: WorkerPool, runner: LocalRunner) -> None:
-        """Stop every trial that has taken steps and then reported none for longer than its stall limit: one of
-        its ranks hangs (a deadlocked collective, a stuck data loader), or died where its peers wait for it. It
-        is run again like the trial of a dead sweep (:meth:`_finish_trial`)."""
+        """Stop every trial that has taken steps and then reported none for longer than its stall limit, or took
+        no step in its stall limit plus its planned runtime: one of its ranks hangs (a deadlocked collective or
+        rendezvous, a stuck data loader), or died where its peers wait for it. It is run again like the trial of a
+        dead sweep (:meth:`_finish_trial`)."""
         now = time.time()
         for run in list(self._running.values()):
-            if not isinstance(run, _TrialRun) or run.stalled or run.session.last_progress_at is None:
+            if not isinstance(run, _TrialRun) or run.stalled:
                 continue
-            silent, limit = now - run.session.last_progress_at, self._stall_limit(run)
+            if run.session.last_progress_at is None:  # not one step yet: its set-up may take up to its runtime
+                silent = now - self._start - run.started
+                limit = self._stall_limit(run) + run.waiting.assignment.option.runtime
+            else:
+                silent, limit = now - run.session.last_progress_at, self._stall_limit(run)
             if silent > limit:
                 run.stalled = f"its ranks reported no progress for {silent:.0f} s (the limit is {limit:.0f} s)"
                 _logger.warning(f"Trial {run.session.trial.number}: {run.stalled}; stopping it.")
@@ -1054,9 +1059,11 @@ class Sweep:
         if run.stalled and not reason:
             reason = run.stalled
         if not reason and op in ("fail", None):
-            reason = _first_rank_error(run.errors) or (
-                f"the trial's workers ended ({end.reason or 'unknown'}) before reporting a result"
-            )
+            error = _first_rank_error(run.errors)
+            if op is None and not end.clean and "died" in end.reason:  # the death first: its peers' errors follow
+                reason = f"{end.reason} before reporting a result" + (f" ({error})" if error else "")
+            else:
+                reason = error or f"the trial's workers ended ({end.reason or 'unknown'}) before reporting a result"
         state, values = TrialState.FAIL, None
         if op == "result" and not reason:
             state, values = TrialState.COMPLETE, outcome["values"]

@@ -129,20 +129,23 @@ class ChannelServer:
 
     def _serve_connection(self, rfile: Any, wfile: Any, connection: socket.socket) -> None:
         served: list[Handler] = []  # the connection's handler, once its hello named a valid token
+        hello: dict = {}  # what the peer said in its hello: the handler hears it again when the connection closes
         try:
-            self._serve_requests(rfile, wfile, served, connection)
+            self._serve_requests(rfile, wfile, served, connection, hello)
         except OSError:  # the peer vanished mid-request (a killed worker), or said nothing in time
             pass
         except ValueError:  # not our protocol
             _logger.warning("Closed a channel connection that did not speak the channel's protocol.")
         finally:
-            for handler in served:  # the peer went away (or exited): its handler hears it once
+            for handler in served:  # the peer went away (or exited): its handler hears it once, with its hello
                 try:
-                    handler("closed", {})
+                    handler("closed", {k: v for k, v in hello.items() if k not in ("op", "token")})
                 except Exception:
                     _logger.exception("A channel handler failed on a closed connection.")
 
-    def _serve_requests(self, rfile: Any, wfile: Any, served: list[Handler], connection: socket.socket) -> None:
+    def _serve_requests(
+        self, rfile: Any, wfile: Any, served: list[Handler], connection: socket.socket, hello_said: dict
+    ) -> None:
         # before its hello, a peer gets a few seconds and one line of bounded length: a stranger that connects
         # (over TCP, anyone who reaches the port) can hold neither a thread nor memory
         connection.settimeout(_HELLO_SECONDS)
@@ -158,6 +161,7 @@ class ChannelServer:
                     _logger.warning("Rejected a channel connection without a valid trial token.")
                     return
                 served.append(handler)
+                hello_said.update(message)
             try:
                 line = json.dumps({"ok": True, "value": served[0](op, message)}, default=_plain)
             except Exception as exc:  # the worker re-raises it; the parent must keep serving

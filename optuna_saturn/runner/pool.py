@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,11 @@ _logger = optuna.logging.get_logger("optuna.saturn.runner")
 
 #: How long a job's ranks may wait for each other to join its process group.
 RENDEZVOUS_TIMEOUT_SECONDS = 600.0
+#: A stopped job whose ranks have not all ended this long after the stop's grace period ends now, whatever its
+#: workers say (a process the kill cannot end, a report lost): the sweep never waits for it for ever.
+STOP_DEADLINE_SECONDS = 10.0
+#: How often :meth:`WorkerPool.wait` looks whether the workers of running jobs are still alive.
+LIVENESS_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,8 @@ class JobRanks:
 @dataclass
 class _Job(JobRanks):
     rendezvous: Path
+    pids: dict[int, int] = field(default_factory=dict, kw_only=True)  # device -> its worker's pid at submit
+    stopped_at: float | None = field(default=None, kw_only=True)  # monotonic time of the stop, if stopped
 
 
 class WorkerPool:
@@ -121,6 +129,7 @@ class WorkerPool:
         self._host: subprocess.Popen | ForkedHost | None = None
         self._token = ""
         self._rendezvous_ids = itertools.count()
+        self._checked_at = 0.0  # when the running jobs' workers were last looked at (monotonic)
 
     # -- life cycle ----------------------------------------------------------------------------------------------
     def start(self, preload: dict | None = None) -> None:
@@ -217,7 +226,7 @@ class WorkerPool:
             workers = [self._workers[d] for d in devices]
             if any(not w.connected or w.job is not None for w in workers):
                 raise RuntimeError(f"devices {list(devices)} are not all ready for job {key!r}")
-            self._jobs[key] = _Job(key, tuple(devices), rendezvous)
+            self._jobs[key] = _Job(key, tuple(devices), rendezvous, pids={d: self._workers[d].pid for d in devices})
             for rank, worker in enumerate(workers):
                 worker.job = key
                 worker.orders.put({"job": {
@@ -227,6 +236,7 @@ class WorkerPool:
 
     def wait(self, timeout: float) -> list[JobEnd]:
         """Jobs that ended since the last call; waits up to ``timeout`` seconds for the first one."""
+        self._end_ranks_whose_worker_is_gone()
         ended = []
         try:
             ended.append(self._ended.get(timeout=timeout))
@@ -237,24 +247,62 @@ class WorkerPool:
         return ended
 
     def stop(self, key: Any, reason: str = "stopped") -> None:
-        """Stop a job: its workers are killed (and replaced); its end comes out of :meth:`wait`."""
+        """Stop a job: its workers are killed (and replaced); its end comes out of :meth:`wait`. A rank whose
+        worker is already gone ends at once (nothing else would end it); one that does not end in time ends
+        anyway (:data:`STOP_DEADLINE_SECONDS`)."""
         with self._lock:
             job = self._jobs.get(key)
             if job is None:
                 return
             job.reason = job.reason or reason
-            pids = [self._workers[d].pid for d in job.unfinished()]
+            job.stopped_at = job.stopped_at or time.monotonic()
+            pids = [job.pids.get(d) for d in job.unfinished()]
         for pid in pids:
             if pid:
                 _kill(pid)
+        self._end_ranks_whose_worker_is_gone()
+
+    def _end_ranks_whose_worker_is_gone(self) -> None:
+        """End every rank of a running job whose worker (the process it was given to) no longer runs it: it died,
+        and its death was not heard (a connection's close can come before the process is seen to be gone, or
+        after its replacement said hello), or it was stopped and did not end in time."""
+        now = time.monotonic()
+        if now - self._checked_at < LIVENESS_SECONDS and not any(j.stopped_at for j in self._jobs.values()):
+            return
+        self._checked_at = now
+        with self._lock:
+            jobs = list(self._jobs.values())
+        for job in jobs:
+            overdue = job.stopped_at is not None and now - job.stopped_at > self._grace + STOP_DEADLINE_SECONDS
+            for device in job.unfinished():
+                pid = job.pids.get(device)
+                if overdue or pid is None or not _alive(pid):
+                    why = (f"the rank on device {device} did not end {self._grace + STOP_DEADLINE_SECONDS:.0f} s "
+                           "after it was stopped" if overdue else f"the worker of device {device} died")
+                    self._rank_gone(job, device, why)
+
+    def _rank_gone(self, job: _Job, device: int, reason: str) -> None:
+        """``job``'s rank on ``device`` ended unclean, its worker gone; the slot keeps whatever worker holds it."""
+        with self._lock:
+            if self._jobs.get(job.key) is not job or device in job.finished:
+                return
+            worker = self._workers[device]
+            if worker.job == job.key and worker.pid == job.pids.get(device):
+                worker.job, worker.connected = None, False
+            self._rank_ended(job, device, False, reason)
 
     # -- what the workers say (channel threads) -------------------------------------------------------------------
     def _handle(self, op: str, message: dict) -> Any:
         index = int(message.get("worker", -1))
         if op == "hello":
+            pid = int(message["pid"])
             with self._lock:
                 worker = self._workers[index]
-                worker.pid, worker.connected, worker.job = int(message["pid"]), True, None
+                # a replacement: the rank its predecessor ran ended with it, even if its close is not heard yet
+                previous = self._jobs.get(worker.job) if worker.pid != pid else None
+                if previous is not None and index not in previous.finished:
+                    self._rank_ended(previous, index, False, f"the worker of device {index} died")
+                worker.pid, worker.connected, worker.job = pid, True, None
                 worker.orders = queue.Queue()
             return {"worker": index}
         if op == "next":
@@ -264,7 +312,7 @@ class WorkerPool:
                            still_up=not message.get("recycle"))
             return None
         if op == "closed":
-            self._closed()
+            self._closed(index, int(message.get("pid", -1)))
             return None
         raise ValueError(f"Unknown request {op!r} from a pool worker.")
 
@@ -277,12 +325,13 @@ class WorkerPool:
                 if pid is None or not _alive(pid):  # it died while idle: end this request (the connection closes)
                     return {"exit": True}
 
-    def _closed(self) -> None:
-        """Some worker's connection closed: every worker whose process is gone is no longer up."""
+    def _closed(self, index: int, pid: int) -> None:
+        """The connection of worker ``pid`` (device ``index``, as its hello said) closed: it exited or died. If it
+        still holds its slot, the slot is down until its replacement says hello, and the rank it ran ended."""
         with self._lock:
-            gone = [w for w in self._workers if w.connected and (w.pid is None or not _alive(w.pid))]
-        for worker in gone:
-            self._finished(worker.index, False, f"the worker of device {worker.index} died", still_up=False)
+            if not 0 <= index < len(self._workers) or self._workers[index].pid != pid:
+                return  # its replacement said hello first, and ended the rank it ran then
+        self._finished(index, False, f"the worker of device {index} died", still_up=False)
 
     def _finished(self, index: int, clean: bool, reason: str, *, still_up: bool) -> None:
         with self._lock:
@@ -290,28 +339,31 @@ class WorkerPool:
             worker.connected = worker.connected and still_up
             key, worker.job = worker.job, None
             job = self._jobs.get(key)
-            if job is None:
-                return
-            job.rank_ended(index, clean, reason)
-            if not clean:
-                if job.unfinished():
-                    # Its peers may wait forever in a collective with it: stop those that do not finish soon
-                    # (most fail alike and report in time; rank 0 may still be sending the trial's outcome).
-                    timer = threading.Timer(self._grace, self._stop_unfinished, args=(key,))
-                    timer.daemon, timer.name = True, "saturn-grace"
-                    timer.start()
-            end = job.end()
-            if end is not None:
-                del self._jobs[key]
-                job.rendezvous.unlink(missing_ok=True)
-                self._ended.put(end)
+            if job is not None and index not in job.finished:
+                self._rank_ended(job, index, clean, reason)
 
-    def _stop_unfinished(self, key: Any) -> None:
+    def _rank_ended(self, job: _Job, index: int, clean: bool, reason: str) -> None:
+        """(Under the lock.) One rank of ``job`` ended; the job ends once all have."""
+        job.rank_ended(index, clean, reason)
+        if not clean and job.unfinished():
+            # Its peers may wait forever in a collective with it: stop those that do not finish soon (most fail
+            # alike and report in time; rank 0 may still be sending the trial's outcome). The timer holds this
+            # job, not its key: a run submitted again under the same key is not its business.
+            timer = threading.Timer(self._grace, self._stop_unfinished, args=(job,))
+            timer.daemon, timer.name = True, "saturn-grace"
+            timer.start()
+        end = job.end()
+        if end is not None:
+            del self._jobs[job.key]
+            job.rendezvous.unlink(missing_ok=True)
+            self._ended.put(end)
+
+    def _stop_unfinished(self, job: _Job) -> None:
         with self._lock:
-            job = self._jobs.get(key)
-            pids = [] if job is None else [
-                self._workers[d].pid for d in job.unfinished() if self._workers[d].pid
-            ]
+            if self._jobs.get(job.key) is not job:
+                return
+            job.stopped_at = job.stopped_at or time.monotonic()
+            pids = [job.pids[d] for d in job.unfinished() if job.pids.get(d)]
         for pid in pids:
             _kill(pid)
 
