@@ -103,7 +103,7 @@ def main() -> None:
     if args.devices < 2 or args.devices % 2:
         parser.error("--devices must be even: two nodes of half as many")
     if not os.environ.get(_ISOLATED):  # Ray's processes listen on every interface: only loopback here
-        from optuna_saturn.runner.launch import network_isolation_prefix
+        from optuna_saturn.pools.launch_commands import network_isolation_prefix
 
         os.environ[_ISOLATED] = "1"
         os.execvp("unshare", network_isolation_prefix() + [sys.executable, *sys.argv])

@@ -229,13 +229,13 @@ def paper_like_profiling_seconds() -> float:
 
 
 def paper_like_voi_profiling(*, uncertainty: float = 0.3, seed: int = 0) -> tuple[float, int, int]:
-    """Device-seconds the executor's value-of-information rule (``optuna_saturn._voi``) would spend profiling the
+    """Device-seconds the executor's value-of-information rule (``optuna_saturn.pricing.value_of_information``) would spend profiling the
     paper-like sweep, and how many options it measures of how many it could: every option's runtime is predicted
     off by a seeded factor within ``1 +- uncertainty`` (the cost model's fitted uncertainty is 0.1-0.3), and each
     option of the first trial of each distinct workload is measured when the plan could gain more than the
     measurement costs, judged once with every trial known. The learning-rate siblings are priced by those
     measurements (the profile key leaves the learning rate out)."""
-    from optuna_saturn._voi import profile_gain, worth_measuring
+    from optuna_saturn.pricing.value_of_information import profile_gain, worth_measuring
     from optuna_saturn.planner import Cluster
 
     rng = random.Random(seed)

@@ -57,7 +57,7 @@ def _plain(value: Any) -> Any:
 
 class _NamedThreadsServer(socketserver.ThreadingUnixStreamServer):
     """Names the thread of each connection, so that the pool host knows it for one of the executor's own
-    (:func:`optuna_saturn.runner._forked_host.why_not_fork`)."""
+    (:func:`optuna_saturn.pools.forked_host.why_not_fork`)."""
 
     def process_request(self, request: Any, client_address: Any) -> None:
         thread = threading.Thread(target=self.process_request_thread, args=(request, client_address),

@@ -3,7 +3,7 @@ the first run stopped instead of from scratch.
 
 What is saved: the model, the optimizer, the LR scheduler, the random generators (rank 0's, as every rank draws
 from them alike: see :mod:`optuna_saturn.sharding`), where each prepared DataLoader's pass stands
-(:mod:`optuna_saturn._positions`: a run resumed mid-epoch trains on the batches the first run would have) and the
+(:mod:`optuna_saturn.worker.loader_positions`: a run resumed mid-epoch trains on the batches the first run would have) and the
 step. Where: one folder per trial, ``step-<k>`` in it
 for the latest checkpoint only, written under a temporary name and renamed when complete (a checkpoint that a kill
 cut short is never taken for one). Its record (:class:`CheckpointRecord`) is the trial's ``saturn:checkpoint``
@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from optuna_saturn._random_state import capture, restore
+from optuna_saturn.worker.random_state import capture, restore
 
 DCP = "torch.distributed.checkpoint"
 DEEPSPEED = "deepspeed"
@@ -89,7 +89,7 @@ def save(
     loaders: list[Any] = (),
 ) -> CheckpointRecord:
     """Save the training state at ``step`` in ``folder`` (collective: every rank calls it), with ``loaders``
-    (where each prepared loader's pass stands, :mod:`optuna_saturn._positions`). Returns the record, on every
+    (where each prepared loader's pass stands, :mod:`optuna_saturn.worker.loader_positions`). Returns the record, on every
     rank; older checkpoints of the trial are removed once this one is complete."""
     context = engine.context
     fmt = engine.checkpoint_format

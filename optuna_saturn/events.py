@@ -83,3 +83,20 @@ class SweepListener:
 
     def on_sweep_end(self, study: optuna.Study, now: float, interrupted: bool) -> None:
         pass
+
+
+class Broadcast:
+    """Tells every listener of a sweep; one that raises is logged and dropped, and the sweep goes on."""
+
+    def __init__(self, listeners: Sequence[SweepListener], study: optuna.Study) -> None:
+        self._listeners = list(listeners)
+        self._study = study
+
+    def send(self, method: str, *args: object) -> None:
+        for listener in list(self._listeners):
+            try:
+                getattr(listener, method)(self._study, *args)
+            except Exception:
+                optuna.logging.get_logger("optuna.saturn").exception(
+                    f"Listener {listener!r} failed in {method}; it is dropped, the sweep goes on.")
+                self._listeners.remove(listener)

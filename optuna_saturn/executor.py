@@ -15,13 +15,16 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from optuna_saturn._objective_ref import describe_objective
-from optuna_saturn._sweep import Sweep, SweepSettings
+from optuna_saturn.clock import WallClock
+from optuna_saturn.pools.processes import ProcessPool
+from optuna_saturn.pricing.pricer import Pricer
+from optuna_saturn.sweep import Sweep, SweepSettings
+from optuna_saturn.sweep.requests import run_folder
 from optuna_saturn.devices import DeviceSpec, resolve_devices
 from optuna_saturn.events import SweepListener
 from optuna_saturn.profiler import ProfileStore
 from optuna_saturn.progress import ProgressMode, make_progress
-from optuna_saturn.runner.ray_cluster import discover
+from optuna_saturn.pools.ray_cluster import discover
 from optuna_saturn.strategy import Strategy, select_strategies
 
 WORKER_ENV = "OPTUNA_SATURN_WORKER"
@@ -211,10 +214,9 @@ class SaturnExecutor:
         batch = len(self.devices) if batch_size is None else batch_size
         if not isinstance(batch, int) or batch < 1:
             raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}.")
-        self._run(Sweep(
-            self._settings, study, objective, lambda folder: describe_objective(objective, folder),
-            n_trials=n_trials, timeout=timeout, batch_size=batch, callbacks=list(callbacks or ()),
-            gc_after_trial=bool(gc_after_trial),
+        self._run(_real_sweep(
+            self._settings, study, objective, n_trials=n_trials, timeout=timeout, batch_size=batch,
+            callbacks=list(callbacks or ()), gc_after_trial=bool(gc_after_trial),
         ))
 
     def profile(
@@ -229,10 +231,8 @@ class SaturnExecutor:
             raise ValueError("profile() needs profiling on: create the executor with profile=True.")
         study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
         settings = dataclasses.replace(self._settings, profile_only=True)
-        self._run(Sweep(
-            settings, study, objective, lambda folder: describe_objective(objective, folder),
-            n_trials=n_trials, timeout=None, batch_size=max(n_trials, 1),
-        ))
+        self._run(_real_sweep(settings, study, objective, n_trials=n_trials, timeout=None,
+                              batch_size=max(n_trials, 1)))
         return study
 
     def _run(self, sweep: Sweep) -> None:
@@ -250,6 +250,23 @@ class SaturnExecutor:
                 sweep.run()
         finally:
             saturn_logger.setLevel(level)
+
+
+def _real_sweep(settings: SweepSettings, study: optuna.Study, objective: Callable[..., Any], **options: Any) -> Sweep:
+    """The sweep of ``study`` on real processes (this machine's or a Ray cluster's) and wall time."""
+    devices, largest = settings.devices, max(len(n.devices) for n in settings.ray.nodes) if settings.ray else None
+    node = None if settings.ray is None else settings.ray.nodes[0]  # (the nodes of a cluster are alike)
+    pricing = None if settings.profile_store is None else lambda lock: Pricer(
+        objective=objective, strategies=settings.strategies, pool=devices, store=settings.profile_store, lock=lock,
+        max_devices=largest, hardware=None if node is None else node.hardware,
+        device_memory=None if node is None else node.device_memory,
+    )
+    run_dir = run_folder(settings.log_dir, study.study_name)
+    pool = ProcessPool(
+        devices, objective, strategies=settings.strategies, log_dir=run_dir, isolate_network=settings.isolate_network,
+        grace_period=settings.grace_period, memory_limit=settings.worker_memory_limit, ray=settings.ray,
+    )
+    return Sweep(settings, study, pool=pool, clock=WallClock(), pricing=pricing, run_dir=run_dir, **options)
 
 
 def _without_launchers(strategies: list[Strategy], asked: Sequence[str] | None) -> list[Strategy]:

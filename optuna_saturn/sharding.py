@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
-from optuna_saturn._random_state import capture, restore
+from optuna_saturn.worker.random_state import capture, restore
 from optuna_saturn.microbatch import batch_rows, partition, take_rows
 
 @dataclass(frozen=True)

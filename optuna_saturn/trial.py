@@ -22,7 +22,7 @@ from optuna_saturn.channel import ChannelClient
 from optuna_saturn.checkpoint import CheckpointRecord
 from optuna_saturn.engines._base import Engine
 from optuna_saturn.microbatch import AccumulationError, split_batch
-from optuna_saturn._positions import PositionedLoader
+from optuna_saturn.worker.loader_positions import PositionedLoader
 from optuna_saturn.sharding import LoaderView, RankRows
 from optuna_saturn.strategy import Strategy
 

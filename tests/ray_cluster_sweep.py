@@ -156,7 +156,7 @@ def _sweep(mode: str, out: str, stack: contextlib.ExitStack, address: str | None
 
 
 def _node_name(node_id: str, ips: dict[str, str]) -> str:
-    """The executor's name for a node (``optuna_saturn.runner.ray_cluster``): its IP, and its id where IPs repeat."""
+    """The executor's name for a node (``optuna_saturn.pools.ray_cluster``): its IP, and its id where IPs repeat."""
     ip = ips[node_id]
     return ip if list(ips.values()).count(ip) == 1 else f"{ip}#{node_id[:6]}"
 

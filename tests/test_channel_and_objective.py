@@ -7,8 +7,8 @@ import optuna
 import pytest
 
 import objectives
-from optuna_saturn._objective_ref import describe_objective, load_objective
-from optuna_saturn._session import TrialSession
+from optuna_saturn.worker.objective_recipe import describe_objective, load_objective
+from optuna_saturn.study.trial_session import TrialSession
 from optuna_saturn.channel import ChannelClient, ChannelServer, RemoteError
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from optuna_saturn import SaturnExecutor, StrategyError
 from optuna_saturn.devices import Device, available_cores, cpu_devices, pin_cores, resolve_devices
-from optuna_saturn.runner.launch import build_launch
+from optuna_saturn.pools.launch_commands import build_launch
 from optuna_saturn.strategy import load_strategies, parse_strategy, select_strategies
 
 
@@ -125,7 +125,7 @@ def test_deepspeed_and_accelerate_command_lines(monkeypatch):
     assert "torch.distributed.run" in build_launch(known["zero2"], cpus, "/tmp/s.json").command
     ds = build_launch(_deepspeed_launched(), cpus, "/tmp/s.json")
     assert "deepspeed.launcher.runner" in ds.command and "--num_gpus=2" in ds.command
-    assert "--no_local_rank" in ds.command and ds.command[-2:] == ["optuna_saturn._worker", "/tmp/s.json"]
+    assert "--no_local_rank" in ds.command and ds.command[-2:] == ["optuna_saturn.worker.launched", "/tmp/s.json"]
     assert "TORCH_EXTENSIONS_DIR" in ds.env  # compiled ops are cached across trials
     gpu_ds = build_launch(_deepspeed_launched(), [Device("cuda", 2), Device("cuda", 5)], "/tmp/s.json")
     assert "--include=localhost:2,5" in gpu_ds.command and "CUDA_VISIBLE_DEVICES" not in gpu_ds.env

@@ -235,7 +235,7 @@ def test_past_a_timeout_a_trial_on_every_device_is_the_whole_first_round(saturn_
     """A DDP trial planned on both devices gives each its first trial: past the timeout, no second trial is asked,
     even when the look-ahead would ask the next one at once (here it asks whenever a device's planned work ends
     within a minute; on a fresh process the first description's imports make it as eager)."""
-    monkeypatch.setattr("optuna_saturn._sweep._ASK_AHEAD_SECONDS", 60.0)
+    monkeypatch.setattr("optuna_saturn.sweep.asking.ASK_AHEAD_SECONDS", 60.0)
     study = optuna.create_study()
     SaturnExecutor(devices=2, strategies=["ddp"], **saturn_options).optimize(
         study, objectives.train_linear, n_trials=20, timeout=0.001)

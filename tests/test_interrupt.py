@@ -11,7 +11,7 @@ import psutil
 import pytest
 from optuna.trial import TrialState
 
-from optuna_saturn._lifetime import WORKER_NAME
+from optuna_saturn.worker.tied_to_parent import WORKER_NAME
 
 pytestmark = pytest.mark.launch
 HERE = os.path.dirname(__file__)
@@ -20,7 +20,7 @@ HERE = os.path.dirname(__file__)
 def _is_worker(process: psutil.Process) -> bool:
     try:
         # a warm worker is a fork of the pool host (named after its device); a launched one runs _worker
-        return process.name().startswith(WORKER_NAME) or "optuna_saturn._worker" in " ".join(process.cmdline())
+        return process.name().startswith(WORKER_NAME) or "optuna_saturn.worker.launched" in " ".join(process.cmdline())
     except psutil.Error:  # exited (or a zombie) while we looked
         return False
 

@@ -17,8 +17,8 @@ from optuna.trial import TrialState
 
 import objectives
 from optuna_saturn import SaturnExecutor
-from optuna_saturn._bridge import StudyBridge
-from optuna_saturn._ownership import Owner, recover_orphans
+from optuna_saturn.study.gateway import StudyGateway
+from optuna_saturn.study.ownership import Owner, recover_orphans
 from postgres import postgres_database
 from support import kill_a_worker_once
 
@@ -52,7 +52,7 @@ def test_only_the_trials_of_a_sweep_that_is_gone_are_ended_and_enqueued_again(tm
             trial.set_user_attr("saturn:owner", owner.to_json())
     optuna.trial.Trial(study, study.trials[2]._trial_id).set_user_attr("saturn:retries", 1)  # retried once already
 
-    retried = recover_orphans(StudyBridge(study), me, max_retries=1)
+    retried = recover_orphans(StudyGateway(study), me, max_retries=1)
 
     states = [t.state for t in study.trials]
     assert states[:6] == [TrialState.RUNNING, TrialState.FAIL, TrialState.FAIL, TrialState.RUNNING,

@@ -15,7 +15,7 @@ import pytest
 
 from optuna_saturn.channel import ChannelServer
 from optuna_saturn.devices import Device
-from optuna_saturn.runner.pool import JobEnd, WorkerPool
+from optuna_saturn.pools.warm import JobEnd, WorkerPool
 
 
 def _process() -> subprocess.Popen:

@@ -12,7 +12,7 @@ from optuna.trial import TrialState
 
 import objectives
 from optuna_saturn import SaturnExecutor
-from optuna_saturn._pricing import PricedOption, computes_plainly, no_better_than_linear_scaling
+from optuna_saturn.pricing.pricer import PricedOption, computes_plainly, no_better_than_linear_scaling
 from optuna_saturn.events import SweepListener
 from optuna_saturn.planner import Option
 from optuna_saturn.profiler import ProfileRecord, ProfileStore, model_state_bytes, probe_workload, profile_key
@@ -378,7 +378,7 @@ def test_a_real_run_that_crashes_at_once_under_a_new_option_is_planned_on_anothe
 
 
 def test_observed_step_rate_corrects_only_the_training_loop():
-    from optuna_saturn.estimates import RuntimeEstimator
+    from optuna_saturn.pricing.unprofiled import RuntimeEstimator
 
     estimator = RuntimeEstimator(load_strategies().values(), 2)
     assert estimator.corrected(100.0, loop_seconds=60.0) == 100.0  # nothing observed yet
@@ -392,7 +392,7 @@ def test_cpu_peak_memory_is_per_strategy_not_cumulative():
     """One launch times several strategies: each one's peak must not include an earlier one's."""
     import torch
 
-    from optuna_saturn._job import peak_memory as _peak_memory, release_memory as _release_memory
+    from optuna_saturn.worker.rank import peak_memory as _peak_memory, release_memory as _release_memory
 
     cpu = torch.device("cpu")
     _release_memory(cpu)

@@ -20,13 +20,13 @@ import psutil
 import pytest
 
 from optuna_saturn import SaturnExecutor
-from optuna_saturn._objective_ref import describe_objective, load_objective, localized, portable
-from optuna_saturn._topology import Topology
+from optuna_saturn.worker.objective_recipe import describe_objective, load_objective, localized, portable
+from optuna_saturn.sweep.topology import Topology
 from optuna_saturn.channel import ChannelClient, ChannelServer, RemoteError
 from optuna_saturn.devices import Device
 from optuna_saturn.planner import Assignment, Option
-from optuna_saturn.runner.launch import network_isolation_prefix
-from optuna_saturn.runner.ray_cluster import _kind_and_count
+from optuna_saturn.pools.launch_commands import network_isolation_prefix
+from optuna_saturn.pools.ray_cluster import _kind_and_count
 from support import require
 
 HERE = os.path.dirname(os.path.abspath(__file__))

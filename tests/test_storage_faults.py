@@ -17,9 +17,9 @@ from optuna.trial import TrialState
 
 import objectives
 from optuna_saturn import SaturnExecutor
-from optuna_saturn._bridge import StudyBridge
-from optuna_saturn._outbox import Outbox, Outgoing
-from optuna_saturn._ownership import Owner
+from optuna_saturn.study.gateway import StudyGateway
+from optuna_saturn.study.outbox import Outbox, Outgoing
+from optuna_saturn.study.ownership import Owner
 
 
 def _locked_for(path: str, seconds: float, locked: threading.Event) -> None:
@@ -37,7 +37,7 @@ def test_a_result_is_told_once_the_locked_sqlite_file_is_free_and_kept_on_disk_u
     storage = optuna.storages.RDBStorage(f"sqlite:///{path}", engine_kwargs={"connect_args": {"timeout": 0.2}})
     study = optuna.create_study(storage=storage, study_name="locked")
     outbox = Outbox(tmp_path / "outbox")
-    bridge = StudyBridge(study, outbox=outbox)
+    bridge = StudyGateway(study, outbox=outbox)
     trial = bridge.ask_new()
     locked = threading.Event()
     holder = threading.Thread(target=_locked_for, args=(str(path), 2.0, locked))

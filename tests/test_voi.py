@@ -3,9 +3,9 @@ than the measurement costs."""
 
 from __future__ import annotations
 
-from optuna_saturn._pricing import PricedOption
-from optuna_saturn._sweep import weighed
-from optuna_saturn._voi import profile_gain, worth_measuring
+from optuna_saturn.pricing.pricer import PricedOption
+from optuna_saturn.sweep.options import weighed
+from optuna_saturn.pricing.value_of_information import profile_gain, worth_measuring
 from optuna_saturn.planner import Cluster, Job, Option, solve
 from optuna_saturn.profiler import ProfileRecord
 

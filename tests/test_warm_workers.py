@@ -14,7 +14,7 @@ from optuna.trial import TrialState
 import objectives
 from optuna_saturn import SaturnExecutor
 from optuna_saturn.devices import Device, available_cores
-from optuna_saturn.runner._forked_host import why_not_fork
+from optuna_saturn.pools.forked_host import why_not_fork
 
 pytestmark = pytest.mark.launch
 
@@ -126,7 +126,7 @@ def test_the_pool_host_is_a_fork_of_the_executor_only_where_that_is_safe(saturn_
         if host == "fork of the executor":
             assert found["cmdline"] == psutil.Process().cmdline() and found["threads"] == 1
         else:
-            assert "optuna_saturn.runner._host" in found["cmdline"] and found["threads"] == len(devices[0].cores)
+            assert "optuna_saturn.pools.warm_host" in found["cmdline"] and found["threads"] == len(devices[0].cores)
 
 
 def test_why_not_fork_names_the_reason():

@@ -3,10 +3,10 @@ fits, measured by short real runs and cached by what affects speed (DESIGN decis
 
 from optuna_saturn.profiler._hardware import hardware_fingerprint
 from optuna_saturn.profiler._memory import model_state_bytes
-from optuna_saturn.profiler._probe import Workload, probe_workload
+from optuna_saturn.profiler._probe import Work, Workload, probe_workload
 from optuna_saturn.profiler._store import ProfileRecord, ProfileStore, profile_key
 
 __all__ = [
-    "ProfileRecord", "ProfileStore", "Workload", "hardware_fingerprint", "model_state_bytes", "probe_workload",
+    "ProfileRecord", "ProfileStore", "Work", "Workload", "hardware_fingerprint", "model_state_bytes", "probe_workload",
     "profile_key",
 ]

@@ -27,16 +27,24 @@ import optuna
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from optuna_saturn._process_state import restored_process_state
-from optuna_saturn.cost_model import Work
+from optuna_saturn.worker.process_state import restored_process_state
 from optuna_saturn.microbatch import AccumulationError, batch_rows, tensors_of
+from optuna_saturn.profiler._probe_hf import ProbeAccelerator, describe_trainer
+from optuna_saturn.profiler._probe_stop import ProbeDone
 
 _logger = optuna.logging.get_logger("optuna.saturn.profiler")
 
 
-class _ProbeDone(BaseException):
-    """Raised out of the objective once the probe has seen what it needs (BaseException: not caught by the
-    objective's own ``except Exception``)."""
+@dataclass(frozen=True)
+class Work:
+    """What a workload asks of a step: its FLOPs and its parameters' bytes."""
+
+    flops: float
+    param_bytes: float
+
+    @classmethod
+    def of(cls, n_params: int, bytes_per_param: int, tokens_per_step: float) -> "Work":
+        return cls(6.0 * n_params * max(tokens_per_step, 1.0), float(n_params * bytes_per_param))
 
 
 @dataclass(frozen=True)
@@ -97,9 +105,9 @@ class _ProbeLoader:
         probe, taken = self._probe, 0
         while length is None or taken < length:
             if self._loop_of is not None or probe.total_steps is not None:
-                raise _ProbeDone  # the training loop's first batch: described
+                raise ProbeDone  # the training loop's first batch: described
             if probe.batches_before_the_loop >= BATCHES_BEFORE_THE_LOOP:
-                raise _ProbeDone  # (reported: it never reached a trial.steps() loop)
+                raise ProbeDone  # (reported: it never reached a trial.steps() loop)
             probe.batches_before_the_loop += 1
             taken += 1
             if self._first is None:
@@ -165,20 +173,16 @@ class _ProbeTrial:
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
     def prepare_trainer(self, trainer: Any, *, metric: str = "eval_loss") -> Any:
-        from optuna_saturn.profiler._probe_hf import describe_trainer
-
         describe_trainer(self, trainer)
 
     def accelerator(self, **kwargs: Any) -> Any:
-        from optuna_saturn.profiler._probe_hf import ProbeAccelerator
-
         return ProbeAccelerator(self)
 
     def micro_batches(self, batch: Any) -> Iterator[Any]:
         yield batch
 
     def backward(self, loss: torch.Tensor) -> None:
-        raise _ProbeDone  # training started without trial.steps(): nothing more to learn
+        raise ProbeDone  # training started without trial.steps(): nothing more to learn
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return model
@@ -203,7 +207,7 @@ class _ProbeTrial:
 
     def steps(self, total: int, *, start: int = 0):
         self.total_steps = int(total)
-        raise _ProbeDone
+        raise ProbeDone
         yield  # pragma: no cover  (makes this a generator, like SaturnTrial.steps)
 
 
@@ -288,7 +292,7 @@ def probe_workload(objective: Any, trial: optuna.Trial, lock: threading.Lock) ->
         try:
             with init_empty_weights(include_buffers=False), meta_models_stay_put():
                 objective(probe)
-        except _ProbeDone:
+        except ProbeDone:
             pass
         except Exception as exc:
             raise RuntimeError(

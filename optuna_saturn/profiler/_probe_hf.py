@@ -7,14 +7,17 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from optuna_saturn.profiler._probe import _ProbeDone, _ProbeTrial
+from optuna_saturn.profiler._probe_stop import ProbeDone
+
+if TYPE_CHECKING:
+    from optuna_saturn.profiler._probe import _ProbeTrial
 
 
-def describe_trainer(probe: _ProbeTrial, trainer: Any) -> None:
+def describe_trainer(probe: "_ProbeTrial", trainer: Any) -> None:
     """The trainer's model, its training DataLoader and its number of optimizer steps (its one loop)."""
     args = trainer.args
     loader = trainer.get_train_dataloader()
@@ -28,7 +31,7 @@ def describe_trainer(probe: _ProbeTrial, trainer: Any) -> None:
         batches, accumulation = len(loader), args.gradient_accumulation_steps
         per_epoch = max(batches // accumulation + int(batches % accumulation > 0), 1)
         probe.total_steps = math.ceil(args.num_train_epochs * per_epoch)
-    raise _ProbeDone
+    raise ProbeDone
 
 
 class ProbeAccelerator:
@@ -42,7 +45,7 @@ class ProbeAccelerator:
     gradient_accumulation_steps = 1
     sync_gradients = True
 
-    def __init__(self, probe: _ProbeTrial) -> None:
+    def __init__(self, probe: "_ProbeTrial") -> None:
         self._probe = probe
 
     @property
@@ -53,7 +56,7 @@ class ProbeAccelerator:
         return self._probe.prepare(*args, loaders_are_loops=True)
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        raise _ProbeDone
+        raise ProbeDone
 
     @contextlib.contextmanager
     def accumulate(self, *models: Any) -> Iterator[None]:

@@ -1,0 +1,163 @@
+"""The pool host as a fork of the executor's own process, when that is safe.
+
+The executor's process has already imported torch, optuna, optuna-saturn and the objective's module: a host forked
+from it starts with all of that, where a fresh interpreter pays it again (2 s here, more on a GPU machine's
+loaded file system) before the first trial can start. What is not safe to fork is checked first
+(:func:`why_not_fork`), and the pool falls back to a fresh interpreter, saying why in the log:
+
+- **CUDA.** A process that has initialised CUDA cannot use it in a fork.
+- **Other threads.** A fork keeps only the thread that forks; a lock another thread held at that moment (a
+  database driver's, logging's, the import system's) stays held for ever in the child, which then hangs. So the
+  executor forks only while no thread but its own (``saturn-*``) runs.
+- **OpenMP.** PyTorch's intra-op threads come from GNU OpenMP, whose thread pool does not survive a fork: a fork
+  of a process that has run a parallel region hangs in its first parallel region of its own. A warm worker that
+  runs one intra-op thread (a GPU worker, a CPU device of one core) never enters one, so it is safe whatever the
+  executor's process ran before; workers of several threads are started from a fresh interpreter.
+
+The fork leaves the executor's state alone: it never returns into the executor's code (it ends with ``os._exit``,
+so no ``atexit`` handler or finaliser of the executor runs twice), and the executor's sockets (its storage's
+database connections, its channel) are pointed at ``/dev/null`` in it, so nothing it does can write to them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from optuna_saturn.devices import Device
+
+
+def why_not_fork(devices: Sequence[Device]) -> str | None:
+    """Why the pool host cannot be a fork of this process (see the module's docstring), or None if it can."""
+    if not sys.platform.startswith("linux"):
+        return "forking the executor is done on Linux only"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "this process has initialised CUDA, which a fork cannot use"
+    others = [t.name for t in threading.enumerate()
+              if t is not threading.current_thread() and not t.name.startswith("saturn-")]
+    if others:
+        return (f"this process runs other threads ({', '.join(sorted(others)[:3])}), whose locks a fork would keep "
+                "locked for ever")
+    multi_threaded = [str(d) for d in devices if d.kind == "cpu" and len(d.cores) > 1]
+    if multi_threaded:
+        return (f"the workers of {', '.join(multi_threaded)} run several OpenMP threads, which a fork of a process "
+                "that may have used OpenMP cannot")
+    return None
+
+
+class ForkedHost:
+    """A forked pool host, with the part of :class:`subprocess.Popen`'s interface the pool uses."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    @classmethod
+    def start(cls, main: str, config_path: str, *, env: Mapping[str, str], log: Path,
+              enter_namespace: bool) -> ForkedHost:
+        """Fork; the child sets ``env``, writes to ``log``, enters a loopback-only network namespace if asked,
+        and runs ``main(config_path)`` (a ``module:function``) as the host, in a session of its own."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid:
+            return cls(pid)
+        code = 1
+        try:
+            os.setsid()  # Ctrl-C reaches the executor only; it stops the pool as a whole
+            _redirect_output(log)
+            _silence_inherited_sockets()
+            os.environ.update(env)
+            if enter_namespace:
+                from optuna_saturn.pools.launch_commands import enter_loopback_only_namespace
+
+                enter_loopback_only_namespace()
+            module, function = main.split(":")
+            getattr(__import__(module, fromlist=[function]), function)(config_path)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:  # noqa: BLE001 (the host's log says why; the pool reports its exit code)
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.returncode = -1
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"pool host {self.pid}", timeout or 0.0)
+            time.sleep(0.01)
+        return self.returncode  # type: ignore[return-value]
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _redirect_output(log: Path) -> None:
+    """stdin from /dev/null; stdout and stderr (the descriptors, Python's streams, and logging handlers that wrote
+    to the old streams) to ``log``: the executor's streams may be a terminal, or a test runner's capture."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(out)
+    old = {id(sys.stdout): "stdout", id(sys.stderr): "stderr", id(sys.__stdout__): "stdout",
+           id(sys.__stderr__): "stderr"}
+    streams = {"stdout": open(1, "w", buffering=1, closefd=False),  # noqa: SIM115 (lives as long as the process)
+               "stderr": open(2, "w", buffering=1, closefd=False)}  # noqa: SIM115
+    sys.stdout = sys.__stdout__ = streams["stdout"]
+    sys.stderr = sys.__stderr__ = streams["stderr"]
+    loggers = [logging.getLogger(), *(v for v in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(v, logging.Logger))]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler) and id(handler.stream) in old:
+                handler.setStream(streams[old[id(handler.stream)]])
+
+
+def _silence_inherited_sockets() -> None:
+    """Point every inherited socket at /dev/null: a finaliser in this process can then never talk to the
+    executor's database or channel, and the descriptor numbers stay taken (no file of ours can reuse one)."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            if fd > 2 and fd != null and stat.S_ISSOCK(os.fstat(fd).st_mode):
+                os.dup2(null, fd)
+        except OSError:
+            pass
+    os.close(null)

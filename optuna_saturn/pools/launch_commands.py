@@ -1,0 +1,170 @@
+"""Command lines and environments for the launchers, in one place (modelled on Accelerate's launch utilities).
+
+On CPU the launchers' own FSDP/DeepSpeed switches would silently fall back to DDP (notes/cpu-facts.md), so the
+launcher only ever starts N worker processes; the strategy itself is applied by the worker's engine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from optuna_saturn.devices import Device
+from optuna_saturn.strategy import Strategy
+
+WORKER_MODULE = "optuna_saturn.worker.launched"
+_LOOPBACK_ONLY = 'ip link set lo up && exec "$@"'
+
+
+@dataclass(frozen=True)
+class Launch:
+    command: list[str]
+    env: dict[str, str]
+
+
+def network_isolation_prefix() -> list[str]:
+    """Run a command in a fresh network namespace that has only loopback (DESIGN decision 9).
+
+    torchrun, the deepspeed launcher and ``accelerate launch --multi_gpu`` listen on every interface whatever
+    ``master_addr`` says; inside this namespace there is no interface but ``lo``. Each trial gets its own
+    namespace, so concurrent trials cannot collide on rendezvous ports either.
+    """
+    missing = [tool for tool in ("unshare", "ip") if shutil.which(tool) is None]
+    if missing:
+        raise RuntimeError(f"isolate_network=True needs {missing} (util-linux and iproute2) on PATH.")
+    user_namespace = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    return ["unshare", *user_namespace, "--net", "--", "sh", "-c", _LOOPBACK_ONLY, "sh"]
+
+
+_CLONE_NEWUSER = 0x10000000
+_CLONE_NEWNET = 0x40000000
+
+
+def enter_loopback_only_namespace() -> None:
+    """Move this (single-threaded) process into a fresh network namespace that has only loopback, as
+    :func:`network_isolation_prefix` does for a command: the same ``unshare``, from inside (a forked pool host)."""
+    import ctypes
+    import subprocess
+
+    if shutil.which("ip") is None:
+        raise RuntimeError("isolate_network=True needs 'ip' (iproute2) on PATH.")
+    uid, gid = os.geteuid(), os.getegid()
+    flags = _CLONE_NEWNET if uid == 0 else _CLONE_NEWUSER | _CLONE_NEWNET
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(flags) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"unshare(network namespace) failed: {os.strerror(error)}")
+    if uid != 0:  # root inside the new user namespace, as `unshare --map-root-user`
+        for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+            with open(f"/proc/self/{name}", "w", encoding="ascii") as f:
+                f.write(text)
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+
+
+def free_port() -> int:
+    """A free TCP port on loopback, for launchers that need one named (in an isolated namespace any port is)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _torchrun(devices: Sequence[Device]) -> tuple[list[str], dict[str, str]]:
+    # --standalone: a private c10d rendezvous on a free port, so concurrent trials never share one.
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+        f"--nproc-per-node={len(devices)}", "--max-restarts=0", "--monitor-interval=0.1", "-m", WORKER_MODULE,
+    ]
+    return command, _visible_devices(devices)
+
+
+def _deepspeed(devices: Sequence[Device]) -> tuple[list[str], dict[str, str]]:
+    # The deepspeed launcher rewrites CUDA_VISIBLE_DEVICES itself from --include, which names physical GPUs: it
+    # must see every GPU (no mask), and get the physical indices behind this process's own mask.
+    command = [
+        sys.executable, "-m", "deepspeed.launcher.runner", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+        "--no_local_rank", "--module",
+    ]
+    env: dict[str, str] = {}
+    if devices[0].kind == "cuda":
+        physical = physical_gpus(devices)
+        if not all(p.isdigit() for p in physical):
+            raise RuntimeError(
+                f"The deepspeed launcher names GPUs by index, but CUDA_VISIBLE_DEVICES names them otherwise "
+                f"({os.environ.get('CUDA_VISIBLE_DEVICES')!r}). Use a strategy whose launcher is 'torchrun' (the "
+                "shipped DeepSpeed strategies are), or set CUDA_VISIBLE_DEVICES to indices."
+            )
+        command[3:3] = [f"--include=localhost:{','.join(physical)}"]
+        env["CUDA_VISIBLE_DEVICES"] = None  # type: ignore[assignment]  (removed below)
+    else:
+        command[3:3] = [f"--num_gpus={len(devices)}"]
+        env.update(_visible_devices(devices))
+    return command + [WORKER_MODULE], env
+
+
+def _accelerate(devices: Sequence[Device]) -> tuple[list[str], dict[str, str]]:
+    # On CPU, only ACCELERATE_USE_CPU=1 with --multi_gpu starts N synchronised processes (notes/cpu-facts.md).
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--num_machines=1", f"--num_processes={len(devices)}",
+        f"--main_process_port={free_port()}", "--mixed_precision=no", "--dynamo_backend=no",
+    ]
+    env = _visible_devices(devices)
+    if len(devices) > 1:
+        command.append("--multi_gpu")
+    if devices[0].kind == "cpu":
+        env["ACCELERATE_USE_CPU"] = "1"
+    return command + ["-m", WORKER_MODULE], env
+
+
+def physical_gpus(devices: Sequence[Device]) -> list[str]:
+    """What to put in a trial's ``CUDA_VISIBLE_DEVICES`` for these GPUs.
+
+    A CUDA device's index counts the GPUs this process sees. When the process itself runs under a mask
+    (``CUDA_VISIBLE_DEVICES=4,5,6,7`` from SLURM, Kubernetes or a shared host), index 0 is the mask's first
+    entry, GPU 4: a child's mask must name the entries (indices, UUIDs or MIG names), not the indices."""
+    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if mask is None:
+        return [str(d.index) for d in devices]
+    entries = [entry.strip() for entry in mask.split(",") if entry.strip()]
+    missing = [d.index for d in devices if d.index >= len(entries)]
+    if missing:
+        raise RuntimeError(
+            f"CUDA device {missing[0]} is not in this process's CUDA_VISIBLE_DEVICES={mask!r} "
+            f"({len(entries)} entries). Pass devices= within what the mask shows."
+        )
+    return [entries[d.index] for d in devices]
+
+
+def _visible_devices(devices: Sequence[Device]) -> dict[str, str]:
+    if devices[0].kind == "cuda":
+        return {"CUDA_VISIBLE_DEVICES": ",".join(physical_gpus(devices))}
+    return {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(max(1, len(devices[0].cores)))}
+
+
+def extensions_cache() -> Path:
+    """DeepSpeed compiles its CPU ops on first use (about 90 s); keep them across trials and sweeps."""
+    return Path.home() / ".cache" / "optuna-saturn" / "torch_extensions"
+
+
+_LAUNCHERS = {"torchrun": _torchrun, "deepspeed": _deepspeed, "accelerate": _accelerate}
+
+
+def build_launch(
+    strategy: Strategy, devices: Sequence[Device], spec_path: str, *, isolate_network: bool = False
+) -> Launch:
+    """The command and environment that start ``len(devices)`` workers of one trial."""
+    command, extra_env = _LAUNCHERS[strategy.launcher](devices)
+    env = {
+        **os.environ, "PYTHONUNBUFFERED": "1",
+        "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(extensions_cache())), **extra_env,
+    }
+    env = {k: v for k, v in env.items() if v is not None}
+    command = command + [spec_path]
+    if isolate_network:
+        command = network_isolation_prefix() + command
+        env["GLOO_SOCKET_IFNAME"] = "lo"  # the host name may resolve to an address this namespace lacks
+    return Launch(command=command, env=env)

@@ -1,0 +1,128 @@
+"""The one protocol between the sweep and whatever runs its jobs (DESIGN.md decision 12).
+
+A pool runs jobs on devices: a trial, or a profiling run of one or several trials, as one process group over the
+job's devices. The sweep's loop submits jobs, waits for their ends and stops them; it never asks how a pool does
+it. Four pools implement it:
+
+- :class:`~optuna_saturn.pools.processes.ProcessPool`: real processes on this machine (warm workers, or a
+  launcher for strategies whose launcher must own the processes) or on a Ray cluster's nodes;
+- :class:`~optuna_saturn.pools.simulated.SimulatedPool`: jobs that end at virtual times, for the simulator and
+  for tests of scheduling rules that need no process.
+
+A job's ranks talk to the sweep through its trials' sessions (:class:`~optuna_saturn.study.trial_session.
+TrialSession`): a real pool relays them over the channel, the simulated pool writes into them directly, so what
+the loop reads (steps, checkpoints, outcomes) is the same either way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from optuna_saturn.devices import Device
+from optuna_saturn.strategy import Strategy
+from optuna_saturn.study.trial_session import TrialSession
+
+
+@dataclass(frozen=True)
+class Task:
+    """One trial's part of a job: the session its rank 0 talks to, the strategy it runs under, and, for a
+    profiling run, what to time (``{"warmup", "timed", "strategies", "gradient_accumulation"}``)."""
+
+    session: TrialSession
+    strategy: Strategy
+    profile: dict | None = None
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """A job to run on ``devices`` (global indices, all on one node): a trial run (one task) or a profiling run
+    (one task per trial it times, one after another). ``key`` is unique in the sweep."""
+
+    key: str
+    devices: tuple[int, ...]
+    tasks: tuple[Task, ...]
+    log: Path
+    gradient_accumulation: int = 1
+    checkpoint: dict | None = None  # {"dir": where it saves, "resume": the record it resumes from, or None}
+
+    @property
+    def strategy(self) -> Strategy:
+        return self.tasks[0].strategy
+
+    @property
+    def profiling(self) -> bool:
+        return self.tasks[0].profile is not None
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """A job's ranks are done with it. ``clean``: every rank finished it normally (the trial may still have
+    failed: its outcome came through its session); otherwise ``reason`` says which rank died or was stopped, and
+    ``error`` is the error of the rank that failed first, if one said (its peers' are usually "connection
+    closed")."""
+
+    key: str
+    devices: tuple[int, ...]
+    clean: bool
+    reason: str = ""
+    error: str | None = None
+
+
+class PoolBroken(RuntimeError):
+    """The pool can run no job any more (its host died, every node of its cluster is gone): the sweep ends."""
+
+
+class Pool(Protocol):
+    """What the sweep's loop needs of a pool. Used from the loop's thread only."""
+
+    def start(self) -> None:
+        """Start the workers (they come up as :meth:`ready` says)."""
+
+    def ready(self) -> set[int]:
+        """Devices whose worker is up and runs no job: a job may be submitted on them now."""
+
+    def joined(self) -> list[Device]:
+        """Devices added since the last call (a node joined the cluster), in the pool's order."""
+
+    def lost(self) -> set[int]:
+        """Devices that can no longer run jobs (their node died), in all."""
+
+    def submit(self, job: JobRequest) -> None:
+        """Run ``job`` on its devices, which must be ready; its end comes out of :meth:`wait`."""
+
+    def wait(self, timeout: float) -> list[JobEnd]:
+        """Jobs that ended since the last call; waits up to ``timeout`` seconds for the first one. Raises
+        :class:`PoolBroken` when no job can run any more."""
+
+    def stop(self, key: str, reason: str) -> None:
+        """Stop a job; its end (unclean, with ``reason``) comes out of :meth:`wait`."""
+
+    def close(self) -> None:
+        """Stop every job and worker."""
+
+
+@dataclass
+class JobRanks:
+    """A job's ranks as they end, one per device: the first failure's reason, and the job's end once all are done.
+    The bookkeeping every pool of processes keeps per job."""
+
+    key: str
+    devices: tuple[int, ...]
+    finished: dict[int, bool] = field(default_factory=dict, kw_only=True)  # device -> ended clean
+    reason: str = field(default="", kw_only=True)
+
+    def rank_ended(self, device: int, clean: bool, reason: str) -> None:
+        self.finished[device] = clean
+        if not clean:
+            self.reason = self.reason or reason
+
+    def unfinished(self) -> list[int]:
+        return [d for d in self.devices if d not in self.finished]
+
+    def end(self) -> JobEnd | None:
+        """The job's end once every rank is done, else None."""
+        if self.unfinished():
+            return None
+        return JobEnd(self.key, self.devices, all(self.finished.values()), self.reason)

@@ -1,0 +1,364 @@
+"""The device pool: warm workers, one per device, that run the sweep's jobs (trials and profiling runs).
+
+A job on ``k`` devices runs on those devices' ``k`` workers, which form a fresh process group for it (a new file
+rendezvous in the sweep's private folder, gloo bound to loopback) and tear it down after; no process starts. This
+is the interface a cluster runner implements too: ``submit`` a job on devices, ``wait`` for jobs that ended, ``stop``
+one. Workers talk to the executor over its private channel: each asks for its next order (a job, an objective to
+import ahead, or the end), then says how the job went. A worker that dies, or ends a job unclean, is replaced by
+the pool host (:mod:`optuna_saturn.pools.warm_host`); the pool sees its connection close.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from optuna_saturn.channel import ChannelServer
+from optuna_saturn.pools.protocol import JobEnd, JobRanks
+from optuna_saturn.devices import Device, pin_cores
+from optuna_saturn.pools.forked_host import ForkedHost, why_not_fork
+from optuna_saturn.pools.launch_commands import extensions_cache, network_isolation_prefix, physical_gpus
+
+_logger = optuna.logging.get_logger("optuna.saturn.runner")
+
+#: How long a job's ranks may wait for each other to join its process group.
+RENDEZVOUS_TIMEOUT_SECONDS = 600.0
+#: A stopped job whose ranks have not all ended this long after the stop's grace period ends now, whatever its
+#: workers say (a process the kill cannot end, a report lost): the sweep never waits for it for ever.
+STOP_DEADLINE_SECONDS = 10.0
+#: How often :meth:`WorkerPool.wait` looks whether the workers of running jobs are still alive.
+LIVENESS_SECONDS = 0.5
+
+
+@dataclass
+class _Worker:
+    index: int
+    pid: int | None = None
+    connected: bool = False
+    job: Any = None  # the key of the job it runs
+    orders: queue.Queue = field(default_factory=queue.Queue)
+
+
+@dataclass
+class _Job(JobRanks):
+    rendezvous: Path
+    pids: dict[int, int] = field(default_factory=dict, kw_only=True)  # device -> its worker's pid at submit
+    stopped_at: float | None = field(default=None, kw_only=True)  # monotonic time of the stop, if stopped
+
+
+class WorkerPool:
+    """Warm workers for ``devices``; see the module's docstring. Thread-safe: the channel's threads report to it,
+    the scheduler's thread submits and waits."""
+
+    def __init__(
+        self,
+        devices: Sequence[Device],
+        server: ChannelServer,
+        *,
+        isolate_network: bool = False,
+        memory_limit: float | None = None,
+        log_dir: Path,
+        grace_period: float = 5.0,
+        multi_device: bool = True,
+        engines: Sequence[str] = (),
+        fork: bool = True,
+    ) -> None:
+        self.devices = list(devices)
+        self._server = server
+        self._folder = Path(server.folder)
+        self._isolate = isolate_network
+        self._memory_limit = memory_limit
+        self._log_dir = log_dir
+        self._host_log = log_dir / "pool-host.log"
+        self._grace = grace_period
+        self._multi_device = multi_device  # jobs may span devices: workers import what process groups need
+        self._engines = sorted(engines)  # the engines jobs will use: imported once, before the workers fork
+        self._fork = fork  # the host may be a fork of this process (runner._forked_host says when it is safe)
+        self._lock = threading.Lock()
+        self._workers = [_Worker(i) for i in range(len(devices))]
+        self._jobs: dict[Any, _Job] = {}
+        self._ended: queue.Queue = queue.Queue()
+        self._host: subprocess.Popen | ForkedHost | None = None
+        self._token = ""
+        self._rendezvous_ids = itertools.count()
+        self._checked_at = 0.0  # when the running jobs' workers were last looked at (monotonic)
+
+    # -- life cycle ----------------------------------------------------------------------------------------------
+    def start(self, preload: dict | None = None) -> None:
+        """Start the host and its workers; the host imports ``preload`` (an objective recipe) before forking them."""
+        self._token = self._server.register(self._handle)
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        config = {
+            "devices": [d.to_json() for d in self.devices], "channel": self._server.address, "token": self._token,
+            "folder": str(self._log_dir), "memory_limit": self._memory_limit, "preload": preload,
+            "multi_device": self._multi_device, "engines": self._engines, "pin_cores": pin_cores(self.devices),
+        }
+        config_path = self._folder / "pool.json"
+        config_path.write_text(json.dumps(config), encoding="utf-8")
+        os.chmod(config_path, 0o600)
+        env = {
+            "PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "lo",
+            "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(extensions_cache())),
+        }
+        if self.devices[0].kind == "cuda":  # every worker sees the pool's GPUs; worker i uses the i-th
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(physical_gpus(self.devices))
+            env["NCCL_SOCKET_IFNAME"] = "lo"
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        log = self._host_log
+        why_not = why_not_fork(self.devices) if self._fork else "forking the executor was turned off"
+        if why_not is None:
+            self._host = ForkedHost.start(
+                "optuna_saturn.pools.warm_host:main", str(config_path), env=env, log=log, enter_namespace=self._isolate,
+            )
+            return
+        _logger.debug(f"The worker pool's host is a fresh interpreter: {why_not}.")
+        command = [sys.executable, "-m", "optuna_saturn.pools.warm_host", str(config_path)]
+        if self._isolate:
+            command = network_isolation_prefix() + command
+        with open(log, "ab") as out:
+            self._host = subprocess.Popen(
+                command, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,  # Ctrl-C reaches the executor only; it stops the pool as a whole
+            )
+
+    def close(self) -> None:
+        """Stop every worker and the host."""
+        with self._lock:
+            for worker in self._workers:
+                worker.orders.put({"exit": True})
+        if self._host is not None and self._host.poll() is None:
+            self._host.send_signal(signal.SIGTERM)
+            try:
+                self._host.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._host.kill()
+                self._host.wait()
+        with self._lock:
+            pids = [w.pid for w in self._workers if w.pid]
+        for pid in pids:  # a worker the host did not reach (it died first)
+            _kill(pid)
+        if self._token:
+            self._server.unregister(self._token)
+
+    # -- jobs -----------------------------------------------------------------------------------------------------
+    def ready(self) -> set[int]:
+        """Devices whose worker is up and idle."""
+        with self._lock:
+            return {w.index for w in self._workers if w.connected and w.job is None}
+
+    def joined(self) -> list[Device]:
+        """Devices added since the last call: none on one machine."""
+        return []
+
+    def lost(self) -> set[int]:
+        """Devices that can no longer run jobs: none on one machine (a dead worker is replaced)."""
+        return set()
+
+    def starting(self) -> set[int]:
+        """Devices whose worker is not up yet (the pool is starting, or a worker is being replaced)."""
+        with self._lock:
+            return {w.index for w in self._workers if not w.connected}
+
+    def host_problem(self) -> str | None:
+        """Why the pool cannot run jobs any more, if it cannot (its host died)."""
+        if self._host is not None and self._host.poll() is not None:
+            said = _last_unindented_line(self._host_log)
+            said = said if len(said) <= 300 else said[:300] + "..."
+            return (f"the worker pool's host exited with code {self._host.returncode}"
+                    + (f"; its log ends: {said}" if said else "") + f" (the whole log: {self._host_log})")
+        return None
+
+    def submit(self, key: Any, job: dict, devices: Sequence[int], *, log: Path) -> None:
+        """Run ``job`` (a spec for :func:`optuna_saturn.worker.rank.run_job`) on ``devices``, whose workers must be
+        ready. Its end comes out of :meth:`wait`."""
+        log.parent.mkdir(parents=True, exist_ok=True)
+        rendezvous = self._folder / f"rendezvous-{next(self._rendezvous_ids)}"
+        with self._lock:
+            workers = [self._workers[d] for d in devices]
+            if any(not w.connected or w.job is not None for w in workers):
+                raise RuntimeError(f"devices {list(devices)} are not all ready for job {key!r}")
+            self._jobs[key] = _Job(key, tuple(devices), rendezvous, pids={d: self._workers[d].pid for d in devices})
+            for rank, worker in enumerate(workers):
+                worker.job = key
+                worker.orders.put({"job": {
+                    **job, "name": str(key), "rank": rank, "world_size": len(workers), "log": str(log),
+                    "rendezvous": f"file://{rendezvous}", "timeout": RENDEZVOUS_TIMEOUT_SECONDS,
+                }})
+
+    def wait(self, timeout: float) -> list[JobEnd]:
+        """Jobs that ended since the last call; waits up to ``timeout`` seconds for the first one."""
+        self._end_ranks_whose_worker_is_gone()
+        ended = []
+        try:
+            ended.append(self._ended.get(timeout=timeout))
+            while True:
+                ended.append(self._ended.get_nowait())
+        except queue.Empty:
+            pass
+        return ended
+
+    def stop(self, key: Any, reason: str = "stopped") -> None:
+        """Stop a job: its workers are killed (and replaced); its end comes out of :meth:`wait`. A rank whose
+        worker is already gone ends at once (nothing else would end it); one that does not end in time ends
+        anyway (:data:`STOP_DEADLINE_SECONDS`)."""
+        with self._lock:
+            job = self._jobs.get(key)
+            if job is None:
+                return
+            job.reason = job.reason or reason
+            job.stopped_at = job.stopped_at or time.monotonic()
+            pids = [job.pids.get(d) for d in job.unfinished()]
+        for pid in pids:
+            if pid:
+                _kill(pid)
+        self._end_ranks_whose_worker_is_gone()
+
+    def _end_ranks_whose_worker_is_gone(self) -> None:
+        """End every rank of a running job whose worker (the process it was given to) no longer runs it: it died,
+        and its death was not heard (a connection's close can come before the process is seen to be gone, or
+        after its replacement said hello), or it was stopped and did not end in time."""
+        now = time.monotonic()
+        if now - self._checked_at < LIVENESS_SECONDS and not any(j.stopped_at for j in self._jobs.values()):
+            return
+        self._checked_at = now
+        with self._lock:
+            jobs = list(self._jobs.values())
+        for job in jobs:
+            overdue = job.stopped_at is not None and now - job.stopped_at > self._grace + STOP_DEADLINE_SECONDS
+            for device in job.unfinished():
+                pid = job.pids.get(device)
+                if overdue or pid is None or not _alive(pid):
+                    why = (f"the rank on device {device} did not end {self._grace + STOP_DEADLINE_SECONDS:.0f} s "
+                           "after it was stopped" if overdue else f"the worker of device {device} died")
+                    self._rank_gone(job, device, why)
+
+    def _rank_gone(self, job: _Job, device: int, reason: str) -> None:
+        """``job``'s rank on ``device`` ended unclean, its worker gone; the slot keeps whatever worker holds it."""
+        with self._lock:
+            if self._jobs.get(job.key) is not job or device in job.finished:
+                return
+            worker = self._workers[device]
+            if worker.job == job.key and worker.pid == job.pids.get(device):
+                worker.job, worker.connected = None, False
+            self._rank_ended(job, device, False, reason)
+
+    # -- what the workers say (channel threads) -------------------------------------------------------------------
+    def _handle(self, op: str, message: dict) -> Any:
+        index = int(message.get("worker", -1))
+        if op == "hello":
+            pid = int(message["pid"])
+            with self._lock:
+                worker = self._workers[index]
+                # a replacement: the rank its predecessor ran ended with it, even if its close is not heard yet
+                previous = self._jobs.get(worker.job) if worker.pid != pid else None
+                if previous is not None and index not in previous.finished:
+                    self._rank_ended(previous, index, False, f"the worker of device {index} died")
+                worker.pid, worker.connected, worker.job = pid, True, None
+                worker.orders = queue.Queue()
+            return {"worker": index}
+        if op == "next":
+            return self._next_order(self._workers[index])
+        if op == "done":
+            self._finished(index, bool(message.get("clean")), "" if message.get("clean") else "a rank failed",
+                           still_up=not message.get("recycle"))
+            return None
+        if op == "closed":
+            self._closed(index, int(message.get("pid", -1)))
+            return None
+        raise ValueError(f"Unknown request {op!r} from a pool worker.")
+
+    def _next_order(self, worker: _Worker) -> dict:
+        pid = worker.pid
+        while True:
+            try:
+                return worker.orders.get(timeout=1.0)
+            except queue.Empty:
+                if pid is None or not _alive(pid):  # it died while idle: end this request (the connection closes)
+                    return {"exit": True}
+
+    def _closed(self, index: int, pid: int) -> None:
+        """The connection of worker ``pid`` (device ``index``, as its hello said) closed: it exited or died. If it
+        still holds its slot, the slot is down until its replacement says hello, and the rank it ran ended."""
+        with self._lock:
+            if not 0 <= index < len(self._workers) or self._workers[index].pid != pid:
+                return  # its replacement said hello first, and ended the rank it ran then
+        self._finished(index, False, f"the worker of device {index} died", still_up=False)
+
+    def _finished(self, index: int, clean: bool, reason: str, *, still_up: bool) -> None:
+        with self._lock:
+            worker = self._workers[index]
+            worker.connected = worker.connected and still_up
+            key, worker.job = worker.job, None
+            job = self._jobs.get(key)
+            if job is not None and index not in job.finished:
+                self._rank_ended(job, index, clean, reason)
+
+    def _rank_ended(self, job: _Job, index: int, clean: bool, reason: str) -> None:
+        """(Under the lock.) One rank of ``job`` ended; the job ends once all have."""
+        job.rank_ended(index, clean, reason)
+        if not clean and job.unfinished():
+            # Its peers may wait forever in a collective with it: stop those that do not finish soon (most fail
+            # alike and report in time; rank 0 may still be sending the trial's outcome). The timer holds this
+            # job, not its key: a run submitted again under the same key is not its business.
+            timer = threading.Timer(self._grace, self._stop_unfinished, args=(job,))
+            timer.daemon, timer.name = True, "saturn-grace"
+            timer.start()
+        end = job.end()
+        if end is not None:
+            del self._jobs[job.key]
+            job.rendezvous.unlink(missing_ok=True)
+            self._ended.put(end)
+
+    def _stop_unfinished(self, job: _Job) -> None:
+        with self._lock:
+            if self._jobs.get(job.key) is not job:
+                return
+            job.stopped_at = job.stopped_at or time.monotonic()
+            pids = [job.pids[d] for d in job.unfinished() if job.pids.get(d)]
+        for pid in pids:
+            _kill(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not yet reaped by the host) is not alive
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _last_unindented_line(log: Path) -> str:
+    """The last line a process wrote that is not indented: a traceback's exception (or, for a process killed from
+    outside, just its last message)."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return next((line.strip() for line in reversed(lines) if line.strip() and not line[0].isspace()), "")

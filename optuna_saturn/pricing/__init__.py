@@ -1,0 +1,1 @@
+"""What each trial may run as, and how long each option would take."""

@@ -1,0 +1,426 @@
+"""What each trial may run as, and how long each option would take: measured where a profile exists, predicted by
+the cost model where none does.
+
+A trial is described before anything runs (:func:`~optuna_saturn.profiler.probe_workload`): its model's and batch's
+shapes make the profile keys, so trials that differ only in learning rate share every measurement, across trials,
+sweeps and restarts. Measurements come from profiling jobs (short timed runs) and from real runs: a trial that ran
+under an option with no profile leaves one, from its own steps. Everything measured also trains the cost model,
+which prices the options nobody measured for a workload (:mod:`optuna_saturn.pricing.step_time_model`).
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import optuna
+
+from optuna_saturn.pricing.step_time_model import CostModel, Prediction
+from optuna_saturn.profiler import Work
+from optuna_saturn.devices import Device
+from optuna_saturn.pricing.unprofiled import NOMINAL_TRIAL_SECONDS
+from optuna_saturn.planner import Option
+from optuna_saturn.profiler import (
+    ProfileRecord,
+    ProfileStore,
+    Workload,
+    hardware_fingerprint,
+    model_state_bytes,
+    probe_workload,
+    profile_key,
+)
+from optuna_saturn.pricing.prices import PricedOption, ProfileEntry, ProfileJob, TrialPrice
+from optuna_saturn.profiler._hardware import device_memory_bytes
+from optuna_saturn.strategy import Strategy
+
+_logger = optuna.logging.get_logger("optuna.saturn.profiler")
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    """Where a (strategy, device count) stands in the store: the accumulation factor that fits (``record``
+    feasible), the one to measure next (``record`` None), or none that can (``record`` infeasible); ``tried``
+    are the out-of-memory records walked past to get there."""
+
+    gradient_accumulation: int
+    key: str
+    record: ProfileRecord | None
+    tried: tuple[ProfileRecord, ...] = ()
+
+
+class Pricer:
+    """Describes trials, prices their options, turns measurements into profiles and the cost model."""
+
+    def __init__(
+        self,
+        *,
+        objective: Callable[..., Any],
+        strategies: Sequence[Strategy],
+        pool: Sequence[Device],
+        store: ProfileStore,
+        lock: threading.Lock,
+        max_devices: int | None = None,
+        hardware: str | None = None,
+        device_memory: int | None = None,
+    ) -> None:
+        """``max_devices``: the most devices one trial may use (a node's, on a cluster; default: the pool's).
+        ``hardware`` and ``device_memory``: what the devices are, where they are not on this machine (measured
+        on their node; default: measured here)."""
+        self._objective = objective
+        self._strategies = {s.name: s for s in strategies}
+        self._pool = list(pool)
+        self._max_devices = max_devices or len(self._pool)
+        self._store = store
+        self._lock = lock
+        self._hardware = hardware or hardware_fingerprint(pool[0])
+        self._memory = device_memory or device_memory_bytes(pool)
+        self._workloads: dict[int, Workload | None] = {}
+        # Options that crashed or refused the trial's code, by profile key (which includes the optimizer's class):
+        # never planned in this sweep, and not stored, so that a fixed objective is measured again next time.
+        self._failed: dict[str, ProfileRecord] = {}
+        self._queued: set[str] = set()  # keys a profiling job will measure (queued or running)
+        self.cost_model = CostModel()
+        self._learned: list[ProfileRecord] = []  # feasible profiles of this hardware, oldest first
+        self._reference_work = 0.0  # FLOPs of the first trial priced before anything was measured
+        self._warned_probe = False
+        for record in store.records():
+            self._learn(record)
+
+    # -- describing and pricing -----------------------------------------------------------------------------------
+    def describe(self, trial: optuna.Trial) -> Workload | None:
+        """The trial's workload (its hyperparameters are decided here), or None if it cannot be described."""
+        if trial.number not in self._workloads:
+            try:
+                self._workloads[trial.number] = probe_workload(self._objective, trial, self._lock)
+            except RuntimeError as exc:
+                if not self._warned_probe:
+                    _logger.warning(
+                        f"Trial {trial.number} cannot be profiled ({exc}); it is planned from runtime estimates."
+                    )
+                    self._warned_probe = True
+                self._workloads[trial.number] = None
+        return self._workloads[trial.number]
+
+    def workload(self, number: int) -> Workload | None:
+        return self._workloads.get(number)
+
+    def price(self, trial: optuna.Trial) -> TrialPrice:
+        """Every option the trial may run as (feasible, not failed), each measured or predicted."""
+        workload = self.describe(trial)
+        if workload is None:
+            return TrialPrice(None)
+        price = TrialPrice(workload)
+        measured_here: list[ProfileRecord] = []
+        pending: list[tuple[Strategy, int, _Resolved]] = []
+        for strategy, devices in self._candidates(workload):
+            resolved = self._resolve(workload, strategy, devices)
+            if resolved is None:
+                continue
+            failed = self._failed.get(resolved.key)
+            shown = [*resolved.tried, *([resolved.record or failed] if resolved.record or failed else [])]
+            price.profiles.extend(summary(r) for r in shown)
+            if failed is not None or (resolved.record is not None and not resolved.record.feasible):
+                continue  # crashed, refused the trial's code, or no micro-batch count fits
+            if resolved.record is not None:
+                runtime = resolved.record.whole_trial_seconds(workload.total_steps)
+                if runtime is not None:
+                    measured_here.append(resolved.record)
+                    price.options.append(PricedOption(
+                        Option(strategy.name, devices, runtime, resolved.gradient_accumulation), resolved.key,
+                        resolved.record,
+                    ))
+                continue
+            pending.append((strategy, devices, resolved))
+        for strategy, devices, resolved in pending:  # predicted, with what this trial's measurements say
+            family = (strategy.name, devices, resolved.gradient_accumulation)
+            prediction = self.cost_model.predict(family, workload.work)
+            runtime = self._predicted_runtime(workload, prediction, measured_here)
+            price.options.append(PricedOption(
+                Option(strategy.name, devices, runtime, resolved.gradient_accumulation), resolved.key, None,
+                prediction.uncertainty, prediction.basis,
+            ))
+        price.options = no_better_than_linear_scaling(price.options, self._strategies)
+        return price
+
+    def _predicted_runtime(
+        self, workload: Workload, prediction: Prediction, measured: Sequence[ProfileRecord]
+    ) -> float:
+        """A whole trial at a predicted step time: its loops, start-up and end as measured for this workload under
+        other options (or, with none, as measured for any workload; with nothing measured at all, steps only)."""
+        basis = measured or self._learned
+        steps = statistics.median(r.trial_steps(workload.total_steps) for r in basis) if measured else float(
+            workload.total_steps)
+        if not basis and not any(True for _ in self.cost_model.families()):
+            # Nothing measured on this hardware yet: the prior knows sizes, not seconds. Trials are priced by their
+            # work relative to the first one described, which is given the placeholder length of a trial.
+            work = workload.work.flops * steps
+            self._reference_work = self._reference_work or work
+            return NOMINAL_TRIAL_SECONDS * work / self._reference_work * prediction.seconds / self._prior_single(
+                workload)
+        startup = statistics.median(r.startup_seconds or 0.0 for r in basis) if basis else 0.0
+        after = statistics.median(r.after_loop_seconds for r in basis) if basis else 0.0
+        return startup + steps * prediction.seconds + after
+
+    def _prior_single(self, workload: Workload) -> float:
+        """The prior's step time of one device without accumulation, the unit the placeholder scales."""
+        return self.cost_model.predict(("single", 1, 1), workload.work).seconds
+
+    # -- profiling jobs -------------------------------------------------------------------------------------------
+    def profile_jobs(self, wanted: Sequence[tuple[optuna.Trial, tuple[str, int, int]]]) -> list[ProfileJob]:
+        """Group the options to measure (trial, option choice) into jobs: one per device count and micro-batch
+        count, each timing several trials' strategies in turn, least memory first (an out-of-memory run stops
+        the job before what would need even more). Keys already measured, failed or wanted twice are skipped."""
+        groups: dict[tuple[int, int], dict[int, list[tuple[Strategy, str]]]] = {}
+        trials: dict[int, optuna.Trial] = {}
+        seen: set[str] = set()
+        for trial, (name, devices, accumulation) in wanted:
+            workload = self._workloads.get(trial.number)
+            strategy = self._strategies.get(name)
+            if workload is None or strategy is None:
+                continue
+            key = self._key(workload, strategy, devices, accumulation)
+            if key in seen or key in self._queued or key in self._failed or self._store.get(key) is not None:
+                continue
+            seen.add(key)
+            self._queued.add(key)
+            trials[trial.number] = trial
+            groups.setdefault((devices, accumulation), {}).setdefault(trial.number, []).append((strategy, key))
+        jobs = []
+        for (devices, accumulation), by_trial in groups.items():
+            entries = []
+            for number, members in by_trial.items():
+                workload = self._workloads[number]
+                members.sort(key=lambda m: model_state_bytes(
+                    workload.n_params, workload.bytes_per_param, m[0], devices))
+                entries.append(ProfileEntry(trials[number], workload, tuple(m[0] for m in members),
+                                            tuple(m[1] for m in members)))
+            jobs.append(ProfileJob(tuple(entries), devices, accumulation))
+        return sorted(jobs, key=lambda j: (-j.devices, j.name))
+
+    def record(
+        self, job: ProfileJob, results: dict[int, list[dict]], started_at: float, launch_error: str | None = None,
+    ) -> list[tuple[ProfileEntry, Strategy, ProfileRecord | None]]:
+        """Store what a profiling job measured: one record per (trial, strategy) it reached (None: not reached).
+
+        Each strategy's start-up is the time from the job's start to that strategy's first step as if it had run
+        alone (the job's own start-up, plus the objective's set-up under that strategy). A strategy that crashed
+        or refused the trial's code gets a failed record, kept for this sweep: it is never planned for a trial of
+        that key. ``launch_error``: the job died without saying which strategy it was running; the first one it
+        did not report on is taken as the one that failed.
+        """
+        out: list[tuple[ProfileEntry, Strategy, ProfileRecord | None]] = []
+        self._queued.difference_update(k for e in job.entries for k in e.keys)
+        first = next((r for rs in results.values() for r in rs), {})
+        overhead = max(0.0, first.get("objective_started_at", started_at) - started_at)
+        for entry in job.entries:
+            by_name = {r.get("strategy"): r for r in results.get(entry.trial.number, [])}
+            for strategy, key in zip(entry.strategies, entry.keys):
+                outcome = by_name.get(strategy.name)
+                if outcome is None and launch_error is not None:
+                    outcome, launch_error = {"failed": True, "error": launch_error}, None
+                record = None if outcome is None else self._record_from(
+                    outcome, key, strategy, job, entry.workload, overhead)
+                out.append((entry, strategy, record))
+        return out
+
+    def _record_from(
+        self, outcome: dict, key: str, strategy: Strategy, job: ProfileJob, workload: Workload, overhead: float
+    ) -> ProfileRecord:
+        common = self._common(key, strategy.name, job.devices, job.gradient_accumulation, workload)
+        if outcome.get("failed"):
+            record = ProfileRecord(**common, feasible=False, failed=True, error=outcome.get("error", "failed"))
+            self._failed[key] = record
+            return record
+        if outcome.get("infeasible"):
+            record = ProfileRecord(
+                **common, feasible=False, more_micro_batches_may_fit=bool(outcome.get("oom_in_steps")),
+                error=outcome.get("error", "out of memory"),
+            )
+        else:
+            steps = sorted(outcome["step_seconds"])
+            record = ProfileRecord(
+                **common, feasible=True, step_seconds=steps[len(steps) // 2],
+                startup_seconds=overhead + outcome["first_step_at"] - outcome["objective_started_at"],
+                tail_seconds=outcome.get("tail_seconds"), exit_seconds=0.0,
+                peak_memory_bytes=int(outcome.get("peak_memory_bytes") or 0), timed_steps=len(steps),
+                loop_steps=list(outcome.get("loop_steps") or []), between_seconds=outcome.get("between_seconds"),
+            )
+        self._store.put(record)
+        self._learn(record)
+        return record
+
+    def follow_ups(
+        self, job: ProfileJob, recorded: Sequence[tuple[ProfileEntry, Strategy, ProfileRecord | None]]
+    ) -> list[ProfileJob]:
+        """After a job stopped early (out of memory, a crash): the (trial, strategy) pairs it did not reach, and
+        those that ran out of memory again with more micro-batches (if they have more to try), as new jobs."""
+        if not any(r is not None and not r.feasible for _, _, r in recorded):
+            return []
+        again = []
+        for entry, strategy, record in recorded:
+            if record is None or (not record.feasible and not record.failed):
+                resolved = self._resolve(entry.workload, strategy, job.devices)
+                if resolved is not None and resolved.record is None:
+                    again.append((entry.trial, (strategy.name, job.devices, resolved.gradient_accumulation)))
+        return self.profile_jobs(again)
+
+    # -- real runs ------------------------------------------------------------------------------------------------
+    def learn_from_run(
+        self, number: int, option: Option, *, step_seconds: float, steps: int, startup_seconds: float | None,
+        tail_seconds: float | None, loop_steps: list[int],
+    ) -> None:
+        """A trial ran ``steps`` steps under ``option`` at ``step_seconds`` each (its whole loop's real rate,
+        evaluation passes and the time between loops included). With no profile for its key, the run becomes
+        that profile; with one, its real rate is kept beside the timed one (``observed_step_seconds``)."""
+        workload = self._workloads.get(number)
+        strategy = self._strategies.get(option.strategy)
+        if workload is None or strategy is None or step_seconds <= 0 or steps < 1:
+            return
+        key = self._key(workload, strategy, option.devices, option.gradient_accumulation)
+        record = self._store.get(key)
+        if record is None:
+            record = ProfileRecord(
+                **self._common(key, option.strategy, option.devices, option.gradient_accumulation, workload),
+                feasible=True, step_seconds=step_seconds, startup_seconds=startup_seconds,
+                tail_seconds=tail_seconds, exit_seconds=0.0, timed_steps=steps, loop_steps=loop_steps,
+                observed_step_seconds=step_seconds, observed_runs=1,
+            )
+        elif record.feasible:
+            runs = record.observed_runs
+            record.observed_step_seconds = ((record.observed_step_seconds or 0.0) * runs + step_seconds) / (runs + 1)
+            record.observed_runs = runs + 1
+        else:
+            return
+        self._store.put(record)
+        self._learn(record)
+
+    def mark_failed(self, number: int, option: Option, error: str) -> None:
+        """A real run under ``option`` crashed or refused the trial's code: like a failed profile, never planned
+        for this workload in this sweep (and not stored)."""
+        workload = self._workloads.get(number)
+        if workload is None:
+            return
+        key = self._key(workload, self._strategies[option.strategy], option.devices, option.gradient_accumulation)
+        self._failed[key] = ProfileRecord(
+            **self._common(key, option.strategy, option.devices, option.gradient_accumulation, workload),
+            feasible=False, failed=True, error=error[:2000],
+        )
+
+    def mark_out_of_memory(self, number: int, option: Option, error: str) -> None:
+        """A real run under ``option`` ran out of memory: the option is infeasible for this workload (and more
+        micro-batches may fit)."""
+        workload = self._workloads.get(number)
+        if workload is None:
+            return
+        key = self._key(workload, self._strategies[option.strategy], option.devices, option.gradient_accumulation)
+        self._store.put(ProfileRecord(
+            **self._common(key, option.strategy, option.devices, option.gradient_accumulation, workload),
+            feasible=False, more_micro_batches_may_fit=True, error=error[:500],
+        ))
+
+    # -- the store --------------------------------------------------------------------------------------------------
+    def _learn(self, record: ProfileRecord) -> None:
+        if record.hardware != self._hardware or not record.feasible or not record.work_flops:
+            return
+        self._learned.append(record)
+        step = record.observed_step_seconds or record.step_seconds
+        if step:
+            family = (record.strategy, record.devices, record.gradient_accumulation)
+            self.cost_model.observe(family, Work(record.work_flops, record.work_param_bytes), step)
+
+    def _common(self, key: str, strategy: str, devices: int, accumulation: int, workload: Workload) -> dict:
+        work = workload.work
+        return {"key": key, "strategy": strategy, "devices": devices, "hardware": self._hardware,
+                "n_params": workload.n_params, "batch_signature": workload.batch_signature,
+                "gradient_accumulation": accumulation, "work_flops": work.flops, "work_param_bytes": work.param_bytes}
+
+    def _resolve(self, workload: Workload, strategy: Strategy, devices: int) -> _Resolved | None:
+        """Walk the strategy's accumulation factors, fewest micro-batches first, past those that ran out of
+        memory. None: no factor splits this trial's batch on ``devices`` devices."""
+        last, tried = None, ()
+        for accumulation in self._accumulation_factors(workload, strategy, devices):
+            key = self._key(workload, strategy, devices, accumulation)
+            last = _Resolved(accumulation, key, self._store.get(key), tried)
+            if last.record is None or last.record.feasible or not last.record.more_micro_batches_may_fit:
+                return last
+            tried += (last.record,)
+        return last
+
+    @staticmethod
+    def _accumulation_factors(workload: Workload, strategy: Strategy, devices: int) -> list[int]:
+        """The strategy's factors that split each device's share of the batch evenly (all, if the batch size is
+        unknown; then a bad split is reported by the run)."""
+        factors = list(strategy.accumulation_factors)
+        if workload.global_batch is None or workload.global_batch % devices:
+            return factors
+        per_device = workload.global_batch // devices
+        return [a for a in factors if per_device % a == 0] or factors[:1]
+
+    def _candidates(self, workload: Workload) -> list[tuple[Strategy, int]]:
+        """(strategy, device count) pairs whose model state can fit at all (analytic bound, no launch)."""
+        return [
+            (strategy, devices)
+            for strategy in self._strategies.values()
+            for devices in strategy.device_counts(self._max_devices)
+            if model_state_bytes(workload.n_params, workload.bytes_per_param, strategy, devices) <= self._memory
+        ]
+
+    def _key(self, workload: Workload, strategy: Strategy, devices: int, gradient_accumulation: int) -> str:
+        return profile_key(
+            workload.model_signature, workload.batch_signature, strategy, devices, self._hardware,
+            gradient_accumulation,
+        )
+
+
+def summary(record: ProfileRecord) -> dict:
+    """A profile as a trial's user attributes show it."""
+    out = {
+        "strategy": record.strategy, "devices": record.devices, "feasible": record.feasible,
+        "step_seconds": record.step_seconds, "startup_seconds": record.startup_seconds,
+        "tail_seconds": record.tail_seconds, "exit_seconds": record.exit_seconds,
+        "observed_step_seconds": record.observed_step_seconds,
+        "peak_memory_bytes": record.peak_memory_bytes, "key": record.key,
+    }
+    if record.gradient_accumulation > 1:
+        out["gradient_accumulation"] = record.gradient_accumulation
+    if not record.feasible:
+        out["error"] = record.error
+    if record.failed:
+        out["failed"] = True
+    if len(record.loop_steps) > 1:
+        out["loops"] = len(record.loop_steps)
+        out["between_seconds"] = record.between_seconds
+    return out
+
+
+def no_better_than_linear_scaling(
+    options: Sequence[PricedOption], strategies: Mapping[str, Strategy]
+) -> list[PricedOption]:
+    """Predicted options raised to what linear scaling of this trial's measured ones allows: ``k`` devices at best
+    divide the device-seconds of the same training by ``k``. A cost model extrapolating from a few small workloads
+    can predict more (2.6x on 2 devices was seen, which the plan then chose and lost time on); the floor is taken
+    only from strategies that compute plainly (no recomputation, no offload), which memory savings cannot beat."""
+    plain = [p.option.runtime * p.option.devices for p in options
+             if p.measured and computes_plainly(strategies[p.option.strategy])]
+    if not plain:
+        return list(options)
+    least = min(plain)
+    return [
+        p if p.measured or p.option.runtime * p.option.devices >= least
+        else replace(p, option=replace(p.option, runtime=least / p.option.devices), basis=f"{p.basis}, floored")
+        for p in options
+    ]
+
+
+def computes_plainly(strategy: Strategy) -> bool:
+    """Whether the strategy does the step's compute with nothing traded for memory (activation recomputation,
+    offload to CPU), so that no other strategy's step can beat it by more than its device count."""
+    knobs = strategy.knobs
+    if knobs.get("activation_checkpointing") or knobs.get("cpu_offload"):
+        return False
+    zero = strategy.launcher_config.get("zero_optimization", {})
+    return not any(str(zero.get(part, {}).get("device", "none")) != "none"
+                   for part in ("offload_optimizer", "offload_param"))

@@ -1,0 +1,76 @@
+"""Runtime estimates that the planner works from, corrected by what the sweep observes.
+
+Until the profiler measures a trial, its options are priced by a scaling prior: near-linear speed-up with a 10%
+loss per doubling of devices. Every trial that completes replaces guesswork with a measurement for its
+(strategy, device count); other options are rescaled from the nearest measurement through the prior's ratios.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+
+from optuna_saturn.planner import Option
+from optuna_saturn.pricing.prices import PricedOption
+from optuna_saturn.strategy import Strategy
+
+NOMINAL_TRIAL_SECONDS = 60.0
+SCALING_EFFICIENCY_PER_DOUBLING = 0.9
+
+
+def prior_speedup(devices: int) -> float:
+    return devices * SCALING_EFFICIENCY_PER_DOUBLING ** math.log2(devices)
+
+
+class RuntimeEstimator:
+    """Whole-trial runtime per option choice (strategy, device count, micro-batches), from observations where
+    there are any."""
+
+    def __init__(self, strategies: Sequence[Strategy], pool_size: int) -> None:
+        # Unprofiled options use the fewest micro-batches a strategy allows (no evidence that more are needed).
+        self._choices = [
+            (s.name, n, s.accumulation_factors[0]) for s in strategies for n in s.device_counts(pool_size)
+        ]
+        self._observed: dict[tuple[str, int, int], list[float]] = defaultdict(list)
+        self._ratios: list[float] = []
+
+    def observe(self, option: Option, seconds: float) -> None:
+        self._observed[option.choice].append(seconds)
+
+    def observe_step_rate(self, profiled: float, actual: float) -> None:
+        """A trial planned from a profile finished: remember how its loop's real seconds per step (evaluation
+        passes and checkpoints inside the loop included) compare with the profile's timed steps."""
+        if profiled > 0 and actual > 0:
+            self._ratios.append(actual / profiled)
+
+    def corrected(self, predicted: float, loop_seconds: float) -> float:
+        """A profile-based runtime whose training loop (``loop_seconds`` of it) runs at the median real / profiled
+        step rate seen so far in this sweep. Start-up and the time after the loop are measured as they are."""
+        if not self._ratios:
+            return predicted
+        return predicted + (statistics.median(self._ratios) - 1.0) * loop_seconds
+
+    def estimate(self, strategy: str, devices: int, gradient_accumulation: int = 1) -> float:
+        own = self._observed.get((strategy, devices, gradient_accumulation))
+        if own:
+            return sum(own) / len(own)
+        single_device_equivalents = [
+            sum(v) / len(v) * prior_speedup(n) for (_, n, _), v in self._observed.items() if v
+        ]
+        base = (
+            sum(single_device_equivalents) / len(single_device_equivalents)
+            if single_device_equivalents
+            else NOMINAL_TRIAL_SECONDS
+        )
+        return base / prior_speedup(devices)
+
+    def options(self) -> list[Option]:
+        return [Option(strategy, n, self.estimate(strategy, n, accumulation), accumulation)
+                for strategy, n, accumulation in self._choices]
+
+    def priced(self) -> list[PricedOption]:
+        """Every option priced by these estimates alone: a trial that cannot be described (or a sweep with no
+        profile store) is planned with them."""
+        return [PricedOption(o, "", None, 1.0, "estimate") for o in self.options()]

@@ -1,0 +1,1 @@
+"""Everything a sweep says to the user's Optuna study."""

@@ -1,0 +1,182 @@
+"""Everything a sweep says to the user's study, in one place.
+
+Samplers and storages are used from one thread at a time: the scheduler's, and the channel's threads that answer
+a worker's ``suggest`` or ``report``, all take the same lock (:attr:`StudyGateway.lock`). A trial's result is kept
+on disk until the storage has it, and telling it is retried while the storage fails (:mod:`optuna_saturn.study.outbox`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from optuna_saturn.study.outbox import STORAGE_ERRORS, Outbox, Outgoing, retrying
+
+ATTR = "saturn:"
+_logger = optuna.logging.get_logger("optuna.saturn")
+
+
+class StudyGateway:
+    def __init__(self, study: optuna.Study, *, artifact_store: Any = None, outbox: Outbox | None = None) -> None:
+        self.study = study
+        self.lock = threading.Lock()
+        self._outbox = outbox
+        self._artifact_store = artifact_store
+        self.stop_requested = False  # a callback called study.stop()
+
+    def ask_new(self) -> optuna.Trial:
+        """A new trial, never one of the study's queue: the sweep takes those itself (:meth:`take`), in the order
+        it plans them, where ``study.ask`` would take the oldest."""
+        def create() -> optuna.Trial:
+            with self.lock:
+                self.study._thread_local.cached_all_trials = None  # (as study.ask: samplers see the newest trials)
+                return optuna.Trial(self.study, self.study._storage.create_new_trial(self.study._study_id))
+
+        return retrying(create, what="ask for a trial")
+
+    def queued(self) -> list[FrozenTrial]:
+        """The study's queue: its WAITING trials (``study.enqueue_trial``), oldest first."""
+        def look() -> list[FrozenTrial]:
+            with self.lock:
+                return self.study._storage.get_all_trials(
+                    self.study._study_id, deepcopy=False, states=(TrialState.WAITING,))
+
+        return retrying(look, what="look at the study's queue")
+
+    def take(self, trial_id: int, distributions: dict[str, Any], user_attrs: dict[str, Any]) -> optuna.Trial | None:
+        """Take one trial out of the queue (as ``study.ask`` takes the oldest), suggesting ``distributions``
+        (its queue's fixed values) and setting ``user_attrs``; None if another process took it first."""
+        def take_now() -> optuna.Trial | None:
+            with self.lock:
+                try:
+                    if not self.study._storage.set_trial_state_values(trial_id, TrialState.RUNNING):
+                        return None
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    return None
+                self.study._thread_local.cached_all_trials = None
+                trial = optuna.Trial(self.study, trial_id)
+                for name, distribution in distributions.items():
+                    trial._suggest(name, distribution)
+                for key, value in user_attrs.items():
+                    trial.set_user_attr(key, value)
+                return trial
+
+        return retrying(take_now, what="take a trial from the study's queue")
+
+    def set_attrs(self, trial: optuna.Trial, attrs: dict[str, Any]) -> None:
+        """``saturn:``-prefixed user attributes of a trial that is still running."""
+        def set_them() -> None:
+            with self.lock:
+                for key, value in attrs.items():
+                    trial.set_user_attr(ATTR + key, value)
+
+        retrying(set_them, what=f"set trial {trial.number}'s attributes")
+
+    def tell(
+        self,
+        trial: optuna.Trial,
+        state: TrialState,
+        values: list[float] | None = None,
+        *,
+        attrs: dict[str, Any] | None = None,
+        log: Path | None = None,
+    ) -> FrozenTrial:
+        """End a trial with its attributes. A failed trial's log goes to the artifact store, if there is one; a
+        result the study refuses (say, a value of the wrong shape) fails the trial instead: the sweep goes on.
+        The result is in the outbox until the storage has it; while the storage fails, telling is retried."""
+        attrs = {ATTR + key: value for key, value in (attrs or {}).items()}
+        kept = None if self._outbox is None else self._outbox.keep(
+            Outgoing(trial._trial_id, trial.number, state.name, values, attrs))
+        frozen = retrying(lambda: self._tell_now(trial, state, values, attrs, log),
+                          what=f"record trial {trial.number}'s result")
+        if kept is not None:
+            Outbox.done(kept)
+        return frozen
+
+    def _tell_now(self, trial: optuna.Trial, state: TrialState, values: list[float] | None, attrs: dict[str, Any],
+                  log: Path | None) -> FrozenTrial:
+        with self.lock:
+            stored = self.study._storage.get_trial(trial._trial_id)
+            if stored.state.is_finished():  # an attempt the storage took, though its answer was lost
+                return stored
+            for key, value in attrs.items():
+                trial.set_user_attr(key, value)
+            if state == TrialState.FAIL and log is not None:
+                self._keep_log(trial, log)
+            try:
+                return self.study.tell(trial, values if state == TrialState.COMPLETE else None, state=state)
+            except STORAGE_ERRORS:
+                raise
+            except Exception as exc:
+                trial.set_user_attr(ATTR + "fail_reason", f"could not record the result: {exc}")
+                return self.study.tell(trial, state=TrialState.FAIL)
+
+    def tell_what_the_outbox_kept(self, orphaned: Callable[[FrozenTrial], bool]) -> list[int]:
+        """Tell the results an earlier sweep kept in the outbox but the storage never got, for its trials that are
+        still RUNNING and whose sweep is gone (``orphaned``); drop those the storage has. Returns the numbers of
+        the trials told."""
+        if self._outbox is None:
+            return []
+        told = []
+        for path, result in self._outbox.pending():
+            with self.lock:
+                try:
+                    stored = self.study._storage.get_trial(result.trial_id)
+                except KeyError:  # (another study's, with the same name before)
+                    stored = None
+                if stored is not None and stored.number == result.number and stored.state == TrialState.RUNNING:
+                    if not orphaned(stored):
+                        continue  # its sweep lives: it tells it itself
+                    for key, value in result.attrs.items():
+                        self.study._storage.set_trial_user_attr(result.trial_id, key, value)
+                    state = TrialState[result.state]
+                    self.study.tell(result.number, result.values if state == TrialState.COMPLETE else None,
+                                    state=state)
+                    told.append(result.number)
+            Outbox.done(path)
+        if told:
+            _logger.warning(f"Recorded the results of trial(s) {told} that an earlier sweep kept on disk "
+                            f"({self._outbox.folder}) while the storage was down.")
+        return told
+
+    def call_back(self, callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]], trial: FrozenTrial) -> None:
+        """Each callback with ``(study, frozen_trial)``, in order, as ``study.optimize`` calls them after a trial
+        ends. An exception in one stops the sweep, as it stops ``study.optimize``. They run inside Optuna's
+        optimize-loop flag, so ``study.stop()`` (``MaxTrialsCallback``, say) is allowed; it sets
+        :attr:`stop_requested`, and the sweep stops asking."""
+        if not callbacks:
+            return
+        local = self.study._thread_local
+        was, local.in_optimize_loop, self.study._stop_flag = local.in_optimize_loop, True, False
+        try:
+            for callback in callbacks:
+                callback(self.study, trial)
+        finally:
+            local.in_optimize_loop = was
+            self.stop_requested = self.stop_requested or self.study._stop_flag
+            self.study._stop_flag = False
+
+    def fail(self, trial: optuna.Trial, reason: str, *, attrs: dict[str, Any] | None = None) -> FrozenTrial:
+        return self.tell(trial, TrialState.FAIL, attrs={**(attrs or {}), "fail_reason": reason})
+
+    def set_study_attr(self, key: str, value: Any) -> None:
+        def set_it() -> None:
+            with self.lock:
+                self.study.set_user_attr(ATTR + key, value)
+
+        retrying(set_it, what=f"set the study's {ATTR + key}")
+
+    def _keep_log(self, trial: optuna.Trial, log: Path) -> None:
+        if self._artifact_store is None or not log.exists():
+            return
+        from optuna.artifacts import upload_artifact
+
+        artifact_id = upload_artifact(
+            artifact_store=self._artifact_store, file_path=str(log), study_or_trial=trial, mimetype="text/plain",
+        )
+        trial.set_user_attr(ATTR + "log_artifact_id", artifact_id)

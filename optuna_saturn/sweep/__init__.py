@@ -1,0 +1,11 @@
+"""The sweep: one loop, and the small policies it asks what to do (DESIGN.md decision 12).
+
+The loop (:mod:`~optuna_saturn.sweep.loop`) waits on a pool, routes each event to the policies, and carries out
+the decisions they return (:mod:`~optuna_saturn.sweep.actions`). The same loop runs a real sweep on a pool of
+processes and wall time, and a simulated one on a simulated pool and virtual time.
+"""
+
+from optuna_saturn.sweep.loop import Sweep
+from optuna_saturn.sweep.settings import SweepSettings
+
+__all__ = ["Sweep", "SweepSettings"]

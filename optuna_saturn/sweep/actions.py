@@ -1,0 +1,254 @@
+"""How the loop carries out its policies' decisions: the only code, with the loop, that talks to the pool and to
+the study. It decides nothing: each method does what a decision says, and records it in the sweep's state."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from optuna_saturn import checkpoint
+from optuna_saturn.events import Broadcast, ProfileEvent, TrialMove, TrialProgress, TrialStart
+from optuna_saturn.pools.protocol import JobEnd, Pool
+from optuna_saturn.pricing.prices import TrialPrice
+from optuna_saturn.study.gateway import ATTR, StudyGateway
+from optuna_saturn.study.ownership import Owner, run_again
+from optuna_saturn.study.queue import StudyQueue
+from optuna_saturn.sweep import reporting
+from optuna_saturn.sweep.decisions import Fail, LeaveOut, Measure, Planned, RequestMove, Start, Stop, Tell
+from optuna_saturn.sweep.options import OptionsView
+from optuna_saturn.sweep.profiling import Profiling
+from optuna_saturn.sweep.requests import JobRequests
+from optuna_saturn.sweep.resumes import Resumes
+from optuna_saturn.sweep.state import ProfileRun, SweepState, TrialRun, Waiting
+
+_logger = optuna.logging.get_logger("optuna.saturn")
+
+
+class Actions:
+    def __init__(
+        self, state: SweepState, *, pool: Pool, gateway: StudyGateway, queue: StudyQueue, pricer: Any,
+        view: OptionsView, requests: JobRequests, resumes: Resumes, profiling: Profiling, events: Broadcast,
+        owner: Owner | None, keep_checkpoints: bool,
+        callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]], gc_after_trial: bool,
+    ) -> None:
+        self._state, self._pool, self._gateway, self._queue, self._pricer = state, pool, gateway, queue, pricer
+        self._view, self._requests, self._resumes, self._profiling = view, requests, resumes, profiling
+        self._events, self._owner, self._keep_checkpoints = events, owner, keep_checkpoints
+        self._callbacks, self._gc_after_trial = list(callbacks), gc_after_trial
+
+    @property
+    def prices_trials(self) -> bool:
+        """Whether trials are priced from what they are (a pricer), not from estimates alone."""
+        return self._pricer is not None
+
+    # -- trials coming in -------------------------------------------------------------------------------------------
+    def own(self, trial: optuna.Trial) -> None:
+        """A trial this sweep asked or took from the queue: it counts towards ``n_trials``, and is marked ours."""
+        self._state.asked += 1
+        if self._owner is not None:
+            self._gateway.set_attrs(trial, {"owner": self._owner.to_json()})
+
+    def price(self, trial: optuna.Trial, *, leaving: tuple | None = None) -> TrialPrice:
+        """The trial's options (described now if they were not), those its checkpoint allows."""
+        price = self._pricer.price(trial) if self._pricer is not None else TrialPrice(None)
+        if price.workload is None:  # cannot be described: planned from runtime estimates
+            price.options = self._view.estimator.priced()
+        price = self._resumes.restricted(trial.number, price, leaving=leaving)
+        if self._pricer is not None:
+            self._gateway.set_attrs(trial, {"options": [p.option.to_json() for p in price.options],
+                                            "profiles": price.profiles})
+        return price
+
+    def admit(self, trial: optuna.Trial, price: TrialPrice, now: float, *, profile_everything: bool = False) -> None:
+        """A trial described and priced: it waits to be planned, or fails if no option fits it."""
+        waiting = Waiting(trial, price)
+        if not price.options:
+            self.fail(Fail(waiting, "no strategy fits this trial on these devices (every option ran out of memory "
+                                    "or failed)"), now)
+            return
+        self._state.admit(waiting)
+        self._view.saw(waiting)
+        if profile_everything:
+            self._profiling.measure_every_option(trial, price)
+
+    # -- decisions --------------------------------------------------------------------------------------------------
+    def planned(self, planned: Planned | None) -> None:
+        self._state.plan_dirty = False
+        if planned is None:
+            return
+        for number, place in planned.places.items():
+            waiting = self._state.waiting[number]
+            waiting.assignment = place
+            waiting.planned_start, waiting.planned_end = planned.now + place.start, planned.now + place.end
+        self._events.send("on_plan", planned.shown, list(planned.places), planned.now)
+
+    def start(self, start: Start, now: float) -> None:
+        waiting, option, number, devices = start.waiting, start.option, start.waiting.number, start.devices
+        if waiting.queued:
+            trial = self._queue.take(waiting.trial)
+            if trial is None:
+                self._state.forget(number)
+                _logger.info(f"Trial {number} was taken from the study's queue by another sweep; it runs there.")
+                return
+            self.own(trial)
+            waiting.trial = trial
+        waiting.assignment = replace(waiting.assignment, option=option, devices=devices, start=0.0,
+                                     end=option.runtime, node=self._state.topology.node_of(devices[0]))
+        waiting.planned_start = min(waiting.planned_start, now)  # no later than planned, as long as it takes
+        waiting.planned_end = waiting.planned_start + option.runtime
+        request = self._requests.trial(waiting.trial, option, devices, self._state.resumes.get(number))
+        run = TrialRun(request.key, devices, now, request.log, waiting=waiting, session=request.tasks[0].session)
+        self._state.launched(run)
+        self._pool.submit(request)
+        names = [self._state.devices[i] for i in devices]
+        _logger.info(reporting.started(number, option, names, waiting.price.option(option.choice), run.log))
+        self._events.send("on_trial_start", TrialStart(number, option.strategy, tuple(map(str, names)),
+                                                       waiting.planned_start, waiting.planned_end, now))
+
+    def measure(self, measure: Measure, now: float) -> None:
+        request = self._requests.profiling(measure.job, measure.devices)
+        sessions = {t.session.trial.number: t.session for t in request.tasks}
+        self._state.launched(ProfileRun(request.key, measure.devices, now, request.log, job=measure.job,
+                                        sessions=sessions))
+        self._pool.submit(request)
+        for entry in measure.job.entries:
+            for s in entry.strategies:
+                name = reporting.option_name(s.name, measure.job)
+                self._events.send("on_profile", ProfileEvent(entry.trial.number, name, "started"))
+
+    def stop(self, stop: Stop) -> None:
+        stop.run.stalled = stop.reason
+        _logger.warning(f"Trial {stop.run.number}: {stop.reason}; stopping it.")
+        self._pool.stop(stop.run.key, stop.reason)
+
+    def request_move(self, move: RequestMove | None) -> None:
+        if move is None:
+            return
+        move.run.session.move_requested = True
+        self._events.send("on_trial_move", TrialMove(move.run.number, move.run.waiting.assignment.option.label,
+                                                     move.target.label, "asked", summary=move.summary))
+
+    def fail(self, fail: Fail, now: float) -> None:
+        """End a waiting trial FAIL with the reason (one still in the study's queue stays there)."""
+        self._state.forget(fail.waiting.number)
+        if fail.waiting.queued:
+            _logger.warning(f"Trial {fail.waiting.number} stays in the study's queue: {fail.reason}.")
+            return
+        frozen = self._gateway.fail(fail.waiting.trial, fail.reason, attrs={"profiles": fail.waiting.price.profiles})
+        _logger.warning(f"Trial {fail.waiting.number} failed: {fail.reason}.")
+        self.after_trial(frozen, now)
+
+    def relay_progress(self, run: TrialRun) -> None:
+        session = run.session
+        if session.step != run.reported_step:
+            run.reported_step = session.step
+            self._events.send("on_trial_progress", TrialProgress(run.number, session.step, session.total_steps,
+                                                                 session.step_seconds))
+
+    # -- ends -------------------------------------------------------------------------------------------------------
+    def leave_out(self, left: LeaveOut) -> bool:
+        """Leave the option out for the trial's workload and plan the trial again (from its checkpoint, if every
+        device reads it); False if no option is left (the trial then fails)."""
+        run = left.run
+        waiting, option = run.waiting, run.waiting.assignment.option
+        if left.out_of_memory:
+            self._pricer.mark_out_of_memory(run.number, option, left.error)
+        else:
+            self._pricer.mark_failed(run.number, option, left.error)
+        self._resumes.from_run(run)
+        price = self.price(waiting.trial, leaving=waiting.left)
+        if not price.options:
+            return False
+        _logger.warning(f"Trial {run.number} failed under {option.label}, the first run of that option for its "
+                        f"workload ({left.error}); the option is left out and the trial is planned again.")
+        self._state.admit(Waiting(waiting.trial, price, attempts=waiting.attempts + 1, moves=waiting.moves,
+                                  left=waiting.left))
+        return True
+
+    def continue_moved(self, run: TrialRun, now: float) -> None:
+        """A trial stopped at its checkpoint to move: it waits again, to resume from that checkpoint under an
+        option other than the one it left (the plan picks which), and stays RUNNING in the study meanwhile."""
+        waiting, session, left = run.waiting, run.session, run.waiting.assignment.option
+        self._resumes.from_run(run, moved=True)
+        price = self.price(session.trial, leaving=left.choice)
+        moves = [*waiting.moves, {"from": left.label, "device_ids": list(run.devices), "started": round(run.started, 3),
+                                  "at": round(now, 3), "at_step": int(session.checkpoint["step"])}]
+        self._gateway.set_attrs(session.trial, {"moves": moves})
+        self._state.admit(Waiting(session.trial, price, attempts=waiting.attempts, moves=moves, left=left.choice))
+        self._events.send("on_trial_move", TrialMove(run.number, left.label, "", "stopped", step=moves[-1]["at_step"]))
+
+    def tell(self, tell: Tell, *, call_back: bool = True) -> bool:
+        """End the trial in the study; returns whether its run taught the pricing something."""
+        run, option = tell.run, tell.run.waiting.assignment.option
+        frozen = self._gateway.tell(run.session.trial, tell.state, tell.values, attrs=tell.attrs, log=run.log)
+        if frozen.state in (TrialState.COMPLETE, TrialState.PRUNED) and not self._keep_checkpoints:
+            self._remove_checkpoints(run)
+        seconds = tell.attrs["actual_runtime"]
+        priced = run.waiting.price.option(option.choice)
+        if frozen.state == TrialState.COMPLETE and not run.session.resumed_from:
+            self._view.estimator.observe(option, seconds)
+        if frozen.state != TrialState.FAIL and priced is not None and priced.record is not None and \
+                run.session.step_seconds is not None:
+            self._view.estimator.observe_step_rate(priced.record.step_seconds, run.session.step_seconds)
+        learned = tell.learn is not None and self._pricer is not None
+        if learned:
+            self._pricer.learn_from_run(run.number, option, **tell.learn)
+        if tell.run_again and frozen.state == TrialState.FAIL:
+            self._run_again(frozen)
+        reporting.log_finished(frozen, seconds, tell.reason, run.log)
+        self.after_trial(frozen, tell.attrs["actual_end"], call_back=call_back)
+        return learned
+
+    def profile_ended(self, run: ProfileRun, end: JobEnd, now: float) -> None:
+        """Store what a profiling job measured; what it did not reach is measured next."""
+        names = [str(self._state.devices[i]) for i in run.devices]
+        for number, where in self._profiling.ran(run, now, names).items():
+            if number in self._state.waiting:
+                self._gateway.set_attrs(self._state.waiting[number].trial, {"profiling": where})
+        results = {n: s.profiles for n, s in run.sessions.items()}
+        reported = sum(len(v) for v in results.values())
+        expected = sum(len(e.strategies) for e in run.job.entries)
+        ended_early = any(r.get("infeasible") or r.get("stop_launch") for rs in results.values() for r in rs)
+        launch_error = None
+        if not end.clean and not ended_early and reported < expected:  # it died without saying why
+            launch_error = end.error or f"the profiling job ended ({end.reason}) (log: {run.log})"
+        recorded = self._pricer.record(run.job, results, self._state.started_at + run.started, launch_error)
+        follow_ups = self._pricer.follow_ups(run.job, recorded)
+        self._profiling.follow_up(follow_ups)
+        for entry, strategy, record in recorded:
+            name, text = reporting.option_name(strategy.name, run.job), reporting.profiled(record, bool(follow_ups))
+            log = _logger.warning if record is not None and record.failed else _logger.info
+            log(f"Profiled {name} (trial {entry.trial.number}): {text}.")
+            self._events.send("on_profile", ProfileEvent(entry.trial.number, name, "done", text))
+
+    def after_trial(self, frozen: FrozenTrial, now: float, *, call_back: bool = True) -> None:
+        """What follows every trial's end: the listeners, then Optuna's callbacks and ``gc_after_trial``, in this
+        process, as ``study.optimize`` does (not for trials the sweep's own interruption ended)."""
+        self._events.send("on_trial_end", frozen, now)
+        if call_back:
+            self._gateway.call_back(self._callbacks, frozen)
+        self._queue.look_again()  # its params run again, or a callback enqueued trials: ahead of new trials
+        if self._gc_after_trial:
+            gc.collect()
+
+    def _run_again(self, frozen: FrozenTrial) -> None:
+        """A trial whose rank died or hung: its params run again next, resuming from its checkpoint if it saved
+        one. ``n_trials`` still counts new trials."""
+        run_again(self._gateway, frozen)
+        if self._state.n_trials is not None:
+            self._state.n_trials += 1
+        _logger.warning(f"Trial {frozen.number}'s params run again as a new trial"
+                        + (" from its checkpoint." if ATTR + "checkpoint" in frozen.user_attrs else "."))
+
+    def _remove_checkpoints(self, run: TrialRun) -> None:
+        """A trial that ended needs no checkpoint: neither its own nor the one it resumed from."""
+        checkpoint.remove(self._requests.checkpoint_folder(run.number))
+        resume = self._state.resumes.get(run.number)
+        if resume is not None:
+            checkpoint.remove(Path(resume.path).parent)

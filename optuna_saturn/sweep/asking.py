@@ -1,0 +1,122 @@
+"""The asking policy: when the sweep takes on another trial, and when it stops.
+
+No batch barrier: a trial is asked whenever a device would otherwise sit idle within the look-ahead (when the plan
+leaves it free now, or within the time asking and describing a trial takes), and at most ``lookahead`` asked
+trials wait at once. Asking no earlier than needed lets the sampler see as many finished trials as it can; asking
+no later keeps devices busy. Trials of the study's queue whose parameters are all fixed need no sampler: they are
+described ahead and planned as a set, up to ``QUEUED_TRIALS_PER_DEVICE`` per device (:mod:`optuna_saturn.study.
+queue`). A profile-only sweep asks all its trials at once.
+
+Asking stops at ``n_trials`` (new trials; a trial run again adds one), at ``study.stop()``, or once the timeout
+passed and every device had a trial: plain Optuna's ``n_jobs`` threads start their first trials within moments of
+each other, so a short timeout still runs one per thread, while the sweep describes each trial first (seconds, for
+a large model's imports); a timeout shorter than that must not leave devices without one.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from optuna_saturn.study.queue import QUEUED_TRIALS_PER_DEVICE
+from optuna_saturn.sweep.options import OptionsView
+from optuna_saturn.sweep.state import SweepState
+
+#: Ask the next trial when a device will have nothing to do within twice the time asking and describing a trial
+#: took lately, plus this margin: it is then planned before the device frees, and asked as late as that allows.
+ASK_AHEAD_SECONDS = 0.1
+
+
+class Next(Enum):
+    ASK = "ask"  # take the queue's next trial, or ask a new one
+    PLAN_FIRST = "plan first"  # what waits changed: plan it, then look again
+
+
+class Asking:
+    def __init__(self, *, timeout: float | None, lookahead: int, profile_only: bool, describe_ahead: bool) -> None:
+        self.timeout = timeout
+        self.lookahead = lookahead
+        self._profile_only = profile_only
+        self._describe_ahead = describe_ahead and not profile_only
+        self._had_a_first_round = False
+        self._owed_a_start: set[int] | None = None  # queued trials to run although asking stopped
+        self.ask_seconds: list[float] = []  # how long asking and describing each trial took
+
+    def may_ask(self, state: SweepState, now: float, stop_requested: bool) -> bool:
+        """Whether the sweep may take on another trial: asked, or described from the queue."""
+        if state.n_trials is not None and state.asked + state.queued_waiting() >= state.n_trials:
+            return False
+        return not self.stopped(state, now, stop_requested)
+
+    def stopped(self, state: SweepState, now: float, stop_requested: bool) -> bool:
+        """``study.stop()`` (from a callback: the trials asked still run), or the timeout passed once every device
+        had a trial (see the module's docstring)."""
+        if stop_requested:
+            return True
+        return self.timeout is not None and now >= self.timeout and not self._first_round_due(state)
+
+    def room_to_describe(self, state: SweepState) -> bool:
+        """Whether a trial of the queue may be described before it is asked (fewer known trials wait than
+        ``QUEUED_TRIALS_PER_DEVICE`` per device allows)."""
+        limit = max(self.lookahead, QUEUED_TRIALS_PER_DEVICE * len(state.devices))
+        return self._describe_ahead and len(state.waiting) < limit
+
+    def next(self, state: SweepState, now: float, options: OptionsView) -> Next | None:
+        """Whether to ask a trial now: fewer than ``lookahead`` wait, and a device idles soon."""
+        if self._profile_only:
+            return Next.ASK if len(state.waiting) < (state.n_trials or 0) else None
+        if len(state.waiting) >= self.lookahead:
+            return None
+        if state.plan_dirty:
+            return Next.PLAN_FIRST
+        return Next.ASK if self._idle_soon(state, now, options) else None
+
+    def asked(self, seconds: float) -> None:
+        """Asking and describing a trial took ``seconds``."""
+        self.ask_seconds.append(seconds)
+
+    def note_the_first_round(self, state: SweepState) -> None:
+        """Once every device had a trial, it stays had: a node that joins later does not reopen asking past the
+        timeout."""
+        self._had_a_first_round = self._had_a_first_round or not self._first_round_due(state)
+
+    def not_to_start(self, state: SweepState, ready: set[int], now: float) -> list[int]:
+        """Asking stopped: the queued trials described and not started stay in the study's queue (WAITING, for
+        the next optimize), except those owed a start: planned to start by now on devices whose workers were
+        still starting. Those would run but for the workers' start-up (plain Optuna's first trials start at once,
+        and its timeout lets them finish). Which are owed a start is decided once, one per device."""
+        if self._owed_a_start is None:
+            self._owed_a_start = set()
+            waiting_for_workers = state.free() - ready
+            planned = sorted((w for w in state.waiting.values() if w.queued and w.assignment is not None),
+                             key=lambda w: (w.planned_start, w.number))
+            for waiting in planned:
+                devices = set(waiting.assignment.devices)
+                if waiting.planned_start <= now and devices <= waiting_for_workers:
+                    self._owed_a_start.add(waiting.number)
+                    waiting_for_workers -= devices
+        return [n for n, w in state.waiting.items() if w.queued and n not in self._owed_a_start]
+
+    def _first_round_due(self, state: SweepState) -> bool:
+        """Whether some device has yet to get its first trial: fewer trials than devices were asked (or described
+        from the queue), and some device has none running or planned on it."""
+        if self._had_a_first_round:
+            return False
+        devices = {d for members in state.topology.members for d in members}
+        held = {d for run in state.running.values() for d in run.devices}
+        held |= {d for w in state.waiting.values() if w.assignment is not None for d in w.assignment.devices}
+        return state.asked + state.queued_waiting() < len(devices) and not devices <= held
+
+    def _idle_soon(self, state: SweepState, now: float, options: OptionsView) -> bool:
+        """Whether some device has nothing to do (no running job, no waiting trial planned on it) from now, or
+        from within the time it takes to ask and describe a trial."""
+        recent = self.ask_seconds[-5:]
+        horizon = ASK_AHEAD_SECONDS + 2 * max(recent) if recent else 0.0  # nothing is asked ahead of the first
+        busy_until = {d: now for m in state.topology.members for d in m}
+        for run in state.running.values():
+            for d in set(run.devices) & busy_until.keys():
+                busy_until[d] = max(busy_until[d], now + options.remaining(run, state, now))
+        for waiting in state.waiting.values():
+            if waiting.assignment is not None:
+                for d in waiting.assignment.devices:
+                    busy_until[d] = max(busy_until[d], waiting.planned_end)
+        return min(busy_until.values()) <= now + horizon

@@ -1,0 +1,86 @@
+"""What the policies decide, for the loop to carry out. Plain data: a policy that returns one has done nothing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from optuna.trial import TrialState
+
+from optuna_saturn.planner import Assignment, Option, Plan
+from optuna_saturn.pricing.prices import ProfileJob
+from optuna_saturn.sweep.state import TrialRun, Waiting
+
+
+@dataclass(frozen=True)
+class Start:
+    """Start ``waiting`` now under ``option`` on ``devices`` (dispatch)."""
+
+    waiting: Waiting
+    option: Option
+    devices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Measure:
+    """Run the profiling job ``job`` on ``devices`` (profiling)."""
+
+    job: ProfileJob
+    devices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Planned:
+    """The waiting trials' new places (global devices, times from ``now``), and the plan to show (planning)."""
+
+    places: dict[int, Assignment]
+    shown: Plan
+    now: float
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Stop the running trial ``run``: ``reason`` says why (faults: its ranks stopped moving)."""
+
+    run: TrialRun
+    reason: str
+
+
+@dataclass(frozen=True)
+class Fail:
+    """End the waiting trial ``waiting`` FAIL (or, if it is still in the study's queue, leave it there)."""
+
+    waiting: Waiting
+    reason: str
+
+
+@dataclass(frozen=True)
+class RequestMove:
+    """Stop ``run`` at its next checkpoint, to go on under ``target`` (elastic)."""
+
+    run: TrialRun
+    target: Option
+    summary: str
+
+
+@dataclass(frozen=True)
+class LeaveOut:
+    """``run`` failed in a way its option, not its trial, may be at fault: the option is never planned for its
+    workload again, and the trial waits for another (faults)."""
+
+    run: TrialRun
+    error: str
+    out_of_memory: bool
+
+
+@dataclass(frozen=True)
+class Tell:
+    """End ``run``'s trial in the study (outcomes); ``run_again`` if a rank died or hung, not the trial's code."""
+
+    run: TrialRun
+    state: TrialState
+    values: list[float] | None
+    attrs: dict[str, Any]
+    reason: str = ""
+    run_again: bool = False
+    learn: dict[str, Any] | None = field(default=None)  # what the run teaches the pricing (learn_from_run's)

@@ -1,0 +1,91 @@
+"""The faults policy: a rank that hangs or dies, an option that cannot run a trial, a node lost or joined.
+
+- **Stalls.** A trial whose steps stopped moving for longer than its stall limit (at least two minutes, half its
+  planned runtime and fifty of its steps), or that took no step within that plus its planned runtime, has a rank
+  that hangs (a deadlocked collective or rendezvous, a stuck data loader) or died where its peers wait: it is
+  stopped. Its evaluation between steps must fit in the limit.
+- **A rank's death** (or a stall) is not the trial's fault: the trial ends FAIL with the reason and its params run
+  again as a new trial (``max_retries`` times at most), from its checkpoint if it saved one.
+- **An option's fault.** A trial that ran out of memory, refused the trial's code (``StrategyMismatch``), or
+  crashed before its first step under an option nobody had run for its workload, is planned again on its other
+  options; that option is never planned for the workload again in this sweep. At most ``MAX_ATTEMPTS`` runs.
+- **Nodes.** A node that dies takes its devices with it: the plan stops counting on them, and a waiting trial
+  no node left can hold fails (or stays in the study's queue). A node that joins is planned on from the next plan.
+"""
+
+from __future__ import annotations
+
+import optuna
+
+from optuna_saturn.pools.protocol import JobEnd
+from optuna_saturn.study.ownership import may_run_again
+from optuna_saturn.sweep.decisions import Fail, LeaveOut, Stop
+from optuna_saturn.sweep.state import SweepState, TrialRun
+
+_logger = optuna.logging.get_logger("optuna.saturn")
+
+#: A trial whose first runs of options fail is planned again on other options this many times in all.
+MAX_ATTEMPTS = 3
+#: The least time a trial's steps may stop moving before it is taken for hung.
+MIN_STALL_SECONDS = 120.0
+
+
+class Faults:
+    def __init__(self, *, stall_timeout: float | None, max_retries: int, may_leave_out: bool) -> None:
+        self._stall_timeout = stall_timeout
+        self.max_retries = max_retries
+        self._may_leave_out = may_leave_out  # a pricer knows the trials' workloads, to leave options out for
+
+    def stalled(self, state: SweepState, now: float) -> list[Stop]:
+        """Running trials to stop: their ranks stopped moving (see the module's docstring)."""
+        stops = []
+        for run in state.trial_runs():
+            if run.stalled:
+                continue
+            limit = self.stall_limit(run)
+            if run.session.last_progress_at is None:  # not one step yet: its set-up may take up to its runtime
+                silent = now - run.started
+                limit += run.waiting.assignment.option.runtime
+            else:
+                silent = now - (run.session.last_progress_at - state.started_at)
+            if silent > limit:
+                stops.append(Stop(run, f"its ranks reported no progress for {silent:.0f} s (the limit is "
+                                       f"{limit:.0f} s)"))
+        return stops
+
+    def stall_limit(self, run: TrialRun) -> float:
+        if self._stall_timeout is not None:
+            return self._stall_timeout
+        step = run.session.step_seconds or 0.0
+        return max(MIN_STALL_SECONDS, 0.5 * run.waiting.assignment.option.runtime, 50 * step)
+
+    def left_out(self, run: TrialRun, end: JobEnd) -> LeaveOut | None:
+        """Whether the trial's option, not the trial, is likely at fault for its failure (see the module's
+        docstring): then the option is left out and the trial planned again."""
+        outcome = run.session.outcome or {}
+        if outcome.get("op") != "fail" or not self._may_leave_out:
+            return None
+        waiting, option = run.waiting, run.waiting.assignment.option
+        priced = waiting.price.option(option.choice)
+        first_run_crash = (priced is None or not priced.measured) and run.session.step == 0
+        if waiting.price.workload is None or waiting.attempts >= MAX_ATTEMPTS or not (
+            outcome.get("out_of_memory") or outcome.get("mismatch") or first_run_crash
+        ):
+            return None
+        return LeaveOut(run, end.error or outcome.get("error", "failed"), bool(outcome.get("out_of_memory")))
+
+    def run_again(self, run: TrialRun, end: JobEnd) -> bool:
+        """Whether the trial runs again: a rank died or hung, not the trial's code, and it ran fewer than
+        ``max_retries`` + 1 times."""
+        faulted = bool(run.stalled) or ((run.session.outcome or {}).get("op") is None and not end.clean)
+        if faulted and not may_run_again(run.session.trial, self.max_retries):
+            _logger.warning(f"Trial {run.number} is not run again: it ran {self.max_retries + 1} times.")
+            return False
+        return faulted
+
+    def without_a_node(self, state: SweepState) -> list[Fail]:
+        """Waiting trials that no node left can hold, once nodes were lost."""
+        largest = state.largest_node
+        return [Fail(w, f"no option of it fits the nodes left (the largest has {largest} device(s)) once "
+                        f"{len(state.lost)} device(s) were lost with their node")
+                for w in state.waiting.values() if not any(p.option.devices <= largest for p in w.price.options)]

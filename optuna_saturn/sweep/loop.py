@@ -1,0 +1,268 @@
+"""One call of :meth:`SaturnExecutor.optimize` (or of the simulator): the loop.
+
+It waits on the pool, routes each event to the policies (:mod:`~optuna_saturn.sweep.asking`, ``planning``,
+``dispatch``, ``profiling``, ``faults``, ``elastic``, ``outcomes``; ``options`` is their view of the trials), and
+has their decisions carried out (:mod:`~optuna_saturn.sweep.actions`). Only the loop and its actions talk to the
+pool and to the study, and time comes from the clock it is given: wall time in a real sweep, virtual time in a
+simulated one, where the same loop runs on a simulated pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from optuna_saturn.clock import Clock
+from optuna_saturn.events import Broadcast
+from optuna_saturn.pools.protocol import JobEnd, Pool
+from optuna_saturn.pricing.unprofiled import RuntimeEstimator
+from optuna_saturn.study.gateway import StudyGateway
+from optuna_saturn.study.outbox import STORAGE_ERRORS, Outbox
+from optuna_saturn.study.ownership import Heartbeat, Owner, inherit_intermediate_values, take_over
+from optuna_saturn.study.queue import ParameterNotFixed, QueuedTrial, StudyQueue
+from optuna_saturn.sweep import dispatch, reporting
+from optuna_saturn.sweep.actions import Actions
+from optuna_saturn.sweep.asking import Asking, Next
+from optuna_saturn.sweep.elastic import Elastic
+from optuna_saturn.sweep.faults import Faults
+from optuna_saturn.sweep.options import OptionsView
+from optuna_saturn.sweep.outcomes import Outcomes
+from optuna_saturn.sweep.planning import Planning
+from optuna_saturn.sweep.profiling import Profiling
+from optuna_saturn.sweep.requests import JobRequests, run_folder, safe
+from optuna_saturn.sweep.resumes import Resumes
+from optuna_saturn.sweep.settings import SweepSettings
+from optuna_saturn.sweep.state import ProfileRun, SweepState, TrialRun
+
+_logger = optuna.logging.get_logger("optuna.saturn")
+
+
+class Sweep:
+    def __init__(
+        self, settings: SweepSettings, study: optuna.Study, *, pool: Pool, clock: Clock,
+        pricing: Callable[[threading.Lock], Any] | None,
+        n_trials: int | None, timeout: float | None, batch_size: int,
+        callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = (), gc_after_trial: bool = False,
+        run_dir: Path | None = None,
+    ) -> None:
+        self.settings, self.study, self._pool, self._clock = settings, study, pool, clock
+        outbox = Outbox(settings.log_dir / "outbox" / safe(study.study_name)) if settings.owned else None
+        self._gateway = gateway = StudyGateway(study, artifact_store=settings.artifact_store, outbox=outbox)
+        self._queue = StudyQueue(gateway, clock)
+        self._state = state = SweepState(clock.now(), list(settings.devices), n_trials=n_trials)
+        # what prices trials (describes them under the study's lock); None: runtime estimates alone
+        pricer = pricing(gateway.lock) if pricing is not None else None
+        strategies = {s.name: s for s in settings.strategies}
+        self._view = OptionsView(RuntimeEstimator(settings.strategies, state.largest_node),
+                                 profile_steps=settings.profile_steps)
+        self._asking = Asking(timeout=timeout, lookahead=batch_size, profile_only=settings.profile_only,
+                              describe_ahead=pricer is not None)
+        self._planning = Planning(settings)
+        self._profiling = Profiling(pricer, budget=settings.profile_budget, profile_only=settings.profile_only)
+        self._faults = Faults(stall_timeout=settings.stall_timeout, max_retries=settings.max_retries,
+                              may_leave_out=pricer is not None)
+        self._elastic = Elastic(enabled=settings.elastic and not settings.profile_only, max_moves=settings.max_moves,
+                                engines={n: s.engine for n, s in strategies.items()})
+        self._outcomes = Outcomes(ray=settings.ray)
+        self._events = Broadcast(settings.listeners, study)
+        self._owner = Owner.of_this_process()
+        run_dir = run_dir or run_folder(settings.log_dir, study.study_name)
+        root = (settings.checkpoint_dir or settings.log_dir / "checkpoints") / safe(study.study_name)
+        self._requests = JobRequests(run_dir=run_dir, checkpoint_root=root, strategies=strategies,
+                                     profile_steps=settings.profile_steps, lock=gateway.lock, clock=clock)
+        # whether every device reads a checkpoint another wrote: on one machine, or in a folder the user named
+        resumes = Resumes(state, strategies, shared=settings.ray is None or settings.checkpoint_dir is not None)
+        self._resumes = resumes
+        self._do = Actions(
+            state, pool=pool, gateway=gateway, queue=self._queue, pricer=pricer, view=self._view,
+            requests=self._requests, resumes=resumes, profiling=self._profiling, events=self._events,
+            owner=self._owner if settings.owned else None, keep_checkpoints=settings.keep_checkpoints,
+            callbacks=callbacks, gc_after_trial=gc_after_trial,
+        )
+        self._planning_seconds = 0.0
+
+    def _now(self) -> float:
+        """Seconds since the sweep started, on its clock."""
+        return self._clock.now() - self._state.started_at
+
+    # -- the loop ---------------------------------------------------------------------------------------------------
+    def run(self) -> None:
+        if self.settings.owned:
+            retried = take_over(self._gateway, self._owner, max_retries=self.settings.max_retries)
+            if retried and self._state.n_trials is not None:  # n_trials counts new trials; the retries run first
+                self._state.n_trials += len(retried)
+        self._events.send("on_sweep_start", [str(d) for d in self.settings.devices], self._state.started_at)
+        with Heartbeat(self._gateway, self._owner) if self.settings.owned else contextlib.nullcontext():
+            try:
+                self._pool.start()
+                while self._step():
+                    pass
+            except BaseException as exc:
+                reason = "interrupted (KeyboardInterrupt)" if isinstance(exc, KeyboardInterrupt) else repr(exc)
+                self._abort(reason)
+                self._events.send("on_sweep_end", self._now(), True)
+                raise
+            finally:
+                self._pool.close()
+        self._gateway.set_study_attr("last_sweep", reporting.summary(
+            self._state, self._now(), self._asking, self._planning_seconds, self._planning, self._profiling))
+        _logger.info(f"Sweep finished in {self._now():.1f} s; logs in {self._requests.run_dir}.")
+        self._events.send("on_sweep_end", self._now(), False)
+
+    def _step(self) -> bool:
+        """One round: what ended, what the pool's nodes did, then every policy's decisions. False at the end."""
+        state, do = self._state, self._do
+        idle = not (state.waiting or state.running) and self._may_ask()  # (the first trial: the pool starts meanwhile)
+        self._ended(self._pool.wait(0.0 if idle else 0.05 if state.waiting and not state.running else 0.25))
+        ready = self._pool.ready()
+        for device in ready:
+            state.ready_at.setdefault(device, self._now())
+        self._nodes()
+        for start in dispatch.starts(state, ready, self._view, self._now()):
+            do.start(start, self._now())
+        self._ask()
+        if self._planning.due(state):
+            self._plan()
+            for start in dispatch.starts(state, self._pool.ready(), self._view, self._now()):
+                do.start(start, self._now())
+        self._asking.note_the_first_round(state)
+        do.request_move(self._elastic.move(state, self._view, self._now()))
+        for measure in self._profiling.measurements(state, self._pool.ready(), self._view, self._planning.version,
+                                                    self._now()):
+            do.measure(measure, self._now())
+        for run in state.trial_runs():
+            do.relay_progress(run)
+        for stop in self._faults.stalled(state, self._now()):
+            do.stop(stop)
+        if self._asking.stopped(state, self._now(), self._gateway.stop_requested):
+            for number in self._asking.not_to_start(state, self._pool.ready(), self._now()):
+                state.forget(number)
+                _logger.info(f"Trial {number} was not started before the sweep stopped asking: it stays in the "
+                             "study's queue.")
+        more = self._profiling.pending if self.settings.profile_only else bool(state.waiting)
+        return bool(more or state.running or self._may_ask())
+
+    def _may_ask(self) -> bool:
+        return self._asking.may_ask(self._state, self._now(), self._gateway.stop_requested)
+
+    def _plan(self) -> None:
+        began = self._clock.now()
+        self._do.planned(self._planning.plan(self._state, self._view, self._now()))
+        self._planning_seconds += self._clock.now() - began
+
+    # -- asking -----------------------------------------------------------------------------------------------------
+    def _ask(self) -> None:
+        while self._may_ask():
+            if self._asking.room_to_describe(self._state) and self._describe_queued():
+                continue
+            step = self._asking.next(self._state, self._now(), self._view)
+            if step is None:
+                return
+            if step is Next.PLAN_FIRST:
+                self._plan()
+                continue
+            asked_at, queued = self._now(), self._queue.next_unseen(set(self._state.waiting))
+            trial = self._gateway.ask_new() if queued is None else self._queue.take(queued)
+            if trial is None:
+                continue  # another sweep took it from the queue first
+            self._do.own(trial)
+            inherit_intermediate_values(self._gateway, trial)
+            self._state.resumes[trial.number] = self._resumes.inherited(trial)
+            price = self._do.price(trial)
+            self._asking.asked(self._now() - asked_at)
+            self._do.admit(trial, price, self._now(), profile_everything=self.settings.profile_only)
+
+    def _describe_queued(self) -> bool:
+        """Describe the queue's next trial from its fixed parameters, leaving it in the queue; False if there is
+        none to describe (it samples, or it is a retry: it is asked instead)."""
+        queued = self._queue.next_unseen(set(self._state.waiting))
+        if queued is None or not self._queue.may_describe(queued):
+            return False
+        started, known = self._now(), QueuedTrial(queued)
+        self._state.resumes[known.number] = None
+        try:
+            price = self._do.price(known)
+        except ParameterNotFixed as exc:
+            self._queue.samples(queued.number, str(exc))
+            return False
+        self._asking.asked(self._now() - started)
+        trial = known if price.options else self._queue.take(known)  # (taken to fail it, as an asked one)
+        if trial is not None and not price.options:
+            self._do.own(trial)
+        if trial is not None:
+            self._do.admit(trial, price, self._now())
+        return True
+
+    # -- ends -------------------------------------------------------------------------------------------------------
+    def _ended(self, ends: Sequence[JobEnd]) -> None:
+        learned = False
+        for end in ends:
+            run = self._state.ended(end.key, self._now())
+            if run is None:
+                continue
+            self._elastic.job_ended()
+            if isinstance(run, ProfileRun):
+                self._do.profile_ended(run, end, self._now())
+                learned = True
+            else:
+                learned |= self._trial_ended(run, end)
+        if learned and self._do.prices_trials:  # measurements came in: every waiting trial is priced again
+            for waiting in self._state.waiting.values():
+                waiting.price = self._do.price(waiting.trial, leaving=waiting.left)
+            self._state.plan_dirty = True
+
+    def _trial_ended(self, run: TrialRun, end: JobEnd, *, reason: str = "", call_back: bool = True) -> bool:
+        """Whether the run taught the pricing something (then the waiting trials are priced again)."""
+        self._do.relay_progress(run)  # the last steps of a short trial land between two relays
+        op = (run.session.outcome or {}).get("op")
+        if not reason:
+            left = self._faults.left_out(run, end)
+            if left is not None and self._do.leave_out(left):
+                return True  # an option left out for its workload
+            if op == "moved":
+                self._do.continue_moved(run, self._now())
+                return True
+        run_again = not reason and self._faults.run_again(run, end)
+        tell = self._outcomes.tell(run, end, self._state, self._now(), run_again=run_again, reason=reason,
+                                   profiling=self._profiling.where.get(run.number))
+        return self._do.tell(tell, call_back=call_back)
+
+    def _nodes(self) -> None:
+        """Devices of nodes that joined are planned on; those of nodes that died are not, nor the trials no node
+        left can hold."""
+        state, joined, lost = self._state, self._pool.joined(), self._pool.lost()
+        if not joined and lost <= state.lost:
+            return
+        newly_lost = lost - state.lost
+        if not state.nodes_changed([*state.devices, *joined], state.lost | lost, self._now()):
+            return  # nothing left to plan on: the pool says so (PoolBroken) and the sweep ends
+        for waiting in state.waiting.values():
+            if waiting.assignment is not None and set(waiting.assignment.devices) & state.lost:
+                waiting.assignment = None  # planned again, on the nodes left
+        for fail in self._faults.without_a_node(state):
+            self._do.fail(fail, self._now())
+        if newly_lost:
+            _logger.warning(reporting.devices_lost(newly_lost, state))
+
+    def _abort(self, reason: str) -> None:
+        """Stop every process, then end every trial this sweep holds in a clear state."""
+        runs = self._state.trial_runs()
+        _logger.warning(f"Stopping the sweep: {reason}. Stopping {len(runs)} running trial(s).")
+        self._pool.close()
+        try:
+            for run in runs:
+                self._trial_ended(run, JobEnd(run.key, run.devices, False, "stopped"),
+                                  reason=f"sweep stopped: {reason}", call_back=False)
+            for waiting in self._state.waiting.values():
+                if not waiting.queued:  # (a queued one is still in the queue: the next optimize runs it)
+                    self._gateway.fail(waiting.trial, f"not started: sweep stopped: {reason}")
+        except STORAGE_ERRORS:  # (what it could not tell is in the outbox: the next sweep tells it)
+            _logger.exception("The storage failed while the sweep stopped; the next optimize ends its trials.")
+        self._state.running.clear()
+        self._state.waiting.clear()

@@ -1,0 +1,147 @@
+"""The options policy: each waiting trial's options as the planner sees them, and what running jobs still need.
+
+A trial's price (:class:`~optuna_saturn.pricing.prices.TrialPrice`) says what each option would take, measured or
+predicted. The planner sees it corrected three ways:
+
+- by what the sweep observed: a profile's timed steps are corrected by how real trials' loops ran against theirs
+  (evaluation passes and checkpoints inside the loop included);
+- by where the trial resumes: a trial run again from its checkpoint has only its steps after it left;
+- by caution and efficiency: an option nobody measured is weighed as if it took a share of its uncertainty
+  longer (it wins over a measured one only when it is better by more than it is likely off; whether to measure it
+  instead is the profiling policy's call), and among options that finish the plan equally soon the one that
+  spends fewer device-seconds is preferred.
+
+It also stands in for the trials not asked yet (future jobs), so that a trial asked alone does not take every
+device when the trials still to come would use them better.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from optuna_saturn.planner import Job, Option, Reservation
+from optuna_saturn.pricing.prices import PricedOption
+from optuna_saturn.pricing.unprofiled import RuntimeEstimator
+from optuna_saturn.sweep.state import ProfileRun, SweepState, TrialRun, Waiting
+
+#: Among options that finish the plan equally soon, prefer the one that spends fewer device-seconds: each option
+#: is priced to the planner this much longer per unit of area beyond the trial's most efficient option.
+EFFICIENCY_TIE_BREAK = 0.02
+#: An option nobody measured for the trial is weighed as if it took this share of its relative uncertainty longer
+#: (a prior's 1.8x on 2 devices was chosen for 4 trials and ran at 1.35x).
+CAUTION = 0.5
+#: How many trials not asked yet the planner expects (per device, at most): enough to see that more work comes.
+FUTURE_TRIALS = 4
+FUTURE = "future-"
+
+
+class OptionsView:
+    """The planner's view of the sweep's trials. ``estimator`` is what the sweep learned from finished runs
+    (written by the loop when it carries out what the outcomes policy says to learn)."""
+
+    def __init__(self, estimator: RuntimeEstimator, *, profile_steps: tuple[int, int]) -> None:
+        self.estimator = estimator
+        self._profile_steps = profile_steps
+        self._seen: list[list[Option]] = []  # every admitted trial's weighed options, as first priced
+
+    def saw(self, waiting: Waiting) -> None:
+        """A trial was admitted: it stands for the trials to come."""
+        self._seen.append(weighed([p.option for p in waiting.price.options], waiting.price.options))
+
+    def options(self, waiting: Waiting, state: SweepState) -> list[Option]:
+        """The options with their corrected runtimes (profiles corrected by real runs, resumed steps only)."""
+        workload = waiting.price.workload
+        resume = state.resumes.get(waiting.number)
+        out = []
+        for priced in waiting.price.options:
+            option, record = priced.option, priced.record
+            if record is not None and not record.observed and workload is not None:
+                loop_seconds = record.trial_steps(workload.total_steps) * record.step_seconds
+                option = replace(option, runtime=self.estimator.corrected(option.runtime, loop_seconds))
+            if resume is not None and workload is not None and workload.total_steps:
+                left = max(0.0, 1.0 - resume.step / workload.total_steps)  # its steps after the checkpoint
+                option = replace(option, runtime=max(option.runtime * left, 1e-3))
+            out.append(option)
+        return out
+
+    def weighed_options(self, waiting: Waiting, state: SweepState) -> list[Option]:
+        return weighed(self.options(waiting, state), waiting.price.options)
+
+    def jobs_and_busy(self, state: SweepState, now: float, *, future: bool = True) -> tuple[list[Job], list[Reservation]]:
+        """The waiting trials (and the future ones) as planner jobs, and the running jobs as reservations."""
+        largest = state.largest_node
+        jobs = [Job(str(n), tie_broken(fitting(self.weighed_options(w, state), largest)))
+                for n, w in state.waiting.items()]
+        busy = [state.topology.reservation(r.devices, self.remaining(r, state, now), r.key)
+                for r in state.running.values() if not set(r.devices) & state.lost]
+        return (jobs + self.future_jobs(state) if future else jobs), busy
+
+    def future_jobs(self, state: SweepState) -> list[Job]:
+        """The trials not asked yet, each like an asked trial of median size (none once ``n_trials`` are in)."""
+        remaining = (state.n_trials - state.asked - state.queued_waiting()) if state.n_trials is not None \
+            else FUTURE_TRIALS
+        if not self._seen or remaining <= 0:
+            return []
+        options = sorted(self._seen, key=lambda opts: min(o.runtime * o.devices for o in opts))[len(self._seen) // 2]
+        count = min(remaining, FUTURE_TRIALS * len(state.devices))
+        options = fitting(options, state.largest_node)
+        return [Job(f"{FUTURE}{i}", tie_broken(options)) for i in range(count)] if options else []
+
+    def remaining(self, run: TrialRun | ProfileRun, state: SweepState, now: float) -> float:
+        """Seconds a running job still needs: a trial from its measured step rate when it reports one (plus what
+        its profile says follows the loop), else from its planned runtime; a profiling job from its prediction."""
+        if isinstance(run, ProfileRun):
+            return max(0.0, run.started + self.profile_seconds(run, state) - now)
+        session, option = run.session, run.waiting.assignment.option
+        priced = run.waiting.price.option(option.choice)
+        record = priced.record if priced is not None else None
+        if session.step_seconds is not None and session.total_steps:
+            workload = run.waiting.price.workload
+            after = record.after_loop_seconds if record is not None else 0.0
+            expected = record.trial_steps(workload.total_steps) if record and workload else 0
+            total = max(session.total_steps, expected)
+            return max(0.0, (total - session.step) * session.step_seconds) + after
+        return max(0.0, run.started + option.runtime - now)
+
+    def profile_seconds(self, run: ProfileRun, state: SweepState) -> float:
+        """A profiling job's predicted length: per trial and strategy, its set-up and warm-up and timed steps."""
+        warmup, timed = self._profile_steps
+        total = 0.0
+        for entry in run.job.entries:
+            waiting = state.waiting.get(entry.trial.number)
+            steps = max(entry.workload.total_steps, 1)
+            for strategy in entry.strategies:
+                choice = (strategy.name, run.job.devices, run.job.gradient_accumulation)
+                priced = waiting.price.option(choice) if waiting is not None else None
+                runtime = priced.option.runtime if priced is not None else 10.0
+                total += runtime / steps * (warmup + timed) + 1.0
+        return total
+
+    def measurement_seconds(self, waiting: Waiting, priced: PricedOption) -> float:
+        """How long measuring one option of a waiting trial takes: its set-up and its warm-up and timed steps."""
+        warmup, timed = self._profile_steps
+        workload = waiting.price.workload
+        steps = max(workload.total_steps, 1) if workload is not None else 1
+        return priced.option.runtime / steps * (warmup + timed) + 1.0
+
+
+def weighed(options: Sequence[Option], priced: Sequence[PricedOption]) -> list[Option]:
+    """``options`` (one per ``priced``) as the planner weighs them: an option nobody measured for the trial is
+    lengthened by :data:`CAUTION` times its relative uncertainty."""
+    return [o if p.measured else replace(o, runtime=o.runtime * (1 + CAUTION * p.uncertainty))
+            for o, p in zip(options, priced, strict=True)]
+
+
+def tie_broken(options: Sequence[Option]) -> list[Option]:
+    """``options`` each a little longer the more device-seconds it spends beyond the most efficient one."""
+    if not options:
+        return []
+    least = min(o.runtime * o.devices for o in options) or 1.0
+    return [replace(o, runtime=o.runtime * (1 + EFFICIENCY_TIE_BREAK * (o.runtime * o.devices / least - 1)))
+            for o in options]
+
+
+def fitting(options: Sequence[Option], largest_node: int) -> list[Option]:
+    """The options that fit a node (all, unless nodes were lost)."""
+    return [o for o in options if o.devices <= largest_node]

@@ -1,0 +1,106 @@
+"""The outcomes policy: what the study is told when a trial's run ends, and what the run teaches the pricing.
+
+A run ends COMPLETE with its values, PRUNED, or FAIL with the reason in ``saturn:fail_reason``; its attributes
+say where and how it ran (strategy, devices, node, planned and actual times, how it was priced), so that the
+schedule chart, ``optuna-saturn report`` and the simulator can replay the sweep. A run that took enough steps is
+its option's profile, or corrects it, for the trials priced after it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from optuna.trial import TrialState
+
+from optuna_saturn.devices import Device
+from optuna_saturn.pools.protocol import JobEnd
+from optuna_saturn.pools.ray_cluster import RayCluster
+from optuna_saturn.sweep.decisions import Tell
+from optuna_saturn.sweep.state import SweepState, TrialRun
+
+
+class Outcomes:
+    def __init__(self, *, ray: RayCluster | None) -> None:
+        self._ray = ray
+
+    def tell(self, run: TrialRun, end: JobEnd, state: SweepState, now: float, *, run_again: bool,
+             reason: str = "", profiling: list[dict] | None = None) -> Tell:
+        """How ``run``'s trial ends: ``reason`` (the sweep's) fails it whatever it said; ``run_again``: a rank
+        died or hung, and the trial runs again."""
+        outcome = run.session.outcome or {}
+        op = outcome.get("op")
+        reason = reason or run.stalled
+        if not reason and op in ("fail", None):
+            if op is None and not end.clean and "died" in end.reason:  # the death first: its peers' errors follow
+                reason = f"{end.reason} before reporting a result" + (f" ({end.error})" if end.error else "")
+            else:
+                reason = end.error or f"the trial's workers ended ({end.reason or 'unknown'}) before reporting a result"
+        trial_state, values = TrialState.FAIL, None
+        if op == "result" and not reason:
+            trial_state, values = TrialState.COMPLETE, outcome["values"]
+        elif op == "pruned" and not reason:
+            trial_state = TrialState.PRUNED
+        attrs = self.attrs(run, state, now, profiling)
+        if reason:
+            attrs["fail_reason"] = reason
+        learn = self._learned(run, state, trial_state)
+        return Tell(run, trial_state, values, attrs, reason, run_again=run_again, learn=learn)
+
+    def attrs(self, run: TrialRun, state: SweepState, now: float, profiling: list[dict] | None) -> dict[str, Any]:
+        """``saturn:`` attributes of an ended run (see the module's docstring)."""
+        waiting, session = run.waiting, run.session
+        option = waiting.assignment.option
+        priced = waiting.price.option(option.choice)
+        attrs: dict[str, Any] = {
+            "strategy": option.strategy,
+            "num_devices": option.devices,
+            "gradient_accumulation": option.gradient_accumulation,
+            "devices": [str(state.devices[i]) for i in run.devices],
+            "device_ids": list(run.devices),
+            "planned_start": round(waiting.planned_start, 3),
+            "planned_end": round(waiting.planned_end, 3),
+            "planned_runtime": round(option.runtime, 3),
+            "actual_start": round(run.started, 3),
+            "actual_end": round(now, 3),
+            "actual_runtime": round(now - run.started, 3),
+            "sweep_started_at": state.started_at,
+            "pool": [str(d) for d in state.devices],
+            "log": str(run.log),
+            **self._node(state.devices[run.devices[0]]),
+            "priced_by": "measured" if priced is None or priced.measured else priced.basis,
+        }
+        if profiling:
+            attrs["profiling"] = profiling
+        started_at = state.started_at
+        if session.objective_started_at is not None:
+            attrs["objective_start"] = round(session.objective_started_at - started_at, 3)
+        if session.first_step_at is not None:
+            attrs["first_step"] = round(session.first_step_at - started_at, 3)
+        if session.last_progress_at is not None:
+            attrs["last_step"] = round(session.last_progress_at - started_at, 3)
+        if session.step_seconds is not None:
+            attrs["step_seconds"] = round(session.step_seconds, 5)
+        if session.total_steps:
+            attrs["steps"] = [session.step, session.total_steps]
+        if session.resumed_from:
+            attrs["resumed_from_step"] = session.resumed_from
+        return attrs
+
+    def _node(self, device: Device) -> dict[str, Any]:
+        """``saturn:node``: the Ray node a trial ran on (its name, Ray id and IP); absent on the local runner."""
+        return {} if self._ray is None else {"node": self._ray.node(device.node).to_json()}
+
+    @staticmethod
+    def _learned(run: TrialRun, state: SweepState, trial_state: TrialState) -> dict[str, Any] | None:
+        """What the run teaches the pricing: its real steps are its option's profile (or correct it). None when
+        it failed, resumed (a part of the trial stands for no whole run), or took too few steps."""
+        session = run.session
+        if session.step_seconds is None or trial_state == TrialState.FAIL or session.resumed_from:
+            return None
+        if session.step < min(session.total_steps or 0, 10):
+            return None
+        startup = session.first_step_at - state.started_at - run.started - session.step_seconds
+        tail = (session.outcome_at - session.last_progress_at) if session.outcome_at and session.last_progress_at \
+            else None
+        return {"step_seconds": session.step_seconds, "steps": session.step, "startup_seconds": max(0.0, startup),
+                "tail_seconds": tail, "loop_steps": session.loop_steps}

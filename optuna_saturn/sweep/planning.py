@@ -1,0 +1,80 @@
+"""The planning policy: when to re-plan the waiting trials, and with what (DESIGN.md decision 7).
+
+Every event that changes what waits or what runs (a trial arrives, a job ends, a measurement comes in, a node is
+lost or joins) re-plans the waiting trials around the running jobs, which hold their devices for what they still
+need at their measured step rate. The plan being executed is kept unless a fresh one is clearly shorter
+(:func:`~optuna_saturn.planner.replan`), so a tiny gain does not reshuffle every trial's devices.
+
+While a device has no job, the plan is what it waits for: then only the planner's heuristics run (milliseconds),
+and the solvers refine the plan once every device is busy again. With ``replan=False`` ("static", for the
+simulator's comparisons) a trial keeps the place its first plan gave it; new trials are placed around it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from optuna_saturn.planner import Assignment, Plan, replan
+from optuna_saturn.sweep.decisions import Planned
+from optuna_saturn.sweep.options import FUTURE, OptionsView
+from optuna_saturn.sweep.settings import SweepSettings
+from optuna_saturn.sweep.state import SweepState
+
+#: Plans happen while devices may wait for them, and take a core: keep them short.
+REPLAN_SECONDS = 0.1
+#: The planner's backend while a device waits for the plan: its heuristics alone (greedy and moldable list
+#: scheduling, a few milliseconds; the first CP-SAT plan of a process also imports OR-Tools, 0.4 s).
+URGENT_SOLVER = "list"
+
+
+class Planning:
+    def __init__(self, settings: SweepSettings) -> None:
+        self._solver = settings.solver
+        self._time_limit = min(settings.time_limit, REPLAN_SECONDS)
+        self._min_improvement = settings.min_improvement if settings.replan else float("inf")
+        self._seed = settings.seed
+        self._first_plan = settings.first_plan
+        self._profile_only = settings.profile_only
+        self._refine = False  # the last plan was the heuristics' alone: the solvers refine it when they may
+        self.version = 0  # plans made
+        self.first_makespan: float | None = None
+
+    def due(self, state: SweepState) -> bool:
+        """Whether to plan now: something changed, or the heuristics' plan is to be refined and no device waits."""
+        return state.plan_dirty or (self._refine and not state.free())
+
+    def plan(self, state: SweepState, view: OptionsView, now: float) -> Planned | None:
+        """The waiting trials' places (the previous ones kept unless a new plan is clearly shorter)."""
+        self._refine = False
+        if not state.waiting or self._profile_only:
+            return None
+        self.version += 1
+        jobs, busy = view.jobs_and_busy(state, now)
+        previous = self._previous_plan(state)
+        min_improvement = self._min_improvement
+        if previous is None and self._first_plan is not None:  # a replay: the first plan is given
+            previous, self._first_plan, min_improvement = self._first_plan, None, float("inf")
+        urgent = self._solver == "auto" and bool(state.free())
+        plan = replan(
+            previous, jobs, state.cluster, busy=busy, solver=URGENT_SOLVER if urgent else self._solver,
+            time_limit=self._time_limit, seed=self._seed, min_improvement=min_improvement,
+        )
+        self._refine = urgent
+        places: dict[int, Assignment] = {}
+        for a in plan.assignments:
+            if a.job.startswith(FUTURE):
+                continue
+            waiting = state.waiting[int(a.job)]
+            option = next(o for o in view.options(waiting, state) if o.choice == a.option.choice)  # its own runtime
+            places[waiting.number] = state.topology.to_global(replace(a, option=option, end=a.start + option.runtime))
+        shown = Plan(tuple(places.values()), solver=plan.solver, lower_bound=plan.lower_bound,
+                     solve_seconds=plan.solve_seconds)
+        if self.first_makespan is None:
+            self.first_makespan = now + shown.makespan
+        return Planned(places, shown, now)
+
+    @staticmethod
+    def _previous_plan(state: SweepState) -> Plan | None:
+        """The waiting trials' current plan, as the planner sees it (node-local devices)."""
+        previous = [state.topology.to_local(w.assignment) for w in state.waiting.values() if w.assignment is not None]
+        return Plan(tuple(previous)) if previous else None

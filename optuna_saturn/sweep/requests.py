@@ -1,0 +1,69 @@
+"""The jobs the loop submits: a trial's run, or a profiling job, as the pool protocol's :class:`JobRequest`, with
+the sessions their ranks talk to. Each run of a trial gets a key of its own (a trial planned again runs under a
+new key), its log one per trial (later runs append to it)."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from pathlib import Path
+
+import optuna
+
+from optuna_saturn import checkpoint
+from optuna_saturn.clock import Clock
+from optuna_saturn.planner import Option
+from optuna_saturn.pools.protocol import JobRequest, Task
+from optuna_saturn.pricing.prices import ProfileJob
+from optuna_saturn.strategy import Strategy
+from optuna_saturn.study.trial_session import TrialSession
+
+
+class JobRequests:
+    def __init__(self, *, run_dir: Path, checkpoint_root: Path, strategies: dict[str, Strategy],
+                 profile_steps: tuple[int, int], lock: threading.Lock, clock: Clock) -> None:
+        self.run_dir = run_dir
+        self._checkpoint_root = checkpoint_root
+        self._strategies = strategies
+        self._profile_steps = profile_steps
+        self._lock = lock
+        self._clock = clock
+        self._runs = itertools.count()
+
+    def trial(self, trial: optuna.Trial, option: Option, devices: tuple[int, ...],
+              resume: checkpoint.CheckpointRecord | None) -> JobRequest:
+        session = TrialSession(trial, self._lock, self._clock)
+        return JobRequest(
+            f"trial-{trial.number}.{next(self._runs)}", devices,
+            (Task(session, self._strategies[option.strategy]),), self.run_dir / f"trial-{trial.number}.log",
+            gradient_accumulation=option.gradient_accumulation,
+            checkpoint={"dir": str(self.checkpoint_folder(trial.number)),
+                        "resume": None if resume is None else resume.to_json()},
+        )
+
+    def profiling(self, job: ProfileJob, devices: tuple[int, ...]) -> JobRequest:
+        warmup, timed = self._profile_steps
+        tasks = tuple(
+            Task(TrialSession(entry.trial, self._lock, self._clock), entry.strategies[0], profile={
+                "warmup": warmup, "timed": timed, "strategies": [s.to_json() for s in entry.strategies],
+                "gradient_accumulation": job.gradient_accumulation,
+            })
+            for entry in job.entries
+        )
+        key = f"profile-{job.name}.{next(self._runs)}"
+        return JobRequest(key, devices, tasks, self.run_dir / f"{safe(f'profile-{job.name}')}.log",
+                          gradient_accumulation=job.gradient_accumulation)
+
+    def checkpoint_folder(self, number: int) -> Path:
+        return self._checkpoint_root / f"trial-{number}"
+
+
+def safe(name: str) -> str:
+    """``name`` as one file name: nothing but letters, digits and ``-_.+,``."""
+    return "".join(c if c.isalnum() or c in "-_.+," else "_" for c in name)
+
+
+def run_folder(log_dir: Path, study_name: str) -> Path:
+    """The folder of one sweep's logs (its trials', its workers'), under ``log_dir``."""
+    return Path(log_dir) / f"{safe(study_name)}-{time.strftime('%Y%m%d-%H%M%S')}"

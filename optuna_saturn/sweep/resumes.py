@@ -1,0 +1,63 @@
+"""Where a trial's next run starts from: the checkpoint a run before it left, if any option can load it.
+
+A trial run again (its sweep died, a rank died, it was moved, its option failed after it saved) resumes from its
+latest checkpoint under the options that can load it (``torch.distributed.checkpoint`` reshards; DeepSpeed's
+loads into its own ZeRO stage, through a universal checkpoint on another device count). If none can, or the
+checkpoint is gone, it runs from the start. Written into :attr:`SweepState.resumes`.
+"""
+
+from __future__ import annotations
+
+import optuna
+
+from optuna_saturn import checkpoint
+from optuna_saturn.pricing.prices import TrialPrice
+from optuna_saturn.strategy import Strategy
+from optuna_saturn.study.gateway import ATTR
+from optuna_saturn.sweep.state import SweepState, TrialRun
+
+_logger = optuna.logging.get_logger("optuna.saturn")
+
+
+class Resumes:
+    def __init__(self, state: SweepState, strategies: dict[str, Strategy], *, shared: bool) -> None:
+        self._state = state
+        self._strategies = strategies
+        self._shared = shared  # every device reads a checkpoint another wrote (one machine, or a shared folder)
+
+    def inherited(self, trial: optuna.Trial) -> checkpoint.CheckpointRecord | None:
+        """The checkpoint a retried trial inherited from the run the dead sweep left, if it is still on disk."""
+        data = trial.user_attrs.get(ATTR + "checkpoint") if ATTR + "retry_of" in trial.user_attrs else None
+        if not data:
+            return None
+        record = checkpoint.CheckpointRecord.from_json(data)
+        if not checkpoint.exists(record):
+            _logger.warning(f"Trial {trial.number} runs again from the start: its checkpoint {record.path} is gone.")
+            return None
+        _logger.info(f"Trial {trial.number} resumes from step {record.step} ({record.strategy} x"
+                     f"{record.world_size} checkpoint in {record.path}).")
+        return record
+
+    def from_run(self, run: TrialRun, *, moved: bool = False) -> None:
+        """The trial of ``run`` goes on from the checkpoint it saved (a moved trial always; after a failure only
+        if every device can read it)."""
+        if run.session.checkpoint is not None and (moved or self._shared):
+            self._state.resumes[run.number] = checkpoint.CheckpointRecord.from_json(run.session.checkpoint)
+
+    def restricted(self, number: int, price: TrialPrice, *, leaving: tuple | None = None) -> TrialPrice:
+        """``price`` with only the options that can load the trial's checkpoint (all of them, and from the start,
+        if none can), and without the option ``leaving`` (the one a move left) if others remain."""
+        record = self._state.resumes.get(number)
+        if record is not None:
+            able = [p for p in price.options if checkpoint.can_resume(
+                record, self._strategies[p.option.strategy].engine, p.option.devices, p.option.strategy)]
+            if able:
+                price.options = able
+            else:
+                _logger.warning(f"Trial {number} runs again from the start: none of its options can load its "
+                                f"{record.format} checkpoint of {record.world_size} rank(s).")
+                self._state.resumes[number] = None
+        others = [p for p in price.options if p.option.choice != leaving]
+        if leaving is not None and others:
+            price.options = others
+        return price

@@ -1,0 +1,47 @@
+"""What a sweep is told once, at its start: the executor's options, as the loop and its policies read them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from optuna_saturn.devices import Device
+from optuna_saturn.events import SweepListener
+from optuna_saturn.planner import Plan
+from optuna_saturn.pools.ray_cluster import RayCluster
+from optuna_saturn.profiler import ProfileStore
+from optuna_saturn.strategy import Strategy
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    devices: Sequence[Device]
+    strategies: Sequence[Strategy]
+    solver: str
+    time_limit: float
+    log_dir: Path
+    isolate_network: bool = False
+    artifact_store: Any = None
+    grace_period: float = 10.0
+    listeners: Sequence[SweepListener] = ()
+    profile_store: ProfileStore | None = None  # None: plan from runtime estimates only
+    profile_steps: tuple[int, int] = (2, 5)  # warm-up steps, timed steps
+    profile_budget: float | None = None  # device-seconds of profiling jobs per sweep (None: as they pay)
+    profile_only: bool = False  # measure every option, run no trial
+    max_retries: int = 1  # runs again of a trial whose sweep died while it ran
+    checkpoint_dir: Path | None = None  # where trials' checkpoints go (None: <log_dir>/checkpoints)
+    keep_checkpoints: bool = False  # keep them after a trial ends COMPLETE or PRUNED
+    stall_timeout: float | None = None  # seconds without progress after which a trial is stopped (None: derived)
+    elastic: bool = True  # move a running trial that checkpoints to another option when the sweep ends sooner
+    worker_memory_limit: float | None = None  # bytes: a warm worker that grows past it is replaced
+    ray: RayCluster | None = None  # the Ray runner's cluster (None: the local runner, on this machine's devices)
+    # -- how the planner is used (the simulator varies them; a real sweep keeps the defaults) ---------------------
+    replan: bool = True  # False: a trial keeps the place its first plan gave it ("static")
+    min_improvement: float = 0.02  # a fresh plan replaces the one being executed when this much shorter
+    seed: int = 0
+    first_plan: Plan | None = None  # the plan of the first trials, instead of solving it (a replay)
+    max_moves: int = 2  # elastic moves per trial
+    # -- what a storage shared with other sweeps needs (off in a simulation's in-memory study) -------------------
+    owned: bool = True  # a heartbeat, owner records, recovery of dead sweeps' trials, the outbox

@@ -1,0 +1,154 @@
+"""What a sweep knows: the trials that wait, the jobs that run, the devices it plans on.
+
+The policies read it and return decisions; the loop carries them out, and its transitions below are the only
+code that changes it. Each field says which decision writes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import optuna
+
+from optuna_saturn import checkpoint
+from optuna_saturn.devices import Device
+from optuna_saturn.planner import Assignment, Cluster
+from optuna_saturn.pricing.prices import ProfileJob, TrialPrice
+from optuna_saturn.study.queue import QueuedTrial
+from optuna_saturn.study.trial_session import TrialSession
+from optuna_saturn.sweep.topology import Topology
+
+
+@dataclass
+class Waiting:
+    """A trial asked and described, waiting for devices. ``price`` is written by re-pricing, ``assignment``
+    and the planned times by planning."""
+
+    trial: optuna.Trial | QueuedTrial
+    price: TrialPrice
+    assignment: Assignment | None = None
+    planned_start: float = 0.0  # seconds since the sweep started
+    planned_end: float = 0.0
+    attempts: int = 0  # runs that failed under an option tried for the first time (then left out)
+    moves: list[dict] = field(default_factory=list)  # where the sweep moved it from while it ran (elastic resize)
+    left: tuple | None = None  # the option (its choice) its last move left: not planned for it again
+
+    @property
+    def number(self) -> int:
+        return self.trial.number
+
+    @property
+    def queued(self) -> bool:
+        """Described from the study's queue and still in it: taken from there when it starts."""
+        return isinstance(self.trial, QueuedTrial)
+
+
+@dataclass
+class Run:
+    """A job on devices: a trial, or a profiling job."""
+
+    key: str
+    devices: tuple[int, ...]
+    started: float  # seconds since the sweep started
+    log: Path
+
+
+@dataclass
+class TrialRun(Run):
+    waiting: Waiting
+    session: TrialSession
+    reported_step: int = 0
+    stalled: str = ""  # why the sweep stopped it: its ranks stopped moving
+
+    @property
+    def number(self) -> int:
+        return self.waiting.number
+
+
+@dataclass
+class ProfileRun(Run):
+    job: ProfileJob
+    sessions: dict[int, TrialSession]
+
+
+@dataclass
+class SweepState:
+    """The sweep's state. ``started_at`` is the clock's time at the start; every other time is relative to it."""
+
+    started_at: float
+    devices: list[Device]  # the pool's, in order; grows when a node joins (faults: Join)
+    lost: set[int] = field(default_factory=set)  # devices of nodes that died (faults: Lose)
+    topology: Topology = field(init=False)  # the nodes the plan counts on (faults: Join, Lose)
+    waiting: dict[int, Waiting] = field(default_factory=dict)  # admitted by asking, left by dispatch and ends
+    running: dict[str, TrialRun | ProfileRun] = field(default_factory=dict)  # started by dispatch and profiling
+    #: per trial asked, the checkpoint its next run resumes from (written by asking, ends and elastic moves)
+    resumes: dict[int, checkpoint.CheckpointRecord | None] = field(default_factory=dict)
+    asked: int = 0  # trials this sweep asked or took from the queue (asking)
+    n_trials: int | None = None  # how many to run; retries add one each (ends: RunAgain)
+    plan_dirty: bool = False  # something changed since the last plan (every transition; planning clears it)
+    free_since: dict[int, float] = field(default_factory=dict)  # per device: when its last job ended
+    idle_seconds: dict[int, float] = field(default_factory=dict)  # per device: time between jobs
+    ready_at: dict[int, float] = field(default_factory=dict)  # per device: when its worker was first ready
+
+    def __post_init__(self) -> None:
+        self.topology = Topology.of(self.devices)
+        self.free_since = {i: 0.0 for i in range(len(self.devices))}
+
+    @property
+    def cluster(self) -> Cluster:
+        return self.topology.cluster
+
+    @property
+    def largest_node(self) -> int:
+        return max(self.cluster.nodes)
+
+    def free(self) -> set[int]:
+        """Devices no job holds (their worker may still be starting), on the nodes alive."""
+        held = {d for r in self.running.values() for d in r.devices}
+        return set(range(len(self.devices))) - held - self.lost
+
+    def trial_runs(self) -> list[TrialRun]:
+        return [r for r in self.running.values() if isinstance(r, TrialRun)]
+
+    def queued_waiting(self) -> int:
+        return sum(w.queued for w in self.waiting.values())
+
+    # -- transitions (the loop's) -------------------------------------------------------------------------------
+    def admit(self, waiting: Waiting) -> None:
+        self.waiting[waiting.number] = waiting
+        self.plan_dirty = True
+
+    def forget(self, number: int) -> Waiting | None:
+        """A waiting trial the sweep no longer holds (taken by another sweep, left in the queue, failed)."""
+        self.plan_dirty = True
+        return self.waiting.pop(number, None)
+
+    def launched(self, run: TrialRun | ProfileRun) -> None:
+        """``run`` started: its trial no longer waits."""
+        for d in run.devices:
+            self.idle_seconds[d] = self.idle_seconds.get(d, 0.0) + max(0.0, run.started - self.free_since[d])
+        if isinstance(run, TrialRun):
+            self.waiting.pop(run.number, None)
+        self.running[run.key] = run
+
+    def ended(self, key: str, now: float) -> TrialRun | ProfileRun | None:
+        run = self.running.pop(key, None)
+        if run is not None:
+            for d in run.devices:
+                self.free_since[d] = now
+            self.plan_dirty = True
+        return run
+
+    def nodes_changed(self, devices: Sequence[Device], lost: set[int], now: float) -> bool:
+        """The devices (a node joined) or the lost ones (a node died) changed; False if no device is left."""
+        for index in range(len(self.devices), len(devices)):
+            self.free_since[index] = now
+        self.devices, self.lost = list(devices), set(lost)
+        topology = Topology.of(self.devices, without=self.lost)
+        if not topology.members:
+            return False
+        self.topology = topology
+        self.plan_dirty = True
+        return True

@@ -1,0 +1,256 @@
+"""One job in a worker process: the user's objective run as a trial, or timed as a profile, under a strategy, with
+this process as one rank of the job's process group.
+
+Both kinds of worker run jobs through here: a process a launcher started for one job (``optuna_saturn.worker.launched``)
+and a warm worker that runs job after job (``optuna_saturn.worker.warm``). Rank 0 reports how each run ended to
+the executor over the trial's channel; every rank leaves its error in a file, so the executor can name the rank
+that failed first.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, NoReturn
+
+import optuna
+import torch
+import torch.distributed as dist
+
+from optuna_saturn.channel import ChannelClient
+from optuna_saturn.engines import StrategyMismatch, WorkerContext, engine_for
+from optuna_saturn.engines import _clipping
+from optuna_saturn.integrations import _guard as accelerate_guard
+from optuna_saturn.microbatch import AccumulationError
+from optuna_saturn.strategy import Strategy
+from optuna_saturn.trial import ProfileComplete, SaturnTrial, TrialMoved
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    """Where this process stands in the job's process group."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    control_group: Any  # gloo: small CPU-side collectives (relayed answers, timings)
+
+
+def join_process_group(
+    device_json: dict, rank: int, world_size: int, *, local_rank: int | None = None, init_method: str | None = None,
+    timeout: float | None = None,
+) -> RankPlace:
+    """Join the job's process group: NCCL on a GPU (with a gloo group beside it), gloo on a CPU device.
+    ``init_method`` None: from the environment a launcher set (``MASTER_ADDR`` ...)."""
+    options: dict[str, Any] = {"rank": rank, "world_size": world_size}
+    if init_method is not None:
+        options["init_method"] = init_method
+        # what a launcher would have set; libraries read them (DeepSpeed asserts LOCAL_RANK)
+        os.environ.update({
+            "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+        })
+    if timeout is not None:
+        options["timeout"] = timedelta(seconds=timeout)
+    if device_json["kind"] == "cuda":
+        index = device_json["index"] if local_rank is None else local_rank
+        torch.cuda.set_device(index)
+        device = torch.device("cuda", index)
+        dist.init_process_group(backend="nccl", device_id=device, **options)
+        control_group = dist.new_group(backend="gloo")
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group(backend="gloo", **options)
+        control_group = dist.group.WORLD
+    return RankPlace(rank, rank if local_rank is None else local_rank, world_size, device, control_group)
+
+
+def leave_process_group(place: RankPlace) -> None:
+    """After a job that ended the same way on every rank."""
+    dist.barrier(group=place.control_group)  # without it gloo sometimes aborts in destroy_process_group
+    dist.destroy_process_group()
+
+
+def error_file(prefix: str, rank: int) -> str:
+    return f"{prefix}.rank{rank}.error.json"
+
+
+def _record_error(prefix: str, rank: int, error: str) -> None:
+    """Every rank leaves its error behind, so the executor can name the rank that failed first (the root
+    cause), not the peers that failed because it went away."""
+    with open(error_file(prefix, rank), "w", encoding="utf-8") as f:
+        json.dump({"rank": rank, "time": time.time(), "error": error}, f)
+
+
+def run_job(spec: dict, place: RankPlace, objective: Callable[[Any], Any]) -> bool:
+    """Run ``spec``'s objective under its strategy, or, for a profiling job, each of its trials (``entries``) under
+    each of their strategies in turn, and report each outcome. Returns whether the job ended alike on every rank,
+    so that this process and its process group can be used again; False after a failure, an out-of-memory or a
+    stopped launch (peers may be stuck in a collective, memory may be fragmented)."""
+    for entry in spec.get("entries") or [spec]:
+        channel = ChannelClient(entry["channel"], entry["token"]) if place.rank == 0 else None
+        profile = entry.get("profile")
+        accumulation = int((profile or entry).get("gradient_accumulation", 1))
+        ended = False
+        try:
+            # One job can time several strategies of the same device count: the set-up is paid once.
+            for strategy_json in profile["strategies"] if profile is not None else [entry["strategy"]]:
+                outcome = _run_once(entry, place, objective, Strategy.from_json(strategy_json), accumulation, channel)
+                if channel is not None:
+                    channel.call(outcome["op"], **{k: v for k, v in outcome.items() if k != "op"})
+                # An out-of-memory stops the job: the strategies after it need more memory (least memory first).
+                ended = outcome["op"] == "fail" or "stop_launch" in outcome or bool(outcome.get("infeasible"))
+                if ended:
+                    break
+                release_memory(place.device)
+        finally:
+            if channel is not None:
+                channel.close()
+        if ended:
+            return False
+    return True
+
+
+def _run_once(
+    spec: dict, place: RankPlace, objective: Callable[[Any], Any], strategy: Strategy, accumulation: int,
+    channel: ChannelClient | None,
+) -> dict:
+    """Run the objective once under one strategy; how it ended, as the message rank 0 sends."""
+    profile = spec.get("profile")
+    context = WorkerContext(
+        place.rank, place.local_rank, place.world_size, place.device, dict(strategy.knobs),
+        dict(strategy.launcher_config), accumulation, place.control_group, strategy.name,
+    )
+    _clipping.forget_all()
+    trial = SaturnTrial(
+        number=spec["trial_number"], strategy=strategy, engine=engine_for(strategy.engine, context),
+        channel=channel, control_group=place.control_group, profile=profile, checkpoint=spec.get("checkpoint"),
+    )
+    started_at = time.time()
+    if channel is not None:
+        channel.call("started")
+
+    def measured(*, agreed: bool = True) -> dict:
+        """A profiling run's outcome: the timed steps, the loops counted, and the objective's time after its
+        last loop. ``agreed``: every rank got here the same way, so the slowest rank's numbers can be gathered;
+        otherwise this rank's own (no collective: a peer may be inside one of the objective's)."""
+        timings = trial.profile_timings
+        tail = time.time() - timings.last_loop_ended_at
+        world = place.world_size if agreed else 1
+        return {
+            "op": "profile", "strategy": strategy.name, "objective_started_at": started_at, **timings.to_json(),
+            "step_seconds": _max_over_ranks(timings.step_seconds, world, place.control_group),
+            "tail_seconds": _max_over_ranks([tail], world, place.control_group)[0],
+            "peak_memory_bytes": _max_over_ranks([peak_memory(place.device)], world, place.control_group)[0],
+        }
+
+    try:
+        with accelerate_guard.running(trial):
+            value = objective(trial)
+        if trial.profile_timings is not None:
+            return measured()
+        values = [float(v) for v in value] if isinstance(value, (list, tuple)) else [float(value)]
+        return {"op": "result", "values": values}
+    except (optuna.TrialPruned, ProfileComplete) as exc:
+        if trial.profile_timings is not None:
+            return measured()
+        return {"op": "pruned", "message": str(exc)}
+    except TrialMoved as exc:  # the executor goes on with it elsewhere, from the checkpoint just saved
+        return {"op": "moved", "step": exc.step}
+    except BaseException as exc:  # the trial failed; the sweep goes on
+        traceback.print_exc()
+        error = f"{type(exc).__name__}: {exc}"
+        out_of_memory = isinstance(exc, (torch.OutOfMemoryError, MemoryError))
+        if trial.profile_timings is not None and not out_of_memory and not isinstance(exc, KeyboardInterrupt):
+            # After a shortened loop, code that expects a full one may fail (e.g. min() of validation losses that
+            # were never computed): the steps are still measured; the time after the loop is cut short.
+            print("optuna-saturn: the error above came after the timed steps; the profile keeps them.",
+                  file=sys.stderr)
+            outcome = measured(agreed=False)
+            if place.world_size > 1:  # peers may wait in a collective this rank left: end the job
+                outcome["stop_launch"] = error
+            return outcome
+        if profile is not None and (out_of_memory or isinstance(exc, AccumulationError)):
+            # an infeasible option, not a failure. Out of memory in the steps: more micro-batches may fit.
+            oom_in_steps = (
+                trial.steps_started and trial.profile_timings is None and not isinstance(exc, AccumulationError)
+            )
+            return {
+                "op": "profile", "strategy": strategy.name, "infeasible": True, "oom_in_steps": oom_in_steps,
+                "error": error[:500],
+            }
+        if profile is not None:
+            # This option cannot run this trial: it is never planned for it. A mismatch is raised by every rank
+            # alike before any collective, so the job goes on to its next strategy; a crash ends it.
+            outcome = {"op": "profile", "strategy": strategy.name, "failed": True, "error": error[:2000]}
+            if not isinstance(exc, StrategyMismatch):
+                _record_error(spec["errors"], place.rank, error)
+                outcome["stop_launch"] = error
+            return outcome
+        _record_error(spec["errors"], place.rank, error)
+        return {
+            "op": "fail", "error": error, "out_of_memory": out_of_memory,
+            "mismatch": isinstance(exc, StrategyMismatch), "traceback": traceback.format_exc(),
+        }
+
+
+def release_memory(device: torch.device) -> None:
+    """Between two runs in one process, give back what the first one held, and start counting peaks anew."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:  # Linux >= 4.0: reset the peak resident set ("high water mark") to the current one
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+    except OSError:
+        pass  # then a later run's peak may include an earlier one's (an overestimate, never an under)
+
+
+def peak_memory(device: torch.device) -> float:
+    """Peak memory of this rank: allocated on the GPU, or this process's peak resident set on CPU."""
+    if device.type == "cuda":
+        return float(torch.cuda.max_memory_allocated(device))
+    return float(_status_kib("VmHWM") * 1024 or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+
+def resident_memory() -> float:
+    """This process's resident set now, in bytes (0 where /proc is missing)."""
+    return float(_status_kib("VmRSS") * 1024)
+
+
+def _status_kib(field: str) -> int:
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _max_over_ranks(values: list[float], world_size: int, group: Any) -> list[float]:
+    """Element-wise max over ranks: a step takes as long as its slowest rank."""
+    tensor = torch.tensor(values, dtype=torch.float64)
+    if world_size > 1 and len(values):
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+    return tensor.tolist()
+
+
+def exit_now(code: int) -> NoReturn:
+    """Exit while the job's objects are still referenced. The outcome is already with the executor; letting
+    Python free a DDP reducer after a failure can deadlock (its gloo thread wants the GIL the deallocation holds:
+    seen here) and would keep the job's devices busy for nothing."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
