@@ -1,30 +1,45 @@
-"""Discrete-event simulation of executing a plan when true runtimes differ from the estimates.
+"""Simulation of a sweep: the real loop on a simulated pool, a virtual clock and an in-memory study.
 
-Why: a plan is only as good as its runtime estimates. The simulator measures what a static plan, an
-introspectively re-planned execution (DESIGN.md decision 7) and a clairvoyant plan (made with the true runtimes)
-achieve on the same noisy, partly pruned workload, without launching anything.
+Why: a plan is only as good as its runtime estimates, and a scheduling rule is worth only what it does on the
+sweeps that run it. The simulator measures what the scheduler that ships achieves when true runtimes differ from
+the estimates and trials are pruned, without launching anything, on any number of devices: every job is enqueued
+in an in-memory study (its index as the fixed parameter ``job``), the real loop plans, dispatches, re-plans,
+moves and tells them (DESIGN.md decision 12), and a job ends when its true runtime says, pruned where
+``prune_at`` says. Nothing here models scheduling: only the world the scheduler acts on.
 
-Dispatch rule: a job starts as soon as every device the current plan gives it is free and it is the next job on
-each of those devices in plan order (so jobs may start earlier than planned, never on other devices). With
-re-planning, every job end triggers ``replan`` for the jobs that have not started, with running jobs as busy
-reservations held for their remaining time at their observed step rate (the executor measures it from the
-trial's progress reports; with ``observe_step_rate=False``, at the estimated rate); a coming prune is not known.
-The simulated clock does not include solver time.
+Modes: ``"replan"`` is the executor as it ships (re-planning at every event); ``"static"`` keeps every trial where
+its first plan placed it (the dispatcher still starts it as soon as its devices are free); ``"clairvoyant"``
+prices every option with its true runtime (prune included).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+import contextlib
+import logging
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from optuna_saturn.planner import (
-    Assignment, Cluster, Job, Option, Plan, Reservation, best_resize, remaining_job, replan, solve,
-)
+import optuna
+from optuna.trial import FrozenTrial
+
+from optuna_saturn.clock import VirtualClock
+from optuna_saturn.devices import Device
+from optuna_saturn.events import SweepListener, TrialMove, TrialStart
+from optuna_saturn.planner import Assignment, Cluster, Job, Option, Plan
+from optuna_saturn.pools.simulated import Behaviour, Fault, SimulatedPool
+from optuna_saturn.pricing.known import JOB_PARAMETER, KnownPrices, SimulatedJob
+from optuna_saturn.strategy import Strategy, load_strategies
+from optuna_saturn.sweep import Sweep, SweepSettings
+
+MODES = ("static", "replan", "clairvoyant")
 
 
 @dataclass(frozen=True)
 class SimulationResult:
-    """What happened: the executed schedule (``end - start`` is the true runtime) and summary numbers."""
+    """What happened: the executed schedule (``end - start`` is the true runtime; a moved trial has one entry per
+    run) and summary numbers."""
 
     makespan: float
     utilisation: float  # busy device-seconds / (devices * makespan)
@@ -33,6 +48,16 @@ class SimulationResult:
     replans: int = 0
     replaced: int = 0
     info: dict = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """The time a real sweep spends beside its trials' runtimes, as the simulated world charges it: its workers'
+    start, describing each trial (in the loop's thread), and each run's start-up before its first step."""
+
+    workers_ready: float = 0.0
+    describe: float | Mapping[str, float] = 0.0  # seconds per trial (or per job name)
+    startup: float | Mapping[str, float] = 0.0  # seconds per run, within its runtime
 
 
 def true_runtime(option: Option, job: str, noise: Mapping[str, float], prune_at: Mapping[str, float]) -> float:
@@ -56,148 +81,169 @@ def simulate(
     resize_seconds: float | Mapping[str, float] | None = None,
     resize_solver: str = "list",
     max_moves: int = 2,
+    overheads: Overheads | None = None,
+    known_ahead: bool = True,
+    tick: float = 0.0,
+    steps: int = 100,
 ) -> SimulationResult:
-    """Execute ``jobs`` with true runtimes ``estimate * noise[job] * prune_at[job]`` (defaults 1).
+    """Run ``jobs`` on ``cluster`` with true runtimes ``estimate * noise[job]``, each pruned after the share
+    ``prune_at[job]`` of its steps (defaults 1), through the real sweep loop.
 
-    ``mode``: "static" (plan once with the estimates, then dispatch), "replan" (re-plan at every job end) or
-    "clairvoyant" (plan once with the true runtimes). ``plan`` skips the first solve (static or replan modes).
-
-    ``resize_seconds`` (re-plan mode only) turns on elastic resize: at every job end a running job may also be
-    stopped and restarted under another option (:func:`~optuna_saturn.planner.best_resize`, planned with
-    ``resize_solver``), resuming at the fraction of its steps it had done after ``resize_seconds`` (one number,
-    or per job) of checkpoint and restart; each job moves at most ``max_moves`` times. ``info["resizes"]``
-    counts the moves.
+    ``mode``: see the module's docstring. ``plan``: the first trials' plan (a replay). ``resize_seconds`` (re-plan
+    mode) turns elastic resize on: trials checkpoint every tenth of their steps, and a moved trial's next run
+    starts that much later (one number, or per job); at most ``max_moves`` moves per trial (``info["resizes"]``).
+    ``observe_step_rate=False``: running trials do not report their step rate, so the loop holds them for their
+    planned runtime. ``overheads``: start-up, describing and per-run set-up (none by default). ``known_ahead``:
+    the jobs are known before they are asked (an enqueued set) or arrive one by one (sampled trials).
+    ``tick``: the loop's periodic wake-ups in virtual seconds (events are never skipped; 0 keeps the real ones).
+    ``resize_solver`` is kept for compatibility: the loop's moves use the planner's heuristics.
     """
-    noise = dict(noise or {})
-    prune_at = dict(prune_at or {})
-    if mode not in ("static", "replan", "clairvoyant"):
+    if mode not in MODES:
         raise ValueError(f"mode must be 'static', 'replan' or 'clairvoyant', got {mode!r}.")
     if resize_seconds is not None and mode != "replan":
         raise ValueError("resize_seconds needs mode='replan': a job is moved when the sweep re-plans.")
-    if mode == "clairvoyant":
-        truth = [Job(j.name, [replace(o, runtime=true_runtime(o, j.name, noise, prune_at))
-                              for o in j.options]) for j in jobs]
-        current = plan or solve(truth, cluster, solver=solver, time_limit=time_limit, seed=seed)
-        # Map back to the estimated options so the true runtime is recomputed the same way as in other modes.
-        est = {j.name: j for j in jobs}
-        current = Plan(tuple(
-            Assignment(a.job, _match(est[a.job], a.option), a.node, a.devices, a.start, a.end)
-            for a in current.assignments), solver=current.solver)
-    else:
-        current = plan or solve(jobs, cluster, solver=solver, time_limit=time_limit, seed=seed)
-    planned_makespan = current.makespan
-
-    by_name = {j.name: j for j in jobs}  # the jobs as given (true runtimes come from these options)
-    to_plan = dict(by_name)  # what re-planning sees: a moved job as its remaining steps plus its restart
-    resumes: dict[str, tuple[float, float]] = {}  # a moved job: (fraction of its steps done, restart seconds)
-    moves: dict[str, int] = {}
-    pending: dict[str, Assignment] = {a.job: a for a in current.assignments}
-    running: dict[str, _Segment] = {}
-    executed: list[Assignment] = []
-    queues = _queues(current)
-    t = 0.0
-    replans = replaced = 0
-    rate = noise if observe_step_rate else {}
-    while pending or running:
-        started = True
-        while started:
-            started = False
-            busy_devices = {(s.assignment.node, d) for s in running.values() for d in s.assignment.devices}
-            for name, a in sorted(pending.items(), key=lambda kv: (kv[1].start, kv[0])):
-                keys = [(a.node, d) for d in a.devices]
-                if any(k in busy_devices for k in keys) or any(queues[k][0] != name for k in keys):
-                    continue
-                option = _match(by_name[name], a.option)
-                done, restart = resumes.pop(name, (0.0, 0.0))
-                full = option.runtime * noise.get(name, 1.0)
-                end = t + restart + max(0.0, prune_at.get(name, 1.0) - done) * full
-                running[name] = _Segment(replace(a, option=option), t, end, restart, done, full)
-                del pending[name]
-                for k in keys:
-                    queues[k].pop(0)
-                    busy_devices.add(k)
-                started = True
-        if not running:
-            raise RuntimeError(f"Dispatch deadlock at t={t} with pending {sorted(pending)}; the plan is inconsistent.")
-        t = min(s.end for s in running.values())
-        for name in [n for n, s in running.items() if s.end <= t + 1e-12]:
-            s = running.pop(name)
-            executed.append(replace(s.assignment, start=s.start, end=s.end))
-        if mode == "replan" and (pending or (resize_seconds is not None and running)):
-            busy = [Reservation(s.assignment.node, s.assignment.devices,
-                                max(s.start + s.restart + (1.0 - s.done) * s.assignment.option.runtime
-                                    * rate.get(n, 1.0) - t, 1e-6), job=n)
-                    for n, s in running.items()]
-            todo = [to_plan[n] for n in pending]
-            shifted = Plan(tuple(pending.values()))
-            move = None
-            if resize_seconds is not None:
-                movable = {}
-                for n, s in running.items():
-                    rest = remaining_job(n, by_name[n].options, current=s.assignment.option.choice,
-                                         left=1.0 - s.progress(t), rate=rate.get(n, 1.0),
-                                         restart=_cost(resize_seconds, n))
-                    if rest is not None and moves.get(n, 0) < max_moves:
-                        movable[n] = rest
-                move = best_resize(todo, cluster, busy=busy, movable=movable, previous=shifted if pending else None,
-                                   solver=resize_solver, time_limit=time_limit, seed=seed,
-                                   min_improvement=min_improvement,
-                                   min_gain={n: _cost(resize_seconds, n) for n in movable}) if movable else None
-            if move is not None:
-                s = running.pop(move.job)
-                executed.append(replace(s.assignment, start=s.start, end=t))
-                resumes[move.job] = (s.progress(t), _cost(resize_seconds, move.job))
-                to_plan[move.job] = movable[move.job]
-                moves[move.job] = moves.get(move.job, 0) + 1
-                pending = {a.job: a for a in move.plan.assignments}
-                queues = _queues(move.plan)
-                replans += 1
-            elif pending:
-                new = replan(shifted, todo, cluster, busy=busy, solver=solver, time_limit=time_limit, seed=seed,
-                             min_improvement=min_improvement)
-                replans += 1
-                replaced += new.info.get("replan") == "replaced"
-                pending = {a.job: a for a in new.assignments}
-                queues = _queues(new)
-    makespan = max((a.end for a in executed), default=0.0)
-    work = sum(len(a.devices) * (a.end - a.start) for a in executed)
-    util = work / (cluster.total_devices * makespan) if makespan > 0 else 0.0
-    return SimulationResult(makespan, util, tuple(sorted(executed, key=lambda a: (a.start, a.job))),
-                            planned_makespan, replans, replaced, info={"resizes": sum(moves.values())})
+    noise, prune_at, overheads = dict(noise or {}), dict(prune_at or {}), overheads or Overheads()
+    simulated = [
+        SimulatedJob(job, Behaviour(
+            {o.choice: o.runtime * noise.get(job.name, 1.0) for o in job.options}, steps=steps,
+            prune_at=prune_at.get(job.name, 1.0), startup=_per_job(overheads.startup, job.name),
+            restart=_per_job(resize_seconds or 0.0, job.name),
+            checkpoint_every=max(steps // 10, 1) if resize_seconds is not None else None,
+        ), describe_seconds=_per_job(overheads.describe, job.name))
+        for job in jobs
+    ]
+    return run_simulation(
+        simulated, cluster, mode=mode, solver=solver, time_limit=time_limit, seed=seed, min_improvement=min_improvement,
+        plan=plan, observe_step_rate=observe_step_rate, elastic=resize_seconds is not None, max_moves=max_moves,
+        workers_ready=overheads.workers_ready, known_ahead=known_ahead, tick=tick,
+    )
 
 
-@dataclass(frozen=True)
-class _Segment:
-    """A job running from ``start``: ``restart`` seconds of restart first (a moved job), then its steps from the
-    fraction ``done`` on, each fraction taking ``full`` (its whole true runtime on this option) seconds."""
+def run_simulation(
+    jobs: Sequence[SimulatedJob], cluster: Cluster, *, mode: str = "replan", solver: str = "auto",
+    time_limit: float = 2.0, seed: int = 0, min_improvement: float = 0.02, plan: Plan | None = None,
+    observe_step_rate: bool = True, elastic: bool = False, max_moves: int = 2, workers_ready: float = 0.0,
+    known_ahead: bool = True, tick: float = 0.0, faults: Sequence[Fault] = (), n_trials: int | None = None,
+    batch_size: int | None = None, timeout: float | None = None, listeners: Sequence[SweepListener] = (),
+    callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = (), study: optuna.Study | None = None,
+    stall_timeout: float | None = None, max_retries: int = 1, profile_budget: float | None = None,
+) -> SimulationResult:
+    """The real loop on ``jobs`` (see :func:`simulate`), with ``faults`` injected into the simulated pool. A
+    ``study`` given must hold ``jobs`` enqueued (their index as the parameter ``job``); by default an in-memory
+    one is made."""
+    clock = VirtualClock()
+    devices = simulated_devices(cluster)
+    strategies = simulated_strategies(o.strategy for j in jobs for o in j.job.options)
+    prices = KnownPrices(jobs, strategies, clock, known_ahead=known_ahead, clairvoyant=mode == "clairvoyant")
+    if study is None:
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+        for index in range(len(jobs)):
+            study.enqueue_trial({JOB_PARAMETER: index})
+    record = _Record(clock, prices)
+    with tempfile.TemporaryDirectory(prefix="optuna-saturn-simulation-") as folder, _quiet():
+        settings = SweepSettings(
+            devices=devices, strategies=strategies, solver=solver, time_limit=time_limit, log_dir=Path(folder),
+            listeners=(record, *listeners), elastic=elastic, replan=mode != "static", min_improvement=min_improvement,
+            seed=seed, first_plan=_numbered(plan, jobs) if plan is not None else None, max_moves=max_moves, owned=False,
+            stall_timeout=stall_timeout, max_retries=max_retries, profile_budget=profile_budget,
+        )
+        pool = SimulatedPool(devices, clock, prices.behaviour, ready_after=workers_ready, faults=faults, tick=tick,
+                             progress_rates=observe_step_rate)
+        Sweep(settings, study, pool=pool, clock=clock, pricing=lambda lock: prices,
+              n_trials=len(jobs) if n_trials is None else n_trials, timeout=timeout,
+              batch_size=batch_size or len(devices), callbacks=callbacks).run()
+    return record.result(cluster)
 
-    assignment: Assignment
-    start: float
-    end: float
-    restart: float
-    done: float
-    full: float
 
-    def progress(self, t: float) -> float:
-        """The fraction of its steps done at ``t``, as its progress reports would tell."""
-        return min(1.0, self.done + max(0.0, t - self.start - self.restart) / self.full) if self.full > 0 else 1.0
-
-
-def _cost(resize_seconds: float | Mapping[str, float], job: str) -> float:
-    return resize_seconds.get(job, 0.0) if isinstance(resize_seconds, Mapping) else float(resize_seconds)
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """A simulated sweep logs nothing below a warning (thousands of trials would)."""
+    logger = logging.getLogger("optuna")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
-def _queues(plan: Plan) -> dict[tuple[int, int], list[str]]:
-    """Per device, the jobs planned on it in start order (ties by end then name, so orders agree across devices)."""
-    queues: dict[tuple[int, int], list[str]] = {}
-    for a in sorted(plan.assignments, key=lambda a: (a.start, a.end, a.job)):
-        for d in a.devices:
-            queues.setdefault((a.node, d), []).append(a.job)
-    return queues
+def simulated_devices(cluster: Cluster) -> list[Device]:
+    """A device per device of ``cluster``, named by node when there are several."""
+    several = len(cluster.nodes) > 1
+    return [Device("cuda", i, node=f"node{n}" if several else "") for n, size in enumerate(cluster.nodes)
+            for i in range(size)]
 
 
-def _match(job: Job, option: Option) -> Option:
-    for o in job.options:
-        if o.choice == option.choice:
-            return o
-    raise KeyError(f"{job.name}: {option}")
+def simulated_strategies(names: Sequence[str] | object) -> list[Strategy]:
+    """The shipped template of each strategy name, or a plain data-parallel one for names the simulation made up
+    (its checkpoints reshard, like DDP's)."""
+    known = load_strategies()
+    return [known.get(name) or Strategy(name, "torchrun", "ddp", min_devices=1)
+            for name in dict.fromkeys(names)]
+
+
+def _per_job(value: float | Mapping[str, float], name: str) -> float:
+    return float(value.get(name, 0.0)) if isinstance(value, Mapping) else float(value)
+
+
+def _numbered(plan: Plan, jobs: Sequence[SimulatedJob]) -> Plan:
+    """``plan`` with its jobs named as the sweep names their trials (their number: the order they are enqueued)."""
+    number = {j.job.name: str(i) for i, j in enumerate(jobs)}
+    return Plan(tuple(Assignment(number[a.job], a.option, a.node, a.devices, a.start, a.end) for a in plan.assignments))
+
+
+class _Record(SweepListener):
+    """What the simulated sweep did: every run of every trial, and its plans."""
+
+    def __init__(self, clock: VirtualClock, prices: KnownPrices) -> None:
+        self._clock, self._prices = clock, prices
+        self._started: dict[int, TrialStart] = {}
+        self._runs: list[tuple[int, TrialStart, float]] = []
+        self._origin = 0.0
+        self.plans = self.replaced = 0
+        self.first_makespan: float | None = None
+
+    def on_sweep_start(self, study, devices, started_at) -> None:
+        self._origin = started_at
+
+    def on_plan(self, study, plan, trial_numbers, now) -> None:
+        self.plans += 1
+        self.replaced += plan.solver not in ("kept",)
+        if self.first_makespan is None:
+            self.first_makespan = now + plan.makespan
+
+    def on_trial_start(self, study, start) -> None:
+        self._started[start.number] = start
+
+    def on_trial_move(self, study, move: TrialMove) -> None:
+        if move.phase == "stopped":
+            self._ran(move.number)
+
+    def on_trial_end(self, study, trial, now) -> None:
+        self._ran(trial.number)
+
+    def _ran(self, number: int) -> None:
+        start = self._started.pop(number, None)
+        if start is not None:
+            self._runs.append((number, start, self._clock.now() - self._origin))
+
+    def result(self, cluster: Cluster) -> SimulationResult:
+        executed = []
+        for number, start, end in self._runs:
+            job = self._prices.jobs[self._prices.job_index(number)].job
+            node, devices = _place(start.devices)
+            option = next(o for o in job.options if o.strategy == start.strategy and o.devices == len(devices))
+            executed.append(Assignment(job.name, option, node, devices, start.start, end))
+        makespan = max((a.end for a in executed), default=0.0)
+        work = sum(len(a.devices) * (a.end - a.start) for a in executed)
+        utilisation = work / (cluster.total_devices * makespan) if makespan > 0 else 0.0
+        moves = len(executed) - len({a.job for a in executed})
+        return SimulationResult(makespan, utilisation, tuple(sorted(executed, key=lambda a: (a.start, a.job))),
+                                self.first_makespan or 0.0, self.plans, self.replaced, info={"resizes": moves})
+
+
+def _place(names: Sequence[str]) -> tuple[int, tuple[int, ...]]:
+    """A simulated trial's node and node-local devices, from its devices' names (``node1/cuda:3``: see
+    :func:`simulated_devices`)."""
+    node = int(names[0].split("/")[0][len("node"):]) if "/" in names[0] else 0
+    return node, tuple(int(name.rsplit(":", 1)[1]) for name in names)

@@ -1,4 +1,5 @@
-"""Simulator tests: exact replay without noise, valid executions with noise and prunes, re-planning sanity."""
+"""Simulator tests (the real loop on a simulated pool): replays of a plan without noise, valid executions with noise
+and prunes, re-planning sanity."""
 
 from __future__ import annotations
 
@@ -33,16 +34,20 @@ def executed_as_plan(result, jobs: list[Job]) -> tuple[Plan, list[Job]]:
 
 
 @pytest.mark.parametrize("cluster", [Cluster([8]), Cluster([8, 4])])
-def test_without_noise_the_simulation_replays_the_plan(cluster: Cluster) -> None:
+def test_without_noise_a_static_replay_of_a_plan_ends_no_later_than_the_plan(cluster: Cluster) -> None:
+    """The loop keeps each trial where the plan put it; its dispatcher may only start a trial earlier, where that
+    delays no other trial (before, an early start took devices a later trial was planned on: 242.9 s against
+    the plan's 230.7 s, on the first of these cases)."""
     jobs = random_jobs(14, 31)
     for solver in ("auto", "list", "sequential-max", "task-parallel"):
         plan = solve(jobs, cluster, solver, time_limit=0.5)
         result = simulate(jobs, cluster, plan=plan)
-        assert result.makespan == pytest.approx(plan.makespan, rel=1e-9)
-        assert {(a.job, a.node, a.devices, round(a.start, 6)) for a in result.executed} == \
-            {(a.job, a.node, a.devices, round(a.start, 6)) for a in plan.assignments}
-        work = sum(a.option.devices * a.option.runtime for a in plan.assignments)
-        assert result.utilisation == pytest.approx(work / (cluster.total_devices * plan.makespan))
+        assert result.makespan <= plan.makespan + 1e-6, solver
+        replayed, truth = executed_as_plan(result, jobs)
+        validate(replayed, truth, cluster)
+        if solver in ("auto", "list"):  # a plan with no idle device to fill is replayed as it is
+            assert {(a.job, a.node, a.devices, round(a.start, 6)) for a in result.executed} >= \
+                {(a.job, a.node, a.devices, round(a.start, 6)) for a in plan.assignments if a.start == 0.0}
 
 
 @pytest.mark.parametrize("mode", ["static", "replan", "clairvoyant"])
@@ -62,7 +67,7 @@ def test_clairvoyant_mode_matches_its_own_plan() -> None:
     jobs, cluster = random_jobs(12, 33), Cluster([8])
     noise, prunes = noisy(jobs, 2)
     result = simulate(jobs, cluster, noise=noise, prune_at=prunes, mode="clairvoyant", time_limit=0.5)
-    assert result.makespan == pytest.approx(result.planned_makespan)
+    assert result.makespan <= result.planned_makespan + 1e-6
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -76,34 +81,30 @@ def test_replanning_never_makes_the_clairvoyant_case_worse(seed: int) -> None:
 
 
 def test_replanning_recovers_from_prunes() -> None:
-    # Many prunes free devices early; a static plan cannot move later trials onto them, re-planning can.
+    """Many prunes free devices early. The dispatcher fills them in either mode (a trial starts on free devices
+    when that delays no other), so "static" recovers part of it; re-planning also changes the options and the
+    order of the trials that wait: over six seeds it wins three (one it loses, to a plan made before prunes it
+    could not foresee) and is shorter in all."""
     jobs, cluster = random_jobs(16, 50), Cluster([8])
-    wins = 0
-    for seed in range(3):
+    static, replanned = [], []
+    for seed in range(6):
         noise, prunes = noisy(jobs, seed, prune_rate=0.5)
-        static = simulate(jobs, cluster, noise=noise, prune_at=prunes, time_limit=0.3)
-        replanned = simulate(jobs, cluster, noise=noise, prune_at=prunes, mode="replan", time_limit=0.3)
-        wins += replanned.makespan < static.makespan - 1e-6
-    assert wins >= 2
+        static.append(simulate(jobs, cluster, noise=noise, prune_at=prunes, solver="list").makespan)
+        replanned.append(simulate(jobs, cluster, noise=noise, prune_at=prunes, mode="replan", solver="list").makespan)
+    wins = sum(r < s - 1e-6 for r, s in zip(replanned, static))
+    assert wins >= 3 and sum(replanned) < sum(static), (static, replanned)
 
 
 def test_replanning_holds_a_slow_running_trial_for_its_observed_remaining_time() -> None:
-    """Trial A runs twice as slow as estimated. At t=15 it is still running; assumed on time it would look done,
-    and D would stay queued behind it on its device; at its observed step rate D moves to the free device."""
-    a, b, c, d = jobs = [Job(n, [Option("single", 1, t)]) for n, t in (("A", 10), ("B", 5), ("C", 10), ("D", 10))]
-    cluster = Cluster([2])
-    plan = Plan((_at(a, 0, start=0), _at(b, 1, start=0), _at(c, 1, start=5), _at(d, 0, start=10)))
-    validate(plan, jobs, cluster)
-    runs = {
-        observed: simulate(jobs, cluster, noise={"A": 2.0}, mode="replan", plan=plan, solver="cpsat", time_limit=1.0,
-                           observe_step_rate=observed)
-        for observed in (False, True)
-    }
-    assert runs[False].makespan == pytest.approx(30.0)  # D waited for A on device 0
-    assert runs[True].makespan == pytest.approx(25.0)  # D ran on device 1 after C
-    assert {a.job: a.devices for a in runs[True].executed}["D"] == (1,)
+    """Trial A runs twice as slow as estimated. At 10 s it is still running: assumed on time it would look done,
+    so D (two devices) is planned to start then and F, planned after D, may not start on the free device before
+    it; at A's observed step rate D is planned after A, and F fills the free device meanwhile."""
+    jobs = [Job("A", [Option("single", 1, 10.0)]), Job("E", [Option("single", 1, 10.0)]),
+            Job("D", [Option("ddp", 2, 10.0)]), Job("F", [Option("single", 1, 10.0)])]
+    runs = {observed: simulate(jobs, Cluster([2]), noise={"A": 2.0}, mode="replan", solver="list",
+                               observe_step_rate=observed) for observed in (False, True)}
+    assert runs[False].makespan == pytest.approx(40.0)  # device 1 idled from 10 s to 20 s
+    assert runs[True].makespan == pytest.approx(30.0)
+    assert {a.job: (a.devices, a.start) for a in runs[True].executed}["F"] == ((1,), 10.0)
 
 
-def _at(job: Job, device: int, *, start: float) -> Assignment:
-    (option,) = job.options
-    return Assignment(job.name, option, 0, (device,), start, start + option.runtime)

@@ -119,7 +119,7 @@ class TrialSession:
         self.resumed_from = int(message.get("resumed", 0))
         self._loops[int(message.get("loop", 0))] = int(message.get("loop_total", self.total_steps))
         ran = self.step - self.resumed_from
-        if ran > 1:
+        if ran > 1 and message.get("elapsed") is not None:  # (a simulated run may keep its rate unknown)
             self.step_seconds = float(message["elapsed"]) / ran
         return None
 

@@ -53,7 +53,11 @@ def _early_start(
 ) -> Start | None:
     """``waiting`` now under whichever option ends it soonest on free devices, if that is no later than its
     planned end and no other waiting trial is planned on those devices before then."""
-    needed = {d: w.planned_start for w in later if w is not waiting for d in w.assignment.devices}
+    needed: dict[int, float] = {}  # device -> the earliest planned start of another waiting trial on it
+    for other in later:
+        if other is not waiting:
+            for d in other.assignment.devices:
+                needed[d] = min(needed.get(d, float("inf")), other.planned_start)
     best = None
     for option, weighed in zip(view.options(waiting, state), view.weighed_options(waiting, state)):
         end = now + weighed.runtime

@@ -12,6 +12,8 @@ A profile-only sweep measures every option of every trial it asks, and runs none
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import optuna
 
 from optuna_saturn.pricing.prices import ProfileJob, TrialPrice
@@ -57,7 +59,8 @@ class Profiling:
         """Profiling jobs to start now, each on idle devices."""
         if self._pricer is None:
             return []
-        idle = self._idle_devices(state, ready)
+        self._queue = [j for j in map(lambda job: _still_waiting(job, state), self._queue) if j is not None]
+        idle = self._idle_devices(state, ready, now)
         if not self._profile_only and self._judged != plan_version and idle:
             self._judged = plan_version  # judged once per plan, when devices are idle
             self._queue += self._worth_measuring(state, view, now)
@@ -90,12 +93,12 @@ class Profiling:
             })
         return {e.trial.number: self.where[e.trial.number] for e in run.job.entries}
 
-    def _idle_devices(self, state: SweepState, ready: set[int]) -> set[int]:
+    def _idle_devices(self, state: SweepState, ready: set[int], now: float) -> set[int]:
         """Free, ready devices that no waiting trial is planned to start on now."""
         free = state.free() & ready
         if self._profile_only:
             return free
-        soon = {d for w in state.waiting.values() if w.assignment is not None and w.assignment.start < 0.5
+        soon = {d for w in state.waiting.values() if w.assignment is not None and w.planned_start < now + 0.5
                 for d in w.assignment.devices}
         return free - soon
 
@@ -121,3 +124,11 @@ class Profiling:
                         f"for about {cost:.1f} s on {priced.option.devices} device(s)."
                     )
         return self._pricer.profile_jobs(wanted) if wanted else []
+
+
+def _still_waiting(job: ProfileJob, state: SweepState) -> ProfileJob | None:
+    """``job`` with only the trials that still wait: one that started measures its option by its own run."""
+    entries = tuple(e for e in job.entries if e.trial.number in state.waiting)
+    if len(entries) == len(job.entries):
+        return job
+    return replace(job, entries=entries) if entries else None

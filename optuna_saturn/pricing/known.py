@@ -1,0 +1,135 @@
+"""Prices in a simulated sweep: each trial is one of a known set of jobs, priced by that job's options.
+
+The simulator runs the real loop on a simulated pool (:mod:`optuna_saturn.pools.simulated`); what the pricer of a
+real sweep learns by describing and profiling trials is given here. Each job is enqueued in the simulated study
+with its index as the fixed parameter ``job``; a trial is priced by the job it draws, and measuring one of its
+options (a profiling job, or its own first run) makes that option measured. ``known_ahead=False`` makes every
+trial sample its job (its queue entry cannot be described ahead), so trials arrive one by one, as a sampler's do;
+``clairvoyant=True`` prices every option with its true runtime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import optuna
+
+from optuna_saturn.clock import VirtualClock
+from optuna_saturn.planner import Job, Option
+from optuna_saturn.pools.simulated import Behaviour
+from optuna_saturn.pricing.prices import PricedOption, ProfileEntry, ProfileJob, TrialPrice
+from optuna_saturn.profiler import ProfileRecord, Workload
+from optuna_saturn.strategy import Strategy
+from optuna_saturn.study.queue import ParameterNotFixed, QueuedTrial
+
+#: The parameter that says which job a simulated trial is.
+JOB_PARAMETER = "job"
+
+
+@dataclass(frozen=True)
+class SimulatedJob:
+    """One job of a simulated sweep: what the sweep is told (``job``'s options), and what it really does."""
+
+    job: Job
+    behaviour: Behaviour
+    measured: bool = True  # its options are measurements (else predictions, ``uncertainty`` off)
+    uncertainty: float = 0.0
+    describe_seconds: float = 0.0  # how long describing it takes the loop
+
+
+class KnownPrices:
+    def __init__(self, jobs: Sequence[SimulatedJob], strategies: Sequence[Strategy], clock: VirtualClock, *,
+                 known_ahead: bool = True, clairvoyant: bool = False) -> None:
+        self.jobs = list(jobs)
+        self._strategies = {s.name: s for s in strategies}
+        self._clock = clock
+        self._known_ahead = known_ahead
+        self._clairvoyant = clairvoyant
+        self._job_of: dict[int, int] = {}  # trial number -> job index
+        self._measured: set[tuple[int, tuple[str, int, int]]] = set()  # (job index, choice) measured in the sweep
+        self._left_out: set[tuple[int, tuple[str, int, int]]] = set()
+
+    def job_index(self, number: int) -> int:
+        return self._job_of[number]
+
+    def behaviour(self, number: int) -> Behaviour:
+        return self.jobs[self._job_of[number]].behaviour
+
+    # -- what a pricer does -----------------------------------------------------------------------------------------
+    def price(self, trial: optuna.Trial | QueuedTrial) -> TrialPrice:
+        if isinstance(trial, QueuedTrial) and not self._known_ahead:
+            raise ParameterNotFixed(JOB_PARAMETER)
+        index = trial.suggest_int(JOB_PARAMETER, 0, len(self.jobs) - 1)
+        known = self.jobs[index]
+        if trial.number not in self._job_of:
+            self._job_of[trial.number] = index
+            self._clock.advance_by(known.describe_seconds)
+        behaviour = known.behaviour
+        price = TrialPrice(self._workload(index))
+        for option in known.job.options:
+            choice = option.choice
+            if (index, choice) in self._left_out:
+                continue
+            if self._clairvoyant:
+                option = Option(option.strategy, option.devices, behaviour.runtimes[choice] * behaviour.prune_at,
+                                option.gradient_accumulation)
+            measured = known.measured or (index, choice) in self._measured or self._clairvoyant
+            record = self._record(known, option) if measured else None
+            price.options.append(PricedOption(option, f"{known.job.name}:{option.label}", record,
+                                              0.0 if measured else known.uncertainty, "simulated"))
+        return price
+
+    def profile_jobs(self, wanted: Sequence[tuple[optuna.Trial, tuple[str, int, int]]]) -> list[ProfileJob]:
+        """One job per (trial, device count, micro-batches): its strategies timed one after another."""
+        groups: dict[tuple[int, int, int], list[Strategy]] = {}
+        trials = {}
+        for trial, (name, devices, accumulation) in wanted:
+            trials[trial.number] = trial
+            groups.setdefault((trial.number, devices, accumulation), []).append(self._strategies[name])
+        return [ProfileJob((ProfileEntry(trials[n], self._workload(self._job_of[n]), tuple(s),
+                                         tuple(x.name for x in s)),), devices, accumulation)
+                for (n, devices, accumulation), s in groups.items()]
+
+    def record(self, job: ProfileJob, results: dict[int, list[dict]], started_at: float,
+               launch_error: str | None = None) -> list[tuple[ProfileEntry, Strategy, ProfileRecord | None]]:
+        out = []
+        for entry in job.entries:
+            index = self._job_of[entry.trial.number]
+            measured = {r["strategy"] for r in results.get(entry.trial.number, [])}
+            for strategy in entry.strategies:
+                choice = (strategy.name, job.devices, job.gradient_accumulation)
+                if strategy.name in measured:
+                    self._measured.add((index, choice))
+                option = next((o for o in self.jobs[index].job.options if o.choice == choice), None)
+                record = self._record(self.jobs[index], option) if option and strategy.name in measured else None
+                out.append((entry, strategy, record))
+        return out
+
+    def follow_ups(self, job: ProfileJob, recorded: Sequence) -> list[ProfileJob]:
+        return []
+
+    def learn_from_run(self, number: int, option: Option, **_: object) -> None:
+        """A trial's run is its option's profile: priced from now on as measured."""
+        self._measured.add((self._job_of[number], option.choice))
+
+    def mark_failed(self, number: int, option: Option, error: str) -> None:
+        self._left_out.add((self._job_of[number], option.choice))
+
+    mark_out_of_memory = mark_failed
+
+    def _workload(self, index: int) -> Workload:
+        return Workload(self.jobs[index].job.name, 0, 0, "", self.jobs[index].behaviour.steps)
+
+    @staticmethod
+    def _record(known: SimulatedJob, option: Option) -> ProfileRecord:
+        """A measured option as a profile: its true step rate (so no correction applies), no set-up of its own."""
+        steps = max(known.behaviour.steps, 1)
+        step = option.runtime / steps
+        return ProfileRecord(
+            key=f"{known.job.name}:{option.label}", strategy=option.strategy, devices=option.devices,
+            hardware="simulated", feasible=True, step_seconds=step, startup_seconds=0.0, tail_seconds=0.0,
+            exit_seconds=0.0, observed_step_seconds=step, observed_runs=1, timed_steps=steps,
+            gradient_accumulation=option.gradient_accumulation, loop_steps=[steps], peak_memory_bytes=0,
+            measured_at=0.0,
+        )
