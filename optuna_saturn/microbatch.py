@@ -13,6 +13,7 @@ the DataLoader, keeps every optimizer step seeing exactly the samples it would s
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -90,3 +91,17 @@ def take_rows(batch: Any, lo: int, hi: int) -> Any:
     if isinstance(batch, (tuple, list)):
         return type(batch)(take_rows(v, lo, hi) for v in batch)
     return batch
+
+
+@dataclass
+class MicroBatch:
+    """Where ``micro_batches`` stands: which micro-batch, its share of the batch's rows, whether it was backed."""
+
+    index: int
+    count: int
+    share: float
+    backward_called: bool = False
+
+    @property
+    def last(self) -> bool:
+        return self.index == self.count - 1

@@ -186,3 +186,31 @@ def _check_shardable(loader: DataLoader) -> None:
             "This DataLoader has in_order=False: its batch order would depend on worker timing, and so would the "
             "trial's result. Use in_order=True (the default)."
         )
+
+
+def mean_over_ranks(value: float | torch.Tensor, weight: float | None, *, group: Any, world_size: int) -> float:
+    """``trial.reduce_mean``: the mean of a number over all ranks, weighted by ``weight`` if given."""
+    value = torch.as_tensor(value, dtype=torch.float64).detach().cpu().reshape(())
+    if weight is None:
+        sums = torch.stack([value, torch.ones((), dtype=torch.float64)])
+    else:  # a rank without rows adds nothing, even if its value is nan
+        weight_t = torch.as_tensor(float(weight), dtype=torch.float64)
+        sums = torch.stack([torch.where(weight_t > 0, value * weight_t, 0.0), weight_t])
+    if world_size > 1:
+        dist.all_reduce(sums, group=group)
+    return float(sums[0] / sums[1])
+
+
+def gather_rows(tensor: torch.Tensor, rows: RankRows | None, *, group: Any, world_size: int) -> torch.Tensor:
+    """``trial.gather_for_metrics``: this rank's per-row values of its last batch, gathered into the whole batch."""
+    if world_size == 1 or rows is None:
+        return tensor
+    if tensor.dim() == 0 or tensor.shape[0] != rows.stop - rows.start:
+        raise ValueError(
+            f"gather_for_metrics() takes one value per row of this rank's batch "
+            f"({rows.stop - rows.start} rows); got shape {tuple(tensor.shape)}."
+        )
+    pieces: list[Any] = [None] * world_size
+    mine = None if rows.repeated else tensor.detach().cpu()
+    dist.all_gather_object(pieces, mine, group=group)
+    return torch.cat([p for p in pieces if p is not None]).to(tensor.device)

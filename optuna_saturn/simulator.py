@@ -122,7 +122,8 @@ def simulate(
 def run_simulation(
     jobs: Sequence[SimulatedJob], cluster: Cluster, *, mode: str = "replan", solver: str = "auto",
     time_limit: float = 2.0, seed: int = 0, min_improvement: float = 0.02, plan: Plan | None = None,
-    observe_step_rate: bool = True, elastic: bool = False, max_moves: int = 2, workers_ready: float = 0.0,
+    observe_step_rate: bool = True, elastic: bool = False, max_moves: int = 2,
+    workers_ready: float | Sequence[float] = 0.0,
     known_ahead: bool = True, tick: float = 0.0, faults: Sequence[Fault] = (), n_trials: int | None = None,
     batch_size: int | None = None, timeout: float | None = None, listeners: Sequence[SweepListener] = (),
     callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = (), study: optuna.Study | None = None,
@@ -202,9 +203,13 @@ class _Record(SweepListener):
         self._origin = 0.0
         self.plans = self.replaced = 0
         self.first_makespan: float | None = None
+        self.wall_seconds = 0.0
 
     def on_sweep_start(self, study, devices, started_at) -> None:
         self._origin = started_at
+
+    def on_sweep_end(self, study, now, interrupted) -> None:
+        self.wall_seconds = now
 
     def on_plan(self, study, plan, trial_numbers, now) -> None:
         self.plans += 1
@@ -239,7 +244,8 @@ class _Record(SweepListener):
         utilisation = work / (cluster.total_devices * makespan) if makespan > 0 else 0.0
         moves = len(executed) - len({a.job for a in executed})
         return SimulationResult(makespan, utilisation, tuple(sorted(executed, key=lambda a: (a.start, a.job))),
-                                self.first_makespan or 0.0, self.plans, self.replaced, info={"resizes": moves})
+                                self.first_makespan or 0.0, self.plans, self.replaced,
+                                info={"resizes": moves, "wall_seconds": self.wall_seconds})
 
 
 def _place(names: Sequence[str]) -> tuple[int, tuple[int, ...]]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -21,24 +20,13 @@ from torch.utils.data import DataLoader
 from optuna_saturn.channel import ChannelClient
 from optuna_saturn.checkpoint import CheckpointRecord
 from optuna_saturn.engines._base import Engine
-from optuna_saturn.microbatch import AccumulationError, split_batch
+from optuna_saturn.microbatch import AccumulationError, MicroBatch, split_batch
 from optuna_saturn.worker.loader_positions import PositionedLoader
-from optuna_saturn.sharding import LoaderView, RankRows
+from optuna_saturn.sharding import RankRows, gather_rows, mean_over_ranks
 from optuna_saturn.strategy import Strategy
+from optuna_saturn.worker.profiled_steps import ProfilingLoader, StepTimings, profiled_steps
 
 _PROGRESS_EVERY_S = 2.0
-#: A profiling run counts the objective's later loops (epochs) one step each; past this many it stops counting.
-_MAX_PROFILED_LOOPS = 10_000
-#: While a profiling run counts later loops, a prepared DataLoader yields at most this many batches per pass, so
-#: per-epoch evaluations do not run in full every epoch.
-_FAST_FORWARD_BATCHES = 2
-
-
-class ProfileComplete(BaseException):
-    """Ends a profiling run whose objective keeps starting ``trial.steps`` loops (more than a profile counts). A
-    BaseException, so the objective's own ``except Exception`` does not swallow it."""
-
-
 class TrialMoved(BaseException):
     """Raised by :meth:`SaturnTrial.checkpoint` right after a checkpoint the executor asked for to move the trial
     (elastic resize): the run ends there, and the trial goes on from that checkpoint under another option. A
@@ -48,65 +36,6 @@ class TrialMoved(BaseException):
     def __init__(self, step: int) -> None:
         super().__init__(f"moved at step {step}")
         self.step = step
-
-
-@dataclass
-class StepTimings:
-    """What a profiling run measured of the training loops.
-
-    The first ``trial.steps(n)`` loop runs warm-up and timed steps, then ends early. If the objective then starts
-    more loops (``for epoch in range(E): for s in trial.steps(len(loader))``), each runs one real step (so code
-    that averages over an epoch still works) and is counted: ``loop_steps`` holds every loop's ``n``. The code
-    between the first two loops (a per-epoch evaluation, say) runs in full and is timed as ``between_seconds``;
-    after that, prepared DataLoaders yield only a few batches per pass, to get through the remaining epochs
-    quickly. The rest of the objective after the last loop is timed by the worker."""
-
-    first_step_at: float
-    step_seconds: list[float]
-    loop_ended_at: float  # the first loop's early end
-    loop_steps: list[int] = field(default_factory=list)
-    between_seconds: float | None = None
-    last_loop_ended_at: float = 0.0
-
-    @property
-    def fast_forward(self) -> bool:
-        """Later loops are being counted: the objective runs past them as quickly as it can."""
-        return len(self.loop_steps) > 1
-
-    def to_json(self) -> dict:
-        return {
-            "first_step_at": self.first_step_at, "loop_steps": self.loop_steps, "between_seconds": self.between_seconds,
-        }
-
-
-class _ProfilingLoader(LoaderView):
-    """A prepared DataLoader in a profiling run: itself until the run starts counting later loops, then at most a
-    few batches per pass."""
-
-    def __init__(self, loader: DataLoader, trial: "SaturnTrial") -> None:
-        super().__init__(loader)
-        self._trial = trial
-
-    def __iter__(self) -> Iterator[Any]:
-        batches = iter(self.loader)
-        timings = self._trial.profile_timings
-        if timings is None or not timings.fast_forward:
-            return batches
-        return (batch for _, batch in zip(range(_FAST_FORWARD_BATCHES), batches))
-
-
-@dataclass
-class _MicroBatch:
-    """Where ``micro_batches`` stands: which micro-batch, its share of the batch's rows, whether it was backed."""
-
-    index: int
-    count: int
-    share: float
-    backward_called: bool = False
-
-    @property
-    def last(self) -> bool:
-        return self.index == self.count - 1
 
 
 class SaturnTrial:
@@ -131,7 +60,7 @@ class SaturnTrial:
         self._profile = profile
         self._models: list[torch.nn.Module] = []
         self._loaders: list[PositionedLoader] = []  # prepared DataLoaders, in the order prepared
-        self._micro_batch: _MicroBatch | None = None  # while inside micro_batches()
+        self._micro_batch: MicroBatch | None = None  # while inside micro_batches()
         self._batch: RankRows | None = None  # this rank's rows of the batch a prepared loader yielded last
         self._steps_done = 0  # steps of the loops that ended (epochs before the current one)
         self._loops = 0
@@ -252,7 +181,7 @@ class SaturnTrial:
             elif isinstance(obj, DataLoader):
                 loader = self._engine.prepare_dataloader(obj, self._on_batch)
                 if self._profile is not None:
-                    prepared.append(_ProfilingLoader(loader, self))
+                    prepared.append(ProfilingLoader(loader, self))
                     continue
                 positioned = PositionedLoader(loader)  # a checkpoint saves where its pass is
                 self._loaders.append(positioned)
@@ -320,7 +249,7 @@ class SaturnTrial:
         count = self.gradient_accumulation
         model = self._models[-1] if self._models else None
         for index, (part, share) in enumerate(split_batch(batch, count)):
-            self._micro_batch = _MicroBatch(index, count, share)
+            self._micro_batch = MicroBatch(index, count, share)
             try:
                 with self._engine.gradient_sync(model, sync=index == count - 1):
                     yield part
@@ -436,15 +365,7 @@ class SaturnTrial:
 
         The plain mean is exact when every rank saw as many rows (every batch split evenly). Pass ``weight`` (the
         rows behind this rank's value) for the exact weighted mean in every case."""
-        value = torch.as_tensor(value, dtype=torch.float64).detach().cpu().reshape(())
-        if weight is None:
-            sums = torch.stack([value, torch.ones((), dtype=torch.float64)])
-        else:  # a rank without rows adds nothing, even if its value is nan
-            weight_t = torch.as_tensor(float(weight), dtype=torch.float64)
-            sums = torch.stack([torch.where(weight_t > 0, value * weight_t, 0.0), weight_t])
-        if self.world_size > 1:
-            dist.all_reduce(sums, group=self._group)
-        return float(sums[0] / sums[1])
+        return mean_over_ranks(value, weight, group=self._group, world_size=self.world_size)
 
     def gather_for_metrics(self, tensor: torch.Tensor) -> torch.Tensor:
         """This rank's per-row values of the batch a prepared loader yielded last, gathered from every rank into
@@ -456,17 +377,7 @@ class SaturnTrial:
                 losses.append(trial.gather_for_metrics(per_row))
             value = torch.cat(losses).mean()
         """
-        if self.world_size == 1 or self._batch is None:
-            return tensor
-        if tensor.dim() == 0 or tensor.shape[0] != self._batch.stop - self._batch.start:
-            raise ValueError(
-                f"gather_for_metrics() takes one value per row of this rank's batch "
-                f"({self._batch.stop - self._batch.start} rows); got shape {tuple(tensor.shape)}."
-            )
-        pieces: list[Any] = [None] * self.world_size
-        mine = None if self._batch.repeated else tensor.detach().cpu()
-        dist.all_gather_object(pieces, mine, group=self._group)
-        return torch.cat([p for p in pieces if p is not None]).to(tensor.device)
+        return gather_rows(tensor, self._batch, group=self._group, world_size=self.world_size)
 
     def barrier(self) -> None:
         if self.world_size > 1:
@@ -502,7 +413,7 @@ class SaturnTrial:
         if not 0 <= start <= total:
             raise ValueError(f"trial.steps(total={total}, start={start}): start must be between 0 and total.")
         if self._profile is not None:
-            yield from self._profiled_steps(total)
+            yield from profiled_steps(self, total)
             return
         loop, done = self._loops, self._steps_done
         self._loops += 1
@@ -526,33 +437,3 @@ class SaturnTrial:
                     last_report = now
         finally:
             self._steps_done = done + taken
-
-    def _profiled_steps(self, total: int) -> Iterator[int]:
-        timings = self.profile_timings
-        if timings is not None:
-            yield from self._counted_loop(timings, total)
-            return
-        warmup = self._profile["warmup"]
-        budget = self.step_budget(total)
-        first_step_at = time.time()
-        durations: list[float] = []
-        self._synchronize()
-        for step in range(budget):
-            began = time.perf_counter()
-            yield step
-            self._synchronize()
-            if step >= warmup:
-                durations.append(time.perf_counter() - began)
-        ended = time.time()
-        self.profile_timings = StepTimings(first_step_at, durations, ended, [total], None, ended)
-
-    def _counted_loop(self, timings: StepTimings, total: int) -> Iterator[int]:
-        """A later loop of a profiling run (the next epoch): count it, run one real step."""
-        if len(timings.loop_steps) >= _MAX_PROFILED_LOOPS:
-            raise ProfileComplete
-        if timings.between_seconds is None:
-            timings.between_seconds = time.time() - timings.loop_ended_at
-        timings.loop_steps.append(total)
-        if total > 0:
-            yield 0
-        timings.last_loop_ended_at = time.time()

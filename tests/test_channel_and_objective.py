@@ -10,12 +10,13 @@ import objectives
 from optuna_saturn.worker.objective_recipe import describe_objective, load_objective
 from optuna_saturn.study.trial_session import TrialSession
 from optuna_saturn.channel import ChannelClient, ChannelServer, RemoteError
+from optuna_saturn.clock import WallClock
 
 
 def test_requests_reach_the_real_trial_and_errors_come_back():
     study = optuna.create_study(pruner=optuna.pruners.NopPruner())
     trial = study.ask()
-    session = TrialSession(trial, threading.Lock())
+    session = TrialSession(trial, threading.Lock(), WallClock())
     with ChannelServer() as server:
         client = ChannelClient(server.address, server.register(session.handle))
         x = client.call("suggest", method="suggest_float", args=["x", 0.0, 1.0], kwargs={"step": None, "log": False})

@@ -8,7 +8,7 @@ from __future__ import annotations
 from optuna_saturn.planner._baselines import sequential_max, task_parallel
 from optuna_saturn.planner._bounds import lower_bound
 from optuna_saturn.planner._options import prune_options
-from optuna_saturn.planner._replan import replan
+from optuna_saturn.planner._replan import reflow, repair, replan
 from optuna_saturn.planner._resize import Resize, best_resize, remaining_job
 from optuna_saturn.planner._solve import SOLVERS, solve
 from optuna_saturn.planner._types import Assignment, Cluster, Job, Option, Plan, Reservation
@@ -27,7 +27,9 @@ __all__ = [
     "lower_bound",
     "plan_problems",
     "prune_options",
+    "reflow",
     "remaining_job",
+    "repair",
     "replan",
     "sequential_max",
     "solve",

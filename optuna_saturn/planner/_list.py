@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from optuna_saturn.planner._frees import NodeFrees
 from optuna_saturn.planner._types import Assignment, Cluster, Job, Option, Plan, Reservation
 
 
@@ -23,37 +24,28 @@ def schedule_in_order(
     A job goes on the ``devices`` devices of a node that free up first and starts when the last of them frees
     (no back-filling, so every device runs its jobs in placement order).
     """
-    free = [[0.0] * n for n in cluster.nodes]
-    for r in busy:
-        for d in r.devices:
-            free[r.node][d] = max(free[r.node][d], float(r.until))
-    order = [sorted(range(n), key=lambda d, f=free[i]: (f[d], d)) for i, n in enumerate(cluster.nodes)]
+    frees = NodeFrees(cluster, busy, sizes={o.devices for _, options in seq for o in options})
     out = []
     for job, options in seq:
         best = None
         for option in options:
-            k = option.devices
-            for node, devs in enumerate(order):
-                if k > len(devs):
-                    continue
-                f = free[node]
-                start = f[devs[k - 1]]
-                end = start + option.runtime
-                # Earliest end; then least idle created; then fewer devices; then node index.
-                idle = sum(start - f[d] for d in devs[:k])
-                key = (end, idle, k, node)
-                if best is None or key < best[0]:
-                    best = (key, option, node, start, end)
+            found = frees.best(option.devices)
+            if found is None:
+                continue
+            start, idle, node = found
+            end = start + option.runtime
+            # Earliest end; then least idle created; then fewer devices; then node index.
+            key = (end, idle, option.devices, node)
+            if best is None or key < best[0]:
+                best = (key, option, node, start, end)
         if best is None:
             raise ValueError(f"Job {job.name!r} has no option that fits any node of {list(cluster.nodes)}.")
         _, option, node, start, end = best
-        devs = order[node]
+        free = frees.free[node]
         # Among devices free by ``start`` take those freed last (best fit), keeping early ones for others.
-        ready = [d for d in devs if free[node][d] <= start]
-        chosen = sorted(sorted(ready, key=lambda d: (-free[node][d], d))[: option.devices])
-        for d in chosen:
-            free[node][d] = end
-        order[node] = sorted(devs, key=lambda d: (free[node][d], d))
+        ready = [d for d in frees.order[node] if free[d] <= start]
+        chosen = sorted(sorted(ready, key=lambda d: (-free[d], d))[: option.devices])
+        frees.place(node, chosen, end)
         out.append(Assignment(job.name, option, node, tuple(chosen), start, end))
     return out
 

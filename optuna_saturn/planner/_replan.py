@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from optuna_saturn.planner._list import schedule_in_order
+from optuna_saturn.planner._list import allot, schedule_in_order
 from optuna_saturn.planner._options import check_inputs
 from optuna_saturn.planner._solve import solve
 from optuna_saturn.planner._types import Assignment, Cluster, Job, Option, Plan, Reservation
@@ -92,3 +92,29 @@ def _same_option(job: Job, old: Option) -> Option | None:
         if o.choice == old.choice:
             return o
     return None
+
+
+def reflow(previous: Plan, jobs: Sequence[Job], cluster: Cluster, *, busy: Sequence[Reservation] = ()) -> Plan:
+    """``previous``'s choices placed again on the devices as they are now: each job keeps its option (with its
+    corrected runtime) and its order, and takes the devices that free up first. A job it did not plan joins the
+    order where longest-first puts it (before the first planned job that runs shorter than its most efficient
+    option), with its cheapest options not slower than the plan (as the list scheduler allots them). One
+    list-scheduling pass: where a fresh plan is too
+    costly to make at every event, this follows the last one while the jobs' true ends drift from it."""
+    by_name = {j.name: j for j in jobs}
+    order: list[tuple[Job, Sequence[Option]]] = []
+    for a in sorted(previous.assignments, key=lambda a: (a.start, a.end, a.job)):
+        job = by_name.get(a.job)
+        option = _same_option(job, a.option) if job is not None else None
+        if option is not None and option.devices <= max(cluster.nodes):
+            order.append((job, (option,)))
+    placed = {job.name for job, _ in order}
+
+    def length(job: Job) -> float:  # its most efficient option's runtime
+        return min(job.options, key=lambda o: (o.runtime * o.devices, o.runtime)).runtime
+
+    for job in sorted((j for j in jobs if j.name not in placed), key=lambda j: (-length(j), j.name)):
+        at = next((i for i, (_, opts) in enumerate(order) if opts[0].runtime < length(job)), len(order))
+        order.insert(at, (job, allot(job, previous.makespan)))
+    return Plan(tuple(sorted(schedule_in_order(order, cluster, busy=busy), key=lambda a: (a.start, a.job))),
+                solver="kept")

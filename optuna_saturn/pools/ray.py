@@ -24,11 +24,9 @@ It offers what :class:`~optuna_saturn.pools.warm.WorkerPool` offers the sweep (`
 from __future__ import annotations
 
 import collections
-import glob
 import itertools
 import os
 import secrets
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,10 +35,10 @@ from typing import Any
 
 import optuna
 
-from optuna_saturn.worker.objective_recipe import localized, portable
+from optuna_saturn.worker.objective_recipe import portable
 from optuna_saturn.devices import Device
-from optuna_saturn.pools.launch_commands import extensions_cache
 from optuna_saturn.pools.protocol import JobEnd, JobRanks
+from optuna_saturn.pools.ray_actor import DeviceActor, remove_sweep_folder
 from optuna_saturn.pools.warm import RENDEZVOUS_TIMEOUT_SECONDS
 from optuna_saturn.pools.ray_cluster import RayCluster, RayNode, import_ray, node_from, probe, usable_nodes
 
@@ -115,7 +113,7 @@ class RayPool:
     def start(self, preload: dict | None = None) -> None:
         """Reserve every node's devices and start their actors; each imports ``preload`` (an objective recipe)."""
         self._ray = import_ray()
-        self._actor_class = self._ray.remote(_DeviceActor)
+        self._actor_class = self._ray.remote(DeviceActor)
         self._config["preload"] = None if preload is None else self._portable(preload)
         self._log_dir.mkdir(parents=True, exist_ok=True)
         for node in self.cluster.nodes:
@@ -144,7 +142,7 @@ class RayPool:
 
         for device in self._actors:
             self._kill(device)
-        cleanup = self._ray.remote(_remove_sweep_folder)
+        cleanup = self._ray.remote(remove_sweep_folder)
         alive = self._alive_nodes() or set()
         removals = [cleanup.options(num_cpus=0, label_selector={"ray.io/node-id": n.node_id}).remote(
             self._config["sweep"]) for n in self.cluster.nodes if n.node_id in alive]
@@ -438,17 +436,6 @@ class RayPool:
         return self._recipes[key]
 
 
-def sweep_folder(sweep: str) -> str:
-    """The sweep's private folder on a node."""
-    return os.path.join(tempfile.gettempdir(), f"optuna-saturn-ray-{sweep}")
-
-
-def _remove_sweep_folder(sweep: str) -> None:
-    import shutil
-
-    shutil.rmtree(sweep_folder(sweep), ignore_errors=True)
-
-
 def _first_line(error: BaseException) -> str:
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return f"{type(error).__name__}: {lines[0][:160]}" if lines else type(error).__name__
@@ -460,51 +447,3 @@ def _bundle(node: RayNode) -> dict[str, float]:
     if node.devices[0].kind == "cuda":
         bundle["GPU"] = 1
     return bundle
-
-
-class _DeviceActor:
-    """A warm worker as a Ray actor (made remote by :class:`RayPool`): imports once, then runs job after job as
-    one rank of each job's process group (:class:`~optuna_saturn.worker.warm.JobRunner`)."""
-
-    def __init__(self, config: dict, device: dict) -> None:
-        os.environ.update({"PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo",
-                           "TORCH_EXTENSIONS_DIR": config.get("extensions") or str(extensions_cache())})
-        if device["kind"] == "cpu":
-            os.environ["CUDA_VISIBLE_DEVICES"] = ""
-        # one folder per sweep on this node: the objective's copy, jobs' logs and errors, and the rendezvous of
-        # each job (its ranks are all on this node); the pool removes it at the end
-        self._folder = self._rendezvous = sweep_folder(config["sweep"])
-        os.makedirs(self._folder, mode=0o700, exist_ok=True)
-        from optuna_saturn.worker.warm import JobRunner, prepare_process, size_threads
-
-        preload = None if config.get("preload") is None else localized(config["preload"], self._folder)
-        objectives = prepare_process({**config, "preload": preload})
-        size_threads(device)
-        # Ray shows a GPU actor its own GPU only: it is device 0 here
-        local = {**device, "index": 0} if device["kind"] == "cuda" else device
-        self._runner = JobRunner(local, local_rank=0, objectives=objectives, memory_limit=config.get("memory_limit"))
-
-    def ready(self) -> dict:
-        return {"pid": os.getpid()}
-
-    def run(self, job: dict) -> dict:
-        here = os.path.join
-        job = {**job, "objective": localized(job["objective"], self._folder),
-               "errors": here(self._folder, os.path.basename(job["errors"])),
-               "log": here(self._folder, f"{job['name']}.rank{job['rank']}.log"),
-               "rendezvous": "file://" + here(self._rendezvous, job["rendezvous"])}
-        if "entries" in job:
-            job["entries"] = [{**e, "objective": job["objective"], "errors": job["errors"]} for e in job["entries"]]
-        try:
-            clean, recycle = self._runner.run(job, worker=job["worker"])
-        finally:
-            if job["rank"] == 0:
-                Path(job["rendezvous"][len("file://"):]).unlink(missing_ok=True)
-        errors = {}
-        for path in glob.glob(glob.escape(job["errors"]) + ".rank*.error.json"):
-            errors[os.path.basename(path)] = Path(path).read_text(encoding="utf-8")
-            os.unlink(path)
-        log = Path(job["log"])
-        text = log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
-        log.unlink(missing_ok=True)
-        return {"clean": clean, "recycle": recycle, "log": text, "errors": errors}

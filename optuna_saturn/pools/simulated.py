@@ -73,7 +73,8 @@ class SimulatedPool:
 
     def __init__(
         self, devices: Sequence[Device], clock: VirtualClock, behaviour: Callable[[int], Behaviour], *,
-        ready_after: float = 0.0, profile_steps: tuple[int, int] = (2, 5), faults: Sequence[Fault] = (),
+        ready_after: float | Sequence[float] = 0.0, profile_steps: tuple[int, int] = (2, 5),
+        faults: Sequence[Fault] = (),
         tick: float = 0.0, progress_rates: bool = True,
     ) -> None:
         self.devices = list(devices)
@@ -97,7 +98,7 @@ class SimulatedPool:
     def start(self) -> None:
         self._origin = self._clock.now()
         for device in range(len(self.devices)):
-            self._at(self._origin + self._ready_after, "ready", device)
+            self._at(self._origin + self._ready_delay(device), "ready", device)
         for fault in self._faults:
             self._at(self._origin + fault.at, "fault", fault)
 
@@ -148,6 +149,12 @@ class SimulatedPool:
 
     def close(self) -> None:
         self._events.clear()
+
+    def _ready_delay(self, device: int) -> float:
+        """How long the worker of ``device`` takes to start (per device, where the pool was given each)."""
+        if isinstance(self._ready_after, (int, float)):
+            return float(self._ready_after)
+        return float(self._ready_after[device % len(self._ready_after)])
 
     # -- jobs -------------------------------------------------------------------------------------------------------
     def _trial(self, run: _Run, now: float) -> float:
@@ -239,7 +246,7 @@ class SimulatedPool:
             self.devices.extend(fault.target)
             self._joined.extend(fault.target)
             for device in range(first, len(self.devices)):
-                self._at(self._clock.now() + self._ready_after, "ready", device)
+                self._at(self._clock.now() + self._ready_delay(device), "ready", device)
             return []
         if fault.kind == "lose":
             gone = {i for i, d in enumerate(self.devices) if d.node == fault.target}

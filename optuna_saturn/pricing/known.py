@@ -109,9 +109,14 @@ class KnownPrices:
     def follow_ups(self, job: ProfileJob, recorded: Sequence) -> list[ProfileJob]:
         return []
 
-    def learn_from_run(self, number: int, option: Option, **_: object) -> None:
-        """A trial's run is its option's profile: priced from now on as measured."""
-        self._measured.add((self._job_of[number], option.choice))
+    def learn_from_run(self, number: int, option: Option, **_: object) -> bool:
+        """A trial's run is its option's profile: priced from now on as measured. Returns whether that changes
+        a price (it was not measured)."""
+        index = self._job_of[number]
+        if self.jobs[index].measured or (index, option.choice) in self._measured:
+            return False
+        self._measured.add((index, option.choice))
+        return True
 
     def mark_failed(self, number: int, option: Option, error: str) -> None:
         self._left_out.add((self._job_of[number], option.choice))

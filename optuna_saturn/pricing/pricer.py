@@ -271,14 +271,15 @@ class Pricer:
     def learn_from_run(
         self, number: int, option: Option, *, step_seconds: float, steps: int, startup_seconds: float | None,
         tail_seconds: float | None, loop_steps: list[int],
-    ) -> None:
+    ) -> bool:
         """A trial ran ``steps`` steps under ``option`` at ``step_seconds`` each (its whole loop's real rate,
         evaluation passes and the time between loops included). With no profile for its key, the run becomes
-        that profile; with one, its real rate is kept beside the timed one (``observed_step_seconds``)."""
+        that profile; with one, its real rate is kept beside the timed one (``observed_step_seconds``). Returns
+        whether it learned anything (then the waiting trials' prices may change)."""
         workload = self._workloads.get(number)
         strategy = self._strategies.get(option.strategy)
         if workload is None or strategy is None or step_seconds <= 0 or steps < 1:
-            return
+            return False
         key = self._key(workload, strategy, option.devices, option.gradient_accumulation)
         record = self._store.get(key)
         if record is None:
@@ -293,9 +294,10 @@ class Pricer:
             record.observed_step_seconds = ((record.observed_step_seconds or 0.0) * runs + step_seconds) / (runs + 1)
             record.observed_runs = runs + 1
         else:
-            return
+            return False
         self._store.put(record)
         self._learn(record)
+        return True
 
     def mark_failed(self, number: int, option: Option, error: str) -> None:
         """A real run under ``option`` crashed or refused the trial's code: like a failed profile, never planned

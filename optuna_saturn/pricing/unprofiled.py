@@ -35,6 +35,7 @@ class RuntimeEstimator:
         ]
         self._observed: dict[tuple[str, int, int], list[float]] = defaultdict(list)
         self._ratios: list[float] = []
+        self.version = 0  # changes whenever corrected() may answer otherwise
 
     def observe(self, option: Option, seconds: float) -> None:
         self._observed[option.choice].append(seconds)
@@ -44,6 +45,7 @@ class RuntimeEstimator:
         passes and checkpoints inside the loop included) compare with the profile's timed steps."""
         if profiled > 0 and actual > 0:
             self._ratios.append(actual / profiled)
+            self.version += 1
 
     def corrected(self, predicted: float, loop_seconds: float) -> float:
         """A profile-based runtime whose training loop (``loop_seconds`` of it) runs at the median real / profiled

@@ -24,8 +24,11 @@ from optuna.trial import FrozenTrial
 from optuna_saturn.clock import Clock
 from optuna_saturn.study.gateway import ATTR, StudyGateway
 
-#: How many known trials may wait at once, per device: enough for the planner to order the sweep's tail.
+#: How many known trials may wait at once, per device: enough for the planner to order the sweep's tail ...
 QUEUED_TRIALS_PER_DEVICE = 4
+#: ... and in all: on a large cluster, two waves of trials per device are known well ahead, and each is described
+#: in the loop's thread (seconds, for a large model) and planned at every fresh plan.
+MOST_QUEUED_TRIALS = 1024
 #: How long an empty queue is believed empty (a callback, or another process, may enqueue trials meanwhile).
 _RECHECK_SECONDS = 1.0
 

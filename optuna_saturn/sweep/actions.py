@@ -16,15 +16,18 @@ from optuna_saturn import checkpoint
 from optuna_saturn.events import Broadcast, ProfileEvent, TrialMove, TrialProgress, TrialStart
 from optuna_saturn.pools.protocol import JobEnd, Pool
 from optuna_saturn.pricing.prices import TrialPrice
+from optuna_saturn.clock import Clock
 from optuna_saturn.study.gateway import ATTR, StudyGateway
+from optuna_saturn.study.outbox import Outbox
 from optuna_saturn.study.ownership import Owner, run_again
 from optuna_saturn.study.queue import StudyQueue
 from optuna_saturn.sweep import reporting
 from optuna_saturn.sweep.decisions import Fail, LeaveOut, Measure, Planned, RequestMove, Start, Stop, Tell
 from optuna_saturn.sweep.options import OptionsView
 from optuna_saturn.sweep.profiling import Profiling
-from optuna_saturn.sweep.requests import JobRequests
+from optuna_saturn.sweep.requests import JobRequests, run_folder, safe
 from optuna_saturn.sweep.resumes import Resumes
+from optuna_saturn.sweep.settings import SweepSettings
 from optuna_saturn.sweep.state import ProfileRun, SweepState, TrialRun, Waiting
 
 _logger = optuna.logging.get_logger("optuna.saturn")
@@ -32,15 +35,46 @@ _logger = optuna.logging.get_logger("optuna.saturn")
 
 class Actions:
     def __init__(
-        self, state: SweepState, *, pool: Pool, gateway: StudyGateway, queue: StudyQueue, pricer: Any,
-        view: OptionsView, requests: JobRequests, resumes: Resumes, profiling: Profiling, events: Broadcast,
-        owner: Owner | None, keep_checkpoints: bool,
+        self, state: SweepState, *, pool: Pool, gateway: StudyGateway, queue: StudyQueue, requests: JobRequests,
+        resumes: Resumes, events: Broadcast, owner: Owner, owned: bool, keep_checkpoints: bool,
         callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]], gc_after_trial: bool,
     ) -> None:
-        self._state, self._pool, self._gateway, self._queue, self._pricer = state, pool, gateway, queue, pricer
-        self._view, self._requests, self._resumes, self._profiling = view, requests, resumes, profiling
-        self._events, self._owner, self._keep_checkpoints = events, owner, keep_checkpoints
+        self._state, self._pool, self.gateway, self.queue = state, pool, gateway, queue
+        self._requests, self.resumes, self.events, self.owner = requests, resumes, events, owner
+        self._owned, self._keep_checkpoints = owned, keep_checkpoints
         self._callbacks, self._gc_after_trial = list(callbacks), gc_after_trial
+        self._pricer: Any = None
+        self._view: OptionsView | None = None
+        self._profiling: Profiling | None = None
+
+    @classmethod
+    def for_sweep(
+        cls, settings: SweepSettings, study: optuna.Study, state: SweepState, *, pool: Pool, clock: Clock,
+        run_dir: Path | None, callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]], gc_after_trial: bool,
+    ) -> Actions:
+        """The sweep's mechanisms: its study gateway (with an outbox where the storage is shared), the study's
+        queue, the job requests and where trials resume from."""
+        outbox = Outbox(settings.log_dir / "outbox" / safe(study.study_name)) if settings.owned else None
+        gateway = StudyGateway(study, artifact_store=settings.artifact_store, outbox=outbox)
+        strategies = {s.name: s for s in settings.strategies}
+        root = (settings.checkpoint_dir or settings.log_dir / "checkpoints") / safe(study.study_name)
+        requests = JobRequests(run_dir=run_dir or run_folder(settings.log_dir, study.study_name), checkpoint_root=root,
+                               strategies=strategies, profile_steps=settings.profile_steps, lock=gateway.lock,
+                               clock=clock)
+        # whether every device reads a checkpoint another wrote: on one machine, or in a folder the user named
+        resumes = Resumes(state, strategies, shared=settings.ray is None or settings.checkpoint_dir is not None)
+        return cls(state, pool=pool, gateway=gateway, queue=StudyQueue(gateway, clock), requests=requests,
+                   resumes=resumes, events=Broadcast(settings.listeners, study), owner=Owner.of_this_process(),
+                   owned=settings.owned, keep_checkpoints=settings.keep_checkpoints, callbacks=callbacks,
+                   gc_after_trial=gc_after_trial)
+
+    def use(self, *, pricer: Any, view: OptionsView, profiling: Profiling) -> None:
+        """What prices trials, the planner's view of them, and the profiling policy (follow-up jobs go there)."""
+        self._pricer, self._view, self._profiling = pricer, view, profiling
+
+    @property
+    def run_dir(self) -> Path:
+        return self._requests.run_dir
 
     @property
     def prices_trials(self) -> bool:
@@ -51,23 +85,24 @@ class Actions:
     def own(self, trial: optuna.Trial) -> None:
         """A trial this sweep asked or took from the queue: it counts towards ``n_trials``, and is marked ours."""
         self._state.asked += 1
-        if self._owner is not None:
-            self._gateway.set_attrs(trial, {"owner": self._owner.to_json()})
+        if self._owned:
+            self.gateway.set_attrs(trial, {"owner": self.owner.to_json()})
 
     def price(self, trial: optuna.Trial, *, leaving: tuple | None = None) -> TrialPrice:
         """The trial's options (described now if they were not), those its checkpoint allows."""
         price = self._pricer.price(trial) if self._pricer is not None else TrialPrice(None)
         if price.workload is None:  # cannot be described: planned from runtime estimates
             price.options = self._view.estimator.priced()
-        price = self._resumes.restricted(trial.number, price, leaving=leaving)
+        price = self.resumes.restricted(trial.number, price, leaving=leaving)
         if self._pricer is not None:
-            self._gateway.set_attrs(trial, {"options": [p.option.to_json() for p in price.options],
+            self.gateway.set_attrs(trial, {"options": [p.option.to_json() for p in price.options],
                                             "profiles": price.profiles})
         return price
 
-    def admit(self, trial: optuna.Trial, price: TrialPrice, now: float, *, profile_everything: bool = False) -> None:
+    def admit(self, trial: optuna.Trial, price: TrialPrice, asked_at: float, now: float, *,
+              profile_everything: bool = False) -> None:
         """A trial described and priced: it waits to be planned, or fails if no option fits it."""
-        waiting = Waiting(trial, price)
+        waiting = Waiting(trial, price, asked_at=asked_at, describe_seconds=now - asked_at)
         if not price.options:
             self.fail(Fail(waiting, "no strategy fits this trial on these devices (every option ran out of memory "
                                     "or failed)"), now)
@@ -86,12 +121,12 @@ class Actions:
             waiting = self._state.waiting[number]
             waiting.assignment = place
             waiting.planned_start, waiting.planned_end = planned.now + place.start, planned.now + place.end
-        self._events.send("on_plan", planned.shown, list(planned.places), planned.now)
+        self.events.send("on_plan", planned.shown, list(planned.places), planned.now)
 
     def start(self, start: Start, now: float) -> None:
         waiting, option, number, devices = start.waiting, start.option, start.waiting.number, start.devices
         if waiting.queued:
-            trial = self._queue.take(waiting.trial)
+            trial = self.queue.take(waiting.trial)
             if trial is None:
                 self._state.forget(number)
                 _logger.info(f"Trial {number} was taken from the study's queue by another sweep; it runs there.")
@@ -108,7 +143,7 @@ class Actions:
         self._pool.submit(request)
         names = [self._state.devices[i] for i in devices]
         _logger.info(reporting.started(number, option, names, waiting.price.option(option.choice), run.log))
-        self._events.send("on_trial_start", TrialStart(number, option.strategy, tuple(map(str, names)),
+        self.events.send("on_trial_start", TrialStart(number, option.strategy, tuple(map(str, names)),
                                                        waiting.planned_start, waiting.planned_end, now))
 
     def measure(self, measure: Measure, now: float) -> None:
@@ -120,7 +155,7 @@ class Actions:
         for entry in measure.job.entries:
             for s in entry.strategies:
                 name = reporting.option_name(s.name, measure.job)
-                self._events.send("on_profile", ProfileEvent(entry.trial.number, name, "started"))
+                self.events.send("on_profile", ProfileEvent(entry.trial.number, name, "started"))
 
     def stop(self, stop: Stop) -> None:
         stop.run.stalled = stop.reason
@@ -131,7 +166,7 @@ class Actions:
         if move is None:
             return
         move.run.session.move_requested = True
-        self._events.send("on_trial_move", TrialMove(move.run.number, move.run.waiting.assignment.option.label,
+        self.events.send("on_trial_move", TrialMove(move.run.number, move.run.waiting.assignment.option.label,
                                                      move.target.label, "asked", summary=move.summary))
 
     def fail(self, fail: Fail, now: float) -> None:
@@ -140,15 +175,31 @@ class Actions:
         if fail.waiting.queued:
             _logger.warning(f"Trial {fail.waiting.number} stays in the study's queue: {fail.reason}.")
             return
-        frozen = self._gateway.fail(fail.waiting.trial, fail.reason, attrs={"profiles": fail.waiting.price.profiles})
+        frozen = self.gateway.fail(fail.waiting.trial, fail.reason, attrs={"profiles": fail.waiting.price.profiles})
         _logger.warning(f"Trial {fail.waiting.number} failed: {fail.reason}.")
         self.after_trial(frozen, now)
+
+    def nodes(self, joined: list, lost: set[int], now: float) -> bool:
+        """Nodes joined (their devices are planned on from now) or were lost (no longer counted on: the trials
+        planned there are planned again). Returns whether any device was lost."""
+        state = self._state
+        if not joined and lost <= state.lost:
+            return False
+        newly_lost = lost - state.lost
+        if not state.nodes_changed([*state.devices, *joined], state.lost | lost, now):
+            return False  # nothing left to plan on: the pool says so (PoolBroken) and the sweep ends
+        for waiting in state.waiting.values():
+            if waiting.assignment is not None and set(waiting.assignment.devices) & state.lost:
+                waiting.assignment = None
+        if newly_lost:
+            _logger.warning(reporting.devices_lost(newly_lost, state))
+        return bool(newly_lost)
 
     def relay_progress(self, run: TrialRun) -> None:
         session = run.session
         if session.step != run.reported_step:
             run.reported_step = session.step
-            self._events.send("on_trial_progress", TrialProgress(run.number, session.step, session.total_steps,
+            self.events.send("on_trial_progress", TrialProgress(run.number, session.step, session.total_steps,
                                                                  session.step_seconds))
 
     # -- ends -------------------------------------------------------------------------------------------------------
@@ -161,32 +212,32 @@ class Actions:
             self._pricer.mark_out_of_memory(run.number, option, left.error)
         else:
             self._pricer.mark_failed(run.number, option, left.error)
-        self._resumes.from_run(run)
+        self.resumes.from_run(run)
         price = self.price(waiting.trial, leaving=waiting.left)
         if not price.options:
             return False
         _logger.warning(f"Trial {run.number} failed under {option.label}, the first run of that option for its "
                         f"workload ({left.error}); the option is left out and the trial is planned again.")
-        self._state.admit(Waiting(waiting.trial, price, attempts=waiting.attempts + 1, moves=waiting.moves,
-                                  left=waiting.left))
+        self._state.admit(replace(waiting, price=price, assignment=None, attempts=waiting.attempts + 1))
         return True
 
     def continue_moved(self, run: TrialRun, now: float) -> None:
         """A trial stopped at its checkpoint to move: it waits again, to resume from that checkpoint under an
         option other than the one it left (the plan picks which), and stays RUNNING in the study meanwhile."""
         waiting, session, left = run.waiting, run.session, run.waiting.assignment.option
-        self._resumes.from_run(run, moved=True)
+        self.resumes.from_run(run, moved=True)
         price = self.price(session.trial, leaving=left.choice)
         moves = [*waiting.moves, {"from": left.label, "device_ids": list(run.devices), "started": round(run.started, 3),
                                   "at": round(now, 3), "at_step": int(session.checkpoint["step"])}]
-        self._gateway.set_attrs(session.trial, {"moves": moves})
-        self._state.admit(Waiting(session.trial, price, attempts=waiting.attempts, moves=moves, left=left.choice))
-        self._events.send("on_trial_move", TrialMove(run.number, left.label, "", "stopped", step=moves[-1]["at_step"]))
+        self.gateway.set_attrs(session.trial, {"moves": moves})
+        self._state.admit(replace(waiting, trial=session.trial, price=price, assignment=None, moves=moves,
+                                  left=left.choice))
+        self.events.send("on_trial_move", TrialMove(run.number, left.label, "", "stopped", step=moves[-1]["at_step"]))
 
     def tell(self, tell: Tell, *, call_back: bool = True) -> bool:
         """End the trial in the study; returns whether its run taught the pricing something."""
         run, option = tell.run, tell.run.waiting.assignment.option
-        frozen = self._gateway.tell(run.session.trial, tell.state, tell.values, attrs=tell.attrs, log=run.log)
+        frozen = self.gateway.tell(run.session.trial, tell.state, tell.values, attrs=tell.attrs, log=run.log)
         if frozen.state in (TrialState.COMPLETE, TrialState.PRUNED) and not self._keep_checkpoints:
             self._remove_checkpoints(run)
         seconds = tell.attrs["actual_runtime"]
@@ -196,8 +247,7 @@ class Actions:
         if frozen.state != TrialState.FAIL and priced is not None and priced.record is not None and \
                 run.session.step_seconds is not None:
             self._view.estimator.observe_step_rate(priced.record.step_seconds, run.session.step_seconds)
-        learned = tell.learn is not None and self._pricer is not None
-        if learned:
+        learned = tell.learn is not None and self._pricer is not None and \
             self._pricer.learn_from_run(run.number, option, **tell.learn)
         if tell.run_again and frozen.state == TrialState.FAIL:
             self._run_again(frozen)
@@ -210,7 +260,7 @@ class Actions:
         names = [str(self._state.devices[i]) for i in run.devices]
         for number, where in self._profiling.ran(run, now, names).items():
             if number in self._state.waiting:
-                self._gateway.set_attrs(self._state.waiting[number].trial, {"profiling": where})
+                self.gateway.set_attrs(self._state.waiting[number].trial, {"profiling": where})
         results = {n: s.profiles for n, s in run.sessions.items()}
         reported = sum(len(v) for v in results.values())
         expected = sum(len(e.strategies) for e in run.job.entries)
@@ -225,22 +275,22 @@ class Actions:
             name, text = reporting.option_name(strategy.name, run.job), reporting.profiled(record, bool(follow_ups))
             log = _logger.warning if record is not None and record.failed else _logger.info
             log(f"Profiled {name} (trial {entry.trial.number}): {text}.")
-            self._events.send("on_profile", ProfileEvent(entry.trial.number, name, "done", text))
+            self.events.send("on_profile", ProfileEvent(entry.trial.number, name, "done", text))
 
     def after_trial(self, frozen: FrozenTrial, now: float, *, call_back: bool = True) -> None:
         """What follows every trial's end: the listeners, then Optuna's callbacks and ``gc_after_trial``, in this
         process, as ``study.optimize`` does (not for trials the sweep's own interruption ended)."""
-        self._events.send("on_trial_end", frozen, now)
+        self.events.send("on_trial_end", frozen, now)
         if call_back:
-            self._gateway.call_back(self._callbacks, frozen)
-        self._queue.look_again()  # its params run again, or a callback enqueued trials: ahead of new trials
+            self.gateway.call_back(self._callbacks, frozen)
+        self.queue.look_again()  # its params run again, or a callback enqueued trials: ahead of new trials
         if self._gc_after_trial:
             gc.collect()
 
     def _run_again(self, frozen: FrozenTrial) -> None:
         """A trial whose rank died or hung: its params run again next, resuming from its checkpoint if it saved
         one. ``n_trials`` still counts new trials."""
-        run_again(self._gateway, frozen)
+        run_again(self.gateway, frozen)
         if self._state.n_trials is not None:
             self._state.n_trials += 1
         _logger.warning(f"Trial {frozen.number}'s params run again as a new trial"

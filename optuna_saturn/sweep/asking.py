@@ -4,8 +4,8 @@ No batch barrier: a trial is asked whenever a device would otherwise sit idle wi
 leaves it free now, or within the time asking and describing a trial takes), and at most ``lookahead`` asked
 trials wait at once. Asking no earlier than needed lets the sampler see as many finished trials as it can; asking
 no later keeps devices busy. Trials of the study's queue whose parameters are all fixed need no sampler: they are
-described ahead and planned as a set, up to ``QUEUED_TRIALS_PER_DEVICE`` per device (:mod:`optuna_saturn.study.
-queue`). A profile-only sweep asks all its trials at once.
+described ahead and planned as a set, up to ``QUEUED_TRIALS_PER_DEVICE`` per device and ``MOST_QUEUED_TRIALS``
+in all (:mod:`optuna_saturn.study.queue`). A profile-only sweep asks all its trials at once.
 
 Asking stops at ``n_trials`` (new trials; a trial run again adds one), at ``study.stop()``, or once the timeout
 passed and every device had a trial: plain Optuna's ``n_jobs`` threads start their first trials within moments of
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from optuna_saturn.study.queue import QUEUED_TRIALS_PER_DEVICE
+from optuna_saturn.study.queue import MOST_QUEUED_TRIALS, QUEUED_TRIALS_PER_DEVICE
 from optuna_saturn.sweep.options import OptionsView
 from optuna_saturn.sweep.state import SweepState
 
@@ -56,8 +56,8 @@ class Asking:
 
     def room_to_describe(self, state: SweepState) -> bool:
         """Whether a trial of the queue may be described before it is asked (fewer known trials wait than
-        ``QUEUED_TRIALS_PER_DEVICE`` per device allows)."""
-        limit = max(self.lookahead, QUEUED_TRIALS_PER_DEVICE * len(state.devices))
+        ``QUEUED_TRIALS_PER_DEVICE`` per device allows, ``MOST_QUEUED_TRIALS`` in all)."""
+        limit = max(self.lookahead, min(QUEUED_TRIALS_PER_DEVICE * len(state.devices), MOST_QUEUED_TRIALS))
         return self._describe_ahead and len(state.waiting) < limit
 
     def next(self, state: SweepState, now: float, options: OptionsView) -> Next | None:

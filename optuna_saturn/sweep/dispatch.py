@@ -40,30 +40,55 @@ def starts(state: SweepState, ready: set[int], view: OptionsView, now: float) ->
             later.append(waiting)
             if not fits and blocked_until is None:
                 blocked_until = max(now, waiting.planned_start)
+    if not later or not free:
+        return decided
+    needs = _earliest_needs(later)
+    # no early start can end past the latest time a free device is needed by another trial (an upper bound: the
+    # second earliest need of a device, the earliest being perhaps the trial's own)
+    horizon = max(needs[d][1][0] if len(needs.get(d, ())) == 2 else float("inf") for d in free)
+    widest = max(len([d for d in free if state.topology.node_of(d) == n]) for n in {state.topology.node_of(d)
+                                                                                     for d in free})
     for waiting in later:
-        early = _early_start(waiting, later, free, state, view, now)
+        if not free:
+            break
+        early = _early_start(waiting, needs, free, state, view, now, min(horizon, waiting.planned_end), widest)
         if early is not None:
             decided.append(early)
             free -= set(early.devices)
     return decided
 
 
+def _earliest_needs(later: list[Waiting]) -> dict[int, list[tuple[float, int]]]:
+    """Per device, the two earliest planned starts of the waiting trials planned on it (with their numbers)."""
+    needs: dict[int, list[tuple[float, int]]] = {}
+    for waiting in later:
+        for d in waiting.assignment.devices:
+            needs[d] = sorted([*needs.get(d, []), (waiting.planned_start, waiting.number)])[:2]
+    return needs
+
+
 def _early_start(
-    waiting: Waiting, later: list[Waiting], free: set[int], state: SweepState, view: OptionsView, now: float
+    waiting: Waiting, needs: dict[int, list[tuple[float, int]]], free: set[int], state: SweepState,
+    view: OptionsView, now: float, deadline: float, widest: int,
 ) -> Start | None:
     """``waiting`` now under whichever option ends it soonest on free devices, if that is no later than its
-    planned end and no other waiting trial is planned on those devices before then."""
-    needed: dict[int, float] = {}  # device -> the earliest planned start of another waiting trial on it
-    for other in later:
-        if other is not waiting:
-            for d in other.assignment.devices:
-                needed[d] = min(needed.get(d, float("inf")), other.planned_start)
+    planned end and no other waiting trial is planned on those devices before then (``deadline`` and ``widest``
+    bound what can fit: a quick no)."""
+    options, weighed = view.options(waiting, state), view.weighed_options(waiting, state)
+    fits = [(o, w) for o, w in zip(options, weighed) if o.devices <= widest and now + w.runtime <= deadline]
+    if not fits:
+        return None
+
+    def needed(d: int) -> float:  # when another waiting trial is planned to start on device d
+        return next((start for start, number in needs.get(d, ()) if number != waiting.number), float("inf"))
+
     best = None
-    for option, weighed in zip(view.options(waiting, state), view.weighed_options(waiting, state)):
-        end = now + weighed.runtime
-        usable = {d for d in free if needed.get(d, float("inf")) >= end}
-        devices = state.topology.pick(usable, option.devices)
-        if devices is not None and end <= waiting.planned_end and (best is None or end < best[0]):
+    for option, weighed_option in fits:
+        end = now + weighed_option.runtime
+        if end > waiting.planned_end or (best is not None and end >= best[0]):
+            continue
+        devices = state.topology.pick({d for d in free if needed(d) >= end}, option.devices)
+        if devices is not None:
             best = (end, option, devices)
     if best is None:
         return None

@@ -19,13 +19,11 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from optuna_saturn.clock import Clock
-from optuna_saturn.events import Broadcast
 from optuna_saturn.pools.protocol import JobEnd, Pool
 from optuna_saturn.pricing.unprofiled import RuntimeEstimator
-from optuna_saturn.study.gateway import StudyGateway
-from optuna_saturn.study.outbox import STORAGE_ERRORS, Outbox
-from optuna_saturn.study.ownership import Heartbeat, Owner, inherit_intermediate_values, take_over
-from optuna_saturn.study.queue import ParameterNotFixed, QueuedTrial, StudyQueue
+from optuna_saturn.study.outbox import STORAGE_ERRORS
+from optuna_saturn.study.ownership import Heartbeat, inherit_intermediate_values, take_over
+from optuna_saturn.study.queue import ParameterNotFixed, QueuedTrial
 from optuna_saturn.sweep import dispatch, reporting
 from optuna_saturn.sweep.actions import Actions
 from optuna_saturn.sweep.asking import Asking, Next
@@ -35,8 +33,6 @@ from optuna_saturn.sweep.options import OptionsView
 from optuna_saturn.sweep.outcomes import Outcomes
 from optuna_saturn.sweep.planning import Planning
 from optuna_saturn.sweep.profiling import Profiling
-from optuna_saturn.sweep.requests import JobRequests, run_folder, safe
-from optuna_saturn.sweep.resumes import Resumes
 from optuna_saturn.sweep.settings import SweepSettings
 from optuna_saturn.sweep.state import ProfileRun, SweepState, TrialRun
 
@@ -52,13 +48,12 @@ class Sweep:
         run_dir: Path | None = None,
     ) -> None:
         self.settings, self.study, self._pool, self._clock = settings, study, pool, clock
-        outbox = Outbox(settings.log_dir / "outbox" / safe(study.study_name)) if settings.owned else None
-        self._gateway = gateway = StudyGateway(study, artifact_store=settings.artifact_store, outbox=outbox)
-        self._queue = StudyQueue(gateway, clock)
         self._state = state = SweepState(clock.now(), list(settings.devices), n_trials=n_trials)
+        self._do = Actions.for_sweep(settings, study, state, pool=pool, clock=clock, run_dir=run_dir,
+                                     callbacks=callbacks, gc_after_trial=gc_after_trial)
+        self._gateway, self._queue = self._do.gateway, self._do.queue
         # what prices trials (describes them under the study's lock); None: runtime estimates alone
-        pricer = pricing(gateway.lock) if pricing is not None else None
-        strategies = {s.name: s for s in settings.strategies}
+        pricer = pricing(self._gateway.lock) if pricing is not None else None
         self._view = OptionsView(RuntimeEstimator(settings.strategies, state.largest_node),
                                  profile_steps=settings.profile_steps)
         self._asking = Asking(timeout=timeout, lookahead=batch_size, profile_only=settings.profile_only,
@@ -68,23 +63,9 @@ class Sweep:
         self._faults = Faults(stall_timeout=settings.stall_timeout, max_retries=settings.max_retries,
                               may_leave_out=pricer is not None)
         self._elastic = Elastic(enabled=settings.elastic and not settings.profile_only, max_moves=settings.max_moves,
-                                engines={n: s.engine for n, s in strategies.items()})
+                                engines={s.name: s.engine for s in settings.strategies})
         self._outcomes = Outcomes(ray=settings.ray)
-        self._events = Broadcast(settings.listeners, study)
-        self._owner = Owner.of_this_process()
-        run_dir = run_dir or run_folder(settings.log_dir, study.study_name)
-        root = (settings.checkpoint_dir or settings.log_dir / "checkpoints") / safe(study.study_name)
-        self._requests = JobRequests(run_dir=run_dir, checkpoint_root=root, strategies=strategies,
-                                     profile_steps=settings.profile_steps, lock=gateway.lock, clock=clock)
-        # whether every device reads a checkpoint another wrote: on one machine, or in a folder the user named
-        resumes = Resumes(state, strategies, shared=settings.ray is None or settings.checkpoint_dir is not None)
-        self._resumes = resumes
-        self._do = Actions(
-            state, pool=pool, gateway=gateway, queue=self._queue, pricer=pricer, view=self._view,
-            requests=self._requests, resumes=resumes, profiling=self._profiling, events=self._events,
-            owner=self._owner if settings.owned else None, keep_checkpoints=settings.keep_checkpoints,
-            callbacks=callbacks, gc_after_trial=gc_after_trial,
-        )
+        self._do.use(pricer=pricer, view=self._view, profiling=self._profiling)
         self._planning_seconds = 0.0
 
     def _now(self) -> float:
@@ -94,11 +75,11 @@ class Sweep:
     # -- the loop ---------------------------------------------------------------------------------------------------
     def run(self) -> None:
         if self.settings.owned:
-            retried = take_over(self._gateway, self._owner, max_retries=self.settings.max_retries)
+            retried = take_over(self._gateway, self._do.owner, max_retries=self.settings.max_retries)
             if retried and self._state.n_trials is not None:  # n_trials counts new trials; the retries run first
                 self._state.n_trials += len(retried)
-        self._events.send("on_sweep_start", [str(d) for d in self.settings.devices], self._state.started_at)
-        with Heartbeat(self._gateway, self._owner) if self.settings.owned else contextlib.nullcontext():
+        self._do.events.send("on_sweep_start", [str(d) for d in self.settings.devices], self._state.started_at)
+        with Heartbeat(self._gateway, self._do.owner) if self.settings.owned else contextlib.nullcontext():
             try:
                 self._pool.start()
                 while self._step():
@@ -106,14 +87,14 @@ class Sweep:
             except BaseException as exc:
                 reason = "interrupted (KeyboardInterrupt)" if isinstance(exc, KeyboardInterrupt) else repr(exc)
                 self._abort(reason)
-                self._events.send("on_sweep_end", self._now(), True)
+                self._do.events.send("on_sweep_end", self._now(), True)
                 raise
             finally:
                 self._pool.close()
         self._gateway.set_study_attr("last_sweep", reporting.summary(
             self._state, self._now(), self._asking, self._planning_seconds, self._planning, self._profiling))
-        _logger.info(f"Sweep finished in {self._now():.1f} s; logs in {self._requests.run_dir}.")
-        self._events.send("on_sweep_end", self._now(), False)
+        _logger.info(f"Sweep finished in {self._now():.1f} s; logs in {self._do.run_dir}.")
+        self._do.events.send("on_sweep_end", self._now(), False)
 
     def _step(self) -> bool:
         """One round: what ended, what the pool's nodes did, then every policy's decisions. False at the end."""
@@ -127,7 +108,7 @@ class Sweep:
         for start in dispatch.starts(state, ready, self._view, self._now()):
             do.start(start, self._now())
         self._ask()
-        if self._planning.due(state):
+        if self._planning.due(state, self._pool.ready()):
             self._plan()
             for start in dispatch.starts(state, self._pool.ready(), self._view, self._now()):
                 do.start(start, self._now())
@@ -173,10 +154,10 @@ class Sweep:
                 continue  # another sweep took it from the queue first
             self._do.own(trial)
             inherit_intermediate_values(self._gateway, trial)
-            self._state.resumes[trial.number] = self._resumes.inherited(trial)
+            self._state.resumes[trial.number] = self._do.resumes.inherited(trial)
             price = self._do.price(trial)
             self._asking.asked(self._now() - asked_at)
-            self._do.admit(trial, price, self._now(), profile_everything=self.settings.profile_only)
+            self._do.admit(trial, price, asked_at, self._now(), profile_everything=self.settings.profile_only)
 
     def _describe_queued(self) -> bool:
         """Describe the queue's next trial from its fixed parameters, leaving it in the queue; False if there is
@@ -196,7 +177,7 @@ class Sweep:
         if trial is not None and not price.options:
             self._do.own(trial)
         if trial is not None:
-            self._do.admit(trial, price, self._now())
+            self._do.admit(trial, price, started, self._now())
         return True
 
     # -- ends -------------------------------------------------------------------------------------------------------
@@ -216,6 +197,7 @@ class Sweep:
             for waiting in self._state.waiting.values():
                 waiting.price = self._do.price(waiting.trial, leaving=waiting.left)
             self._state.plan_dirty = True
+            self._state.changes += 1
 
     def _trial_ended(self, run: TrialRun, end: JobEnd, *, reason: str = "", call_back: bool = True) -> bool:
         """Whether the run taught the pricing something (then the waiting trials are priced again)."""
@@ -236,19 +218,9 @@ class Sweep:
     def _nodes(self) -> None:
         """Devices of nodes that joined are planned on; those of nodes that died are not, nor the trials no node
         left can hold."""
-        state, joined, lost = self._state, self._pool.joined(), self._pool.lost()
-        if not joined and lost <= state.lost:
-            return
-        newly_lost = lost - state.lost
-        if not state.nodes_changed([*state.devices, *joined], state.lost | lost, self._now()):
-            return  # nothing left to plan on: the pool says so (PoolBroken) and the sweep ends
-        for waiting in state.waiting.values():
-            if waiting.assignment is not None and set(waiting.assignment.devices) & state.lost:
-                waiting.assignment = None  # planned again, on the nodes left
-        for fail in self._faults.without_a_node(state):
-            self._do.fail(fail, self._now())
-        if newly_lost:
-            _logger.warning(reporting.devices_lost(newly_lost, state))
+        if self._do.nodes(self._pool.joined(), self._pool.lost(), self._now()):
+            for fail in self._faults.without_a_node(self._state):
+                self._do.fail(fail, self._now())
 
     def _abort(self, reason: str) -> None:
         """Stop every process, then end every trial this sweep holds in a clear state."""

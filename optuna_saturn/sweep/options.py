@@ -44,6 +44,7 @@ class OptionsView:
         self.estimator = estimator
         self._profile_steps = profile_steps
         self._seen: list[list[Option]] = []  # every admitted trial's weighed options, as first priced
+        self._views: dict[int, tuple] = {}  # per trial: what its views depend on, and the views
 
     def saw(self, waiting: Waiting) -> None:
         """A trial was admitted: it stands for the trials to come."""
@@ -51,9 +52,30 @@ class OptionsView:
 
     def options(self, waiting: Waiting, state: SweepState) -> list[Option]:
         """The options with their corrected runtimes (profiles corrected by real runs, resumed steps only)."""
-        workload = waiting.price.workload
+        return self._view(waiting, state)[0]
+
+    def weighed_options(self, waiting: Waiting, state: SweepState) -> list[Option]:
+        return self._view(waiting, state)[1]
+
+    def planned_options(self, waiting: Waiting, state: SweepState) -> list[Option]:
+        """The options as the planner sees them: weighed, tie-broken, and fitting a node."""
+        return self._view(waiting, state)[2]
+
+    def _view(self, waiting: Waiting, state: SweepState) -> tuple[list[Option], list[Option], list[Option]]:
+        """(corrected, weighed, planned) options, computed again only when what they depend on changed (the
+        trial's price, the checkpoint it resumes from, the observed step rates, the nodes): a large sweep asks
+        for them at every event, for hundreds of trials."""
         resume = state.resumes.get(waiting.number)
-        out = []
+        cached = self._views.get(waiting.number)
+        if cached is not None:
+            (price, resumed, corrects, version, largest), *views = cached
+            if price is waiting.price and resumed is resume and largest == state.largest_node and \
+                    (not corrects or version == self.estimator.version):
+                return views[0], views[1], views[2]
+        corrects = any(p.record is not None and not p.record.observed for p in waiting.price.options)
+        key = (waiting.price, resume, corrects, self.estimator.version, state.largest_node)
+        workload = waiting.price.workload
+        corrected = []
         for priced in waiting.price.options:
             option, record = priced.option, priced.record
             if record is not None and not record.observed and workload is not None:
@@ -62,29 +84,28 @@ class OptionsView:
             if resume is not None and workload is not None and workload.total_steps:
                 left = max(0.0, 1.0 - resume.step / workload.total_steps)  # its steps after the checkpoint
                 option = replace(option, runtime=max(option.runtime * left, 1e-3))
-            out.append(option)
-        return out
-
-    def weighed_options(self, waiting: Waiting, state: SweepState) -> list[Option]:
-        return weighed(self.options(waiting, state), waiting.price.options)
+            corrected.append(option)
+        weighed_ = weighed(corrected, waiting.price.options)
+        planned = tie_broken(fitting(weighed_, state.largest_node))
+        self._views[waiting.number] = (key, corrected, weighed_, planned)
+        return corrected, weighed_, planned
 
     def jobs_and_busy(self, state: SweepState, now: float, *, future: bool = True) -> tuple[list[Job], list[Reservation]]:
         """The waiting trials (and the future ones) as planner jobs, and the running jobs as reservations."""
-        largest = state.largest_node
-        jobs = [Job(str(n), tie_broken(fitting(self.weighed_options(w, state), largest)))
-                for n, w in state.waiting.items()]
+        jobs = [Job(str(n), self.planned_options(w, state)) for n, w in state.waiting.items()]
         busy = [state.topology.reservation(r.devices, self.remaining(r, state, now), r.key)
                 for r in state.running.values() if not set(r.devices) & state.lost]
         return (jobs + self.future_jobs(state) if future else jobs), busy
 
     def future_jobs(self, state: SweepState) -> list[Job]:
-        """The trials not asked yet, each like an asked trial of median size (none once ``n_trials`` are in)."""
+        """The trials not asked yet, each like an asked trial of median size: as many as make the trials planned
+        ``FUTURE_TRIALS`` per device in all (none once ``n_trials`` are in, or when that many are known)."""
         remaining = (state.n_trials - state.asked - state.queued_waiting()) if state.n_trials is not None \
             else FUTURE_TRIALS
-        if not self._seen or remaining <= 0:
+        count = min(remaining, FUTURE_TRIALS * len(state.devices) - len(state.waiting))
+        if not self._seen or count <= 0:
             return []
         options = sorted(self._seen, key=lambda opts: min(o.runtime * o.devices for o in opts))[len(self._seen) // 2]
-        count = min(remaining, FUTURE_TRIALS * len(state.devices))
         options = fitting(options, state.largest_node)
         return [Job(f"{FUTURE}{i}", tie_broken(options)) for i in range(count)] if options else []
 

@@ -68,6 +68,8 @@ class Outcomes:
             "log": str(run.log),
             **self._node(state.devices[run.devices[0]]),
             "priced_by": "measured" if priced is None or priced.measured else priced.basis,
+            "asked_at": round(waiting.asked_at, 3),
+            "describe_seconds": round(waiting.describe_seconds, 3),
         }
         if profiling:
             attrs["profiling"] = profiling

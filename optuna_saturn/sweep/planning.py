@@ -6,7 +6,13 @@ need at their measured step rate. The plan being executed is kept unless a fresh
 (:func:`~optuna_saturn.planner.replan`), so a tiny gain does not reshuffle every trial's devices.
 
 While a device has no job, the plan is what it waits for: then only the planner's heuristics run (milliseconds),
-and the solvers refine the plan once every device is busy again. With ``replan=False`` ("static", for the
+and the solvers refine the plan once every device is busy again, unless it is within 2% of its lower bound.
+When hundreds of trials wait (a large cluster's known trials), a fresh plan of all of them at every event would
+cost more than the events leave time for: between fresh plans the last one is followed (each trial keeps its
+option and its order and takes the devices that free up first; new trials follow), and a fresh one is made once
+a tenth of the trials are new since the
+last, when prices or nodes changed, or when the repaired plan ends later than the fresh one did by more than 2%
+and the new trials' work spread over the devices. With ``replan=False`` ("static", for the
 simulator's comparisons) a trial keeps the place its first plan gave it; new trials are placed around it.
 """
 
@@ -14,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from optuna_saturn.planner import Assignment, Plan, replan
+from optuna_saturn.planner import Assignment, Plan, reflow, replan
 from optuna_saturn.sweep.decisions import Planned
 from optuna_saturn.sweep.options import FUTURE, OptionsView
 from optuna_saturn.sweep.settings import SweepSettings
@@ -25,6 +31,13 @@ REPLAN_SECONDS = 0.1
 #: The planner's backend while a device waits for the plan: its heuristics alone (greedy and moldable list
 #: scheduling, a few milliseconds; the first CP-SAT plan of a process also imports OR-Tools, 0.4 s).
 URGENT_SOLVER = "list"
+#: Solvers refine a plan only when it may be this much longer than its lower bound.
+REFINE_GAP = 0.02
+#: Above this many waiting trials, the plan is repaired between fresh plans (see the module's docstring) ...
+REPAIR_ABOVE = 64
+#: ... which come once this share of the trials are new, or the repaired plan ends this much later.
+FRESH_SHARE = 0.1
+DRIFT = 0.02
 
 
 class Planning:
@@ -38,10 +51,19 @@ class Planning:
         self._refine = False  # the last plan was the heuristics' alone: the solvers refine it when they may
         self.version = 0  # plans made
         self.first_makespan: float | None = None
+        self._fresh: tuple[set[str], int, float] | None = None  # the last fresh plan: its trials, changes, end
 
-    def due(self, state: SweepState) -> bool:
-        """Whether to plan now: something changed, or the heuristics' plan is to be refined and no device waits."""
-        return state.plan_dirty or (self._refine and not state.free())
+    def due(self, state: SweepState, ready: set[int]) -> bool:
+        """Whether to plan now: something changed, or the heuristics' plan is to be refined and no device waits.
+        When many trials wait, a change that leaves every device busy (a trial ended, the next one started on its
+        devices as planned) waits for the next one that does not, or for a fresh plan to be due."""
+        if not state.plan_dirty:
+            return self._refine and not state.free()
+        if len(state.waiting) <= REPAIR_ABOVE or self._fresh is None or state.free() & ready:
+            return True
+        fresh_names, changes, _ = self._fresh  # (a trial that arrived meanwhile is placed by the next plan)
+        new = sum(1 for n in state.waiting if str(n) not in fresh_names)
+        return changes != state.changes or new >= FRESH_SHARE * len(state.waiting)
 
     def plan(self, state: SweepState, view: OptionsView, now: float) -> Planned | None:
         """The waiting trials' places (the previous ones kept unless a new plan is clearly shorter)."""
@@ -54,12 +76,16 @@ class Planning:
         min_improvement = self._min_improvement
         if previous is None and self._first_plan is not None:  # a replay: the first plan is given
             previous, self._first_plan, min_improvement = self._first_plan, None, float("inf")
-        urgent = self._solver == "auto" and bool(state.free())
-        plan = replan(
-            previous, jobs, state.cluster, busy=busy, solver=URGENT_SOLVER if urgent else self._solver,
-            time_limit=self._time_limit, seed=self._seed, min_improvement=min_improvement,
-        )
-        self._refine = urgent
+        plan = self._repaired(previous, jobs, busy, state, now)
+        if plan is None:
+            urgent = self._solver == "auto" and bool(state.free())
+            plan = replan(
+                previous, jobs, state.cluster, busy=busy, solver=URGENT_SOLVER if urgent else self._solver,
+                time_limit=self._time_limit, seed=self._seed, min_improvement=min_improvement,
+            )
+            self._refine = urgent and plan.makespan > plan.lower_bound * (1 + REFINE_GAP)
+            self._fresh = ({j.name for j in jobs if not j.name.startswith(FUTURE)}, state.changes,
+                           now + plan.makespan)
         places: dict[int, Assignment] = {}
         for a in plan.assignments:
             if a.job.startswith(FUTURE):
@@ -72,6 +98,20 @@ class Planning:
         if self.first_makespan is None:
             self.first_makespan = now + shown.makespan
         return Planned(places, shown, now)
+
+    def _repaired(self, previous: Plan | None, jobs: list, busy: list, state: SweepState, now: float) -> Plan | None:
+        """The previous plan repaired, if a fresh one is not due yet (see the module's docstring); else None."""
+        names = {j.name for j in jobs if not j.name.startswith(FUTURE)}
+        if previous is None or self._fresh is None or len(names) <= REPAIR_ABOVE:
+            return None
+        fresh_names, changes, fresh_end = self._fresh
+        if changes != state.changes or len(names - fresh_names) >= FRESH_SHARE * len(names):
+            return None
+        kept = reflow(previous, jobs, state.cluster, busy=busy)
+        # the trials that arrived since may end it later by their work spread over the devices, and no more
+        arrived = sum(min(o.runtime * o.devices for o in j.options) for j in jobs if j.name in names - fresh_names)
+        allowed = fresh_end + arrived / state.cluster.total_devices + DRIFT * max(fresh_end - now, 0.0)
+        return kept if now + kept.makespan <= allowed else None
 
     @staticmethod
     def _previous_plan(state: SweepState) -> Plan | None:

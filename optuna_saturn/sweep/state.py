@@ -34,10 +34,12 @@ class Waiting:
     attempts: int = 0  # runs that failed under an option tried for the first time (then left out)
     moves: list[dict] = field(default_factory=list)  # where the sweep moved it from while it ran (elastic resize)
     left: tuple | None = None  # the option (its choice) its last move left: not planned for it again
+    asked_at: float = 0.0  # seconds since the sweep started, when it was asked (or described from the queue)
+    describe_seconds: float = 0.0  # how long asking and describing it took the loop
+    number: int = field(init=False)
 
-    @property
-    def number(self) -> int:
-        return self.trial.number
+    def __post_init__(self) -> None:
+        self.number = self.trial.number
 
     @property
     def queued(self) -> bool:
@@ -88,6 +90,7 @@ class SweepState:
     asked: int = 0  # trials this sweep asked or took from the queue (asking)
     n_trials: int | None = None  # how many to run; retries add one each (ends: RunAgain)
     plan_dirty: bool = False  # something changed since the last plan (every transition; planning clears it)
+    changes: int = 0  # counts what changes plans besides ends and arrivals: prices, nodes (the loop)
     free_since: dict[int, float] = field(default_factory=dict)  # per device: when its last job ended
     idle_seconds: dict[int, float] = field(default_factory=dict)  # per device: time between jobs
     ready_at: dict[int, float] = field(default_factory=dict)  # per device: when its worker was first ready
@@ -151,4 +154,5 @@ class SweepState:
             return False
         self.topology = topology
         self.plan_dirty = True
+        self.changes += 1
         return True

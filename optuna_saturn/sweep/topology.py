@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from optuna_saturn.devices import Device
 from optuna_saturn.planner import Assignment, Cluster, Reservation
@@ -31,12 +32,16 @@ class Topology:
             members[device.node].append(i)
         return cls(tuple(tuple(members[n]) for n in names))
 
-    @property
+    @cached_property
     def cluster(self) -> Cluster:
         return Cluster([len(m) for m in self.members])
 
+    @cached_property
+    def _nodes(self) -> dict[int, int]:
+        return {d: n for n, m in enumerate(self.members) for d in m}
+
     def node_of(self, device: int) -> int:
-        return next(n for n, m in enumerate(self.members) if device in m)
+        return self._nodes[device]
 
     def to_global(self, assignment: Assignment) -> Assignment:
         """A planner's assignment (node-local devices) with the pool's global device indices."""
@@ -57,11 +62,15 @@ class Topology:
     def pick(self, usable: Collection[int], count: int) -> list[int] | None:
         """``count`` of the ``usable`` devices on one node (the node with the fewest left over: whole nodes stay
         free for larger trials), or None when no node has that many."""
-        fits = [[d for d in m if d in usable] for m in self.members]
-        fits = [f for f in fits if len(f) >= count]
-        if not fits or count < 1:
+        if count < 1:
             return None
-        return min(fits, key=len)[:count]
+        by_node: dict[int, list[int]] = {}
+        for d in usable:
+            node = self._nodes.get(d)
+            if node is not None:
+                by_node.setdefault(node, []).append(d)
+        fits = [(len(f), node, sorted(f)) for node, f in by_node.items() if len(f) >= count]
+        return min(fits)[2][:count] if fits else None
 
     def _local(self, node: int, devices: Sequence[int]) -> tuple[int, ...]:
         members = self.members[node]

@@ -30,7 +30,8 @@ from optuna_saturn.engines import _clipping
 from optuna_saturn.integrations import _guard as accelerate_guard
 from optuna_saturn.microbatch import AccumulationError
 from optuna_saturn.strategy import Strategy
-from optuna_saturn.trial import ProfileComplete, SaturnTrial, TrialMoved
+from optuna_saturn.trial import SaturnTrial, TrialMoved
+from optuna_saturn.worker.profiled_steps import ProfileComplete
 
 
 @dataclass(frozen=True)

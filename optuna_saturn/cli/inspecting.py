@@ -1,0 +1,206 @@
+"""``optuna-saturn plan``, ``simulate`` and ``report``: what a recorded sweep did, and what it would do elsewhere."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import optuna
+import typer
+
+from optuna_saturn.cli.app import (
+    RuntimesOption, SolverOption, StorageOption, StudyOption, app, console, fail, gap, ints, open_study,
+)
+
+
+@app.command()
+def plan(
+    storage: StorageOption,
+    study: StudyOption = None,
+    devices: Annotated[int | None, typer.Option(
+        "--devices", min=1, help="Plan on one node with this many devices (default: the recorded sweep's pool).",
+        show_default=False)] = None,
+    nodes: Annotated[str | None, typer.Option(
+        "--nodes", help="Plan on several nodes, devices per node, e.g. 8,8.", show_default=False)] = None,
+    solver: SolverOption = "auto",
+    time_limit: Annotated[float, typer.Option("--time-limit", min=0.0, help="Seconds the planner may use.")] = 10.0,
+    runtimes: RuntimesOption = "observed",
+) -> None:
+    """Re-plan a study's trials as one batch from the options they recorded, and print the plan."""
+    from rich.table import Table
+
+    from optuna_saturn.planner import lower_bound, solve
+
+    the_study = open_study(storage, study)
+    jobs, cluster = _jobs_and_cluster(the_study, runtimes, _one_cluster(devices, nodes))
+    try:
+        result = solve(jobs, cluster, solver=solver, time_limit=time_limit)
+    except ValueError as exc:  # unknown solver, options that fit no node
+        fail(str(exc))
+    table = Table(title=f"Plan for {len(jobs)} trial(s) of {the_study.study_name!r} on nodes "
+                  f"{list(cluster.nodes)} ({runtimes} runtimes, solver {result.solver})", title_justify="left")
+    for column in ("trial", "strategy", "devices", "micro-batches", "node", "device ids", "start (s)", "end (s)"):
+        table.add_column(column, justify="left" if column in ("strategy", "device ids") else "right")
+    for a in sorted(result.assignments, key=lambda a: (a.start, a.node, a.devices)):
+        table.add_row(a.job, a.option.strategy, str(a.option.devices), str(a.option.gradient_accumulation), str(a.node),
+                      ",".join(map(str, a.devices)), f"{a.start:.1f}", f"{a.end:.1f}")
+    console().print(table)
+    bound = lower_bound(jobs, cluster)
+    typer.echo(f"makespan {result.makespan:.1f} s, lower bound {bound:.1f} s "
+               f"({gap(result.makespan, bound)} over the bound{', optimal' if result.optimal else ''})")
+
+
+@app.command()
+def simulate(
+    storage: StorageOption,
+    study: StudyOption = None,
+    devices: Annotated[str | None, typer.Option(
+        "--devices", help="Device counts to compare, comma-separated, e.g. 2,4,8 (each one node). Default: the "
+        "recorded sweep's.", show_default=False)] = None,
+    nodes: Annotated[list[str] | None, typer.Option(
+        "--nodes", help="A cluster as devices per node, e.g. 8,8; may be repeated to compare clusters.",
+        show_default=False)] = None,
+    mode: Annotated[str, typer.Option(
+        "--mode", help="replan: the executor as it ships; static: every trial keeps its first plan's place; "
+        "clairvoyant: planned with the true runtimes.")] = "replan",
+    solver: SolverOption = "auto",
+    time_limit: Annotated[float, typer.Option(
+        "--time-limit", min=0.0, help="Seconds the planner may use per plan (the sweep caps it at 0.1).")] = 2.0,
+    runtimes: RuntimesOption = "observed",
+    sweep: Annotated[int, typer.Option(
+        "--sweep", help="Which of the study's sweeps: 1 the first, -1 the latest (one per run or optimize call).")]
+    = -1,
+) -> None:
+    """What if: the study's latest sweep run again by the real scheduler, in virtual time, on other device counts
+    or clusters (and on its own devices: how far the simulation is from what really happened)."""
+    from rich.table import Table
+
+    from optuna_saturn.planner import Cluster, lower_bound
+    from optuna_saturn.report.replay import replay_of
+    from optuna_saturn.simulator import MODES, run_simulation
+
+    if mode not in MODES:
+        fail(f"--mode must be one of {', '.join(MODES)}, got {mode!r}.")
+    if runtimes not in ("observed", "estimated"):
+        fail(f"--runtimes must be observed or estimated, got {runtimes!r}.")
+    the_study = open_study(storage, study)
+    try:
+        replay = replay_of(the_study, sweep=sweep - 1 if sweep > 0 else sweep, observed=runtimes == "observed")
+    except ValueError as exc:
+        fail(str(exc))
+    clusters = [Cluster([n]) for n in ints(devices, "--devices")] if devices else []
+    clusters += [Cluster(ints(spec, "--nodes")) for spec in nodes or ()]
+    recorded = replay.wall_seconds
+    table = Table(title=f"Sweep {sweep} of {the_study.study_name!r}: {len(replay.jobs)} trial(s), simulated "
+                  f"({mode}, {runtimes} runtimes)", title_justify="left")
+    for column in ("nodes", "devices", "wall clock (s)", "lower bound (s)", "gap", "vs recorded sweep"):
+        table.add_column(column, justify="right")
+    jobs = [j.job for j in replay.jobs]
+    for cluster in clusters or [replay.cluster()]:
+        same = cluster.nodes == (replay.devices,)
+        try:
+            result = run_simulation(
+                replay.jobs, cluster, mode=mode, solver=solver, time_limit=time_limit, known_ahead=replay.known_ahead,
+                workers_ready=replay.workers_ready if same else sorted(replay.workers_ready)[len(
+                    replay.workers_ready) // 2],
+            )
+        except ValueError as exc:
+            fail(f"On nodes {list(cluster.nodes)}: {exc}")
+        wall, bound = result.info["wall_seconds"], lower_bound(jobs, cluster)
+        table.add_row(",".join(map(str, cluster.nodes)), str(cluster.total_devices), f"{wall:.1f}", f"{bound:.1f}",
+                      gap(wall, bound), _versus(recorded, wall, same))
+    console().print(table)
+    if recorded:
+        typer.echo(f"The recorded sweep took {recorded:.1f} s on {replay.devices} device(s), start-up, describing "
+                   "and profiling included.")
+
+
+def _versus(recorded: float | None, simulated: float, same: bool) -> str:
+    """The simulation against the recorded sweep: its error on the same devices, the speed-up on others."""
+    if not recorded or simulated <= 0:
+        return "-"
+    if same:
+        return f"{100 * (simulated / recorded - 1):+.1f}% (the simulator's error)"
+    ratio = recorded / simulated
+    return f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
+
+
+@app.command()
+def report(
+    storage: StorageOption,
+    study: StudyOption = None,
+    out: Annotated[Path, typer.Option("--out", help="Folder for schedule.html, schedule.png and summary.txt.")]
+    = Path("saturn-report"),
+    png: Annotated[bool, typer.Option("--png/--no-png", help="Also write the chart as PNG (kaleido or Chromium).")]
+    = True,
+    publish: Annotated[bool, typer.Option(
+        "--publish", help="Also save the chart and a plan note to the study, for optuna-dashboard.")] = False,
+    last_sweep: Annotated[bool, typer.Option(
+        "--last-sweep", help="Only the latest sweep (one `run`/optimize call) of the study.")] = False,
+) -> None:
+    """Write the schedule chart (HTML, PNG) and a text summary of a study's sweeps."""
+    from optuna_saturn.report import ExportError, format_summary, read_study, schedule_figure, write_html, write_png
+
+    the_study = open_study(storage, study)
+    sweeps = read_study(the_study)
+    if last_sweep:
+        sweeps = sweeps[-1:]
+    states: dict[str, int] = {}
+    for trial in the_study.get_trials(deepcopy=False):
+        states[trial.state.name] = states.get(trial.state.name, 0) + 1
+    text = (f"Study {the_study.study_name!r}: {sum(states.values())} trial(s): "
+            + (", ".join(f"{k} {v}" for k, v in sorted(states.items())) or "none") + "\n\n" + format_summary(sweeps))
+    typer.echo(text)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.txt").write_text(text + "\n", encoding="utf-8")
+    figure = schedule_figure(sweeps)
+    written = [write_html(figure, out / "schedule.html"), out / "summary.txt"]
+    if png:
+        try:
+            how = write_png(figure, out / "schedule.png")
+        except ExportError as exc:
+            typer.echo(f"Error: {exc} Or pass --no-png.", err=True)
+            raise typer.Exit(1) from None
+        written.append(out / "schedule.png")
+        typer.echo(f"(PNG written with {how})")
+    if publish:
+        from optuna_saturn.report import publish as publish_to_study
+
+        try:
+            publish_to_study(the_study, sweeps)
+        except ImportError as exc:
+            fail(str(exc))
+        typer.echo(f"Published the chart and note to the study: optuna-dashboard {storage}")
+    typer.echo("Wrote " + ", ".join(str(p) for p in written))
+
+
+def _jobs_and_cluster(study: optuna.Study, runtimes: str, cluster: Any) -> tuple[list, Any]:
+    from optuna_saturn.planner import Cluster
+    from optuna_saturn.report import jobs_from_runs, read_study
+    from optuna_saturn.report.schedule import run_from_trial
+
+    if runtimes not in ("observed", "estimated"):
+        fail(f"--runtimes must be observed or estimated, got {runtimes!r}.")
+    runs = [run_from_trial(t) for t in study.get_trials(deepcopy=False)]
+    jobs = jobs_from_runs(runs, observed=runtimes == "observed")
+    if not jobs:
+        fail(f"No trial of study {study.study_name!r} recorded planner options (saturn:options); run a sweep "
+             "with `optuna-saturn run` or SaturnExecutor first.")
+    if cluster is None:
+        sweeps = read_study(study)
+        pool = sweeps[-1].pool if sweeps else ()
+        if not pool:
+            fail("Cannot tell how many devices the sweep had; pass --devices N or --nodes 8,8.")
+        cluster = Cluster([len(pool)])
+    return jobs, cluster
+
+
+
+def _one_cluster(devices: int | None, nodes: str | None) -> Any:
+    from optuna_saturn.planner import Cluster
+
+    if devices is not None and nodes is not None:
+        fail("Give either --devices or --nodes, not both.")
+    if nodes is not None:
+        return Cluster(ints(nodes, "--nodes"))
+    return Cluster([devices]) if devices is not None else None

@@ -1,0 +1,107 @@
+"""The steps of a profiling run: a few timed steps of the trial's first loop, then its later loops counted.
+
+A profiling job runs the user's objective under a strategy to time it (:mod:`optuna_saturn.worker.rank`); its
+``trial.steps(n)`` come from here instead of the trial's own loop (:meth:`SaturnTrial.steps`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from torch.utils.data import DataLoader
+
+from optuna_saturn.sharding import LoaderView
+
+if TYPE_CHECKING:
+    from optuna_saturn.trial import SaturnTrial
+
+#: A profiling run counts the objective's later loops (epochs) one step each; past this many it stops counting.
+_MAX_PROFILED_LOOPS = 10_000
+#: While a profiling run counts later loops, a prepared DataLoader yields at most this many batches per pass, so
+#: per-epoch evaluations do not run in full every epoch.
+_FAST_FORWARD_BATCHES = 2
+
+
+class ProfileComplete(BaseException):
+    """Ends a profiling run whose objective keeps starting ``trial.steps`` loops (more than a profile counts). A
+    BaseException, so the objective's own ``except Exception`` does not swallow it."""
+
+
+@dataclass
+class StepTimings:
+    """What a profiling run measured of the training loops.
+
+    The first ``trial.steps(n)`` loop runs warm-up and timed steps, then ends early. If the objective then starts
+    more loops (``for epoch in range(E): for s in trial.steps(len(loader))``), each runs one real step (so code
+    that averages over an epoch still works) and is counted: ``loop_steps`` holds every loop's ``n``. The code
+    between the first two loops (a per-epoch evaluation, say) runs in full and is timed as ``between_seconds``;
+    after that, prepared DataLoaders yield only a few batches per pass, to get through the remaining epochs
+    quickly. The rest of the objective after the last loop is timed by the worker."""
+
+    first_step_at: float
+    step_seconds: list[float]
+    loop_ended_at: float  # the first loop's early end
+    loop_steps: list[int] = field(default_factory=list)
+    between_seconds: float | None = None
+    last_loop_ended_at: float = 0.0
+
+    @property
+    def fast_forward(self) -> bool:
+        """Later loops are being counted: the objective runs past them as quickly as it can."""
+        return len(self.loop_steps) > 1
+
+    def to_json(self) -> dict:
+        return {
+            "first_step_at": self.first_step_at, "loop_steps": self.loop_steps, "between_seconds": self.between_seconds,
+        }
+
+
+class ProfilingLoader(LoaderView):
+    """A prepared DataLoader in a profiling run: itself until the run starts counting later loops, then at most a
+    few batches per pass."""
+
+    def __init__(self, loader: DataLoader, trial: SaturnTrial) -> None:
+        super().__init__(loader)
+        self._trial = trial
+
+    def __iter__(self) -> Iterator[Any]:
+        batches = iter(self.loader)
+        timings = self._trial.profile_timings
+        if timings is None or not timings.fast_forward:
+            return batches
+        return (batch for _, batch in zip(range(_FAST_FORWARD_BATCHES), batches))
+
+
+
+def profiled_steps(trial: SaturnTrial, total: int) -> Iterator[int]:
+    timings = trial.profile_timings
+    if timings is not None:
+        yield from _counted_loop(timings, total)
+        return
+    warmup = trial._profile["warmup"]
+    budget = trial.step_budget(total)
+    first_step_at = time.time()
+    durations: list[float] = []
+    trial._synchronize()
+    for step in range(budget):
+        began = time.perf_counter()
+        yield step
+        trial._synchronize()
+        if step >= warmup:
+            durations.append(time.perf_counter() - began)
+    ended = time.time()
+    trial.profile_timings = StepTimings(first_step_at, durations, ended, [total], None, ended)
+
+def _counted_loop(timings: StepTimings, total: int) -> Iterator[int]:
+    """A later loop of a profiling run (the next epoch): count it, run one real step."""
+    if len(timings.loop_steps) >= _MAX_PROFILED_LOOPS:
+        raise ProfileComplete
+    if timings.between_seconds is None:
+        timings.between_seconds = time.time() - timings.loop_ended_at
+    timings.loop_steps.append(total)
+    if total > 0:
+        yield 0
+    timings.last_loop_ended_at = time.time()

@@ -1,0 +1,138 @@
+"""The package's shape: no import circles, and modules small enough to read (issue "One scheduler, two clocks").
+
+The import graph is read with ``ast`` from the source, not by importing it. An import counts wherever it is (a
+lazy import inside a function closes a circle as well as one at the top), except under ``if TYPE_CHECKING:``
+(annotations only) and a lazy import whose line says ``# optional dependency`` (it gates a package the user may
+not have installed, and cannot run before that package is asked for)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "optuna_saturn"
+OPTIONAL = "# optional dependency"
+#: The loop, each policy, and every module, in lines.
+LOOP_LINES, POLICY_LINES, MODULE_LINES = 250, 200, 450
+POLICIES = ("asking", "options", "planning", "dispatch", "profiling", "faults", "elastic", "outcomes")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _resolve(name: str, modules: dict[str, Path]) -> str | None:
+    """The module an import of ``name`` runs: itself, or the package that holds it (a name defined there)."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _type_checking_lines(tree: ast.Module) -> set[int]:
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for inner in node.body:
+                lines.update(range(inner.lineno, (inner.end_lineno or inner.lineno) + 1))
+    return lines
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        source = path.read_text(encoding="utf-8")
+        tree, lines = ast.parse(source), source.splitlines()
+        skipped = _type_checking_lines(tree)
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)) or node.lineno in skipped:
+                continue
+            if OPTIONAL in lines[node.lineno - 1]:
+                continue
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                base = node.module or ""
+                if node.level:  # relative: from the importing module's package
+                    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+                    for _ in range(node.level - 1):
+                        package = package.rpartition(".")[0]
+                    base = f"{package}.{base}" if base else package
+                targets = [f"{base}.{alias.name}" for alias in node.names]
+            for target in targets:
+                if target.split(".")[0] != "optuna_saturn":
+                    continue
+                resolved = _resolve(target, modules)
+                if resolved is not None and resolved != name:
+                    graph[name].add(resolved)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_package_has_no_import_circle():
+    assert circles(import_graph()) == []
+
+
+def test_the_circle_finder_finds_one():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert circles(graph) == [["a", "b", "c"]]
+
+
+def test_a_type_only_import_and_a_marked_optional_one_are_left_out(tmp_path, monkeypatch):
+    package = tmp_path / "optuna_saturn"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                  "    from optuna_saturn.b import B\n")
+    (package / "b.py").write_text(f"def f():\n    from optuna_saturn.a import A  {OPTIONAL}: ray\n"
+                                  "from optuna_saturn import a\n")
+    monkeypatch.setattr(__import__(__name__), "PACKAGE", package)
+    graph = import_graph()
+    assert graph["optuna_saturn.a"] == set() and graph["optuna_saturn.b"] == {"optuna_saturn.a"}
+
+
+def test_the_loop_the_policies_and_every_module_are_small():
+    sizes = {name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in _modules().items()}
+    assert sizes["optuna_saturn.sweep.loop"] <= LOOP_LINES
+    assert {p: sizes[f"optuna_saturn.sweep.{p}"] for p in POLICIES
+            if sizes[f"optuna_saturn.sweep.{p}"] > POLICY_LINES} == {}
+    assert {n: s for n, s in sizes.items() if s > MODULE_LINES} == {}
