@@ -220,16 +220,24 @@ class SaturnExecutor:
         ))
 
     def profile(
-        self, objective: Callable[[Any], float | Sequence[float]], n_trials: int, *, seed: int = 0
+        self, objective: Callable[[Any], float | Sequence[float]], n_trials: int | None = None, *, seed: int = 0,
+        params: Sequence[dict[str, Any]] = (),
     ) -> optuna.Study:
-        """Profile ``n_trials`` sampled configurations of ``objective`` into the profile store, and run nothing.
+        """Profile configurations of ``objective`` into the profile store, and run nothing: ``params`` (each a
+        trial's parameters, as ``study.enqueue_trial`` takes them), then ``n_trials`` sampled ones.
 
-        Warms the cache for later sweeps. Returns a throw-away in-memory study whose trials carry the
-        ``saturn:profiles`` and ``saturn:options`` user attributes; the trials themselves are never run.
+        Warms the cache for later sweeps: profiling the trials you are about to enqueue makes their first plan a
+        plan of measured options. Returns a throw-away in-memory study whose trials carry the ``saturn:profiles``
+        and ``saturn:options`` user attributes; the trials themselves are never run.
         """
         if self._settings.profile_store is None:
             raise ValueError("profile() needs profiling on: create the executor with profile=True.")
+        n_trials = len(params) + (n_trials or 0)
+        if n_trials < 1:
+            raise ValueError("profile() needs n_trials >= 1 or params to profile.")
         study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+        for fixed in params:
+            study.enqueue_trial(dict(fixed))
         settings = dataclasses.replace(self._settings, profile_only=True)
         self._run(_real_sweep(settings, study, objective, n_trials=n_trials, timeout=None,
                               batch_size=max(n_trials, 1)))

@@ -522,3 +522,35 @@ def counted_steps(trial) -> float:
         optimizer.step()
         time.sleep(0.2)
     return float(steps)
+
+
+def mixed_sizes(trial) -> float:
+    """Trials of mixed sizes (``width``, ``depth``, ``batch``, ``steps``), which report their loss every 20 steps:
+    small ones are best on one device each, ones of large batches on two."""
+    width = trial.suggest_int("width", 16, 2048, log=True)
+    depth = trial.suggest_int("depth", 1, 4)
+    steps = trial.suggest_int("steps", 10, 5000)
+    batch = trial.suggest_int("batch", 16, 8192, log=True)
+    lr = trial.suggest_float("lr", 0.005, 0.05, log=True)
+    torch.manual_seed(0)
+    model = Blocks(width=width, depth=depth)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    loader = torch.utils.data.DataLoader(regression_data(4 * batch), batch_size=batch, shuffle=True, drop_last=True)
+    model, optimizer, loader = trial.prepare(model, optimizer, loader)
+    batches = iter(loader)
+    loss = torch.zeros(())
+    for step in trial.steps(steps):
+        try:
+            x, y = next(batches)
+        except StopIteration:
+            batches = iter(loader)
+            x, y = next(batches)
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x.to(trial.device)), y.to(trial.device))
+        trial.backward(loss)
+        optimizer.step()
+        if (step + 1) % 20 == 0:
+            trial.report(trial.reduce_mean(loss), step + 1)
+            if trial.should_prune():
+                raise optuna.TrialPruned()
+    return trial.reduce_mean(loss)

@@ -36,6 +36,8 @@ class SimulatedJob:
     measured: bool = True  # its options are measurements (else predictions, ``uncertainty`` off)
     uncertainty: float = 0.0
     describe_seconds: float = 0.0  # how long describing it takes the loop
+    #: how its price changed in the sweep it replays: (the job whose run taught it, its options then), in order
+    prices: tuple[tuple[int, tuple[Option, ...]], ...] = ()
 
 
 class KnownPrices:
@@ -48,6 +50,8 @@ class KnownPrices:
         self._clairvoyant = clairvoyant
         self._job_of: dict[int, int] = {}  # trial number -> job index
         self._measured: set[tuple[int, tuple[str, int, int]]] = set()  # (job index, choice) measured in the sweep
+        self._taught: set[int] = set()  # jobs whose runs taught the pricing (a replayed price changes after them)
+        self._teachers = {taught for job in self.jobs for taught, _ in job.prices}
         self._left_out: set[tuple[int, tuple[str, int, int]]] = set()
 
     def job_index(self, number: int) -> int:
@@ -67,7 +71,11 @@ class KnownPrices:
             self._clock.advance_by(known.describe_seconds)
         behaviour = known.behaviour
         price = TrialPrice(self._workload(index))
-        for option in known.job.options:
+        options = known.job.options
+        for taught, changed in known.prices:  # (a replay: the price it had once the runs that taught it ended)
+            if taught in self._taught:
+                options = list(changed)
+        for option in options:
             choice = option.choice
             if (index, choice) in self._left_out:
                 continue
@@ -113,8 +121,10 @@ class KnownPrices:
         """A trial's run is its option's profile: priced from now on as measured. Returns whether that changes
         a price (it was not measured)."""
         index = self._job_of[number]
+        self._taught.add(index)
+        replayed = index in self._teachers
         if self.jobs[index].measured or (index, option.choice) in self._measured:
-            return False
+            return replayed
         self._measured.add((index, option.choice))
         return True
 

@@ -56,8 +56,9 @@ def replay_of(study: optuna.Study, *, sweep: int = -1, observed: bool = True) ->
         summary = {}
     pool = trials[-1].user_attrs.get(ATTR + "pool") or []
     ready = [float(v) for v in (summary.get("workers_ready") or {}).values()]
+    index = {t.number: i for i, t in enumerate(trials)}
     return Replay(
-        jobs=[_job(t, observed) for t in trials],
+        jobs=[_job(t, observed, index) for t in trials],
         devices=len(pool) or max(d for t in trials for d in t.user_attrs.get(ATTR + "device_ids", [0])) + 1,
         workers_ready=ready or [0.0],
         known_ahead=all("fixed_params" in t.system_attrs for t in trials),
@@ -66,9 +67,13 @@ def replay_of(study: optuna.Study, *, sweep: int = -1, observed: bool = True) ->
     )
 
 
-def _job(trial: FrozenTrial, observed: bool) -> SimulatedJob:
+def _job(trial: FrozenTrial, observed: bool, index: dict[int, int]) -> SimulatedJob:
     attrs = {k[len(ATTR):]: v for k, v in trial.user_attrs.items() if k.startswith(ATTR)}
     options = [Option.from_json(o) for o in attrs.get("options") or []]
+    history = attrs.get("prices") or []  # its price as first given, then after each run that changed it
+    first = [Option.from_json(o) for o in history[0][1]] if history else options
+    changes = tuple((index.get(taught, -1) if taught is not None else -1, tuple(Option.from_json(o) for o in opts))
+                    for taught, opts in history[1:])
     chosen = (attrs["strategy"], int(attrs["num_devices"]), int(attrs.get("gradient_accumulation", 1)))
     if not any(o.choice == chosen for o in options):  # (priced again after it started: its run is the truth)
         options.append(Option(*chosen[:2], float(attrs.get("planned_runtime", attrs["actual_runtime"])), chosen[2]))
@@ -82,14 +87,16 @@ def _job(trial: FrozenTrial, observed: bool) -> SimulatedJob:
         startup = max(0.0, attrs["first_step"] - attrs["actual_start"] - attrs["step_seconds"])
     full = startup + (runtime - startup) / share if 0 < share < 1 else runtime  # had it run to its end
     scale = full / estimate if observed and estimate > 0 else 1.0
-    truth = {o.choice: max(o.runtime * scale, startup) for o in options}
+    every = {o.choice: o for priced in (first, *(c for _, c in changes), options) for o in priced}
+    truth = {choice: max(o.runtime * scale, startup) for choice, o in every.items()}
     if observed:
         truth[chosen] = full
     return SimulatedJob(
-        Job(str(trial.number), options),
+        Job(str(trial.number), first),
         Behaviour(truth, steps=total, prune_at=share if observed else 1.0, startup=startup,
                   values=tuple(trial.values or (0.0,))),
         measured=attrs.get("priced_by", "measured") == "measured",
         uncertainty=0.0 if attrs.get("priced_by", "measured") == "measured" else 0.3,
         describe_seconds=float(attrs.get("describe_seconds") or 0.0),
+        prices=changes,
     )

@@ -76,11 +76,6 @@ class Actions:
     def run_dir(self) -> Path:
         return self._requests.run_dir
 
-    @property
-    def prices_trials(self) -> bool:
-        """Whether trials are priced from what they are (a pricer), not from estimates alone."""
-        return self._pricer is not None
-
     # -- trials coming in -------------------------------------------------------------------------------------------
     def own(self, trial: optuna.Trial) -> None:
         """A trial this sweep asked or took from the queue: it counts towards ``n_trials``, and is marked ours."""
@@ -88,21 +83,24 @@ class Actions:
         if self._owned:
             self.gateway.set_attrs(trial, {"owner": self.owner.to_json()})
 
-    def price(self, trial: optuna.Trial, *, leaving: tuple | None = None) -> TrialPrice:
-        """The trial's options (described now if they were not), those its checkpoint allows."""
+    def price(self, trial: optuna.Trial, *, leaving: tuple | None = None, was: list | None = None) -> TrialPrice:
+        """The trial's options (described now if they were not), those its checkpoint allows; recorded on the
+        trial (``saturn:options``) unless they are what it ``was`` priced (a storage write per trial and event
+        costs a large sweep's loop more than the re-pricing)."""
         price = self._pricer.price(trial) if self._pricer is not None else TrialPrice(None)
         if price.workload is None:  # cannot be described: planned from runtime estimates
             price.options = self._view.estimator.priced()
         price = self.resumes.restricted(trial.number, price, leaving=leaving)
-        if self._pricer is not None:
-            self.gateway.set_attrs(trial, {"options": [p.option.to_json() for p in price.options],
-                                            "profiles": price.profiles})
+        options = [p.option.to_json() for p in price.options]
+        if self._pricer is not None and options != was:
+            self.gateway.set_attrs(trial, {"options": options, "profiles": price.profiles})
         return price
 
     def admit(self, trial: optuna.Trial, price: TrialPrice, asked_at: float, now: float, *,
               profile_everything: bool = False) -> None:
         """A trial described and priced: it waits to be planned, or fails if no option fits it."""
-        waiting = Waiting(trial, price, asked_at=asked_at, describe_seconds=now - asked_at)
+        waiting = Waiting(trial, price, asked_at=asked_at, describe_seconds=now - asked_at,
+                          prices=[[-1, [p.option.to_json() for p in price.options]]])
         if not price.options:
             self.fail(Fail(waiting, "no strategy fits this trial on these devices (every option ran out of memory "
                                     "or failed)"), now)
@@ -111,6 +109,19 @@ class Actions:
         self._view.saw(waiting)
         if profile_everything:
             self._profiling.measure_every_option(trial, price)
+
+    def reprice(self, taught: int | None) -> None:
+        """Measurements came in (trial ``taught``'s run, or a profiling job): every waiting trial is priced again,
+        and keeps the change in its price history (the simulator replays a sweep's prices from it)."""
+        if self._pricer is None:
+            return
+        for waiting in self._state.waiting.values():
+            waiting.price = self.price(waiting.trial, leaving=waiting.left, was=waiting.prices[-1][1])
+            options = [p.option.to_json() for p in waiting.price.options]
+            if not waiting.prices or waiting.prices[-1][1] != options:
+                waiting.prices.append([taught, options])
+        self._state.plan_dirty = True
+        self._state.changes += 1
 
     # -- decisions --------------------------------------------------------------------------------------------------
     def planned(self, planned: Planned | None) -> None:

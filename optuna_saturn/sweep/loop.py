@@ -182,7 +182,7 @@ class Sweep:
 
     # -- ends -------------------------------------------------------------------------------------------------------
     def _ended(self, ends: Sequence[JobEnd]) -> None:
-        learned = False
+        taught: int | None | bool = False  # the trial whose run taught the pricing (None: a profiling job)
         for end in ends:
             run = self._state.ended(end.key, self._now())
             if run is None:
@@ -190,14 +190,11 @@ class Sweep:
             self._elastic.job_ended()
             if isinstance(run, ProfileRun):
                 self._do.profile_ended(run, end, self._now())
-                learned = True
-            else:
-                learned |= self._trial_ended(run, end)
-        if learned and self._do.prices_trials:  # measurements came in: every waiting trial is priced again
-            for waiting in self._state.waiting.values():
-                waiting.price = self._do.price(waiting.trial, leaving=waiting.left)
-            self._state.plan_dirty = True
-            self._state.changes += 1
+                taught = None
+            elif self._trial_ended(run, end):
+                taught = run.number
+        if taught is not False:  # measurements came in: every waiting trial is priced again
+            self._do.reprice(taught)
 
     def _trial_ended(self, run: TrialRun, end: JobEnd, *, reason: str = "", call_back: bool = True) -> bool:
         """Whether the run taught the pricing something (then the waiting trials are priced again)."""

@@ -73,6 +73,8 @@ class Outcomes:
         }
         if profiling:
             attrs["profiling"] = profiling
+        if len(waiting.prices) > 1:  # its price changed while it waited
+            attrs["prices"] = waiting.prices
         started_at = state.started_at
         if session.objective_started_at is not None:
             attrs["objective_start"] = round(session.objective_started_at - started_at, 3)

@@ -36,6 +36,9 @@ class Waiting:
     left: tuple | None = None  # the option (its choice) its last move left: not planned for it again
     asked_at: float = 0.0  # seconds since the sweep started, when it was asked (or described from the queue)
     describe_seconds: float = 0.0  # how long asking and describing it took the loop
+    #: its prices while it waited: [the trial whose run taught the change (-1: as first priced; None: a profiling
+    #: job), its options]
+    prices: list[list] = field(default_factory=list)
     number: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -129,9 +132,10 @@ class SweepState:
         return self.waiting.pop(number, None)
 
     def launched(self, run: TrialRun | ProfileRun) -> None:
-        """``run`` started: its trial no longer waits."""
+        """``run`` started: its trial no longer waits (and its devices' workers were ready, at the latest now)."""
         for d in run.devices:
             self.idle_seconds[d] = self.idle_seconds.get(d, 0.0) + max(0.0, run.started - self.free_since[d])
+            self.ready_at.setdefault(d, run.started)
         if isinstance(run, TrialRun):
             self.waiting.pop(run.number, None)
         self.running[run.key] = run
