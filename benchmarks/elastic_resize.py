@@ -1,11 +1,12 @@
-"""Elastic resize in the simulator: re-planning that may also move running trials, against plain re-planning.
+"""Elastic resize on the real sweep loop (the simulator): re-planning that may also move running trials, against
+plain re-planning.
 
 The same noisy, partly pruned executions as ``benchmarks/simulation.py`` (true runtime = estimate x U(0.8, 1.2);
 each trial pruned with probability 0.3 at U(0.1, 0.6) of its steps; prunes are not foreseen). Both arms re-plan
-at every trial end with running trials held for their remaining time at their observed step rate; the resize arm
-may also stop one running trial at each re-plan and restart it under another option, from where it was, after a
-restart cost (``optuna_saturn.planner.best_resize``: only when the plan with the move, its cost included, is
-more than 2% shorter). Restart costs: the paper-like trials' from the cost model (``workloads.py``: checkpoint
+at every trial end with running trials held for their remaining time at their observed step rate; in the resize
+arm the loop's elastic policy may also stop one running trial at its next checkpoint (every tenth of its steps)
+and go on under another option from there, after a restart cost (``optuna_saturn.planner.best_resize``: only
+when the plan with the move, its cost included, is shorter by more than 2% and than twice the move's cost). Restart costs: the paper-like trials' from the cost model (``workloads.py``: checkpoint
 written and read, a new process group, the model load: 21-112 s); the random trials' (10 min to 3 h on one
 device) a fixed 60, 300 or 900 s. Solver "list" for both arms (what the executor runs while devices wait).
 Reported: mean makespan of each arm, the mean and worst per-seed ratio resize / re-plan, seeds won and lost, and
@@ -40,7 +41,7 @@ def main() -> None:
         plain, moved, ratios, moves = [], [], [], []
         for seed in range(args.seeds):
             noise, prunes = noisy_outcomes(jobs, seed, prune_rate=args.prune_rate)
-            common = dict(noise=noise, prune_at=prunes, mode="replan", solver="list", seed=seed)
+            common = dict(noise=noise, prune_at=prunes, mode="replan", solver="list", seed=seed, tick=60.0)
             a = simulate(jobs, cluster, **common)
             b = simulate(jobs, cluster, resize_seconds=cost, **common)
             plain.append(a.makespan)

@@ -197,6 +197,32 @@ def paper_like(*, startup: float = STARTUP_SECONDS) -> list[Job]:
     return jobs
 
 
+def paper_like_simulated(*, cold: bool, uncertainty: float = 0.3, seed: int = 0) -> list:
+    """The paper-like trials as the simulator's jobs (``optuna_saturn.pricing.known.SimulatedJob``), with warm
+    workers' start-up (a process group and the model load per trial) and their real step counts. ``cold``: every
+    option is predicted off by a seeded factor within ``1 +- uncertainty`` and nothing is measured yet (the
+    learning-rate siblings share their profiles); else every option is measured."""
+    from optuna_saturn.pools.simulated import Behaviour
+    from optuna_saturn.pricing.known import SimulatedJob
+
+    rng = random.Random(seed)
+    out = []
+    for model, batches in PAPER_LIKE:
+        for batch in batches:
+            truth = model_options(model, batch, startup=WARM_JOB_SECONDS)
+            steps = max(int(model.tokens / (batch * model.seq)), 1)
+            startup = WARM_JOB_SECONDS + 2 * model.params / LOAD_BANDWIDTH
+            told = [Option(o.strategy, o.devices, o.runtime * rng.uniform(1 / (1 + uncertainty), 1 + uncertainty))
+                    for o in truth] if cold else truth
+            for lr in LEARNING_RATES:
+                out.append(SimulatedJob(
+                    Job(f"{model.name}-b{batch}-lr{lr:g}", told),
+                    Behaviour({o.choice: o.runtime for o in truth}, steps=steps, startup=startup),
+                    measured=not cold, uncertainty=uncertainty if cold else 0.0, workload=f"{model.name}-b{batch}",
+                ))
+    return out
+
+
 def paper_like_restart_seconds() -> dict[str, float]:
     """Per trial of :func:`paper_like`, the seconds an elastic resize costs it (see the module's docstring)."""
     costs = {}

@@ -162,6 +162,12 @@ def same_curve(trial) -> float:
     return losses[-1]
 
 
+def _endless(loader):
+    """The loader's batches, pass after pass."""
+    while True:
+        yield from loader
+
+
 def _train_blocks(trial, steps: int, *, largest_micro_batch: int | None = None, width: int = 32) -> float:
     """Trains ``Blocks`` on a global batch of 32; a micro-batch over ``largest_micro_batch`` rows runs out of
     memory (as on a GPU), in profiling and in the real run alike."""
@@ -171,14 +177,10 @@ def _train_blocks(trial, steps: int, *, largest_micro_batch: int | None = None, 
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     loader = torch.utils.data.DataLoader(regression_data(512), batch_size=32, shuffle=True, drop_last=True)
     model, optimizer, loader = trial.prepare(model, optimizer, loader)
-    batches = iter(loader)
+    batches = _endless(loader)
     loss = torch.zeros(())
     for step in trial.steps(steps):
-        try:
-            x, y = next(batches)
-        except StopIteration:
-            batches = iter(loader)
-            x, y = next(batches)
+        x, y = next(batches)
         optimizer.zero_grad()
         for mx, my in trial.micro_batches((x, y)):
             if largest_micro_batch is not None and len(mx) > largest_micro_batch:
@@ -537,14 +539,10 @@ def mixed_sizes(trial) -> float:
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     loader = torch.utils.data.DataLoader(regression_data(4 * batch), batch_size=batch, shuffle=True, drop_last=True)
     model, optimizer, loader = trial.prepare(model, optimizer, loader)
-    batches = iter(loader)
+    batches = _endless(loader)
     loss = torch.zeros(())
     for step in trial.steps(steps):
-        try:
-            x, y = next(batches)
-        except StopIteration:
-            batches = iter(loader)
-            x, y = next(batches)
+        x, y = next(batches)
         optimizer.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x.to(trial.device)), y.to(trial.device))
         trial.backward(loss)

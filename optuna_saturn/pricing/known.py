@@ -38,6 +38,12 @@ class SimulatedJob:
     describe_seconds: float = 0.0  # how long describing it takes the loop
     #: how its price changed in the sweep it replays: (the job whose run taught it, its options then), in order
     prices: tuple[tuple[int, tuple[Option, ...]], ...] = ()
+    #: what its profiles are shared by (trials that differ in learning rate only, say); default: its name
+    workload: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.workload or self.job.name
 
 
 class KnownPrices:
@@ -49,7 +55,7 @@ class KnownPrices:
         self._known_ahead = known_ahead
         self._clairvoyant = clairvoyant
         self._job_of: dict[int, int] = {}  # trial number -> job index
-        self._measured: set[tuple[int, tuple[str, int, int]]] = set()  # (job index, choice) measured in the sweep
+        self._measured: set[tuple[str, tuple[str, int, int]]] = set()  # (workload, choice) measured in the sweep
         self._taught: set[int] = set()  # jobs whose runs taught the pricing (a replayed price changes after them)
         self._teachers = {taught for job in self.jobs for taught, _ in job.prices}
         self._left_out: set[tuple[int, tuple[str, int, int]]] = set()
@@ -79,10 +85,11 @@ class KnownPrices:
             choice = option.choice
             if (index, choice) in self._left_out:
                 continue
-            if self._clairvoyant:
-                option = Option(option.strategy, option.devices, behaviour.runtimes[choice] * behaviour.prune_at,
-                                option.gradient_accumulation)
-            measured = known.measured or (index, choice) in self._measured or self._clairvoyant
+            learned = (known.key, choice) in self._measured  # measured in this sweep: priced as it truly runs
+            if self._clairvoyant or learned:
+                runtime = behaviour.runtimes[choice] * (behaviour.prune_at if self._clairvoyant else 1.0)
+                option = Option(option.strategy, option.devices, runtime, option.gradient_accumulation)
+            measured = known.measured or learned or self._clairvoyant
             record = self._record(known, option) if measured else None
             price.options.append(PricedOption(option, f"{known.job.name}:{option.label}", record,
                                               0.0 if measured else known.uncertainty, "simulated"))
@@ -105,12 +112,14 @@ class KnownPrices:
         for entry in job.entries:
             index = self._job_of[entry.trial.number]
             measured = {r["strategy"] for r in results.get(entry.trial.number, [])}
+            known = self.jobs[index]
             for strategy in entry.strategies:
                 choice = (strategy.name, job.devices, job.gradient_accumulation)
-                if strategy.name in measured:
-                    self._measured.add((index, choice))
-                option = next((o for o in self.jobs[index].job.options if o.choice == choice), None)
-                record = self._record(self.jobs[index], option) if option and strategy.name in measured else None
+                record = None
+                if strategy.name in measured and choice in known.behaviour.runtimes:
+                    self._measured.add((known.key, choice))
+                    record = self._record(known, Option(strategy.name, job.devices, known.behaviour.runtimes[choice],
+                                                        job.gradient_accumulation))
                 out.append((entry, strategy, record))
         return out
 
@@ -123,9 +132,10 @@ class KnownPrices:
         index = self._job_of[number]
         self._taught.add(index)
         replayed = index in self._teachers
-        if self.jobs[index].measured or (index, option.choice) in self._measured:
+        known = self.jobs[index]
+        if known.measured or (known.key, option.choice) in self._measured:
             return replayed
-        self._measured.add((index, option.choice))
+        self._measured.add((known.key, option.choice))
         return True
 
     def mark_failed(self, number: int, option: Option, error: str) -> None:

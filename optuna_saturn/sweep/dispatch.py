@@ -51,7 +51,11 @@ def starts(state: SweepState, ready: set[int], view: OptionsView, now: float) ->
     for waiting in later:
         if not free:
             break
-        early = _early_start(waiting, needs, free, state, view, now, min(horizon, waiting.planned_end), widest)
+        fastest, fewest = view.quickest(waiting, state)
+        deadline = min(horizon, waiting.planned_end)
+        if fewest > widest or now + fastest > deadline:  # (a quick no: most trials planned later cannot fit)
+            continue
+        early = _early_start(waiting, needs, free, state, view, now, deadline, widest)
         if early is not None:
             decided.append(early)
             free -= set(early.devices)

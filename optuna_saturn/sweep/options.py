@@ -61,6 +61,11 @@ class OptionsView:
         """The options as the planner sees them: weighed, tie-broken, and fitting a node."""
         return self._view(waiting, state)[2]
 
+    def quickest(self, waiting: Waiting, state: SweepState) -> tuple[float, int]:
+        """Its fastest weighed runtime and its fewest devices: what any option of it takes at least."""
+        weighed_ = self._view(waiting, state)[1]
+        return min(o.runtime for o in weighed_), min(o.devices for o in weighed_)
+
     def _view(self, waiting: Waiting, state: SweepState) -> tuple[list[Option], list[Option], list[Option]]:
         """(corrected, weighed, planned) options, computed again only when what they depend on changed (the
         trial's price, the checkpoint it resumes from, the observed step rates, the nodes): a large sweep asks

@@ -96,7 +96,7 @@ class Profiling:
     def _idle_devices(self, state: SweepState, ready: set[int], now: float) -> set[int]:
         """Free, ready devices that no waiting trial is planned to start on now."""
         free = state.free() & ready
-        if self._profile_only:
+        if self._profile_only or not free:
             return free
         soon = {d for w in state.waiting.values() if w.assignment is not None and w.planned_start < now + 0.5
                 for d in w.assignment.devices}

@@ -40,6 +40,10 @@ class Topology:
     def _nodes(self) -> dict[int, int]:
         return {d: n for n, m in enumerate(self.members) for d in m}
 
+    @cached_property
+    def _locals(self) -> dict[int, int]:
+        return {d: i for m in self.members for i, d in enumerate(m)}
+
     def node_of(self, device: int) -> int:
         return self._nodes[device]
 
@@ -51,8 +55,9 @@ class Topology:
     def to_local(self, assignment: Assignment) -> Assignment:
         """The inverse of :meth:`to_global`. The node is found from the (global) devices: node indices shift when
         a node is gone, device indices never do."""
-        node = self.node_of(assignment.devices[0])
-        return replace(assignment, node=node, devices=self._local(node, assignment.devices))
+        a = assignment
+        return Assignment(a.job, a.option, self._nodes[a.devices[0]], tuple(self._locals[d] for d in a.devices),
+                          a.start, a.end)
 
     def reservation(self, devices: Sequence[int], until: float, job: str = "") -> Reservation:
         """Global devices a running job holds, as the planner reserves them."""
@@ -73,5 +78,4 @@ class Topology:
         return min(fits)[2][:count] if fits else None
 
     def _local(self, node: int, devices: Sequence[int]) -> tuple[int, ...]:
-        members = self.members[node]
-        return tuple(members.index(d) for d in devices)
+        return tuple(self._locals[d] for d in devices)
