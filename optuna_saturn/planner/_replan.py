@@ -9,6 +9,8 @@ every trial's devices (which would invalidate the launcher's device choices and 
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Sequence
 
 from optuna_saturn.planner._list import allot, schedule_in_order
@@ -113,8 +115,14 @@ def reflow(previous: Plan, jobs: Sequence[Job], cluster: Cluster, *, busy: Seque
     def length(job: Job) -> float:  # its most efficient option's runtime
         return min(job.options, key=lambda o: (o.runtime * o.devices, o.runtime)).runtime
 
+    # the first planned job shorter than a runtime: bisect the running minimum of the planned jobs' runtimes
+    shortest_so_far = list(itertools.accumulate((-opts[0].runtime for _, opts in order), max))
+    joining: dict[int, list[tuple[Job, Sequence[Option]]]] = {}
+    makespan = previous.makespan
     for job in sorted((j for j in jobs if j.name not in placed), key=lambda j: (-length(j), j.name)):
-        at = next((i for i, (_, opts) in enumerate(order) if opts[0].runtime < length(job)), len(order))
-        order.insert(at, (job, allot(job, previous.makespan)))
+        at = bisect.bisect_right(shortest_so_far, -length(job))
+        joining.setdefault(at, []).append((job, allot(job, makespan)))
+    if joining:
+        order = [entry for at in range(len(order) + 1) for entry in (*joining.get(at, ()), *order[at:at + 1])]
     return Plan(tuple(sorted(schedule_in_order(order, cluster, busy=busy), key=lambda a: (a.start, a.job))),
                 solver="kept")

@@ -6,6 +6,7 @@ built, compared and checked without any process, solver or Optuna object in sigh
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -116,7 +117,7 @@ class Plan:
     optimal: bool = False
     info: dict = field(default_factory=dict, compare=False)
 
-    @property
+    @functools.cached_property
     def makespan(self) -> float:
         return max((a.end for a in self.assignments), default=0.0)
 

@@ -69,6 +69,10 @@ class ProcessPool:
         """The Ray cluster as it is now (nodes join), or None on this machine."""
         return self._warm.cluster if isinstance(self._warm, RayPool) else None
 
+    def node_of(self, device: Device) -> dict[str, Any]:
+        cluster = self.cluster  # read now: a node that joined is in it
+        return {} if cluster is None else cluster.node(device.node).to_json()
+
     def start(self) -> None:
         self._server = ChannelServer(host=None if self._ray is None else self._ray.driver_ip)
         self._recipe = describe_objective(self._objective, self._server.folder)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from optuna_saturn.devices import Device
 from optuna_saturn.strategy import Strategy
@@ -88,6 +88,9 @@ class Pool(Protocol):
 
     def lost(self) -> set[int]:
         """Devices that can no longer run jobs (their node died), in all."""
+
+    def node_of(self, device: Device) -> dict[str, Any]:
+        """The cluster node ``device`` is on, as a trial's ``saturn:node`` records it; {} on one machine."""
 
     def submit(self, job: JobRequest) -> None:
         """Run ``job`` on its devices, which must be ready; its end comes out of :meth:`wait`."""

@@ -16,6 +16,7 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from optuna_saturn import checkpoint
 from optuna_saturn.clock import VirtualClock
@@ -111,6 +112,9 @@ class SimulatedPool:
 
     def lost(self) -> set[int]:
         return set(self._lost)
+
+    def node_of(self, device: Device) -> dict[str, Any]:
+        return {}
 
     def submit(self, job: JobRequest) -> None:
         if not set(job.devices) <= self.ready():

@@ -7,8 +7,8 @@ loss per doubling of devices. Every trial that completes replaces guesswork with
 
 from __future__ import annotations
 
+import bisect
 import math
-import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -34,7 +34,8 @@ class RuntimeEstimator:
             (s.name, n, s.accumulation_factors[0]) for s in strategies for n in s.device_counts(pool_size)
         ]
         self._observed: dict[tuple[str, int, int], list[float]] = defaultdict(list)
-        self._ratios: list[float] = []
+        self._ratios: list[float] = []  # sorted
+        self._median_ratio = 1.0
         self.version = 0  # changes whenever corrected() may answer otherwise
 
     def observe(self, option: Option, seconds: float) -> None:
@@ -44,15 +45,18 @@ class RuntimeEstimator:
         """A trial planned from a profile finished: remember how its loop's real seconds per step (evaluation
         passes and checkpoints inside the loop included) compare with the profile's timed steps."""
         if profiled > 0 and actual > 0:
-            self._ratios.append(actual / profiled)
-            self.version += 1
+            bisect.insort(self._ratios, actual / profiled)
+            middle = len(self._ratios) // 2
+            median = self._ratios[middle] if len(self._ratios) % 2 else (
+                self._ratios[middle - 1] + self._ratios[middle]) / 2
+            if median != self._median_ratio:  # (a large sweep re-prices every waiting trial when it changes)
+                self._median_ratio = median
+                self.version += 1
 
     def corrected(self, predicted: float, loop_seconds: float) -> float:
         """A profile-based runtime whose training loop (``loop_seconds`` of it) runs at the median real / profiled
         step rate seen so far in this sweep. Start-up and the time after the loop are measured as they are."""
-        if not self._ratios:
-            return predicted
-        return predicted + (statistics.median(self._ratios) - 1.0) * loop_seconds
+        return predicted + (self._median_ratio - 1.0) * loop_seconds
 
     def estimate(self, strategy: str, devices: int, gradient_accumulation: int = 1) -> float:
         own = self._observed.get((strategy, devices, gradient_accumulation))

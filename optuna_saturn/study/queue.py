@@ -15,6 +15,7 @@ later trials wait behind it, in their order.
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 import optuna
@@ -63,14 +64,23 @@ class StudyQueue:
         self._clock = clock
         self._sampling: set[int] = set()  # queued trials whose description needed the sampler
         self._empty_until = 0.0
+        self._unread: collections.deque[FrozenTrial] = collections.deque()  # the last look's, not served yet
+        self._taken: set[int] = set()  # (the last look may still list them)
 
     def next_unseen(self, seen: set[int]) -> FrozenTrial | None:
-        """The first queued trial whose number is not in ``seen``, if any."""
+        """The first queued trial whose number is not in ``seen``, if any (the same one until it is seen or
+        taken). One look at the study serves the trials it found in turn: reading a queue of thousands for each
+        trial would cost more than describing them; one another sweep took meanwhile is found taken when the sweep
+        takes it."""
+        while self._unread and (self._unread[0].number in seen or self._unread[0].number in self._taken):
+            self._unread.popleft()
+        if self._unread:
+            return self._unread[0]
         if self._clock.now() < self._empty_until:
             return None
-        for trial in self._bridge.queued():
-            if trial.number not in seen:
-                return trial
+        self._unread.extend(t for t in self._bridge.queued() if t.number not in seen)
+        if self._unread:
+            return self._unread[0]
         self._empty_until = self._clock.now() + _RECHECK_SECONDS
         return None
 
@@ -79,6 +89,7 @@ class StudyQueue:
         look reads the queue, even if it was empty a moment ago. Else a new trial would be asked ahead of them, and
         once ``n_trials`` is reached they would be left WAITING."""
         self._empty_until = 0.0
+        self._unread.clear()
 
     def may_describe(self, queued: FrozenTrial) -> bool:
         """Whether ``queued`` may be described before it is asked: it did not need the sampler when it was last
@@ -98,6 +109,7 @@ class StudyQueue:
     def take(self, queued: QueuedTrial | FrozenTrial) -> optuna.Trial | None:
         """The queued trial, now RUNNING, with what its description suggested and set; None if another sweep
         took it first."""
+        self._taken.add(queued.number)
         if isinstance(queued, QueuedTrial):
             return self._bridge.take(queued.trial_id, queued.distributions, queued.user_attrs)
         return self._bridge.take(queued._trial_id, {}, {})

@@ -132,6 +132,7 @@ class Actions:
             waiting = self._state.waiting[number]
             waiting.assignment = place
             waiting.planned_start, waiting.planned_end = planned.now + place.start, planned.now + place.end
+        self._state.plan_order = sorted(planned.places, key=lambda n: (planned.places[n].start, n))
         self.events.send("on_plan", planned.shown, list(planned.places), planned.now)
 
     def start(self, start: Start, now: float) -> None:

@@ -21,17 +21,21 @@ def starts(state: SweepState, ready: set[int], view: OptionsView, now: float) ->
     free = state.free() & ready
     measuring = {e.trial.number for r in state.running.values() if isinstance(r, ProfileRun)
                  for e in r.job.entries}
-    planned = sorted(
-        (w for w in state.waiting.values() if w.assignment is not None and w.number not in measuring),
-        key=lambda w: (w.assignment.start, w.number),
-    )
+    planned = [state.waiting[n] for n in state.plan_order  # (in plan order: by planned start)
+               if n in state.waiting and state.waiting[n].assignment is not None and n not in measuring]
     decided: list[Start] = []
     blocked_until: float | None = None
     later: list[Waiting] = []
+    unfit = float("inf")  # the fewest devices no free node holds any more (free devices only get fewer here)
     for waiting in planned:
         option = waiting.assignment.option
         preferred = set(waiting.assignment.devices)
-        devices = sorted(preferred) if preferred <= free else state.topology.pick(free, option.devices)
+        if preferred <= free:
+            devices = sorted(preferred)
+        else:
+            devices = state.topology.pick(free, option.devices) if option.devices < unfit else None
+            if devices is None:
+                unfit = min(unfit, option.devices)
         fits = devices is not None
         if fits and (blocked_until is None or now + option.runtime <= blocked_until):
             decided.append(Start(waiting, option, tuple(devices)))

@@ -64,7 +64,7 @@ class Sweep:
                               may_leave_out=pricer is not None)
         self._elastic = Elastic(enabled=settings.elastic and not settings.profile_only, max_moves=settings.max_moves,
                                 engines={s.name: s.engine for s in settings.strategies})
-        self._outcomes = Outcomes(ray=settings.ray)
+        self._outcomes = Outcomes(node_of=pool.node_of)
         self._do.use(pricer=pricer, view=self._view, profiling=self._profiling)
         self._planning_seconds = 0.0
 

@@ -17,6 +17,7 @@ device when the trials still to come would use them better.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -43,12 +44,15 @@ class OptionsView:
     def __init__(self, estimator: RuntimeEstimator, *, profile_steps: tuple[int, int]) -> None:
         self.estimator = estimator
         self._profile_steps = profile_steps
-        self._seen: list[list[Option]] = []  # every admitted trial's weighed options, as first priced
+        # every admitted trial's weighed options, as first priced, by their least device-seconds
+        self._seen: list[tuple[float, int, list[Option]]] = []
         self._views: dict[int, tuple] = {}  # per trial: what its views depend on, and the views
 
     def saw(self, waiting: Waiting) -> None:
         """A trial was admitted: it stands for the trials to come."""
-        self._seen.append(weighed([p.option for p in waiting.price.options], waiting.price.options))
+        options = weighed([p.option for p in waiting.price.options], waiting.price.options)
+        if options:
+            bisect.insort(self._seen, (min(o.runtime * o.devices for o in options), len(self._seen), options))
 
     def options(self, waiting: Waiting, state: SweepState) -> list[Option]:
         """The options with their corrected runtimes (profiles corrected by real runs, resumed steps only)."""
@@ -57,26 +61,26 @@ class OptionsView:
     def weighed_options(self, waiting: Waiting, state: SweepState) -> list[Option]:
         return self._view(waiting, state)[1]
 
-    def planned_options(self, waiting: Waiting, state: SweepState) -> list[Option]:
-        """The options as the planner sees them: weighed, tie-broken, and fitting a node."""
+    def planned_job(self, waiting: Waiting, state: SweepState) -> Job:
+        """The trial as the planner sees it: its options weighed, tie-broken, and fitting a node."""
         return self._view(waiting, state)[2]
 
     def quickest(self, waiting: Waiting, state: SweepState) -> tuple[float, int]:
         """Its fastest weighed runtime and its fewest devices: what any option of it takes at least."""
-        weighed_ = self._view(waiting, state)[1]
-        return min(o.runtime for o in weighed_), min(o.devices for o in weighed_)
+        return self._view(waiting, state)[3]
 
-    def _view(self, waiting: Waiting, state: SweepState) -> tuple[list[Option], list[Option], list[Option]]:
-        """(corrected, weighed, planned) options, computed again only when what they depend on changed (the
-        trial's price, the checkpoint it resumes from, the observed step rates, the nodes): a large sweep asks
-        for them at every event, for hundreds of trials."""
+    def _view(self, waiting: Waiting, state: SweepState) -> tuple:
+        """(corrected options, weighed options, the planner's job, the quickest), computed again only when what
+        they depend on changed (the trial's price, the checkpoint it resumes from, the observed step rates, the
+        nodes): a large sweep asks for them at every event, for hundreds of trials."""
         resume = state.resumes.get(waiting.number)
         cached = self._views.get(waiting.number)
         if cached is not None:
             (price, resumed, corrects, version, largest), *views = cached
+            views = tuple(views)
             if price is waiting.price and resumed is resume and largest == state.largest_node and \
                     (not corrects or version == self.estimator.version):
-                return views[0], views[1], views[2]
+                return views
         corrects = any(p.record is not None and not p.record.observed for p in waiting.price.options)
         key = (waiting.price, resume, corrects, self.estimator.version, state.largest_node)
         workload = waiting.price.workload
@@ -91,13 +95,14 @@ class OptionsView:
                 option = replace(option, runtime=max(option.runtime * left, 1e-3))
             corrected.append(option)
         weighed_ = weighed(corrected, waiting.price.options)
-        planned = tie_broken(fitting(weighed_, state.largest_node))
-        self._views[waiting.number] = (key, corrected, weighed_, planned)
-        return corrected, weighed_, planned
+        job = Job(str(waiting.number), tie_broken(fitting(weighed_, state.largest_node)))
+        quickest = (min(o.runtime for o in weighed_), min(o.devices for o in weighed_))
+        self._views[waiting.number] = (key, corrected, weighed_, job, quickest)
+        return corrected, weighed_, job, quickest
 
     def jobs_and_busy(self, state: SweepState, now: float, *, future: bool = True) -> tuple[list[Job], list[Reservation]]:
         """The waiting trials (and the future ones) as planner jobs, and the running jobs as reservations."""
-        jobs = [Job(str(n), self.planned_options(w, state)) for n, w in state.waiting.items()]
+        jobs = [self.planned_job(w, state) for w in state.waiting.values()]
         busy = [state.topology.reservation(r.devices, self.remaining(r, state, now), r.key)
                 for r in state.running.values() if not set(r.devices) & state.lost]
         return (jobs + self.future_jobs(state) if future else jobs), busy
@@ -110,9 +115,8 @@ class OptionsView:
         count = min(remaining, FUTURE_TRIALS * len(state.devices) - len(state.waiting))
         if not self._seen or count <= 0:
             return []
-        options = sorted(self._seen, key=lambda opts: min(o.runtime * o.devices for o in opts))[len(self._seen) // 2]
-        options = fitting(options, state.largest_node)
-        return [Job(f"{FUTURE}{i}", tie_broken(options)) for i in range(count)] if options else []
+        options = tie_broken(fitting(self._seen[len(self._seen) // 2][2], state.largest_node))
+        return [Job(f"{FUTURE}{i}", options) for i in range(count)] if options else []
 
     def remaining(self, run: TrialRun | ProfileRun, state: SweepState, now: float) -> float:
         """Seconds a running job still needs: a trial from its measured step rate when it reports one (plus what

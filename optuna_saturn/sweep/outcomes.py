@@ -8,20 +8,20 @@ its option's profile, or corrects it, for the trials priced after it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from optuna.trial import TrialState
 
 from optuna_saturn.devices import Device
 from optuna_saturn.pools.protocol import JobEnd
-from optuna_saturn.pools.ray_cluster import RayCluster
 from optuna_saturn.sweep.decisions import Tell
 from optuna_saturn.sweep.state import SweepState, TrialRun
 
 
 class Outcomes:
-    def __init__(self, *, ray: RayCluster | None) -> None:
-        self._ray = ray
+    def __init__(self, *, node_of: Callable[[Device], dict[str, Any]]) -> None:
+        self._node_of = node_of
 
     def tell(self, run: TrialRun, end: JobEnd, state: SweepState, now: float, *, run_again: bool,
              reason: str = "", profiling: list[dict] | None = None) -> Tell:
@@ -92,7 +92,8 @@ class Outcomes:
 
     def _node(self, device: Device) -> dict[str, Any]:
         """``saturn:node``: the Ray node a trial ran on (its name, Ray id and IP); absent on the local runner."""
-        return {} if self._ray is None else {"node": self._ray.node(device.node).to_json()}
+        node = self._node_of(device)
+        return {"node": node} if node else {}
 
     @staticmethod
     def _learned(run: TrialRun, state: SweepState, trial_state: TrialState) -> dict[str, Any] | None:

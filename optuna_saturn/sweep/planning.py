@@ -7,12 +7,12 @@ need at their measured step rate. The plan being executed is kept unless a fresh
 
 While a device has no job, the plan is what it waits for: then only the planner's heuristics run (milliseconds),
 and the solvers refine the plan once every device is busy again, unless it is within 2% of its lower bound.
-When hundreds of trials wait (a large cluster's known trials), a fresh plan of all of them at every event would
-cost more than the events leave time for: between fresh plans the last one is followed (each trial keeps its
-option and its order and takes the devices that free up first; new trials follow), and a fresh one is made once
-a tenth of the trials are new since the
-last, when prices or nodes changed, or when the repaired plan ends later than the fresh one did by more than 2%
-and the new trials' work spread over the devices. With ``replan=False`` ("static", for the
+When hundreds of trials wait, or tens on tens of nodes (a large cluster), a fresh plan of all of them at every
+event would cost more than the events leave time for: between fresh plans the last one is followed (each trial
+keeps its option and its order and takes the devices that free up first; new trials join it longest first). A
+fresh one is made once a tenth of the trials are new since the last, when prices or nodes changed, or when the
+followed plan ends later than the fresh one did by more than 5% of its length and the new trials' work spread
+over the devices, unless it is within 5% of its lower bound. With ``replan=False`` ("static", for the
 simulator's comparisons) a trial keeps the place its first plan gave it; new trials are placed around it.
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from optuna_saturn.planner import Assignment, Plan, reflow, replan
+from optuna_saturn.planner import Assignment, Plan, lower_bound, reflow, replan
 from optuna_saturn.sweep.decisions import Planned
 from optuna_saturn.sweep.options import FUTURE, OptionsView
 from optuna_saturn.sweep.settings import SweepSettings
@@ -33,11 +33,13 @@ REPLAN_SECONDS = 0.1
 URGENT_SOLVER = "list"
 #: Solvers refine a plan only when it may be this much longer than its lower bound.
 REFINE_GAP = 0.02
-#: Above this many waiting trials, the plan is repaired between fresh plans (see the module's docstring) ...
-REPAIR_ABOVE = 64
+#: Above this many (waiting trial, node) pairs, a fresh plan costs more than an event leaves time for: the last
+#: one is followed between fresh plans (see the module's docstring) ...
+REPAIR_ABOVE = 512
 #: ... which come once this share of the trials are new, or the repaired plan ends this much later.
 FRESH_SHARE = 0.1
-DRIFT = 0.02
+DRIFT = 0.05
+CLOSE_ENOUGH = 0.05
 
 
 class Planning:
@@ -59,9 +61,9 @@ class Planning:
         devices as planned) waits for the next one that does not, or for a fresh plan to be due."""
         if not state.plan_dirty:
             return self._refine and not state.free()
-        if len(state.waiting) <= REPAIR_ABOVE or self._fresh is None or state.free() & ready:
+        if self._small(len(state.waiting), state) or self._fresh is None or state.free() & ready:
             return True
-        fresh_names, changes, _ = self._fresh  # (a trial that arrived meanwhile is placed by the next plan)
+        fresh_names, changes, _, _ = self._fresh  # (a trial that arrived meanwhile is placed by the next plan)
         new = sum(1 for n in state.waiting if str(n) not in fresh_names)
         return changes != state.changes or new >= FRESH_SHARE * len(state.waiting)
 
@@ -85,7 +87,7 @@ class Planning:
             )
             self._refine = urgent and plan.makespan > plan.lower_bound * (1 + REFINE_GAP)
             self._fresh = ({j.name for j in jobs if not j.name.startswith(FUTURE)}, state.changes,
-                           now + plan.makespan)
+                           now + plan.makespan, plan.makespan)
         places: dict[int, Assignment] = {}
         for a in plan.assignments:
             if a.job.startswith(FUTURE):
@@ -102,16 +104,25 @@ class Planning:
     def _repaired(self, previous: Plan | None, jobs: list, busy: list, state: SweepState, now: float) -> Plan | None:
         """The previous plan repaired, if a fresh one is not due yet (see the module's docstring); else None."""
         names = {j.name for j in jobs if not j.name.startswith(FUTURE)}
-        if previous is None or self._fresh is None or len(names) <= REPAIR_ABOVE:
+        if previous is None or self._fresh is None or self._small(len(names), state):
             return None
-        fresh_names, changes, fresh_end = self._fresh
+        fresh_names, changes, fresh_end, span = self._fresh
         if changes != state.changes or len(names - fresh_names) >= FRESH_SHARE * len(names):
             return None
         kept = reflow(previous, jobs, state.cluster, busy=busy)
-        # the trials that arrived since may end it later by their work spread over the devices, and no more
+        # the trials that arrived since may end it later by their work spread over the devices, and no more; a
+        # followed plan within 5% of its lower bound (no plan can end sooner) is close enough
         arrived = sum(min(o.runtime * o.devices for o in j.options) for j in jobs if j.name in names - fresh_names)
-        allowed = fresh_end + arrived / state.cluster.total_devices + DRIFT * max(fresh_end - now, 0.0)
-        return kept if now + kept.makespan <= allowed else None
+        allowed = fresh_end + arrived / state.cluster.total_devices + DRIFT * span
+        if now + kept.makespan <= allowed or kept.makespan <= (1 + CLOSE_ENOUGH) * lower_bound(
+                jobs, state.cluster, busy=busy):
+            return kept
+        return None
+
+    @staticmethod
+    def _small(waiting: int, state: SweepState) -> bool:
+        """Whether a fresh plan of ``waiting`` trials costs little enough to make at every event."""
+        return waiting * len(state.cluster.nodes) <= REPAIR_ABOVE
 
     @staticmethod
     def _previous_plan(state: SweepState) -> Plan | None:

@@ -33,6 +33,7 @@ class Profiling:
         self._budget = budget
         self._profile_only = profile_only
         self._queue: list[ProfileJob] = []
+        self._every_option: list[tuple[optuna.Trial, tuple[str, int, int]]] = []  # grouped into jobs when placed
         self._profiled: set[tuple[int, tuple[str, int, int]]] = set()  # (trial, choice) measured or measuring
         self._judged = -1  # the plan whose value of information was judged
         self.device_seconds = 0.0  # spent in profiling jobs
@@ -41,13 +42,12 @@ class Profiling:
 
     @property
     def pending(self) -> bool:
-        return bool(self._queue)
+        return bool(self._queue or self._every_option)
 
     def measure_every_option(self, trial: optuna.Trial, price: TrialPrice) -> None:
-        """A profile-only sweep's trial: all of its options not measured yet."""
-        wanted = [(trial, p.option.choice) for p in price.options if not p.measured]
-        if wanted:
-            self._queue += self._pricer.profile_jobs(wanted)
+        """A profile-only sweep's trial: all of its options not measured yet. The trials admitted together are
+        grouped into jobs together (one job per device count times every strategy of every one of them)."""
+        self._every_option += [(trial, p.option.choice) for p in price.options if not p.measured]
 
     def follow_up(self, jobs: list[ProfileJob]) -> None:
         """What a profiling job that stopped early did not reach, to run next."""
@@ -59,6 +59,9 @@ class Profiling:
         """Profiling jobs to start now, each on idle devices."""
         if self._pricer is None:
             return []
+        if self._every_option:
+            self._queue += self._pricer.profile_jobs(self._every_option)
+            self._every_option = []
         self._queue = [j for j in map(lambda job: _still_waiting(job, state), self._queue) if j is not None]
         idle = self._idle_devices(state, ready, now)
         if not self._profile_only and self._judged != plan_version and idle:
@@ -104,25 +107,28 @@ class Profiling:
 
     def _worth_measuring(self, state: SweepState, view: OptionsView, now: float) -> list[ProfileJob]:
         """Options of waiting trials whose measurement could shorten the plan by more than it costs."""
+        candidates = [(number, waiting, priced) for number, waiting in state.waiting.items()
+                      for priced in waiting.price.options
+                      if not priced.measured and priced.uncertainty > 0
+                      and (number, priced.option.choice) not in self._profiled]
+        if not candidates:
+            return []
         jobs, busy = view.jobs_and_busy(state, now)
         wanted = []
-        for number, waiting in state.waiting.items():
-            for priced in waiting.price.options:
-                choice = priced.option.choice
-                if priced.measured or (number, choice) in self._profiled or priced.uncertainty <= 0:
-                    continue
-                optimistic = priced.option.runtime / (1.0 + priced.uncertainty)
-                gain = profile_gain(jobs, state.cluster, str(number), choice, optimistic, busy=busy)
-                if gain <= 0:
-                    continue
-                cost = view.measurement_seconds(waiting, priced)
-                if worth_measuring(gain, cost, priced.option.devices, state.cluster):
-                    wanted.append((waiting.trial, choice))
-                    self._profiled.add((number, choice))
-                    _logger.info(
-                        f"Measuring {priced.option.label} for trial {number}: it may save {gain:.1f} s of the plan "
-                        f"for about {cost:.1f} s on {priced.option.devices} device(s)."
-                    )
+        for number, waiting, priced in candidates:
+            choice = priced.option.choice
+            optimistic = priced.option.runtime / (1.0 + priced.uncertainty)
+            gain = profile_gain(jobs, state.cluster, str(number), choice, optimistic, busy=busy)
+            if gain <= 0:
+                continue
+            cost = view.measurement_seconds(waiting, priced)
+            if worth_measuring(gain, cost, priced.option.devices, state.cluster):
+                wanted.append((waiting.trial, choice))
+                self._profiled.add((number, choice))
+                _logger.info(
+                    f"Measuring {priced.option.label} for trial {number}: it may save {gain:.1f} s of the plan "
+                    f"for about {cost:.1f} s on {priced.option.devices} device(s)."
+                )
         return self._pricer.profile_jobs(wanted) if wanted else []
 
 

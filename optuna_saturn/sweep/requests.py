@@ -1,9 +1,10 @@
 """The jobs the loop submits: a trial's run, or a profiling job, as the pool protocol's :class:`JobRequest`, with
-the sessions their ranks talk to. Each run of a trial gets a key of its own (a trial planned again runs under a
-new key), its log one per trial (later runs append to it)."""
+the sessions their ranks talk to. Each run of a trial gets a key of its own: ``trial-N`` first, then ``trial-N.1``,
+``trial-N.2`` for a trial run again or moved; its log is one per trial (later runs append to it)."""
 
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 import time
@@ -30,12 +31,15 @@ class JobRequests:
         self._lock = lock
         self._clock = clock
         self._runs = itertools.count()
+        self._trial_runs: collections.Counter[int] = collections.Counter()
 
     def trial(self, trial: optuna.Trial, option: Option, devices: tuple[int, ...],
               resume: checkpoint.CheckpointRecord | None) -> JobRequest:
         session = TrialSession(trial, self._lock, self._clock)
+        earlier = self._trial_runs[trial.number]
+        self._trial_runs[trial.number] += 1
         return JobRequest(
-            f"trial-{trial.number}.{next(self._runs)}", devices,
+            f"trial-{trial.number}" + (f".{earlier}" if earlier else ""), devices,
             (Task(session, self._strategies[option.strategy]),), self.run_dir / f"trial-{trial.number}.log",
             gradient_accumulation=option.gradient_accumulation,
             checkpoint={"dir": str(self.checkpoint_folder(trial.number)),

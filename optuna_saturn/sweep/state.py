@@ -93,6 +93,7 @@ class SweepState:
     asked: int = 0  # trials this sweep asked or took from the queue (asking)
     n_trials: int | None = None  # how many to run; retries add one each (ends: RunAgain)
     plan_dirty: bool = False  # something changed since the last plan (every transition; planning clears it)
+    plan_order: list[int] = field(default_factory=list)  # the planned trials, by planned start (planning)
     changes: int = 0  # counts what changes plans besides ends and arrivals: prices, nodes (the loop)
     free_since: dict[int, float] = field(default_factory=dict)  # per device: when its last job ended
     idle_seconds: dict[int, float] = field(default_factory=dict)  # per device: time between jobs
@@ -108,7 +109,7 @@ class SweepState:
 
     @property
     def largest_node(self) -> int:
-        return max(self.cluster.nodes)
+        return self.topology.largest_node
 
     def free(self) -> set[int]:
         """Devices no job holds (their worker may still be starting), on the nodes alive."""

@@ -37,6 +37,10 @@ class Topology:
         return Cluster([len(m) for m in self.members])
 
     @cached_property
+    def largest_node(self) -> int:
+        return max(self.cluster.nodes)
+
+    @cached_property
     def _nodes(self) -> dict[int, int]:
         return {d: n for n, m in enumerate(self.members) for d in m}
 
