@@ -22,6 +22,10 @@ MIXED = [(64, 2, 64, 1600), (128, 2, 256, 700), (128, 4, 512, 500), (256, 2, 102
          (256, 4, 4096, 40), (512, 4, 2048, 30), (512, 4, 4096, 16)]
 
 
+#: Trials that really started within this many seconds of each other started at once.
+AT_ONCE = 0.5
+
+
 @pytest.mark.launch
 def test_simulate_replays_a_real_sweep_with_the_same_options_order_and_wall_clock(saturn_options, tmp_path):
     params = [{"width": w, "depth": d, "batch": b, "steps": s, "lr": 0.004 + 0.0005 * i}
@@ -44,7 +48,12 @@ def test_simulate_replays_a_real_sweep_with_the_same_options_order_and_wall_cloc
     chosen = {n: (a["saturn:strategy"], a["saturn:num_devices"]) for n, a in real.items()}
     assert {n: (a.option.strategy, a.option.devices) for n, a in simulated.items()} == chosen
     real_order = sorted(real, key=lambda n: real[n]["saturn:actual_start"])
-    assert sorted(simulated, key=lambda n: simulated[n].start) == real_order
+    # the same order, except between trials that really started at once (on the two devices, within a moment:
+    # which comes first there is a race of the machine's, not a decision of the scheduler's)
+    started = {n: real[n]["saturn:actual_start"] for n in real}
+    swapped = [(a, b) for a in real for b in real
+               if started[a] + AT_ONCE < started[b] and simulated[a].start > simulated[b].start + 1e-6]
+    assert not swapped, (real_order, sorted(simulated, key=lambda n: simulated[n].start))
     wall = study.user_attrs["saturn:last_sweep"]["wall_seconds"]
     assert result.info["wall_seconds"] == pytest.approx(wall, rel=0.05)
     print(f"options {sorted(chosen.items())}; order {real_order}; wall clock: real {wall:.2f} s, simulated "
