@@ -21,6 +21,7 @@ import optuna
 import torch
 
 from optuna_saturn import SaturnExecutor
+from optuna_saturn.study.urls import without_password
 
 SEQ_LEN = 64
 VOCAB_SIZE = 2000
@@ -163,7 +164,7 @@ def main(
     best = study.best_trial
     print(f"\nBest trial #{best.number}: validation loss {best.value:.4f} with {best.params}")
     print(f"  ran as {best.user_attrs['saturn:strategy']} on {best.user_attrs['saturn:devices']}")
-    print(f"See the sweep:  optuna-dashboard {args.storage}")
+    print(f"See the sweep:  optuna-dashboard {without_password(args.storage)}")
 
 
 if __name__ == "__main__":

@@ -3,9 +3,12 @@
 Newline-delimited JSON over a Unix-domain socket in a 0700 temporary folder, or, when trials run on other machines
 (the Ray runner), over TCP on the address the cluster reaches this machine at (``tcp://HOST:PORT``). Only rank 0
 connects; it presents the trial's random 128-bit token, which is the authentication: a connection without a
-registered token is closed before any request is served, so a message can never land on another trial, and a
-peer that does not know a token can do nothing. The parent answers each request with the
-result of calling the real ``optuna.Trial``: the user's sampler and pruner decide, in the process that owns them.
+registered token gets an authentication error and is closed before any request is served, so a message can never
+land on another trial, and a peer that does not know a token can do nothing. Nor can it hold the executor's
+threads or memory: a hello must arrive whole within a deadline, only so many connections may wait for theirs (in
+all, and per peer address), lines are bounded, and a line that is not a JSON object ends the connection with an
+error. The parent answers each request with the result of calling the real ``optuna.Trial``: the user's sampler
+and pruner decide, in the process that owns them.
 """
 
 from __future__ import annotations
@@ -20,17 +23,33 @@ import socket
 import socketserver
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 _logger = logging.getLogger(__name__)
 
-#: How long, and how many bytes, a new connection has to present its hello.
+#: How long, and how many bytes, a new connection has to present its hello (one deadline for the whole of it).
 _HELLO_SECONDS = 10.0
 _HELLO_BYTES = 64 * 1024
+#: Connections that have not presented a valid hello yet, at most: in all, and from one peer address.
+_UNAUTHENTICATED = 64
+_UNAUTHENTICATED_PER_PEER = 16
+#: The longest line an authenticated peer may send (a trial's report, its attributes, a profile).
+_LINE_BYTES = 16 * 1024 * 1024
+#: A rejected connection is logged at most once in this many seconds (with how many were rejected meanwhile).
+_REJECTION_LOG_SECONDS = 10.0
 
 #: A request handler: (op, message) -> reply value. Raising sends the error back to the worker.
 Handler = Callable[[str, dict], Any]
+
+
+class ProtocolError(ValueError):
+    """A peer broke the channel's protocol: a line too long or not a JSON object, or no hello in time."""
+
+
+class AuthenticationFailed(ConnectionError):
+    """The executor refused the token a worker presented: it belongs to no trial of the sweep (any more)."""
 
 
 class RemoteError(RuntimeError):
@@ -81,6 +100,10 @@ class ChannelServer:
         os.chmod(self._folder, 0o700)
         self._handlers: dict[str, Handler] = {}
         self._lock = threading.Lock()
+        self._waiting_total = 0  # connections without a hello yet, in all and per peer
+        self._waiting: dict[str, int] = {}
+        self._rejections = 0  # since the last warning
+        self._next_rejection_log = 0.0
         server = self
 
         class _RequestHandler(socketserver.StreamRequestHandler):
@@ -130,44 +153,140 @@ class ChannelServer:
     def _serve_connection(self, rfile: Any, wfile: Any, connection: socket.socket) -> None:
         served: list[Handler] = []  # the connection's handler, once its hello named a valid token
         hello: dict = {}  # what the peer said in its hello: the handler hears it again when the connection closes
+        peer = _peer(connection)
+        if not self._admit(peer):
+            self._rejected(f"too many connections without a hello (from {peer})")
+            return
         try:
-            self._serve_requests(rfile, wfile, served, connection, hello)
-        except OSError:  # the peer vanished mid-request (a killed worker), or said nothing in time
+            self._serve_requests(_Lines(connection), wfile, served, hello, peer)
+        except OSError:  # the peer vanished mid-request (a killed worker)
             pass
-        except ValueError:  # not our protocol
-            _logger.warning("Closed a channel connection that did not speak the channel's protocol.")
+        except ProtocolError as exc:  # not our protocol, or too slow to say its hello
+            self._rejected(f"{exc} (from {peer})")
+            _reply_error(wfile, exc)
         finally:
+            if not served:
+                self._leave(peer)
             for handler in served:  # the peer went away (or exited): its handler hears it once, with its hello
                 try:
                     handler("closed", {k: v for k, v in hello.items() if k not in ("op", "token")})
                 except Exception:
                     _logger.exception("A channel handler failed on a closed connection.")
 
-    def _serve_requests(
-        self, rfile: Any, wfile: Any, served: list[Handler], connection: socket.socket, hello_said: dict
-    ) -> None:
-        # before its hello, a peer gets a few seconds and one line of bounded length: a stranger that connects
-        # (over TCP, anyone who reaches the port) can hold neither a thread nor memory
-        connection.settimeout(_HELLO_SECONDS)
-        hello = rfile.readline(_HELLO_BYTES)
-        connection.settimeout(None)
-        for line in itertools.chain([hello] if hello else [], rfile):
-            message = json.loads(line)
-            op = message.get("op", "")
-            if not served:
-                with self._lock:
-                    handler = self._handlers.get(message.get("token", "")) if op == "hello" else None
-                if handler is None:
-                    _logger.warning("Rejected a channel connection without a valid trial token.")
-                    return
-                served.append(handler)
-                hello_said.update(message)
+    def _serve_requests(self, lines: _Lines, wfile: Any, served: list[Handler], hello_said: dict, peer: str) -> None:
+        # before its hello, a peer gets a few seconds in all and one line of bounded length, and only so many
+        # peers may wait at once: a stranger that connects (over TCP, anyone who reaches the port) can hold
+        # neither threads nor memory
+        hello = lines.next(limit=_HELLO_BYTES, deadline=time.monotonic() + _HELLO_SECONDS)
+        message = _message(hello) if hello else None
+        with self._lock:
+            handler = self._handlers.get(str(message.get("token", ""))) \
+                if message is not None and message.get("op") == "hello" else None
+        if handler is None:
+            if message is not None:
+                self._rejected(f"a hello without a valid trial token (from {peer})")
+                _reply_error(wfile, AuthenticationFailed("the executor knows no trial of this token (it ended, or "
+                                                         "this worker belongs to another sweep)"))
+            return
+        served.append(handler)
+        self._leave(peer)
+        hello_said.update(message)
+        while message is not None:
             try:
-                line = json.dumps({"ok": True, "value": served[0](op, message)}, default=_plain)
+                line = json.dumps({"ok": True, "value": handler(str(message.get("op", "")), message)},
+                                  default=_plain)
             except Exception as exc:  # the worker re-raises it; the parent must keep serving
                 line = json.dumps({"ok": False, "type": type(exc).__name__, "error": str(exc)})
             wfile.write((line + "\n").encode())
             wfile.flush()
+            following = lines.next(limit=_LINE_BYTES)
+            message = _message(following) if following else None
+
+    def _admit(self, peer: str) -> bool:
+        with self._lock:
+            if self._waiting_total >= _UNAUTHENTICATED or self._waiting.get(peer, 0) >= _UNAUTHENTICATED_PER_PEER:
+                return False
+            self._waiting_total += 1
+            self._waiting[peer] = self._waiting.get(peer, 0) + 1
+            return True
+
+    def _leave(self, peer: str) -> None:
+        with self._lock:
+            self._waiting_total -= 1
+            self._waiting[peer] -= 1
+            if not self._waiting[peer]:
+                del self._waiting[peer]
+
+    def _rejected(self, why: str) -> None:
+        """Log a rejected connection, at most once per :data:`_REJECTION_LOG_SECONDS`."""
+        with self._lock:
+            self._rejections += 1
+            now = time.monotonic()
+            if now < self._next_rejection_log:
+                return
+            count, self._rejections = self._rejections, 0
+            self._next_rejection_log = now + _REJECTION_LOG_SECONDS
+        more = f" ({count - 1} more rejected since the last warning)" if count > 1 else ""
+        _logger.warning(f"Closed a channel connection: {why}{more}.")
+
+
+class _Lines:
+    """A socket's lines, each of bounded length, the first by a deadline."""
+
+    def __init__(self, connection: socket.socket) -> None:
+        self._connection = connection
+        self._buffer = b""
+
+    def next(self, *, limit: int, deadline: float | None = None) -> bytes:
+        """The next line (b"" when the peer closed); :class:`ProtocolError` if it is longer than ``limit`` or
+        not complete by ``deadline``."""
+        while b"\n" not in self._buffer:
+            if len(self._buffer) > limit:
+                raise ProtocolError(f"a line longer than {limit} bytes")
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ProtocolError("no hello in time")
+                self._connection.settimeout(left)
+            try:
+                chunk = self._connection.recv(65536)
+            except TimeoutError:
+                raise ProtocolError("no hello in time") from None
+            finally:
+                self._connection.settimeout(None)
+            if not chunk:
+                return b""
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        if len(line) > limit:
+            raise ProtocolError(f"a line longer than {limit} bytes")
+        return line
+
+
+def _message(line: bytes) -> dict:
+    try:
+        message = json.loads(line)
+    except (ValueError, RecursionError):
+        raise ProtocolError("a line that is not JSON") from None
+    if not isinstance(message, dict):
+        raise ProtocolError("a line that is not a JSON object")
+    return message
+
+
+def _reply_error(wfile: Any, error: Exception) -> None:
+    try:
+        wfile.write((json.dumps({"ok": False, "type": type(error).__name__, "error": str(error)}) + "\n").encode())
+        wfile.flush()
+    except OSError:
+        pass
+
+
+def _peer(connection: socket.socket) -> str:
+    try:
+        address = connection.getpeername()
+    except OSError:
+        return "?"
+    return address[0] if isinstance(address, tuple) else "this machine"
 
 
 class ChannelClient:
@@ -195,6 +314,8 @@ class ChannelClient:
             raise ConnectionError("The optuna-saturn executor closed the channel (the sweep was stopped).")
         reply = json.loads(line)
         if not reply["ok"]:
+            if reply["type"] == AuthenticationFailed.__name__:
+                raise AuthenticationFailed(f"The optuna-saturn executor refused this worker: {reply['error']}.")
             builtin = _RELAYED_BUILTINS.get(reply["type"])
             raise builtin(reply["error"]) if builtin else RemoteError(reply["type"], reply["error"])
         return reply["value"]

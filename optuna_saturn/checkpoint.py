@@ -4,10 +4,12 @@ the first run stopped instead of from scratch.
 What is saved: the model, the optimizer, the LR scheduler, the random generators (rank 0's, as every rank draws
 from them alike: see :mod:`optuna_saturn.sharding`), where each prepared DataLoader's pass stands
 (:mod:`optuna_saturn.worker.loader_positions`: a run resumed mid-epoch trains on the batches the first run would have) and the
-step. Where: one folder per trial, ``step-<k>`` in it
-for the latest checkpoint only, written under a temporary name and renamed when complete (a checkpoint that a kill
-cut short is never taken for one). Its record (:class:`CheckpointRecord`) is the trial's ``saturn:checkpoint``
-user attribute.
+step. Where: one folder per trial, ``step-<k>`` in it, written under a temporary name, flushed to disk
+(``fsync``) and renamed when complete, so a checkpoint that a kill or a power loss cut short is never taken for
+one. Its record (:class:`CheckpointRecord`) is the trial's ``saturn:checkpoint`` user attribute; the checkpoint
+before it is removed only once the executor has stored that record (:func:`prune`), and the one before that
+stays, so a checkpoint found damaged when it is loaded (its files are not as they were written: the record
+lists their sizes) falls back to the one before it (:func:`usable`), then to the start.
 
 Two formats, chosen by the strategy's engine:
 
@@ -26,6 +28,7 @@ Two formats, chosen by the strategy's engine:
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import shutil
 import time
@@ -81,7 +84,12 @@ def can_resume(record: CheckpointRecord, engine_name: str, world_size: int, stra
 
 
 def exists(record: CheckpointRecord) -> bool:
-    return (Path(record.path) / _RECORD_FILE).is_file()
+    return exists_at(record.path)
+
+
+def exists_at(path: str) -> bool:
+    """Whether a complete checkpoint is at ``path`` (a record's)."""
+    return (Path(path) / _RECORD_FILE).is_file()
 
 
 def save(
@@ -109,14 +117,73 @@ def save(
     _barrier(context.world_size, group)  # every rank's part is written
     record = CheckpointRecord(str(final.resolve()), int(step), fmt, context.strategy, context.world_size, time.time())
     if context.rank == 0:
-        (partial / _RECORD_FILE).write_text(json.dumps(record.to_json()), encoding="utf-8")
+        files = {str(f.relative_to(partial)): f.stat().st_size for f in sorted(partial.rglob("*")) if f.is_file()}
+        (partial / _RECORD_FILE).write_text(json.dumps({**record.to_json(), "files": files}), encoding="utf-8")
+        _flush(partial)
         shutil.rmtree(final, ignore_errors=True)
         partial.rename(final)
-        for old in folder.glob("step-*"):
-            if old != final:
-                shutil.rmtree(old, ignore_errors=True)
+        _flush_folder(folder)
     _barrier(context.world_size, group)
     return record
+
+
+def prune(record: CheckpointRecord) -> None:
+    """Remove the trial's checkpoints older than the one before ``record``, once the executor stored ``record``
+    (a crash before that finds the one before in the trial's attribute, still on disk)."""
+    newest_first = sorted(_steps(Path(record.path).parent), key=lambda r: -r.step)
+    before = [r for r in newest_first if r.step < record.step]
+    for older in before[1:]:
+        shutil.rmtree(older.path, ignore_errors=True)
+
+
+def usable(record: CheckpointRecord) -> CheckpointRecord | None:
+    """``record`` if its files are as they were written, else the newest intact checkpoint before it in its
+    trial's folder; None if there is none. (Every rank finds the same one: they read the same files.)"""
+    candidates = [record, *sorted((r for r in _steps(Path(record.path).parent) if r.step < record.step),
+                                  key=lambda r: -r.step)]
+    return next((r for r in candidates if _intact(Path(r.path))), None)
+
+
+def _steps(folder: Path) -> list[CheckpointRecord]:
+    """The complete checkpoints in a trial's folder."""
+    found = []
+    for step in folder.glob("step-*"):
+        try:
+            found.append(CheckpointRecord.from_json(json.loads((step / _RECORD_FILE).read_text(encoding="utf-8"))))
+        except (OSError, ValueError, KeyError):
+            continue  # (a partial one, or not a checkpoint)
+    return found
+
+
+def _intact(path: Path) -> bool:
+    """Whether the checkpoint's files are all there, each of the size it was written with."""
+    try:
+        files = json.loads((path / _RECORD_FILE).read_text(encoding="utf-8")).get("files")
+        return files is not None and all((path / name).stat().st_size == size for name, size in files.items())
+    except (OSError, ValueError):
+        return False
+
+
+def _flush(folder: Path) -> None:
+    """``fsync`` every file and folder under ``folder``, and ``folder`` itself."""
+    for path in sorted(folder.rglob("*"), key=lambda p: -len(p.parts)):
+        if path.is_file():
+            _fsync(path, os.O_RDONLY)
+        elif path.is_dir():
+            _flush_folder(path)
+    _flush_folder(folder)
+
+
+def _flush_folder(folder: Path) -> None:
+    _fsync(folder, os.O_RDONLY | os.O_DIRECTORY)
+
+
+def _fsync(path: Path, flags: int) -> None:
+    descriptor = os.open(path, flags)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def load(engine: Any, record: CheckpointRecord, model: torch.nn.Module, optimizer: Any, scheduler: Any,

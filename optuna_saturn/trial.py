@@ -9,6 +9,7 @@ instead of leaving the others hanging in a collective (the failure of optuna-exa
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -335,7 +336,10 @@ class SaturnTrial:
         started = time.perf_counter()
         record = checkpoint.save(self._engine, Path(self._checkpoint_dir), step, model, optimizer, scheduler,
                                  group=self._group, loaders=[loader.position() for loader in self._loaders])
-        if self._ask_and_broadcast("checkpointed", record=record.to_json(), seconds=time.perf_counter() - started):
+        move = self._ask_and_broadcast("checkpointed", record=record.to_json(), seconds=time.perf_counter() - started)
+        if self.rank == 0:
+            checkpoint.prune(record)  # (the executor has stored the record: it answered)
+        if move:
             raise TrialMoved(step)  # the executor moves this trial to another option: it goes on from here
 
     def restore(
@@ -354,7 +358,14 @@ class SaturnTrial:
             return 0
         from optuna_saturn import checkpoint
 
-        self.resumed_from, positions = checkpoint.load(self._engine, self._resume, model, optimizer, scheduler,
+        record = checkpoint.usable(self._resume)
+        if record != self._resume and self.rank == 0:
+            print(f"optuna-saturn: the checkpoint at step {self._resume.step} ({self._resume.path}) is damaged: "
+                  + (f"resuming from step {record.step} instead." if record else "starting from step 0."),
+                  file=sys.stderr, flush=True)
+        if record is None:
+            return 0
+        self.resumed_from, positions = checkpoint.load(self._engine, record, model, optimizer, scheduler,
                                                        group=self._group)
         for loader, position in zip(self._loaders, positions):
             loader.resume_at(position)

@@ -94,6 +94,28 @@ def sleepy(trial) -> float:
     return 0.0
 
 
+def segfaults(trial) -> float:
+    """Its rank dies of a segmentation fault after a step: trial 0 does (a retry is another trial), or every
+    trial with ``SATURN_TEST_SEGFAULT_ALWAYS=1``."""
+    trial.suggest_float("x", 0, 1)
+    for step in trial.steps(5):
+        trial.report(float(step), step)
+        if step == 1 and (trial.number == 0 or os.environ.get("SATURN_TEST_SEGFAULT_ALWAYS")):
+            import ctypes
+
+            ctypes.string_at(0)  # a real segmentation fault, not a signal sent
+        time.sleep(0.05)
+    return 0.0
+
+
+def two_values(trial) -> tuple[float, float]:
+    """A multi-objective trial (``directions=["minimize", "maximize"]``)."""
+    x = trial.suggest_float("x", 0, 1)
+    for _ in trial.steps(3):
+        time.sleep(0.01)
+    return x ** 2, 1.0 - x
+
+
 class Blocks(torch.nn.Module):
     """A small model with repeated blocks, as FSDP and activation checkpointing expect."""
 

@@ -1,7 +1,8 @@
 """Chaos: faults at random points of real sweeps, and after each one the study must be consistent.
 
-Faults here: ``kill -9`` of the executor at seeded random points (while the pool starts, mid-trial, between
-trials, at the end), over ``SATURN_CHAOS_ROUNDS`` rounds (default 3) on one SQLite study. (The kill of one rank,
+Faults here: ``kill -9`` of the executor at seeded points, observed in the study rather than timed (while the pool
+starts, mid-trial, between trials, or not at all), over ``SATURN_CHAOS_ROUNDS`` rounds (default 3) on one SQLite
+study; the first round's kill lands mid-trial. (The kill of one rank,
 a rank that hangs, a locked storage: test_checkpoints.py and test_storage_faults.py.) After each round:
 
 - no RUNNING trial lacks a live owner (none is left RUNNING once the next sweep has started);
@@ -34,26 +35,52 @@ HERE = os.path.dirname(__file__)
 ROUNDS = int(os.environ.get("SATURN_CHAOS_ROUNDS", "3"))
 
 
-def _sweep_killed_after(storage: str, log_dir: str, seconds: float) -> list[psutil.Process]:
-    """A sweep of 3 trials in a process of its own, killed with SIGKILL after ``seconds`` (if it still runs);
-    returns its processes, to check that none survives."""
+#: Where a round's kill lands, observed in the study (not timed by the clock): while the pool starts (no trial of
+#: the round has started), mid-trial (a trial of the round has reported a step and not ended), between trials (one
+#: of the round's trials ended, another is asked but has reported nothing yet), or never (the sweep ends first).
+EVENTS = ("pool starting", "mid-trial", "between trials", "not killed")
+
+
+def _landed(study: optuna.Study, before: set[int]) -> str:
+    """Where the sweep stands now, as :data:`EVENTS` names it: judged on this round's trials (not in ``before``)."""
+    mine = [t for t in study.get_trials(deepcopy=False) if t.number not in before]
+    running = [t for t in mine if t.state == TrialState.RUNNING]
+    if any(t.intermediate_values for t in running):
+        return "mid-trial"
+    if any(t.state.is_finished() for t in mine) and not any(t.intermediate_values for t in running):
+        return "between trials"
+    return "pool starting" if not running else ""
+
+
+def _sweep_killed_at(storage: str, log_dir: str, event: str, patience: float = 60.0) -> tuple[list, str]:
+    """A sweep of 3 trials in a process of its own, killed with SIGKILL once the study shows ``event`` (or after
+    ``patience`` seconds); returns its processes (to check that none survives) and where the kill landed."""
+    study = optuna.load_study(study_name="killed", storage=storage)
+    before = {t.number for t in study.get_trials(deepcopy=False)}
     sweep = subprocess.Popen(
         [sys.executable, os.path.join(HERE, "sweep_to_kill.py"), storage, log_dir, "single,ddp", "2", "3"],
         env={**os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]),
              "SATURN_TEST_STEP_SLEEP": "0.1"},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + seconds
-    processes = []
+    deadline = time.monotonic() + patience
+    processes, landed = [], "not killed"
     while time.monotonic() < deadline and sweep.poll() is None:
         try:
             processes = [psutil.Process(sweep.pid), *psutil.Process(sweep.pid).children(recursive=True)]
         except psutil.NoSuchProcess:
             break
-        time.sleep(0.1)
-    sweep.send_signal(signal.SIGKILL)
-    sweep.wait(timeout=30)
-    return processes
+        now = _landed(study, before)
+        if event != "not killed" and now == event:
+            sweep.send_signal(signal.SIGKILL)
+            landed = event
+            break
+        time.sleep(0.05)
+    if sweep.poll() is None and landed == "not killed" and event != "not killed":
+        sweep.send_signal(signal.SIGKILL)  # (patience ran out)
+        landed = "late"
+    sweep.wait(timeout=120)
+    return processes, landed
 
 
 def _check(study: optuna.Study, completed: dict[int, float], *, max_retries: int) -> None:
@@ -88,13 +115,16 @@ def test_kill_9_of_the_executor_at_random_points_leaves_a_consistent_study(satur
     optuna.create_study(study_name="killed", storage=storage)
     rng = random.Random(0)
     completed: dict[int, float] = {}
-    held = 0
-    for round_ in range(ROUNDS):
-        processes = _sweep_killed_after(storage, str(tmp_path / f"round-{round_}"), rng.uniform(2.0, 14.0))
+    # a kill mid-trial first (the case that matters most), then the others, then seeded choices
+    events = [*EVENTS[1::-1], EVENTS[2], *(rng.choice(EVENTS) for _ in range(ROUNDS - 3))][:ROUNDS]
+    landed: list[str] = []
+    for round_, event in enumerate(events):
+        processes, where = _sweep_killed_at(storage, str(tmp_path / f"round-{round_}"), event)
+        landed.append(where)
         gone, alive = psutil.wait_procs(processes, timeout=30)
         assert not alive, f"round {round_}: processes of the killed sweep survive: {alive}"
         _check(optuna.load_study(study_name="killed", storage=storage), completed, max_retries=1)
-        held += 1
+    assert landed[0] == "mid-trial", landed  # the kill landed where it was meant to
     study = optuna.load_study(study_name="killed", storage=storage)
     SaturnExecutor(devices=2, strategies=["single", "ddp"], **saturn_options).optimize(
         study, objectives.resumable, n_trials=1)
@@ -105,7 +135,7 @@ def test_kill_9_of_the_executor_at_random_points_leaves_a_consistent_study(satur
         if trial.state == TrialState.FAIL:
             assert trial.user_attrs["saturn:fail_reason"]
     _loads_in_optuna_dashboard(storage, study)
-    print(f"chaos: {ROUNDS} rounds of kill -9, {held} held; {len(trials)} trials: "
+    print(f"chaos: {ROUNDS} rounds of kill -9, landed {landed}, all consistent; {len(trials)} trials: "
           f"{sum(t.state == TrialState.COMPLETE for t in trials)} COMPLETE, "
           f"{sum('saturn:retry_of' in t.user_attrs for t in trials)} run again, "
           f"{sum(t.state == TrialState.FAIL for t in trials)} FAIL")

@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import optuna
@@ -34,15 +35,19 @@ def _dead_pid() -> int:
 def test_only_the_trials_of_a_sweep_that_is_gone_are_ended_and_enqueued_again(tmp_path):
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.sqlite3'}")
     me = Owner.of_this_process()
-    live = Owner("live-sweep", me.host, me.pid, me.started)  # another sweep in a process that runs
-    dead = Owner("dead-sweep", me.host, _dead_pid(), me.started)
-    reused = Owner("reused-pid", me.host, me.pid, me.started - 100)  # this pid, but another process's start time
+    here = (me.boot, me.pid_namespace)
+    live = Owner("live-sweep", me.host, me.pid, me.started, *here)  # another sweep in a process that runs
+    dead = Owner("dead-sweep", me.host, _dead_pid(), me.started, *here)
+    reused = Owner("reused-pid", me.host, me.pid, me.started - 100, *here)  # this pid, another process's start
     far = Owner("far-sweep", "another-host", 1, 0.0)  # another host: judged by its heartbeat alone
     far_stale = Owner("far-stale", "another-host", 1, 0.0)
+    # this host, but another PID namespace (another container): its pid means nothing here, its heartbeat is fresh
+    contained = Owner("contained", me.host, _dead_pid(), me.started, me.boot, "pid:[1]")
     study.set_user_attr(f"saturn:{far.heartbeat_key}", time.time())
+    study.set_user_attr(f"saturn:{contained.heartbeat_key}", time.time())
     stale_since = time.time() - 3600
     study.set_user_attr(f"saturn:{far_stale.heartbeat_key}", stale_since)
-    owners = [live, dead, reused, far, far_stale, None]
+    owners = [live, dead, reused, far, far_stale, None, contained]
     for i, owner in enumerate(owners):
         study.enqueue_trial({"x": i / 10})
         trial = study.ask()
@@ -55,8 +60,8 @@ def test_only_the_trials_of_a_sweep_that_is_gone_are_ended_and_enqueued_again(tm
     retried = recover_orphans(StudyGateway(study), me, max_retries=1)
 
     states = [t.state for t in study.trials]
-    assert states[:6] == [TrialState.RUNNING, TrialState.FAIL, TrialState.FAIL, TrialState.RUNNING,
-                          TrialState.FAIL, TrialState.RUNNING]
+    assert states[:7] == [TrialState.RUNNING, TrialState.FAIL, TrialState.FAIL, TrialState.RUNNING,
+                          TrialState.FAIL, TrialState.RUNNING, TrialState.RUNNING]
     assert retried == [1, 4]  # trial 2 reached max_retries
     reasons = {t.number: t.user_attrs["saturn:fail_reason"] for t in study.trials if t.state == TrialState.FAIL}
     assert "is gone" in reasons[1] and "run again" in reasons[1]
@@ -66,6 +71,25 @@ def test_only_the_trials_of_a_sweep_that_is_gone_are_ended_and_enqueued_again(tm
     waiting = [t for t in study.trials if t.state == TrialState.WAITING]
     assert [(t.system_attrs["fixed_params"], t.user_attrs["saturn:retry_of"], t.user_attrs["saturn:retries"])
             for t in waiting] == [({"x": 0.1}, 1, 1), ({"x": 0.4}, 4, 1)]
+
+
+def test_two_sweeps_that_end_one_orphan_at_once_run_it_again_once(tmp_path):
+    """The second sweep's view of the study is stale: the orphan it ends was ended a moment ago by the first. It
+    neither fails (it did, at start-up) nor runs it again a second time."""
+    storage = f"sqlite:///{tmp_path / 's.sqlite3'}"
+    study = optuna.create_study(storage=storage)
+    me = Owner.of_this_process()
+    trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    dead = Owner("dead-sweep", me.host, _dead_pid(), me.started, me.boot, me.pid_namespace)
+    trial.set_user_attr("saturn:owner", dead.to_json())
+    stale = StudyGateway(optuna.load_study(study_name=study.study_name, storage=storage))
+    seen = stale.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+
+    assert recover_orphans(StudyGateway(study), me, max_retries=1) == [0]
+    stale.study.get_trials = lambda *args, **kwargs: seen  # what it read before the first sweep ended it
+    assert recover_orphans(stale, Owner.of_this_process(), max_retries=1) == []
+    trials = optuna.load_study(study_name=study.study_name, storage=storage).trials
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.WAITING]
 
 
 def test_max_retries_is_checked():
@@ -132,7 +156,8 @@ def test_a_sweep_killed_with_sigkill_is_resumed_by_the_next(saturn_options, tmp_
     descendants = psutil.Process(sweep.pid).children(recursive=True)
     sweep.send_signal(signal.SIGKILL)
     sweep.wait(timeout=30)
-    psutil.wait_procs(descendants, timeout=30)  # the workers die with their executor
+    _, alive = psutil.wait_procs(descendants, timeout=30)
+    assert not alive, f"outlived their executor: {[p.pid for p in alive]}"  # the pool host and workers die with it
 
     study = optuna.load_study(study_name="interrupted", storage=storage)
     orphans = study.get_trials(states=(TrialState.RUNNING,))
@@ -181,3 +206,43 @@ def test_a_trial_run_again_starts_ahead_of_the_new_trials_asked_after_it(saturn_
         (t.number, t.datetime_start) for t in trials]
     assert [t.state for t in trials].count(TrialState.COMPLETE) == 3  # n_trials new trials, and the retry
     assert not [t.number for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+
+
+@pytest.mark.launch
+def test_a_running_sweep_recovers_the_trials_of_a_sweep_that_died_meanwhile(saturn_options, tmp_path, monkeypatch):
+    """Two sweeps on one study; the first dies (kill -9) after the second started, when the second's start-up
+    recovery had found it alive. The second, still running, ends the dead one's trials FAIL and runs them again
+    itself (before, only a sweep started after the death did)."""
+    from optuna_saturn.sweep import loop
+
+    storage = f"sqlite:///{tmp_path / 'study.sqlite3'}"
+    first = _start_sweep(storage, tmp_path / "first")
+    study = optuna.load_study(study_name="interrupted", storage=storage)
+    orphans = [t.number for t in study.get_trials(states=(TrialState.RUNNING,))]
+    monkeypatch.setattr(loop, "RECOVER_SECONDS", 1.0)
+    monkeypatch.setenv("SATURN_TEST_SLEEPY_STEPS", "40")  # the second sweep's trials: 4 s
+
+    def kill_the_first_once_the_second_runs() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            mine = [t for t in study.get_trials(states=(TrialState.RUNNING,)) if t.number not in orphans]
+            if mine and mine[0].intermediate_values:
+                first.send_signal(signal.SIGKILL)
+                return
+            time.sleep(0.1)
+
+    killer = threading.Thread(target=kill_the_first_once_the_second_runs, daemon=True)
+    killer.start()
+    try:
+        SaturnExecutor(devices=1, strategies=["single"], allow_shared_cores=True, **saturn_options).optimize(
+            study, objectives.sleepy, n_trials=1)
+    finally:
+        killer.join(timeout=5)
+        first.kill()
+        first.wait(timeout=30)
+    trials = {t.number: t for t in optuna.load_study(study_name="interrupted", storage=storage).trials}
+    assert all(trials[n].state == TrialState.FAIL for n in orphans)
+    assert all("the sweep that ran it died" in trials[n].user_attrs["saturn:fail_reason"] for n in orphans)
+    retries = [t for t in trials.values() if t.user_attrs.get("saturn:retry_of") in orphans]
+    assert len(retries) == len(orphans) and all(t.state == TrialState.COMPLETE for t in retries)
+    assert not [t for t in trials.values() if t.state in (TrialState.RUNNING, TrialState.WAITING)]

@@ -5,6 +5,7 @@ Kept fast: small instances, time limits of a fraction of a second, one solver th
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import logging
 import random
@@ -29,6 +30,7 @@ from optuna_saturn.planner import (
 from optuna_saturn.planner._cpsat import solve_cpsat
 from optuna_saturn.planner._greedy import greedy
 from optuna_saturn.planner._milp import solve_block_milp
+from support import require
 
 STRATEGIES = {1: "single", 2: "ddp", 4: "fsdp", 8: "fsdp"}
 
@@ -238,7 +240,9 @@ def test_lower_bound_with_busy_reservations() -> None:
 
 
 def _gurobi_is_size_limited() -> bool:
-    gp = pytest.importorskip("gurobipy")
+    require(importlib.util.find_spec("gurobipy") is not None, "gurobipy", fix="pip install -e '.[dev]'")
+    import gurobipy as gp
+
     env = gp.Env(empty=True)
     env.setParam("OutputFlag", 0)
     env.start()
@@ -252,8 +256,8 @@ def _gurobi_is_size_limited() -> bool:
 
 
 def test_gurobi_size_limit_falls_back_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
-    if not _gurobi_is_size_limited():
-        pytest.skip("this Gurobi licence is not size-limited")
+    require(_gurobi_is_size_limited(), "Gurobi's bundled, size-limited licence (this one solves any size)",
+            fix="run the test where gurobipy has its pip-installed licence")
     jobs = random_jobs(240, 11)  # ~240 jobs x pruned options x blocks: over 2000 variables
     cluster = Cluster([8])
     assert solve(jobs, cluster, "list").makespan > lower_bound(jobs, cluster) * (1 + 1e-6)  # backend must run

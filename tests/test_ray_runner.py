@@ -6,6 +6,7 @@ listens outside them (DESIGN decision 9). ``tests/ray_cluster_sweep.py`` runs ea
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -22,7 +23,7 @@ import pytest
 from optuna_saturn import SaturnExecutor
 from optuna_saturn.worker.objective_recipe import describe_objective, load_objective, localized, portable
 from optuna_saturn.sweep.topology import Topology
-from optuna_saturn.channel import ChannelClient, ChannelServer, RemoteError
+from optuna_saturn.channel import AuthenticationFailed, ChannelClient, ChannelServer, RemoteError
 from optuna_saturn.devices import Device
 from optuna_saturn.planner import Assignment, Option
 from optuna_saturn.pools.launch_commands import network_isolation_prefix
@@ -69,13 +70,15 @@ def test_the_tcp_channel_serves_a_registered_token_only_and_never_binds_every_in
         client = ChannelClient(server.address, token)
         assert client.call("echo", x=3) == {"op": "echo", "x": 3}
         client.close()
-        # a peer without the token gets nothing: the connection is closed before any request is served
-        with pytest.raises(ConnectionError):
+        # a peer without the token gets an authentication error, and the connection is closed before any
+        # request is served
+        with pytest.raises(AuthenticationFailed, match="refused this worker"):
             ChannelClient(server.address, "0" * 32)
         port = int(server.address.rsplit(":", 1)[1])
         with socket.create_connection(("127.0.0.1", port)) as raw:
             raw.sendall(b'{"op": "hello", "token": "guess"}\n{"op": "suggest"}\n')
-            assert raw.recv(100) == b""
+            reply = raw.makefile("rb").read()
+        assert json.loads(reply) == {"ok": False, "type": "AuthenticationFailed", "error": json.loads(reply)["error"]}
 
 
 def test_an_objective_travels_inside_its_recipe_to_a_machine_without_the_file(tmp_path):
@@ -114,7 +117,7 @@ def test_the_runner_options_say_what_is_wrong():
 
 # -- real sweeps on a two-node cluster -----------------------------------------------------------------------------------
 def _sweep_on_a_ray_cluster(mode: str, tmp_path) -> dict:
-    pytest.importorskip("ray", reason="pip install 'optuna-saturn[ray]'")
+    require(importlib.util.find_spec("ray") is not None, "Ray", fix="pip install 'optuna-saturn[ray]'")
     require(bool(shutil.which("unshare") and shutil.which("ip")), "unshare or ip (util-linux, iproute2)",
             fix="install util-linux and iproute2")
     out = tmp_path / f"{mode}.json"
@@ -276,7 +279,7 @@ def test_two_network_namespace_hosts_run_a_sweep_and_survive_the_kill_of_one_ray
     host. A sweep spreads over both (a DDP trial inside one host); then a second sweep, whose trial on the worker
     host loses its raylet (kill -9), is planned on the head's host again. Nothing listens outside these
     namespaces."""
-    pytest.importorskip("ray", reason="pip install 'optuna-saturn[ray]'")
+    require(importlib.util.find_spec("ray") is not None, "Ray", fix="pip install 'optuna-saturn[ray]'")
     require(os.geteuid() == 0 and bool(shutil.which("ip")), "root and iproute2 (ip netns)", fix="run as root")
     before = _listening_ray()
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")

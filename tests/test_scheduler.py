@@ -148,6 +148,16 @@ def test_a_trial_whose_rank_dies_ends_on_the_death_and_runs_again_counted_beside
     assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
 
 
+def test_a_trial_whose_rank_dies_after_a_checkpoint_runs_again_from_it():
+    jobs = [single("t0", 100.0, checkpoint_every=20), single("t1", 100.0)]
+    study = study_of(jobs)
+    result = run_simulation(jobs, Cluster([2]), study=study, faults=[Fault(50.0, "kill", 0)], solver="list")
+    dead = next(t for t in study.trials if t.state == TrialState.FAIL)
+    retry = next(t for t in study.trials if t.user_attrs.get("saturn:retry_of") == dead.number)
+    assert retry.state == TrialState.COMPLETE and retry.user_attrs["saturn:resumed_from_step"] == 40
+    assert result.makespan == pytest.approx(50.0 + 60.0, abs=0.5)  # the 60 steps after its checkpoint at 40
+
+
 def test_a_lost_node_fails_its_trials_which_run_again_on_the_node_left_and_a_joined_node_takes_later_trials():
     jobs = [single(f"t{i}", 20.0) for i in range(8)]
     study = study_of(jobs)

@@ -17,6 +17,7 @@ from optuna.trial import TrialState
 
 import objectives
 from optuna_saturn import SaturnExecutor
+from optuna_saturn.study.folders import study_folder
 from optuna_saturn.study.gateway import StudyGateway
 from optuna_saturn.study.outbox import Outbox, Outgoing
 from optuna_saturn.study.ownership import Owner
@@ -79,7 +80,8 @@ def test_a_result_a_dead_sweep_kept_on_disk_is_told_by_the_next_sweep(saturn_opt
     dead = Owner("deadsweep", socket.gethostname(), _dead_pid(), 0.0)
     study._storage.set_trial_user_attr(trial._trial_id, "saturn:owner", dead.to_json())
     # The dead sweep had the result, but the storage never got it.
-    Outbox(saturn_options["log_dir"] / "outbox" / "kept").keep(Outgoing(
+    outbox = saturn_options["log_dir"] / "outbox" / study_folder(study)  # (the study's own, not its name's)
+    Outbox(outbox).keep(Outgoing(
         trial._trial_id, trial.number, "COMPLETE", [0.25], {"saturn:strategy": "ddp"}))
 
     SaturnExecutor(devices=1, strategies=["single"], **saturn_options).optimize(study, objectives.quadratic,
@@ -88,4 +90,4 @@ def test_a_result_a_dead_sweep_kept_on_disk_is_told_by_the_next_sweep(saturn_opt
     assert len(trials) == 1  # told, not ended FAIL and run again
     assert trials[0].state == TrialState.COMPLETE and trials[0].value == 0.25
     assert trials[0].user_attrs["saturn:strategy"] == "ddp"
-    assert not list((saturn_options["log_dir"] / "outbox" / "kept").glob("*.json"))
+    assert not list(outbox.glob("*.json"))

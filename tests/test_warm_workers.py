@@ -15,6 +15,7 @@ import objectives
 from optuna_saturn import SaturnExecutor
 from optuna_saturn.devices import Device, available_cores
 from optuna_saturn.pools.forked_host import why_not_fork
+from support import require
 
 pytestmark = pytest.mark.launch
 
@@ -32,6 +33,10 @@ def test_a_reused_worker_starts_every_trial_clean(saturn_options):
     assert first["world"] == 1  # the trial's own process group, set up for it
     for later in found[1:]:  # what the previous trial changed is gone
         assert later == first
+    logs = list(saturn_options["log_dir"].rglob("*.log"))
+    assert len(logs) >= 4  # the host's, the worker's, the trials'
+    assert {oct(log.stat().st_mode & 0o777) for log in logs} == {oct(0o600)}, "logs are their user's alone"
+    assert {oct(log.parent.stat().st_mode & 0o777) for log in logs} == {oct(0o700)}
 
 
 def test_a_worker_is_replaced_after_an_out_of_memory(saturn_options):
@@ -97,8 +102,7 @@ def test_the_pool_host_is_a_fork_of_the_executor_only_where_that_is_safe(saturn_
     one thread are still forked from it, with no hang; workers of several threads come from a fresh interpreter.
     Either way the host is inside its own loopback-only namespace and a collective across workers works."""
     cores = available_cores()
-    if len(cores) < 2:
-        pytest.skip("needs 2 cores")
+    require(len(cores) >= 2, "a second core", fix="run it on a machine with 2 cores or more")
     if host == "fork of the executor":  # two devices of one core each
         devices = [Device("cpu", 0, (cores[0],)), Device("cpu", 1, (cores[1],))]
     else:  # one device of several cores

@@ -10,6 +10,8 @@ from typing import Annotated, Any, NoReturn
 import optuna
 import typer
 
+from optuna_saturn.study.urls import without_password
+
 USAGE_ERROR = 2
 INTERRUPTED = 130
 
@@ -75,20 +77,20 @@ def open_storage(url: str, *, must_exist: bool = False) -> optuna.storages.BaseS
 
     example = "sqlite:///sweep.sqlite3 (a file in this folder) or postgresql://user:password@host/database"
     if "://" not in url:
-        fail(f"Malformed storage URL {url!r}: use a database URL such as {example}.")
+        fail(f"Malformed storage URL {without_password(url)!r}: use a database URL such as {example}.")
     if must_exist and url.startswith("sqlite:///"):
         path = url[len("sqlite:///"):]
         if path and path != ":memory:" and not os.path.exists(path):
-            fail(f"No database file at {path!r} (from --storage {url!r}). Check the path; run a sweep with "
+            fail(f"No database file at {path!r} (from --storage {without_password(url)!r}). Check the path; run a sweep with "
                  "`optuna-saturn run` to create one.")
     try:
         return optuna.storages.get_storage(url)
     except sqlalchemy.exc.ArgumentError:
-        fail(f"Malformed storage URL {url!r}: use a database URL such as {example}.")
+        fail(f"Malformed storage URL {without_password(url)!r}: use a database URL such as {example}.")
     except sqlalchemy.exc.SQLAlchemyError as exc:
-        fail(f"Cannot open storage {url!r}: {str(exc).splitlines()[0]}. Check the path or server, e.g. {example}.")
+        fail(f"Cannot open storage {without_password(url)!r}: {str(exc).splitlines()[0]}. Check the path or server, e.g. {example}.")
     except ImportError as exc:
-        fail(f"Cannot open storage {url!r}: {exc} (e.g. pip install psycopg2-binary for PostgreSQL).")
+        fail(f"Cannot open storage {without_password(url)!r}: {exc} (e.g. pip install psycopg2-binary for PostgreSQL).")
 
 
 
@@ -101,7 +103,7 @@ def open_study(url: str, name: str | None) -> optuna.Study:
             fail(f"The storage holds {len(names)} studies; pick one with --study: {', '.join(names) or 'none'}.")
         name = names[0]
     if name not in names:
-        fail(f"Study {name!r} does not exist in {url!r}. Studies there: {', '.join(names) or 'none'}. "
+        fail(f"Study {name!r} does not exist in {without_password(url)!r}. Studies there: {', '.join(names) or 'none'}. "
              "Check --study, or create it with `optuna-saturn run ... --study NAME`.")
     return optuna.load_study(study_name=name, storage=storage)
 

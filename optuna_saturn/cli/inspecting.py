@@ -11,6 +11,7 @@ import typer
 from optuna_saturn.cli.app import (
     RuntimesOption, SolverOption, StorageOption, StudyOption, app, console, fail, gap, ints, open_study,
 )
+from optuna_saturn.study.urls import without_password
 
 
 @app.command()
@@ -170,7 +171,7 @@ def report(
             publish_to_study(the_study, sweeps)
         except ImportError as exc:
             fail(str(exc))
-        typer.echo(f"Published the chart and note to the study: optuna-dashboard {storage}")
+        typer.echo(f"Published the chart and note to the study: optuna-dashboard {without_password(storage)}")
     typer.echo("Wrote " + ", ".join(str(p) for p in written))
 
 

@@ -17,6 +17,7 @@ from optuna_saturn.cli.app import (
     SolverOption, StorageOption, StrategiesOption, StrategyFolderOption, app, console, fail, ints, open_storage, split,
 )
 from optuna_saturn.progress import PROGRESS_MODES, RichProgress, make_progress
+from optuna_saturn.study.urls import without_password
 
 
 @app.command()
@@ -129,7 +130,8 @@ def _print_outcome(study: optuna.Study, storage: str) -> None:
         best = []
     for trial in best[:3]:
         typer.echo(f"Best trial #{trial.number}: value(s) {trial.values} with {trial.params}")
-    typer.echo(f"See the sweep:  optuna-dashboard {storage}    or    optuna-saturn report --storage {storage} "
+    shown = without_password(storage)
+    typer.echo(f"See the sweep:  optuna-dashboard {shown}    or    optuna-saturn report --storage {shown} "
                f"--study {study.study_name}")
 
 

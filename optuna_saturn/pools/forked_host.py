@@ -131,7 +131,7 @@ def _redirect_output(log: Path) -> None:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     os.dup2(out, 1)
     os.dup2(out, 2)
     os.close(out)

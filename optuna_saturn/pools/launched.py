@@ -20,6 +20,7 @@ import psutil
 
 from optuna_saturn.devices import Device, pin_cores
 from optuna_saturn.pools.launch_commands import build_launch
+from optuna_saturn.pools.logs import open_log
 from optuna_saturn.pools.protocol import JobEnd
 from optuna_saturn.strategy import Strategy
 
@@ -59,8 +60,7 @@ class LaunchedJobs:
             json.dump({**spec, "devices": [d.to_json() for d in chosen], "pin_cores": pin_cores(self._devices)}, f)
         os.chmod(spec_path, 0o600)
         launch = build_launch(strategy, chosen, spec_path, isolate_network=self._isolate)
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "ab") as out:
+        with open_log(log) as out:
             process = subprocess.Popen(
                 launch.command, env=launch.env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,  # Ctrl-C reaches the executor only; it stops each trial as a whole

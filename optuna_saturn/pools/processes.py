@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from optuna_saturn import checkpoint
 from optuna_saturn.channel import ChannelServer
 from optuna_saturn.devices import Device
 from optuna_saturn.pools.launched import LaunchedJobs, owns_its_processes
@@ -27,6 +28,7 @@ from optuna_saturn.pools.ray import RayPool
 from optuna_saturn.pools.ray_cluster import RayCluster
 from optuna_saturn.pools.warm import WorkerPool
 from optuna_saturn.strategy import Strategy
+from optuna_saturn.study.folders import safe
 from optuna_saturn.worker.objective_recipe import describe_objective
 
 #: How often a launcher's exit is looked for while launched jobs run (they say nothing over a pool's channel).
@@ -73,6 +75,9 @@ class ProcessPool:
         cluster = self.cluster  # read now: a node that joined is in it
         return {} if cluster is None else cluster.node(device.node).to_json()
 
+    def has_checkpoint(self, path: str) -> bool:
+        return checkpoint.exists_at(path)
+
     def start(self) -> None:
         self._server = ChannelServer(host=None if self._ray is None else self._ray.driver_ip)
         self._recipe = describe_objective(self._objective, self._server.folder)
@@ -102,7 +107,7 @@ class ProcessPool:
 
     def submit(self, job: JobRequest) -> None:
         specs = []
-        errors = os.path.join(self._server.folder, _safe(job.key))
+        errors = os.path.join(self._server.folder, safe(job.key))
         self._errors[job.key] = errors
         for task in job.tasks:
             token = self._server.register(task.session.handle)
@@ -167,7 +172,3 @@ def first_rank_error(prefix: str) -> str | None:
         return None
     first = min(errors, key=lambda e: e["time"])
     return f"rank {first['rank']}: {first['error']}"
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_.+," else "_" for c in name)

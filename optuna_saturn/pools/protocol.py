@@ -92,6 +92,10 @@ class Pool(Protocol):
     def node_of(self, device: Device) -> dict[str, Any]:
         """The cluster node ``device`` is on, as a trial's ``saturn:node`` records it; {} on one machine."""
 
+    def has_checkpoint(self, path: str) -> bool:
+        """Whether the checkpoint a job saved at ``path`` can be loaded by the pool's next jobs (it is on their
+        disk; a simulated pool's are wherever it says it saved them)."""
+
     def submit(self, job: JobRequest) -> None:
         """Run ``job`` on its devices, which must be ready; its end comes out of :meth:`wait`."""
 

@@ -115,7 +115,7 @@ class RayPool:
         self._ray = import_ray()
         self._actor_class = self._ray.remote(DeviceActor)
         self._config["preload"] = None if preload is None else self._portable(preload)
-        self._log_dir.mkdir(parents=True, exist_ok=True)
+        self._log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         for node in self.cluster.nodes:
             self._reserve(node)
         for index in range(len(self.devices)):
@@ -187,7 +187,7 @@ class RayPool:
             raise ValueError(f"job {key!r} spans several nodes ({list(devices)}); a job runs inside one node")
         if not set(devices) <= self.ready():
             raise RuntimeError(f"devices {list(devices)} are not all ready for job {key!r}")
-        log.parent.mkdir(parents=True, exist_ok=True)
+        log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         job = {**job, "objective": self._portable(job["objective"])}
         if "entries" in job:
             job["entries"] = [{**e, "objective": job["objective"]} for e in job["entries"]]

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from optuna_saturn.pools.launch_commands import extensions_cache
+from optuna_saturn.pools.logs import private_folder, tail
 from optuna_saturn.worker.objective_recipe import localized
 
 
@@ -35,7 +36,7 @@ class DeviceActor:
         # one folder per sweep on this node: the objective's copy, jobs' logs and errors, and the rendezvous of
         # each job (its ranks are all on this node); the pool removes it at the end
         self._folder = self._rendezvous = sweep_folder(config["sweep"])
-        os.makedirs(self._folder, mode=0o700, exist_ok=True)
+        private_folder(self._folder)
         from optuna_saturn.worker.warm import JobRunner, prepare_process, size_threads
 
         preload = None if config.get("preload") is None else localized(config["preload"], self._folder)
@@ -66,6 +67,6 @@ class DeviceActor:
             errors[os.path.basename(path)] = Path(path).read_text(encoding="utf-8")
             os.unlink(path)
         log = Path(job["log"])
-        text = log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
+        text = tail(log)  # (a rank that printed gigabytes sends back its end, where its error is)
         log.unlink(missing_ok=True)
         return {"clean": clean, "recycle": recycle, "log": text, "errors": errors}

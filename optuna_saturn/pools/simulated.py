@@ -16,6 +16,7 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from optuna_saturn import checkpoint
@@ -93,6 +94,7 @@ class SimulatedPool:
         self._runs: dict[str, _Run] = {}
         self._lost: set[int] = set()
         self._joined: list[Device] = []
+        self._saved: set[str] = set()  # the checkpoints its jobs saved (in the folders the sweep gave them)
         self._origin = 0.0
 
     # -- the protocol -----------------------------------------------------------------------------------------------
@@ -115,6 +117,9 @@ class SimulatedPool:
 
     def node_of(self, device: Device) -> dict[str, Any]:
         return {}
+
+    def has_checkpoint(self, path: str) -> bool:
+        return path in self._saved
 
     def submit(self, job: JobRequest) -> None:
         if not set(job.devices) <= self.ready():
@@ -221,7 +226,9 @@ class SimulatedPool:
             return []
         session = run.job.tasks[0].session
         self._progress(run, self._clock.now())
-        record = {"path": f"simulated/{key}/step-{step}", "step": step, "format": checkpoint.DCP,
+        path = str(Path(run.job.checkpoint["dir"]).resolve() / f"step-{step}")  # (as a real save records it)
+        self._saved.add(path)
+        record = {"path": path, "step": step, "format": checkpoint.DCP,
                   "strategy": run.job.strategy.name, "world_size": len(run.job.devices), "saved_at": self._clock.now()}
         if session.handle("checkpointed", {"record": record, "seconds": seconds}):
             run.outcome = ("moved", {"step": step})

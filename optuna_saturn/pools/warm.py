@@ -30,6 +30,7 @@ from optuna_saturn.channel import ChannelServer
 from optuna_saturn.pools.protocol import JobEnd, JobRanks
 from optuna_saturn.devices import Device, pin_cores
 from optuna_saturn.pools.forked_host import ForkedHost, why_not_fork
+from optuna_saturn.pools.logs import open_log
 from optuna_saturn.pools.launch_commands import extensions_cache, network_isolation_prefix, physical_gpus
 
 _logger = optuna.logging.get_logger("optuna.saturn.runner")
@@ -100,11 +101,12 @@ class WorkerPool:
     def start(self, preload: dict | None = None) -> None:
         """Start the host and its workers; the host imports ``preload`` (an objective recipe) before forking them."""
         self._token = self._server.register(self._handle)
-        self._log_dir.mkdir(parents=True, exist_ok=True)
+        self._log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         config = {
             "devices": [d.to_json() for d in self.devices], "channel": self._server.address, "token": self._token,
             "folder": str(self._log_dir), "memory_limit": self._memory_limit, "preload": preload,
             "multi_device": self._multi_device, "engines": self._engines, "pin_cores": pin_cores(self.devices),
+            "executor_pid": os.getpid(),  # the host's parent: it dies with it
         }
         config_path = self._folder / "pool.json"
         config_path.write_text(json.dumps(config), encoding="utf-8")
@@ -129,7 +131,7 @@ class WorkerPool:
         command = [sys.executable, "-m", "optuna_saturn.pools.warm_host", str(config_path)]
         if self._isolate:
             command = network_isolation_prefix() + command
-        with open(log, "ab") as out:
+        with open_log(log) as out:
             self._host = subprocess.Popen(
                 command, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,  # Ctrl-C reaches the executor only; it stops the pool as a whole
@@ -185,7 +187,7 @@ class WorkerPool:
     def submit(self, key: Any, job: dict, devices: Sequence[int], *, log: Path) -> None:
         """Run ``job`` (a spec for :func:`optuna_saturn.worker.rank.run_job`) on ``devices``, whose workers must be
         ready. Its end comes out of :meth:`wait`."""
-        log.parent.mkdir(parents=True, exist_ok=True)
+        log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         rendezvous = self._folder / f"rendezvous-{next(self._rendezvous_ids)}"
         with self._lock:
             workers = [self._workers[d] for d in devices]

@@ -32,10 +32,11 @@ _QUICK_EXITS = 3
 def main(config_path: str) -> None:
     from optuna_saturn.worker.tied_to_parent import HOST_NAME, die_with_parent, name_process
 
-    die_with_parent()
-    name_process(HOST_NAME)
     with open(config_path, encoding="utf-8") as f:
         config = json.load(f)
+    die_with_parent(config["executor_pid"])
+    name_process(HOST_NAME)
+    config["host_pid"] = os.getpid()  # its workers' parent
     from optuna_saturn.worker.warm import prepare_process, serve
 
     objectives = prepare_process(config)
@@ -47,7 +48,7 @@ def main(config_path: str) -> None:
         if pid == 0:  # the worker
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             log = os.open(os.path.join(config["folder"], f"worker-{index}.log"),
-                          os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                          os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             os.dup2(log, 1)
             os.dup2(log, 2)
             os.close(log)

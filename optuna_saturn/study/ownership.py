@@ -6,12 +6,15 @@ RDB storage. Here every trial a sweep asks records its owner (``saturn:owner``: 
 process's start time, which tells a reused pid apart), and the sweep writes a heartbeat to a study attribute of
 its own (``saturn:heartbeat:<sweep>``) every few seconds, from a thread, so long plans do not delay it. Both are
 plain user attributes: any persistent storage (RDB, Journal) carries them, and two executors never write the same
-key. A trial's owner is gone when, on this host, its process no longer exists, or, from anywhere, its heartbeat
-is older than :data:`STALE_AFTER_SECONDS`.
+key. A trial's owner is gone when its process no longer exists, judged by its pid only where the pid means the
+same process (the same host, boot and PID namespace: two containers on one host, or a restarted machine, reuse
+pids), or, from anywhere else, when its heartbeat is older than :data:`STALE_AFTER_SECONDS`. Two sweeps that end
+the same orphan at once do no harm: only the one whose write ended it runs it again.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -32,6 +35,8 @@ HEARTBEAT_SECONDS = 5.0
 #: A sweep silent for this long is gone (twelve missed heartbeats: a storage that is slow for a while, or an
 #: executor busy planning, is not taken for dead).
 STALE_AFTER_SECONDS = 60.0
+#: How often a running sweep looks for the trials of sweeps on its study that died (besides at its start).
+RECOVER_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -42,15 +47,19 @@ class Owner:
     host: str
     pid: int
     started: float  # the process's start time (psutil): a pid reused by another process has another
+    boot: str = ""  # the kernel's boot id: after a reboot, pids mean other processes
+    pid_namespace: str = ""  # "pid:[<inode>]": in another PID namespace (a container), pids mean other processes
 
     @classmethod
     def of_this_process(cls) -> Owner:
         me = psutil.Process()
-        return cls(uuid.uuid4().hex[:12], socket.gethostname(), me.pid, me.create_time())
+        return cls(uuid.uuid4().hex[:12], socket.gethostname(), me.pid, me.create_time(), _boot_id(),
+                   _pid_namespace())
 
     @classmethod
     def from_json(cls, data: dict) -> Owner:
-        return cls(str(data["sweep"]), str(data["host"]), int(data["pid"]), float(data["started"]))
+        return cls(str(data["sweep"]), str(data["host"]), int(data["pid"]), float(data["started"]),
+                   str(data.get("boot", "")), str(data.get("pid_namespace", "")))
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,9 +70,11 @@ class Owner:
 
     def gone(self, heartbeat: float | None, now: float) -> str | None:
         """Why this owner is gone, or None while it may still run its trials."""
-        if self.host == socket.gethostname():
+        if self.host == socket.gethostname() and self.boot and self.boot == _boot_id() and \
+                self.pid_namespace and self.pid_namespace == _pid_namespace():
             try:
-                if psutil.Process(self.pid).create_time() == self.started:
+                process = psutil.Process(self.pid)
+                if process.create_time() == self.started and process.status() != psutil.STATUS_ZOMBIE:
                     return None
             except psutil.NoSuchProcess:
                 pass
@@ -100,6 +111,21 @@ class Heartbeat:
                 _logger.warning("Could not write the sweep's heartbeat to the storage; trying again.", exc_info=True)
 
 
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
 def recover_orphans(bridge: StudyGateway, me: Owner, *, max_retries: int) -> list[int]:
     """End every RUNNING trial whose owning sweep is gone as FAIL, with the reason, and enqueue its params again
     (``saturn:retry_of``) unless it was retried ``max_retries`` times already. Trials of live sweeps, and trials no
@@ -115,7 +141,8 @@ def recover_orphans(bridge: StudyGateway, me: Owner, *, max_retries: int) -> lis
         if reason is None:
             continue
         again = may_run_again(trial, max_retries)
-        _end_orphan(bridge, trial, f"the sweep that ran it died: {reason}", again=again)
+        if not _end_orphan(bridge, trial, f"the sweep that ran it died: {reason}", again=again):
+            continue  # another sweep ended it first, and runs it again if it may
         if again:
             run_again(bridge, trial)
             retried.append(trial.number)
@@ -147,13 +174,18 @@ def run_again(bridge: StudyGateway, trial: FrozenTrial) -> None:
         bridge.study.enqueue_trial(trial.params, user_attrs=carried)
 
 
-def _end_orphan(bridge: StudyGateway, trial: FrozenTrial, reason: str, *, again: bool) -> None:
+def _end_orphan(bridge: StudyGateway, trial: FrozenTrial, reason: str, *, again: bool) -> bool:
+    """End ``trial`` FAIL with ``reason``; False if it had ended already (another sweep recovering it at once)."""
     note = "; its params run again as a new trial" if again else "; not retried (max_retries reached)"
-    _logger.warning(f"Trial {trial.number} was left RUNNING: {reason}. It ends FAIL{note}.")
     with bridge.lock:
         storage = bridge.study._storage
-        storage.set_trial_user_attr(trial._trial_id, ATTR + "fail_reason", reason + note)
-        bridge.study.tell(trial.number, state=TrialState.FAIL)
+        try:
+            storage.set_trial_user_attr(trial._trial_id, ATTR + "fail_reason", reason + note)
+            bridge.study.tell(trial.number, state=TrialState.FAIL)
+        except (optuna.exceptions.UpdateFinishedTrialError, ValueError):  # ("Cannot tell a FAIL trial")
+            return False
+    _logger.warning(f"Trial {trial.number} was left RUNNING: {reason}. It ended FAIL{note}.")
+    return True
 
 
 def inherit_intermediate_values(bridge: StudyGateway, trial: optuna.Trial) -> None:

@@ -17,6 +17,7 @@ from optuna_saturn.events import Broadcast, ProfileEvent, TrialMove, TrialProgre
 from optuna_saturn.pools.protocol import JobEnd, Pool
 from optuna_saturn.pricing.prices import TrialPrice
 from optuna_saturn.clock import Clock
+from optuna_saturn.study.folders import study_folder
 from optuna_saturn.study.gateway import ATTR, StudyGateway
 from optuna_saturn.study.outbox import Outbox
 from optuna_saturn.study.ownership import Owner, run_again
@@ -25,7 +26,7 @@ from optuna_saturn.sweep import reporting
 from optuna_saturn.sweep.decisions import Fail, LeaveOut, Measure, Planned, RequestMove, Start, Stop, Tell
 from optuna_saturn.sweep.options import OptionsView
 from optuna_saturn.sweep.profiling import Profiling
-from optuna_saturn.sweep.requests import JobRequests, run_folder, safe
+from optuna_saturn.sweep.requests import JobRequests, run_folder
 from optuna_saturn.sweep.resumes import Resumes
 from optuna_saturn.sweep.settings import SweepSettings
 from optuna_saturn.sweep.state import ProfileRun, SweepState, TrialRun, Waiting
@@ -54,15 +55,16 @@ class Actions:
     ) -> Actions:
         """The sweep's mechanisms: its study gateway (with an outbox where the storage is shared), the study's
         queue, the job requests and where trials resume from."""
-        outbox = Outbox(settings.log_dir / "outbox" / safe(study.study_name)) if settings.owned else None
+        folder = study_folder(study)  # (not the study's name: two storages may hold studies of one name)
+        outbox = Outbox(settings.log_dir / "outbox" / folder) if settings.owned else None
         gateway = StudyGateway(study, artifact_store=settings.artifact_store, outbox=outbox)
         strategies = {s.name: s for s in settings.strategies}
-        root = (settings.checkpoint_dir or settings.log_dir / "checkpoints") / safe(study.study_name)
+        root = (settings.checkpoint_dir or settings.log_dir / "checkpoints") / folder
         requests = JobRequests(run_dir=run_dir or run_folder(settings.log_dir, study.study_name), checkpoint_root=root,
                                strategies=strategies, profile_steps=settings.profile_steps, lock=gateway.lock,
                                clock=clock)
         # whether every device reads a checkpoint another wrote: on one machine, or in a folder the user named
-        resumes = Resumes(state, strategies, shared=settings.ray is None or settings.checkpoint_dir is not None)
+        resumes = Resumes(state, strategies, root=root, exists=pool.has_checkpoint, shared=settings.ray is None or settings.checkpoint_dir is not None)
         return cls(state, pool=pool, gateway=gateway, queue=StudyQueue(gateway, clock), requests=requests,
                    resumes=resumes, events=Broadcast(settings.listeners, study), owner=Owner.of_this_process(),
                    owned=settings.owned, keep_checkpoints=settings.keep_checkpoints, callbacks=callbacks,

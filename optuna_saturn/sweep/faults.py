@@ -1,7 +1,8 @@
 """The faults policy: a rank that hangs or dies, an option that cannot run a trial, a node lost or joined.
 
 - **Stalls.** A trial whose steps stopped moving for longer than its stall limit (at least two minutes, half its
-  planned runtime and fifty of its steps), or that took no step within that plus its planned runtime, has a rank
+  planned runtime and fifty of its steps), or that took no step within that plus a whole run's planned runtime
+  (one that resumes near its end still sets up in full), has a rank
   that hangs (a deadlocked collective or rendezvous, a stuck data loader) or died where its peers wait: it is
   stopped. Its evaluation between steps must fit in the limit.
 - **A rank's death** (or a stall) is not the trial's fault: the trial ends FAIL with the reason and its params run
@@ -44,8 +45,10 @@ class Faults:
                 continue
             limit = self.stall_limit(run)
             if run.session.last_progress_at is None:  # not one step yet: its set-up may take up to its runtime
-                silent = now - run.started
-                limit += run.waiting.assignment.option.runtime
+                silent = now - run.started  # (a whole run's: one that resumes near its end still sets up in full)
+                option = run.waiting.assignment.option
+                priced = run.waiting.price.option(option.choice)
+                limit += max(option.runtime, priced.option.runtime if priced is not None else 0.0)
             else:
                 silent = now - (run.session.last_progress_at - state.started_at)
             if silent > limit:

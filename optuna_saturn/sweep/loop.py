@@ -22,7 +22,7 @@ from optuna_saturn.clock import Clock
 from optuna_saturn.pools.protocol import JobEnd, Pool
 from optuna_saturn.pricing.unprofiled import RuntimeEstimator
 from optuna_saturn.study.outbox import STORAGE_ERRORS
-from optuna_saturn.study.ownership import Heartbeat, inherit_intermediate_values, take_over
+from optuna_saturn.study.ownership import RECOVER_SECONDS, Heartbeat, inherit_intermediate_values, take_over
 from optuna_saturn.study.queue import ParameterNotFixed, QueuedTrial
 from optuna_saturn.sweep import dispatch, reporting
 from optuna_saturn.sweep.actions import Actions
@@ -67,6 +67,7 @@ class Sweep:
         self._outcomes = Outcomes(node_of=pool.node_of)
         self._do.use(pricer=pricer, view=self._view, profiling=self._profiling)
         self._planning_seconds = 0.0
+        self._next_recovery = float("-inf")
 
     def _now(self) -> float:
         """Seconds since the sweep started, on its clock."""
@@ -74,10 +75,7 @@ class Sweep:
 
     # -- the loop ---------------------------------------------------------------------------------------------------
     def run(self) -> None:
-        if self.settings.owned:
-            retried = take_over(self._gateway, self._do.owner, max_retries=self.settings.max_retries)
-            if retried and self._state.n_trials is not None:  # n_trials counts new trials; the retries run first
-                self._state.n_trials += len(retried)
+        self._recover()
         self._do.events.send("on_sweep_start", [str(d) for d in self.settings.devices], self._state.started_at)
         with Heartbeat(self._gateway, self._do.owner) if self.settings.owned else contextlib.nullcontext():
             try:
@@ -121,6 +119,7 @@ class Sweep:
             do.relay_progress(run)
         for stop in self._faults.stalled(state, self._now()):
             do.stop(stop)
+        self._recover()
         if self._asking.stopped(state, self._now(), self._gateway.stop_requested):
             for number in self._asking.not_to_start(state, self._pool.ready(), self._now()):
                 state.forget(number)
@@ -128,6 +127,18 @@ class Sweep:
                              "study's queue.")
         more = self._profiling.pending if self.settings.profile_only else bool(state.waiting)
         return bool(more or state.running or self._may_ask())
+
+    def _recover(self) -> None:
+        """At the start, and every :data:`RECOVER_SECONDS` after: the trials of sweeps on the study that died end
+        FAIL and run again here (ahead of new trials; ``n_trials`` counts new trials)."""
+        if not self.settings.owned or self._clock.now() < self._next_recovery:
+            return
+        self._next_recovery = self._clock.now() + RECOVER_SECONDS
+        retried = take_over(self._gateway, self._do.owner, max_retries=self.settings.max_retries)
+        if retried:
+            self._queue.look_again()
+            if self._state.n_trials is not None:
+                self._state.n_trials += len(retried)
 
     def _may_ask(self) -> bool:
         return self._asking.may_ask(self._state, self._now(), self._gateway.stop_requested)

@@ -18,6 +18,7 @@ from optuna_saturn.planner import Option
 from optuna_saturn.pools.protocol import JobRequest, Task
 from optuna_saturn.pricing.prices import ProfileJob
 from optuna_saturn.strategy import Strategy
+from optuna_saturn.study.folders import safe
 from optuna_saturn.study.trial_session import TrialSession
 
 
@@ -63,11 +64,9 @@ class JobRequests:
         return self._checkpoint_root / f"trial-{number}"
 
 
-def safe(name: str) -> str:
-    """``name`` as one file name: nothing but letters, digits and ``-_.+,``."""
-    return "".join(c if c.isalnum() or c in "-_.+," else "_" for c in name)
-
-
 def run_folder(log_dir: Path, study_name: str) -> Path:
-    """The folder of one sweep's logs (its trials', its workers'), under ``log_dir``."""
-    return Path(log_dir) / f"{safe(study_name)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """The folder of one sweep's logs (its trials', its workers'), under ``log_dir``: created, readable by this
+    user alone."""
+    folder = Path(log_dir) / f"{safe(study_name)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return folder

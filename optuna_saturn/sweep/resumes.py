@@ -4,9 +4,18 @@ A trial run again (its sweep died, a rank died, it was moved, its option failed 
 latest checkpoint under the options that can load it (``torch.distributed.checkpoint`` reshards; DeepSpeed's
 loads into its own ZeRO stage, through a universal checkpoint on another device count). If none can, or the
 checkpoint is gone, it runs from the start. Written into :attr:`SweepState.resumes`.
+
+A checkpoint is loaded by the workers, and loading one unpickles (DeepSpeed's, and the trainer's state), so a
+trial resumes only from a checkpoint in its study's own folder, in its own trial's folder, owned by this user and
+writable by no one else: whoever can write a trial attribute cannot make the workers load a file of their choosing.
 """
 
 from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
 
 import optuna
 
@@ -20,8 +29,11 @@ _logger = optuna.logging.get_logger("optuna.saturn")
 
 
 class Resumes:
-    def __init__(self, state: SweepState, strategies: dict[str, Strategy], *, shared: bool) -> None:
+    def __init__(self, state: SweepState, strategies: dict[str, Strategy], *, root: Path, shared: bool,
+                 exists: Callable[[str], bool]) -> None:
         self._state = state
+        self._exists = exists  # whether the pool's jobs can load a checkpoint at a path
+        self._root = root  # the study's checkpoint folder
         self._strategies = strategies
         self._shared = shared  # every device reads a checkpoint another wrote (one machine, or a shared folder)
 
@@ -31,12 +43,34 @@ class Resumes:
         if not data:
             return None
         record = checkpoint.CheckpointRecord.from_json(data)
-        if not checkpoint.exists(record):
+        refused = self.refused(record)
+        if refused:
+            _logger.warning(f"Trial {trial.number} runs again from the start: its checkpoint {record.path} is "
+                            f"not loaded ({refused}).")
+            return None
+        if not self._exists(record.path):
             _logger.warning(f"Trial {trial.number} runs again from the start: its checkpoint {record.path} is gone.")
             return None
         _logger.info(f"Trial {trial.number} resumes from step {record.step} ({record.strategy} x"
                      f"{record.world_size} checkpoint in {record.path}).")
         return record
+
+    def refused(self, record: checkpoint.CheckpointRecord) -> str:
+        """Why the workers must not load ``record``; "" if they may."""
+        root = self._root.resolve()
+        path = Path(record.path)
+        trial_folder = path.parent
+        if trial_folder.parent != root or not re.fullmatch(r"trial-\d+", trial_folder.name) or \
+                not re.fullmatch(r"step-\d+", path.name):
+            return f"it is not a trial's checkpoint in {root}, the study's checkpoint folder"
+        for folder in (path, trial_folder, root):
+            try:
+                info = folder.lstat()
+            except OSError:
+                continue  # (gone: said when it is looked for)
+            if folder.is_symlink() or info.st_uid != os.getuid() or info.st_mode & 0o022:
+                return f"{folder} is a link, another user's, or writable by others"
+        return ""
 
     def from_run(self, run: TrialRun, *, moved: bool = False) -> None:
         """The trial of ``run`` goes on from the checkpoint it saved (a moved trial always; after a failure only

@@ -17,16 +17,18 @@ WORKER_NAME = "saturn-worker-"
 HOST_NAME = "saturn-host"
 
 
-def die_with_parent() -> None:
+def die_with_parent(parent: int) -> None:
     """Ask the kernel to SIGKILL this process when its parent dies (a ``kill -9`` of the executor included), so
-    that no worker is orphaned. Does nothing where ``prctl`` is missing."""
-    parent = os.getppid()
+    that no worker is orphaned. ``parent``: the parent's pid, as the parent read it before starting this process;
+    if the parent died before the request took effect, this process has another parent by now, and exits. (The
+    pid alone says nothing: the executor of a container without an init is pid 1.) Does nothing where ``prctl``
+    is missing."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
         return
-    if os.getppid() != parent or parent == 1:  # the parent died before the request took effect
+    if os.getppid() != parent:
         sys.exit(1)
 
 

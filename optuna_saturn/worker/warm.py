@@ -71,7 +71,7 @@ def serve(config: dict, index: int, objectives: dict[str, Any]) -> NoReturn:
     from optuna_saturn.worker.tied_to_parent import WORKER_NAME, die_with_parent, name_process
     from optuna_saturn.worker.launched import pin_to_device
 
-    die_with_parent()  # the pool host
+    die_with_parent(config["host_pid"])
     name_process(f"{WORKER_NAME}{index}")
     device = config["devices"][index]
     pin_to_device(device, pin_cores=config.get("pin_cores", True))
@@ -159,7 +159,7 @@ def _output_to(path: str) -> Iterator[None]:
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         os.dup2(fd, 1)
         os.dup2(fd, 2)

@@ -1,0 +1,84 @@
+"""What the README promises about failures and Optuna's own features, each run for real: a live sweep's heartbeat
+every 5 s, a segfaulting rank (run again once, then not again past ``max_retries``), multi-objective studies, and
+a callback that raises."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+import objectives
+from optuna_saturn import SaturnExecutor
+
+pytestmark = pytest.mark.launch
+
+
+def test_a_live_sweep_writes_its_heartbeat_every_5_s(saturn_options, tmp_path, monkeypatch):
+    storage = f"sqlite:///{tmp_path / 'study.sqlite3'}"
+    study = optuna.create_study(study_name="beats", storage=storage)
+    monkeypatch.setenv("SATURN_TEST_SLEEPY_STEPS", "130")  # 13 s
+    seen: dict[float, float] = {}  # heartbeat -> when this test saw it first
+    done = threading.Event()
+
+    def watch() -> None:
+        watcher = optuna.load_study(study_name="beats", storage=storage)
+        while not done.wait(0.5):
+            beats = [v for k, v in watcher.user_attrs.items() if k.startswith("saturn:heartbeat:")]
+            for beat in beats:
+                seen.setdefault(beat, time.monotonic())
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    SaturnExecutor(devices=1, strategies=["single"], **saturn_options).optimize(study, objectives.sleepy, n_trials=1)
+    done.set()
+    thread.join()
+    assert study.trials[0].state == TrialState.COMPLETE
+    beats = sorted(seen)
+    assert len(beats) >= 3, beats  # a 13 s trial: a beat at the start, then every 5 s
+    gaps = [b - a for a, b in zip(beats, beats[1:])]
+    assert all(4.0 <= gap <= 7.0 for gap in gaps[:-1]), gaps
+
+
+def test_a_segfaulting_rank_fails_its_trial_which_runs_again_once(saturn_options, monkeypatch):
+    study = optuna.create_study()
+    SaturnExecutor(devices=1, strategies=["single"], **saturn_options).optimize(study, objectives.segfaults,
+                                                                                n_trials=1)
+    first, retry = study.trials
+    assert first.state == TrialState.FAIL and "died" in first.user_attrs["saturn:fail_reason"]
+    assert retry.user_attrs["saturn:retry_of"] == 0 and retry.state == TrialState.COMPLETE
+    assert retry.params == first.params
+
+    monkeypatch.setenv("SATURN_TEST_SEGFAULT_ALWAYS", "1")
+    again = optuna.create_study()
+    SaturnExecutor(devices=1, strategies=["single"], max_retries=1, **saturn_options).optimize(
+        again, objectives.segfaults, n_trials=1)
+    assert [t.state for t in again.trials] == [TrialState.FAIL, TrialState.FAIL]  # run again once, not twice
+    assert "max_retries" not in again.trials[0].user_attrs.get("saturn:fail_reason", "")
+    assert again.trials[1].user_attrs["saturn:retries"] == 1
+
+
+def test_a_multi_objective_study_gets_every_value(saturn_options):
+    study = optuna.create_study(directions=["minimize", "maximize"])
+    SaturnExecutor(devices=2, strategies=["single"], **saturn_options).optimize(study, objectives.two_values,
+                                                                                n_trials=4)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 4
+    for trial in study.trials:
+        x = trial.params["x"]
+        assert trial.values == pytest.approx([x ** 2, 1.0 - x])
+    assert study.best_trials
+
+
+def test_a_callback_that_raises_ends_the_sweep_as_in_optuna_and_leaves_nothing_running(saturn_options):
+    def fails(study, trial) -> None:
+        raise RuntimeError("a callback's own error")
+
+    study = optuna.create_study()
+    with pytest.raises(RuntimeError, match="a callback's own error"):
+        SaturnExecutor(devices=2, strategies=["single"], **saturn_options).optimize(
+            study, objectives.quadratic, n_trials=6, callbacks=[fails])
+    assert study.trials and not [t for t in study.trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    assert study.trials[0].state == TrialState.COMPLETE  # told before its callback ran
