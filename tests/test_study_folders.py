@@ -48,26 +48,34 @@ def _record(path: Path) -> checkpoint.CheckpointRecord:
     return checkpoint.CheckpointRecord(str(path), 4, checkpoint.DCP, "single", 1, 0.0)
 
 
-def test_a_checkpoint_outside_the_studys_folder_or_writable_by_others_is_not_loaded(tmp_path):
-    root = tmp_path / "checkpoints" / "study-0123"
+def test_a_checkpoint_outside_the_studys_folders_or_writable_by_others_is_not_loaded(tmp_path):
+    root = tmp_path / "runs" / "checkpoints" / "study-0123"
     resumes = Resumes(SweepState(0.0, [Device("cpu", 0)]), {}, root=root, shared=True, exists=checkpoint.exists_at)
     own = root / "trial-3" / "step-4"
-    own.mkdir(parents=True, mode=0o755)
-    for folder in (root, own.parent, own):
-        os.chmod(folder, 0o755)
+    own.mkdir(parents=True)
+    for folder in (tmp_path, *root.relative_to(tmp_path).parents, root, own.parent, own):
+        os.chmod(tmp_path / folder, 0o755)
     assert resumes.refused(_record(own)) == ""
+    # the same study's folder under another log_dir (an earlier run of the study used another one)
+    earlier = tmp_path / "earlier" / "checkpoints" / "study-0123" / "trial-1" / "step-8"
+    earlier.mkdir(parents=True)
+    assert resumes.refused(_record(earlier)) == ""
 
-    elsewhere = tmp_path / "elsewhere" / "trial-3" / "step-4"
-    elsewhere.mkdir(parents=True)
-    assert "not a trial's checkpoint" in resumes.refused(_record(elsewhere))
-    assert "not a trial's checkpoint" in resumes.refused(_record(root / "trial-3" / ".." / ".." / "x" / "step-4"))
-    assert "not a trial's checkpoint" in resumes.refused(_record(root / "other" / "step-4"))
+    other_study = tmp_path / "runs" / "checkpoints" / "study-4567" / "trial-3" / "step-4"
+    other_study.mkdir(parents=True)
+    assert "a folder of this study's" in resumes.refused(_record(other_study))
+    assert "a folder of this study's" in resumes.refused(_record(root / "trial-3" / ".." / "trial-3" / "step-4"))
+    assert "a folder of this study's" in resumes.refused(_record(root / "other" / "step-4"))
 
     os.chmod(own, 0o777)
     assert "writable by others" in resumes.refused(_record(own))
     os.chmod(own, 0o755)
+    os.chmod(tmp_path / "runs", 0o777)  # anyone could swap the study's folder
+    assert "may be changed by another user" in resumes.refused(_record(own))
+    os.chmod(tmp_path / "runs", 0o1777)  # (sticky, as /tmp: others cannot rename what is not theirs)
+    assert resumes.refused(_record(own)) == ""
     link = root / "trial-5"
-    link.symlink_to(elsewhere.parent)
+    link.symlink_to(own.parent)
     assert "a link" in resumes.refused(_record(link / "step-4"))
 
 

@@ -6,14 +6,16 @@ loads into its own ZeRO stage, through a universal checkpoint on another device 
 checkpoint is gone, it runs from the start. Written into :attr:`SweepState.resumes`.
 
 A checkpoint is loaded by the workers, and loading one unpickles (DeepSpeed's, and the trainer's state), so a
-trial resumes only from a checkpoint in its study's own folder, in its own trial's folder, owned by this user and
-writable by no one else: whoever can write a trial attribute cannot make the workers load a file of their choosing.
+trial resumes only from a checkpoint in a folder of its own study's (named by the study's folder id), in folders
+owned by this user that no other user can change: whoever can write a trial attribute cannot make the workers
+load a file of their choosing.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,7 +35,7 @@ class Resumes:
                  exists: Callable[[str], bool]) -> None:
         self._state = state
         self._exists = exists  # whether the pool's jobs can load a checkpoint at a path
-        self._root = root  # the study's checkpoint folder
+        self._root = root  # the study's checkpoint folder in this sweep (its name is the study's folder id)
         self._strategies = strategies
         self._shared = shared  # every device reads a checkpoint another wrote (one machine, or a shared folder)
 
@@ -56,20 +58,28 @@ class Resumes:
         return record
 
     def refused(self, record: checkpoint.CheckpointRecord) -> str:
-        """Why the workers must not load ``record``; "" if they may."""
-        root = self._root.resolve()
+        """Why the workers must not load ``record``; "" if they may. It must be a trial's checkpoint in a folder
+        of this study's (``<checkpoints>/<the study's folder>/trial-N/step-K``: another run of the study may have
+        used another ``log_dir``), in folders only this user can change."""
         path = Path(record.path)
-        trial_folder = path.parent
-        if trial_folder.parent != root or not re.fullmatch(r"trial-\d+", trial_folder.name) or \
-                not re.fullmatch(r"step-\d+", path.name):
-            return f"it is not a trial's checkpoint in {root}, the study's checkpoint folder"
-        for folder in (path, trial_folder, root):
+        trial_folder, study_folder = path.parent, path.parent.parent
+        if study_folder.name != self._root.name or not re.fullmatch(r"trial-\d+", trial_folder.name) or \
+                not re.fullmatch(r"step-\d+", path.name) or not path.is_absolute() or ".." in path.parts:
+            return f"it is not a trial's checkpoint in a folder of this study's ({self._root.name})"
+        for folder in (path, trial_folder, study_folder):
             try:
                 info = folder.lstat()
             except OSError:
                 continue  # (gone: said when it is looked for)
             if folder.is_symlink() or info.st_uid != os.getuid() or info.st_mode & 0o022:
                 return f"{folder} is a link, another user's, or writable by others"
+        for above in study_folder.parents:  # (another user who may rename what is in them could swap it)
+            try:
+                info = above.stat()
+            except OSError:
+                continue
+            if info.st_uid not in (0, os.getuid()) or (info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX):
+                return f"{above} may be changed by another user"
         return ""
 
     def from_run(self, run: TrialRun, *, moved: bool = False) -> None:
