@@ -241,8 +241,11 @@ class Actions:
         waiting, session, left = run.waiting, run.session, run.waiting.assignment.option
         self.resumes.from_run(run, moved=True)
         price = self.price(session.trial, leaving=left.choice)
+        first_step = session.first_step_at
         moves = [*waiting.moves, {"from": left.label, "device_ids": list(run.devices), "started": round(run.started, 3),
-                                  "at": round(now, 3), "at_step": int(session.checkpoint["step"])}]
+                                  "at": round(now, 3), "at_step": int(session.checkpoint["step"]),
+                                  "setup": round(first_step - self._state.started_at - run.started, 3)
+                                  if first_step is not None else None}]
         self.gateway.set_attrs(session.trial, {"moves": moves})
         self._state.admit(replace(waiting, trial=session.trial, price=price, assignment=None, moves=moves,
                                   left=left.choice))

@@ -2,9 +2,9 @@
 
 - **Stalls.** A trial whose steps stopped moving for longer than its stall limit (at least two minutes, half its
   planned runtime and fifty of its steps), or that took no step within that plus a whole run's planned runtime
-  (one that resumes near its end still sets up in full), has a rank
-  that hangs (a deadlocked collective or rendezvous, a stuck data loader) or died where its peers wait: it is
-  stopped. Its evaluation between steps must fit in the limit.
+  (one that resumes near its end still sets up in full) and, for a moved one, twice its last run's set-up, has a
+  rank that hangs (a deadlocked collective or rendezvous, a stuck data loader) or died where its peers wait: it
+  is stopped. Its evaluation between steps must fit in the limit.
 - **A rank's death** (or a stall) is not the trial's fault: the trial ends FAIL with the reason and its params run
   again as a new trial (``max_retries`` times at most), from its checkpoint if it saved one.
 - **An option's fault.** A trial that ran out of memory, refused the trial's code (``StrategyMismatch``), or
@@ -48,7 +48,9 @@ class Faults:
                 silent = now - run.started  # (a whole run's: one that resumes near its end still sets up in full)
                 option = run.waiting.assignment.option
                 priced = run.waiting.price.option(option.choice)
-                limit += max(option.runtime, priced.option.runtime if priced is not None else 0.0)
+                setups = [m["setup"] for m in run.waiting.moves if m.get("setup") is not None]
+                limit += max(option.runtime, priced.option.runtime if priced is not None else 0.0) + \
+                    2 * max(setups, default=0.0)  # (a moved run sets up again, and loads its checkpoint)
             else:
                 silent = now - (run.session.last_progress_at - state.started_at)
             if silent > limit:
