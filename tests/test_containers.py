@@ -51,7 +51,8 @@ def test_a_kill_9_of_a_pid_1_executor_leaves_no_process(tmp_path):
         deadline = time.monotonic() + 180
         while True:  # until the trial runs (it reports, then hangs at step 20)
             assert sweep.poll() is None and time.monotonic() < deadline, "the trial did not start"
-            if optuna.load_study(study_name="killed", storage=storage).trials[0].intermediate_values:
+            trials = optuna.load_study(study_name="killed", storage=storage).trials
+            if trials and trials[0].intermediate_values:
                 break
             time.sleep(0.2)
         (executor,) = psutil.Process(sweep.pid).children()
@@ -59,7 +60,8 @@ def test_a_kill_9_of_a_pid_1_executor_leaves_no_process(tmp_path):
         assert any(p.name().startswith("saturn-worker-") for p in descendants), [p.name() for p in descendants]
         executor.send_signal(signal.SIGKILL)
     finally:
-        sweep.kill()
+        for process in psutil.Process(sweep.pid).children():  # (unshare's child: the namespace's PID 1)
+            process.kill()
         sweep.communicate(timeout=30)
     _, alive = psutil.wait_procs(descendants, timeout=30)
     assert not alive, f"outlived their executor: {[(p.pid, p.name()) for p in alive]}"
