@@ -246,3 +246,29 @@ def test_a_running_sweep_recovers_the_trials_of_a_sweep_that_died_meanwhile(satu
     retries = [t for t in trials.values() if t.user_attrs.get("saturn:retry_of") in orphans]
     assert len(retries) == len(orphans) and all(t.state == TrialState.COMPLETE for t in retries)
     assert not [t for t in trials.values() if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+
+
+def test_a_result_that_comes_after_another_sweep_ended_its_trial_is_kept_not_thrown_away(tmp_path, caplog):
+    """A sweep was taken for dead and its trial ended FAIL (and queued again) by another; the trial then finished
+    in the live sweep. Its result is kept (in the study and in the outbox), the error names both sweeps, and the
+    live sweep queues no second retry."""
+    from optuna_saturn.study.outbox import Outbox
+
+    storage = f"sqlite:///{tmp_path / 's.sqlite3'}"
+    study = optuna.create_study(storage=storage)
+    live = Owner.of_this_process()
+    trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    trial.set_user_attr("saturn:owner", {**live.to_json(), "boot": "another boot"})  # (its pid looks dead)
+    other = Owner.of_this_process()
+    assert recover_orphans(StudyGateway(optuna.load_study(study_name=study.study_name, storage=storage)), other,
+                           max_retries=1) == [0]
+
+    outbox = Outbox(tmp_path / "outbox")
+    with caplog.at_level("ERROR", logger="optuna.saturn"):
+        frozen = StudyGateway(study, outbox=outbox).tell(trial, TrialState.COMPLETE, [0.5], attrs={"strategy": "ddp"})
+    assert frozen.state == TrialState.FAIL  # the storage's word stands
+    assert study.user_attrs["saturn:late_result:0"] == {"state": "COMPLETE", "values": [0.5], "sweep": live.sweep}
+    assert list(outbox.folder.glob("*.json"))  # and still on disk
+    assert other.sweep in caplog.text and live.sweep in caplog.text
+    assert [t.state for t in optuna.load_study(study_name=study.study_name, storage=storage).trials] == \
+        [TrialState.FAIL, TrialState.WAITING]  # one retry: the other sweep's

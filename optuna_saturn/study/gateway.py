@@ -94,9 +94,23 @@ class StudyGateway:
             Outgoing(trial._trial_id, trial.number, state.name, values, attrs))
         frozen = retrying(lambda: self._tell_now(trial, state, values, attrs, log),
                           what=f"record trial {trial.number}'s result")
-        if kept is not None:
+        if ended_by_another(frozen):
+            self._keep_late_result(frozen, state, values)  # (and in the outbox, which keeps it too)
+        elif kept is not None:
             Outbox.done(kept)
         return frozen
+
+    def _keep_late_result(self, stored: FrozenTrial, state: TrialState, values: list[float] | None) -> None:
+        """Another sweep ended this trial (it took this one for dead) before its result came: the result is kept,
+        in the study (``saturn:late_result:<number>``) and in the outbox, never thrown away."""
+        owner = (stored.user_attrs.get(ATTR + "owner") or {}).get("sweep")
+        _logger.error(
+            f"Trial {stored.number} finished here ({state.name}, values {values}), but sweep "
+            f"{stored.user_attrs[ATTR + 'ended_by']} had already ended it {stored.state.name}, taking this sweep "
+            f"({owner}) for dead. The result is kept in the study's attribute saturn:late_result:{stored.number} "
+            "and in the outbox; the trial is not run again by this sweep."
+        )
+        self.set_study_attr(f"late_result:{stored.number}", {"state": state.name, "values": values, "sweep": owner})
 
     def _tell_now(self, trial: optuna.Trial, state: TrialState, values: list[float] | None, attrs: dict[str, Any],
                   log: Path | None) -> FrozenTrial:
@@ -180,3 +194,10 @@ class StudyGateway:
             artifact_store=self._artifact_store, file_path=str(log), study_or_trial=trial, mimetype="text/plain",
         )
         trial.set_user_attr(ATTR + "log_artifact_id", artifact_id)
+
+
+def ended_by_another(trial: FrozenTrial) -> bool:
+    """Whether a sweep other than the trial's owner ended it (recovering it as an orphan)."""
+    ended_by = trial.user_attrs.get(ATTR + "ended_by")
+    owner = (trial.user_attrs.get(ATTR + "owner") or {}).get("sweep")
+    return ended_by is not None and ended_by != owner

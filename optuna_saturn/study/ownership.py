@@ -141,7 +141,7 @@ def recover_orphans(bridge: StudyGateway, me: Owner, *, max_retries: int) -> lis
         if reason is None:
             continue
         again = may_run_again(trial, max_retries)
-        if not _end_orphan(bridge, trial, f"the sweep that ran it died: {reason}", again=again):
+        if not _end_orphan(bridge, trial, f"the sweep that ran it died: {reason}", again=again, by=me):
             continue  # another sweep ended it first, and runs it again if it may
         if again:
             run_again(bridge, trial)
@@ -174,13 +174,14 @@ def run_again(bridge: StudyGateway, trial: FrozenTrial) -> None:
         bridge.study.enqueue_trial(trial.params, user_attrs=carried)
 
 
-def _end_orphan(bridge: StudyGateway, trial: FrozenTrial, reason: str, *, again: bool) -> bool:
+def _end_orphan(bridge: StudyGateway, trial: FrozenTrial, reason: str, *, again: bool, by: Owner) -> bool:
     """End ``trial`` FAIL with ``reason``; False if it had ended already (another sweep recovering it at once)."""
     note = "; its params run again as a new trial" if again else "; not retried (max_retries reached)"
     with bridge.lock:
         storage = bridge.study._storage
         try:
             storage.set_trial_user_attr(trial._trial_id, ATTR + "fail_reason", reason + note)
+            storage.set_trial_user_attr(trial._trial_id, ATTR + "ended_by", by.sweep)
             bridge.study.tell(trial.number, state=TrialState.FAIL)
         except (optuna.exceptions.UpdateFinishedTrialError, ValueError):  # ("Cannot tell a FAIL trial")
             return False

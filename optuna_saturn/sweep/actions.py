@@ -18,7 +18,7 @@ from optuna_saturn.pools.protocol import JobEnd, Pool
 from optuna_saturn.pricing.prices import TrialPrice
 from optuna_saturn.clock import Clock
 from optuna_saturn.study.folders import study_folder
-from optuna_saturn.study.gateway import ATTR, StudyGateway
+from optuna_saturn.study.gateway import ATTR, StudyGateway, ended_by_another
 from optuna_saturn.study.outbox import Outbox
 from optuna_saturn.study.ownership import Owner, run_again
 from optuna_saturn.study.queue import StudyQueue
@@ -266,8 +266,8 @@ class Actions:
             self._view.estimator.observe_step_rate(priced.record.step_seconds, run.session.step_seconds)
         learned = tell.learn is not None and self._pricer is not None and \
             self._pricer.learn_from_run(run.number, option, **tell.learn)
-        if tell.run_again and frozen.state == TrialState.FAIL:
-            self._run_again(frozen)
+        if tell.run_again and frozen.state == TrialState.FAIL and not ended_by_another(frozen):
+            self._run_again(frozen)  # (one another sweep ended has been run again by it)
         reporting.log_finished(frozen, seconds, tell.reason, run.log)
         self.after_trial(frozen, tell.attrs["actual_end"], call_back=call_back)
         return learned
