@@ -13,6 +13,7 @@ import time
 
 import optuna
 import pytest
+import sqlalchemy.exc
 from optuna.trial import TrialState
 
 import objectives
@@ -91,3 +92,24 @@ def test_a_result_a_dead_sweep_kept_on_disk_is_told_by_the_next_sweep(saturn_opt
     assert trials[0].state == TrialState.COMPLETE and trials[0].value == 0.25
     assert trials[0].user_attrs["saturn:strategy"] == "ddp"
     assert not list(outbox.glob("*.json"))
+
+
+def test_an_ask_whose_reply_is_lost_creates_one_trial_and_it_is_owned(tmp_path):
+    """The storage commits the new trial, then the reply is lost (an error after the write): the retry finds the
+    trial by its claim instead of creating a second one, and the trial was created owned, in the same write."""
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.sqlite3'}")
+    real = study._storage.create_new_trial
+    failures = [sqlalchemy.exc.OperationalError("INSERT", {}, Exception("the connection dropped"))]
+
+    def commit_then_fail(*args, **kwargs):
+        trial_id = real(*args, **kwargs)
+        if failures:
+            raise failures.pop()
+        return trial_id
+
+    study._storage.create_new_trial = commit_then_fail
+    owner = Owner.of_this_process()
+    trial = StudyGateway(study).ask_new(owner.to_json())
+    trials = study.get_trials()
+    assert len(trials) == 1 and trials[0]._trial_id == trial._trial_id
+    assert trials[0].state == TrialState.RUNNING and trials[0].user_attrs["saturn:owner"] == owner.to_json()

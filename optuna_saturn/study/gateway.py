@@ -7,7 +7,10 @@ on disk until the storage has it, and telling it is retried while the storage fa
 
 from __future__ import annotations
 
+import datetime
+import itertools
 import threading
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,13 +32,28 @@ class StudyGateway:
         self._artifact_store = artifact_store
         self.stop_requested = False  # a callback called study.stop()
 
-    def ask_new(self) -> optuna.Trial:
+    def ask_new(self, owner: dict[str, Any] | None = None) -> optuna.Trial:
         """A new trial, never one of the study's queue: the sweep takes those itself (:meth:`take`), in the order
-        it plans them, where ``study.ask`` would take the oldest."""
+        it plans them, where ``study.ask`` would take the oldest. It is created owned (``saturn:owner``), in one
+        storage write, with a claim of its own: a write whose reply was lost is found by its claim, not created
+        twice."""
+        claim = uuid.uuid4().hex
+        attrs = {ATTR + "claim": claim, **({ATTR + "owner": owner} if owner is not None else {})}
+        attempts = itertools.count()
+
         def create() -> optuna.Trial:
+            storage, study_id = self.study._storage, self.study._study_id
             with self.lock:
                 self.study._thread_local.cached_all_trials = None  # (as study.ask: samplers see the newest trials)
-                return optuna.Trial(self.study, self.study._storage.create_new_trial(self.study._study_id))
+                if next(attempts):  # (an earlier attempt failed: did its write reach the storage?)
+                    for trial in storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
+                        if trial.user_attrs.get(ATTR + "claim") == claim:
+                            return optuna.Trial(self.study, trial._trial_id)
+                template = FrozenTrial(
+                    number=-1, state=TrialState.RUNNING, value=None, datetime_start=datetime.datetime.now(),
+                    datetime_complete=None, params={}, distributions={}, user_attrs=attrs, system_attrs={},
+                    intermediate_values={}, trial_id=-1)
+                return optuna.Trial(self.study, storage.create_new_trial(study_id, template_trial=template))
 
         return retrying(create, what="ask for a trial")
 

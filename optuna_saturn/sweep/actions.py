@@ -79,10 +79,15 @@ class Actions:
         return self._requests.run_dir
 
     # -- trials coming in -------------------------------------------------------------------------------------------
+    @property
+    def owner_record(self) -> dict | None:
+        """What a trial this sweep asks is created with as its owner (None: a sweep that owns none)."""
+        return self.owner.to_json() if self._owned else None
+
     def own(self, trial: optuna.Trial) -> None:
         """A trial this sweep asked or took from the queue: it counts towards ``n_trials``, and is marked ours."""
         self._state.asked += 1
-        if self._owned:
+        if self._owned and ATTR + "owner" not in trial.user_attrs:  # (a new trial was created owned)
             self.gateway.set_attrs(trial, {"owner": self.owner.to_json()})
 
     def price(self, trial: optuna.Trial, *, leaving: tuple | None = None, was: list | None = None) -> TrialPrice:

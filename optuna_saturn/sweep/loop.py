@@ -160,7 +160,7 @@ class Sweep:
                 self._plan()
                 continue
             asked_at, queued = self._now(), self._queue.next_unseen(set(self._state.waiting))
-            trial = self._gateway.ask_new() if queued is None else self._queue.take(queued)
+            trial = self._gateway.ask_new(self._do.owner_record) if queued is None else self._queue.take(queued)
             if trial is None:
                 continue  # another sweep took it from the queue first
             self._do.own(trial)
