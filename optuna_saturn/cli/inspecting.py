@@ -92,11 +92,12 @@ def simulate(
     clusters = [Cluster([n]) for n in ints(devices, "--devices")] if devices else []
     clusters += [Cluster(ints(spec, "--nodes")) for spec in nodes or ()]
     recorded = replay.wall_seconds
-    table = Table(title=f"Sweep {sweep} of {the_study.study_name!r}: {len(replay.jobs)} trial(s), simulated "
+    which = "The latest sweep" if sweep == -1 else f"Sweep {sweep}"
+    table = Table(title=f"{which} of {the_study.study_name!r}: {len(replay.jobs)} trial(s), simulated "
                   f"({mode}, {runtimes} runtimes)", title_justify="left")
-    for column in ("nodes", "devices", "wall clock (s)", "lower bound (s)", "gap", "vs recorded sweep"):
-        table.add_column(column, justify="right")
-    jobs = [j.job for j in replay.jobs]
+    for column in ("per node", "devices", "wall clock (s)", "lower bound (s)", "gap", "vs recorded sweep"):
+        table.add_column(column, justify="right", no_wrap=column == "vs recorded sweep")
+    jobs = [_as_run(j) for j in replay.jobs]  # (the bound of the work the trials really did)
     for cluster in clusters or [replay.cluster()]:
         same = cluster.nodes == (replay.devices,)
         try:
@@ -114,6 +115,18 @@ def simulate(
     if recorded:
         typer.echo(f"The recorded sweep took {recorded:.1f} s on {replay.devices} device(s), start-up, describing "
                    "and profiling included.")
+
+
+def _as_run(simulated: Any) -> Any:
+    """A replayed trial as the planner's job, with the runtimes it would take in the simulated world (its share of
+    steps, if the pruner stopped it)."""
+    from optuna_saturn.planner import Job, Option
+
+    behaviour = simulated.behaviour
+    return Job(simulated.job.name, [
+        Option(choice[0], choice[1], behaviour.startup + max(runtime - behaviour.startup, 0.0) * behaviour.prune_at,
+               choice[2])
+        for choice, runtime in behaviour.runtimes.items()])
 
 
 def _versus(recorded: float | None, simulated: float, same: bool) -> str:
