@@ -86,6 +86,7 @@ class _NamedThreadsServer(socketserver.ThreadingUnixStreamServer):
 
 class _NamedThreadsTCPServer(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
+    request_queue_size = 128  # (a flood of strangers' connections must not crowd out the workers')
     process_request = _NamedThreadsServer.process_request
 
 

@@ -80,7 +80,9 @@ def test_ten_thousand_hostile_connections_hold_nothing_and_a_trial_is_still_serv
             held = [f.result() for f in slow]
         elapsed = time.monotonic() - started
         assert elapsed < 180, elapsed
-        assert max(held) < HELLO_SECONDS + 1.0, held  # one deadline for the whole hello, not one per byte
+        # one deadline for the whole hello (one per byte would let each go on for the 10 s it dribbles; the rest is
+        # waiting to be accepted while thousands of others connect)
+        assert max(held) < 5 * HELLO_SECONDS, held
 
         deadline = time.monotonic() + 10
         while (threading.active_count(), _open_fds()) != (threads, fds) and time.monotonic() < deadline:
