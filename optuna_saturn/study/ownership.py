@@ -68,10 +68,11 @@ class Owner:
     def heartbeat_key(self) -> str:
         return f"heartbeat:{self.sweep}"
 
-    def gone(self, heartbeat: float | None, now: float) -> str | None:
-        """Why this owner is gone, or None while it may still run its trials."""
-        if self.host == socket.gethostname() and self.boot and self.boot == _boot_id() and \
-                self.pid_namespace and self.pid_namespace == _pid_namespace():
+    def gone(self, heartbeat: float | None, now: float, *, judge: Owner) -> str | None:
+        """Why this owner is gone, as ``judge`` (the sweep that asks, in this process) sees it, or None while it
+        may still run its trials."""
+        if self.host == judge.host and self.boot and self.boot == judge.boot and \
+                self.pid_namespace and self.pid_namespace == judge.pid_namespace:
             try:
                 process = psutil.Process(self.pid)
                 if process.create_time() == self.started and process.status() != psutil.STATUS_ZOMBIE:
@@ -156,7 +157,8 @@ def why_orphaned(trial: FrozenTrial, me: Owner, study_attrs: dict[str, Any], now
     if not data:
         return None
     owner = Owner.from_json(data)
-    return None if owner.sweep == me.sweep else owner.gone(study_attrs.get(ATTR + owner.heartbeat_key), now)
+    return None if owner.sweep == me.sweep else owner.gone(study_attrs.get(ATTR + owner.heartbeat_key), now,
+                                                           judge=me)
 
 
 def may_run_again(trial: FrozenTrial, max_retries: int) -> bool:
@@ -204,6 +206,6 @@ def take_over(gateway: StudyGateway, me: Owner, *, max_retries: int) -> list[int
     """What a sweep does first on a study it shares: tell the results an earlier sweep kept in the outbox for its
     trials that its death left RUNNING, then end and run again the other trials of dead sweeps. Returns the
     numbers of the trials enqueued again."""
-    gateway.tell_what_the_outbox_kept(
-        lambda trial: why_orphaned(trial, me, gateway.study.user_attrs, time.time()) is not None)
+    heartbeats, now = gateway.study.user_attrs, time.time()  # (read once, not per trial)
+    gateway.tell_what_the_outbox_kept(lambda trial: why_orphaned(trial, me, heartbeats, now) is not None)
     return recover_orphans(gateway, me, max_retries=max_retries)
