@@ -19,6 +19,7 @@ from optuna.trial import TrialState
 import objectives
 from optuna_saturn import SaturnExecutor
 from optuna_saturn.study.gateway import StudyGateway
+from optuna_saturn.study.liveness import HeartbeatWatch
 from optuna_saturn.study.ownership import Owner, recover_orphans
 from postgres import postgres_database
 from support import kill_a_worker_once
@@ -41,13 +42,18 @@ def test_only_the_trials_of_a_sweep_that_is_gone_are_ended_and_enqueued_again(tm
     reused = Owner("reused-pid", me.host, me.pid, me.started - 100, *here)  # this pid, another process's start
     far = Owner("far-sweep", "another-host", 1, 0.0)  # another host: judged by its heartbeat alone
     far_stale = Owner("far-stale", "another-host", 1, 0.0)
-    # this host, but another PID namespace (another container): its pid means nothing here, its heartbeat is fresh
+    # this host, but another PID namespace (another container): its pid means nothing here, its heartbeat changes
     contained = Owner("contained", me.host, _dead_pid(), me.started, me.boot, "pid:[1]")
-    study.set_user_attr(f"saturn:{far.heartbeat_key}", time.time())
-    study.set_user_attr(f"saturn:{contained.heartbeat_key}", time.time())
-    stale_since = time.time() - 3600
-    study.set_user_attr(f"saturn:{far_stale.heartbeat_key}", stale_since)
-    owners = [live, dead, reused, far, far_stale, None, contained]
+    ended = Owner("ended", "another-host", 1, 0.0)  # its heartbeat is null: it ended
+    owners = [live, dead, reused, far, far_stale, None, contained, ended, far]
+    beats = {far: [3, 5, 6], far_stale: [4], contained: [6], ended: None}
+
+    def beat(owner: Owner, count: int) -> None:
+        value = None if beats[owner] is None else {"beat": count, "at": 0.0, "trials": beats[owner]}
+        study.set_user_attr(f"saturn:{owner.heartbeat_key}", value)
+
+    for owner in beats:
+        beat(owner, 1)
     for i, owner in enumerate(owners):
         study.enqueue_trial({"x": i / 10})
         trial = study.ask()
@@ -56,21 +62,55 @@ def test_only_the_trials_of_a_sweep_that_is_gone_are_ended_and_enqueued_again(tm
         if owner is not None:
             trial.set_user_attr("saturn:owner", owner.to_json())
     optuna.trial.Trial(study, study.trials[2]._trial_id).set_user_attr("saturn:retries", 1)  # retried once already
+    clock = [1000.0]
+    watch = HeartbeatWatch(clock=lambda: clock[0])  # (this sweep's own clock: beats' times are never read)
 
-    retried = recover_orphans(StudyGateway(study), me, max_retries=1)
+    assert recover_orphans(StudyGateway(study), me, max_retries=1, watch=watch) == [1, 7]
+    clock[0] += 59.0
+    beat(far, 2)
+    beat(contained, 2)
+    assert recover_orphans(StudyGateway(study), me, max_retries=1, watch=watch) == []  # not a minute yet
+    clock[0] += 2.0
+    retried = recover_orphans(StudyGateway(study), me, max_retries=1, watch=watch)
 
     states = [t.state for t in study.trials]
-    assert states[:7] == [TrialState.RUNNING, TrialState.FAIL, TrialState.FAIL, TrialState.RUNNING,
-                          TrialState.FAIL, TrialState.RUNNING, TrialState.RUNNING]
-    assert retried == [1, 4]  # trial 2 reached max_retries
+    assert states[:9] == [TrialState.RUNNING, TrialState.FAIL, TrialState.FAIL, TrialState.RUNNING,
+                          TrialState.FAIL, TrialState.RUNNING, TrialState.RUNNING, TrialState.FAIL,
+                          TrialState.FAIL]
+    assert retried == [4, 8]  # trial 2 reached max_retries
     reasons = {t.number: t.user_attrs["saturn:fail_reason"] for t in study.trials if t.state == TrialState.FAIL}
     assert "is gone" in reasons[1] and "run again" in reasons[1]
     assert "max_retries" in reasons[2]
-    silent = re.search(r"silent for (\d+) s", reasons[4])
-    assert silent and 3600 <= int(silent.group(1)) <= round(time.time() - stale_since), reasons[4]
+    assert "is silent for 61 s" in reasons[4], reasons[4]  # on this sweep's clock, from when it first saw the beat
+    assert "ended" in reasons[7]
+    assert "far-sweep has not listed it among its trials for 61 s" in reasons[8], reasons[8]  # a live sweep's
     waiting = [t for t in study.trials if t.state == TrialState.WAITING]
-    assert [(t.system_attrs["fixed_params"], t.user_attrs["saturn:retry_of"], t.user_attrs["saturn:retries"])
-            for t in waiting] == [({"x": 0.1}, 1, 1), ({"x": 0.4}, 4, 1)]
+    assert [(t.system_attrs["fixed_params"], t.user_attrs["saturn:retry_of"]) for t in waiting] == [
+        ({"x": 0.1}, 1), ({"x": 0.7}, 7), ({"x": 0.4}, 4), ({"x": 0.8}, 8)]
+
+
+def test_a_trial_claimed_but_owned_by_no_one_is_recovered_once_no_claimant_lists_it(tmp_path):
+    """A take cut short between its writes leaves a RUNNING trial with claims and no owner; a live sweep ends it
+    and queues it again once none of its claimants' heartbeats listed it for the stale period."""
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.sqlite3'}")
+    study.enqueue_trial({"x": 0.5})
+    trial = study.ask()
+    trial.suggest_float("x", 0, 1)
+    trial.set_user_attr("saturn:claim:sweep-a", "nonce")
+    study.set_user_attr("saturn:heartbeat:sweep-a", {"beat": 1, "at": 0.0, "trials": []})
+    plain = study.ask()  # a plain study.optimize's trial: no owner, no claim
+    me, clock = Owner.of_this_process(), [0.0]
+    watch = HeartbeatWatch(clock=lambda: clock[0])
+    for now in (0.0, 30.0, 61.0):
+        clock[0] = now
+        study.set_user_attr("saturn:heartbeat:sweep-a", {"beat": int(now), "at": now, "trials": []})  # alive
+        retried = recover_orphans(StudyGateway(study), me, max_retries=1, watch=watch)
+    assert retried == [0]
+    trials = study.trials
+    assert trials[0].state == TrialState.FAIL and "which claimed it (no sweep owns it)" in \
+        trials[0].user_attrs["saturn:fail_reason"]
+    assert trials[plain.number].state == TrialState.RUNNING
+    assert trials[-1].state == TrialState.WAITING and trials[-1].user_attrs["saturn:retry_of"] == 0
 
 
 def test_two_sweeps_that_end_one_orphan_at_once_run_it_again_once(tmp_path):

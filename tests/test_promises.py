@@ -21,7 +21,8 @@ def test_a_live_sweep_writes_its_heartbeat_every_5_s(saturn_options, tmp_path, m
     storage = f"sqlite:///{tmp_path / 'study.sqlite3'}"
     study = optuna.create_study(study_name="beats", storage=storage)
     monkeypatch.setenv("SATURN_TEST_SLEEPY_STEPS", "130")  # 13 s
-    seen: dict[float, float] = {}  # heartbeat -> when this test saw it first
+    seen: dict[int, float] = {}  # heartbeat's count -> when this test saw it first
+    listed: set[int] = set()  # the trials the beats listed
     done = threading.Event()
 
     def watch() -> None:
@@ -29,7 +30,9 @@ def test_a_live_sweep_writes_its_heartbeat_every_5_s(saturn_options, tmp_path, m
         while not done.wait(0.5):
             beats = [v for k, v in watcher.user_attrs.items() if k.startswith("saturn:heartbeat:")]
             for beat in beats:
-                seen.setdefault(beat, time.monotonic())
+                if beat is not None:
+                    seen.setdefault(beat["beat"], time.monotonic())
+                    listed.update(beat["trials"])
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
@@ -37,8 +40,11 @@ def test_a_live_sweep_writes_its_heartbeat_every_5_s(saturn_options, tmp_path, m
     done.set()
     thread.join()
     assert study.trials[0].state == TrialState.COMPLETE
-    beats = sorted(seen)
+    beats = [seen[count] for count in sorted(seen)]
     assert len(beats) >= 3, beats  # a 13 s trial: a beat at the start, then every 5 s
+    assert listed == {0}  # each beat lists the trials its sweep runs
+    ended = [v for k, v in study.user_attrs.items() if k.startswith("saturn:heartbeat:")]
+    assert ended == [None]  # the sweep ended: its beat is null
     gaps = [b - a for a, b in zip(beats, beats[1:])]
     assert all(4.0 <= gap <= 7.0 for gap in gaps[:-1]), gaps
 

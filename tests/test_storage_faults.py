@@ -109,7 +109,84 @@ def test_an_ask_whose_reply_is_lost_creates_one_trial_and_it_is_owned(tmp_path):
 
     study._storage.create_new_trial = commit_then_fail
     owner = Owner.of_this_process()
-    trial = StudyGateway(study).ask_new(owner.to_json())
+    trial = StudyGateway(study, owner=owner.to_json()).ask_new()
     trials = study.get_trials()
     assert len(trials) == 1 and trials[0]._trial_id == trial._trial_id
     assert trials[0].state == TrialState.RUNNING and trials[0].user_attrs["saturn:owner"] == owner.to_json()
+
+
+# every write a take makes, in order: the claim, the move to RUNNING, the owner, the params, the attributes
+_TAKE_WRITES = [("set_trial_user_attr", 1), ("set_trial_state_values", 1), ("set_trial_user_attr", 2),
+                ("set_trial_param", 1), ("set_trial_param", 2), ("set_trial_user_attr", 3)]
+
+
+def _lose_replies(storage, method: str, *, nth: int, before=None) -> list[str]:
+    """Make ``storage``'s ``nth`` call of ``method`` commit, then raise (its reply lost); ``before`` runs first
+    (another process's write, landing just before this one). Returns the log of calls."""
+    real, calls = getattr(storage, method), []
+
+    def commit_then_fail(*args, **kwargs):
+        calls.append(method)
+        if len(calls) == nth and before is not None:
+            before()
+        result = real(*args, **kwargs)
+        if len(calls) == nth:
+            raise sqlalchemy.exc.OperationalError("UPDATE", {}, Exception("the connection dropped"))
+        return result
+
+    setattr(storage, method, commit_then_fail)
+    return calls
+
+
+@pytest.mark.parametrize("write", _TAKE_WRITES, ids=lambda w: f"{w[0]}-{w[1]}")
+def test_a_take_whose_reply_is_lost_at_any_write_takes_the_trial_once_and_owns_it(tmp_path, write):
+    """Every write of a take (the claim, the move to RUNNING, the owner, the params), its reply lost after it
+    committed: the take reads the trial back and goes on. One trial, RUNNING, owned by this sweep, with its
+    params and attributes; nothing created twice, nothing left unowned."""
+    method, nth = write
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.sqlite3'}")
+    study.enqueue_trial({"x": 0.25, "y": 2})
+    queued = study.get_trials()[0]
+    calls = _lose_replies(study._storage, method, nth=nth)
+    owner = Owner.of_this_process()
+    distributions = {"x": optuna.distributions.FloatDistribution(0, 1), "y": optuna.distributions.IntDistribution(0, 4)}
+    trial = StudyGateway(study, owner=owner.to_json()).take(queued._trial_id, distributions, {"tag": "t"})
+    assert len(calls) >= nth, f"the take made fewer than {nth} {method} calls: {calls}"
+    trials = study.get_trials()
+    assert trial is not None and len(trials) == 1 and trials[0]._trial_id == trial._trial_id
+    assert trials[0].state == TrialState.RUNNING and trials[0].params == {"x": 0.25, "y": 2}
+    assert trials[0].user_attrs["saturn:owner"] == owner.to_json() and trials[0].user_attrs["tag"] == "t"
+
+
+def test_two_sweeps_that_claim_one_trial_while_a_reply_is_lost_never_both_run_it_and_it_is_not_left_running(
+        tmp_path, caplog):
+    """Sweep A's move to RUNNING commits but its reply is lost, just after sweep B claimed the trial too. A
+    cannot tell whose move it was, so it steps back, and B finds it taken: neither runs it. No sweep's heartbeat
+    lists it, so a live sweep's recovery ends it and queues it again, once."""
+    from optuna_saturn.study.liveness import HeartbeatWatch
+    from optuna_saturn.study.ownership import recover_orphans
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.sqlite3'}")
+    study.enqueue_trial({"x": 0.5})
+    queued = study.get_trials()[0]
+    a, b = Owner("sweep-a", "h", 1, 0.0), Owner("sweep-b", "h", 2, 0.0)
+    study.set_user_attr(f"saturn:{a.heartbeat_key}", {"beat": 1, "at": 0.0, "trials": []})
+    study.set_user_attr(f"saturn:{b.heartbeat_key}", {"beat": 1, "at": 0.0, "trials": []})
+
+    def b_claims() -> None:
+        study._storage.set_trial_user_attr(queued._trial_id, "saturn:claim:sweep-b", "b's nonce")
+
+    _lose_replies(study._storage, "set_trial_state_values", nth=1, before=b_claims)
+    with caplog.at_level(logging.WARNING, logger="optuna.saturn"):
+        assert StudyGateway(study, owner=a.to_json()).take(queued._trial_id, {}, {}) is None
+    assert "unclear whether this sweep (sweep-a)" in caplog.text
+    other = optuna.load_study(study_name=study.study_name, storage=f"sqlite:///{tmp_path / 'study.sqlite3'}")
+    assert StudyGateway(other, owner=b.to_json()).take(queued._trial_id, {}, {}) is None
+
+    clock = [0.0]
+    watch = HeartbeatWatch(clock=lambda: clock[0])
+    retried = []
+    for clock[0] in (0.0, 61.0):
+        retried += recover_orphans(StudyGateway(other), Owner.of_this_process(), max_retries=1, watch=watch)
+    states = [t.state for t in other.get_trials()]
+    assert retried == [0] and states == [TrialState.FAIL, TrialState.WAITING]

@@ -18,26 +18,39 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from optuna_saturn.study import claims
+from optuna_saturn.study.claims import ATTR, Claimant
 from optuna_saturn.study.outbox import STORAGE_ERRORS, Outbox, Outgoing, retrying
 
-ATTR = "saturn:"
 _logger = optuna.logging.get_logger("optuna.saturn")
 
 
 class StudyGateway:
-    def __init__(self, study: optuna.Study, *, artifact_store: Any = None, outbox: Outbox | None = None) -> None:
+    """``owner``: the record (:class:`~optuna_saturn.study.ownership.Owner`) that the trials this gateway asks or
+    takes are owned by; None for a sweep that owns none (a simulation's)."""
+
+    def __init__(self, study: optuna.Study, *, artifact_store: Any = None, outbox: Outbox | None = None,
+                 owner: dict[str, Any] | None = None) -> None:
         self.study = study
         self.lock = threading.Lock()
         self._outbox = outbox
         self._artifact_store = artifact_store
+        self._owner = owner
+        self._held: set[int] = set()  # the RUNNING trials this gateway asked or took and has not told
         self.stop_requested = False  # a callback called study.stop()
 
-    def ask_new(self, owner: dict[str, Any] | None = None) -> optuna.Trial:
+    def held_trials(self) -> set[int]:
+        """The numbers of the RUNNING trials this gateway asked or took and has not ended (its heartbeat lists
+        them)."""
+        with self.lock:
+            return set(self._held)
+
+    def ask_new(self) -> optuna.Trial:
         """A new trial, never one of the study's queue: the sweep takes those itself (:meth:`take`), in the order
         it plans them, where ``study.ask`` would take the oldest. It is created owned (``saturn:owner``), in one
         storage write, with a claim of its own: a write whose reply was lost is found by its claim, not created
         twice."""
-        claim = uuid.uuid4().hex
+        claim, owner = uuid.uuid4().hex, self._owner
         attrs = {ATTR + "claim": claim, **({ATTR + "owner": owner} if owner is not None else {})}
         attempts = itertools.count()
 
@@ -48,12 +61,12 @@ class StudyGateway:
                 if next(attempts):  # (an earlier attempt failed: did its write reach the storage?)
                     for trial in storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
                         if trial.user_attrs.get(ATTR + "claim") == claim:
-                            return optuna.Trial(self.study, trial._trial_id)
+                            return self._hold(trial._trial_id)
                 template = FrozenTrial(
                     number=-1, state=TrialState.RUNNING, value=None, datetime_start=datetime.datetime.now(),
                     datetime_complete=None, params={}, distributions={}, user_attrs=attrs, system_attrs={},
                     intermediate_values={}, trial_id=-1)
-                return optuna.Trial(self.study, storage.create_new_trial(study_id, template_trial=template))
+                return self._hold(storage.create_new_trial(study_id, template_trial=template))
 
         return retrying(create, what="ask for a trial")
 
@@ -68,16 +81,23 @@ class StudyGateway:
 
     def take(self, trial_id: int, distributions: dict[str, Any], user_attrs: dict[str, Any]) -> optuna.Trial | None:
         """Take one trial out of the queue (as ``study.ask`` takes the oldest), suggesting ``distributions``
-        (its queue's fixed values) and setting ``user_attrs``; None if another process took it first."""
+        (its queue's fixed values) and setting ``user_attrs``; None if another process took it first.
+
+        A take is three writes (:mod:`optuna_saturn.study.claims`): a claim on the WAITING trial, the move to
+        RUNNING (the storage lets one process make it), then the owner. A write whose reply was lost is resolved
+        by reading the trial back, never by guessing."""
+        claimant = None if self._owner is None else Claimant(self._owner["sweep"], uuid.uuid4().hex)
+        attempts = itertools.count()
+
         def take_now() -> optuna.Trial | None:
             with self.lock:
-                try:
-                    if not self.study._storage.set_trial_state_values(trial_id, TrialState.RUNNING):
-                        return None
-                except optuna.exceptions.UpdateFinishedTrialError:
+                storage = self.study._storage
+                if not claims.take(storage, trial_id, claimant, retried=next(attempts) > 0):
                     return None
+                if self._owner is not None:
+                    storage.set_trial_user_attr(trial_id, ATTR + "owner", self._owner)
                 self.study._thread_local.cached_all_trials = None
-                trial = optuna.Trial(self.study, trial_id)
+                trial = self._hold(trial_id)
                 for name, distribution in distributions.items():
                     trial._suggest(name, distribution)
                 for key, value in user_attrs.items():
@@ -85,6 +105,12 @@ class StudyGateway:
                 return trial
 
         return retrying(take_now, what="take a trial from the study's queue")
+
+    def _hold(self, trial_id: int) -> optuna.Trial:
+        """(Under the lock.) A RUNNING trial this gateway now holds."""
+        trial = optuna.Trial(self.study, trial_id)
+        self._held.add(trial.number)
+        return trial
 
     def set_attrs(self, trial: optuna.Trial, attrs: dict[str, Any]) -> None:
         """``saturn:``-prefixed user attributes of a trial that is still running."""
@@ -112,6 +138,8 @@ class StudyGateway:
             Outgoing(trial._trial_id, trial.number, state.name, values, attrs))
         frozen = retrying(lambda: self._tell_now(trial, state, values, attrs, log),
                           what=f"record trial {trial.number}'s result")
+        with self.lock:
+            self._held.discard(trial.number)
         if ended_by_another(frozen):
             self._keep_late_result(frozen, state, values)  # (and in the outbox, which keeps it too)
         elif kept is not None:

@@ -1,23 +1,24 @@
-"""Who runs a sweep's RUNNING trials, so that the next sweep can tell a trial whose executor died from one that
-another live sweep is running, and run the dead one's trials again.
+"""Who runs a sweep's RUNNING trials, so that another sweep can tell a trial whose executor died from one that
+a live sweep is running, and run the dead one's trials again.
 
 Why not Optuna's heartbeats: ``RetryHeartbeatStaleTrialCallback`` works only inside ``study.optimize`` and with
-RDB storage. Here every trial a sweep asks records its owner (``saturn:owner``: the sweep's id, host, pid and the
-process's start time, which tells a reused pid apart), and the sweep writes a heartbeat to a study attribute of
-its own (``saturn:heartbeat:<sweep>``) every few seconds, from a thread, so long plans do not delay it. Both are
-plain user attributes: any persistent storage (RDB, Journal) carries them, and two executors never write the same
-key. A trial's owner is gone when its process no longer exists, judged by its pid only where the pid means the
-same process (the same host, boot and PID namespace: two containers on one host, or a restarted machine, reuse
-pids), or, from anywhere else, when its heartbeat is older than :data:`STALE_AFTER_SECONDS`. Two sweeps that end
-the same orphan at once do no harm: only the one whose write ended it runs it again.
+RDB storage. Here every trial a sweep asks or takes records its owner (``saturn:owner``: the sweep's id, host,
+pid, the process's start time, which tells a reused pid apart, and its boot and PID namespace), and the sweep
+writes a heartbeat that lists its trials (:mod:`optuna_saturn.study.liveness`). Both are plain user attributes:
+any persistent storage (RDB, Journal) carries them, and two executors never write the same key.
+
+A RUNNING trial is an orphan when its owner is gone: judged by its pid only where the pid means the same process
+(the same host, boot and PID namespace: two containers on one host, or a restarted machine, reuse pids), and
+from anywhere else by a heartbeat that ended, or stopped changing for the stale period. It is one too when no
+live sweep has listed it for the stale period (a take cut short left it RUNNING, claimed, and owned by no one).
+Every live sweep looks, at its start and every :data:`RECOVER_SECONDS`; two that end one orphan at once do no
+harm: only the one whose write ended it queues it again.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-import threading
-import time
 import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -26,15 +27,12 @@ import optuna
 import psutil
 from optuna.trial import FrozenTrial, TrialState
 
+from optuna_saturn.study import claims, liveness
 from optuna_saturn.study.gateway import ATTR, StudyGateway
+from optuna_saturn.study.liveness import HeartbeatWatch
 
 _logger = optuna.logging.get_logger("optuna.saturn")
 
-#: How often a sweep writes its heartbeat.
-HEARTBEAT_SECONDS = 5.0
-#: A sweep silent for this long is gone (twelve missed heartbeats: a storage that is slow for a while, or an
-#: executor busy planning, is not taken for dead).
-STALE_AFTER_SECONDS = 60.0
 #: How often a running sweep looks for the trials of sweeps on its study that died (besides at its start).
 RECOVER_SECONDS = 30.0
 
@@ -66,50 +64,31 @@ class Owner:
 
     @property
     def heartbeat_key(self) -> str:
-        return f"heartbeat:{self.sweep}"
+        return liveness.heartbeat_key(self.sweep)
 
-    def gone(self, heartbeat: float | None, now: float, *, judge: Owner) -> str | None:
+    def same_machine_as(self, judge: Owner) -> bool:
+        """Whether this owner's pid means the same process to ``judge``: the same host, boot and PID namespace."""
+        return self.host == judge.host and bool(self.boot) and self.boot == judge.boot and \
+            bool(self.pid_namespace) and self.pid_namespace == judge.pid_namespace
+
+    def gone(self, beat: Any, watch: HeartbeatWatch, *, judge: Owner) -> str | None:
         """Why this owner is gone, as ``judge`` (the sweep that asks, in this process) sees it, or None while it
-        may still run its trials."""
-        if self.host == judge.host and self.boot and self.boot == judge.boot and \
-                self.pid_namespace and self.pid_namespace == judge.pid_namespace:
+        may still run its trials. ``beat``: its heartbeat as stored now (None: none, or it ended)."""
+        where = f"its executor (pid {self.pid} on {self.host})"
+        if self.same_machine_as(judge):
             try:
                 process = psutil.Process(self.pid)
                 if process.create_time() == self.started and process.status() != psutil.STATUS_ZOMBIE:
                     return None
             except psutil.NoSuchProcess:
                 pass
-            return f"its executor (pid {self.pid} on {self.host}) is gone"
-        if heartbeat is None or now - heartbeat > STALE_AFTER_SECONDS:
-            silent = "never wrote a heartbeat" if heartbeat is None else f"silent for {now - heartbeat:.0f} s"
-            return f"its executor (pid {self.pid} on {self.host}) is {silent}"
+            return f"{where} is gone"
+        if beat is None:  # (a sweep writes its first beat before it asks a trial, and nulls it when it ends)
+            return f"{where} has no heartbeat: it ended, or never started one"
+        silent = watch.silent_for(self.heartbeat_key, beat)
+        if silent >= liveness.STALE_AFTER_SECONDS:
+            return f"{where} is silent for {silent:.0f} s: its heartbeat has not changed since this sweep first saw it"
         return None
-
-
-class Heartbeat:
-    """Writes the owner's heartbeat to the study every :data:`HEARTBEAT_SECONDS`, while in a ``with`` block."""
-
-    def __init__(self, bridge: StudyGateway, owner: Owner) -> None:
-        self._bridge = bridge
-        self._owner = owner
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name="saturn-heartbeat", daemon=True)
-
-    def __enter__(self) -> Heartbeat:
-        self._bridge.set_study_attr(self._owner.heartbeat_key, time.time())
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _beat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_SECONDS):
-            try:
-                self._bridge.set_study_attr(self._owner.heartbeat_key, time.time())
-            except Exception:  # a storage hiccup: the next beat tries again; a minute of them makes us stale
-                _logger.warning("Could not write the sweep's heartbeat to the storage; trying again.", exc_info=True)
 
 
 def _boot_id() -> str:
@@ -127,38 +106,55 @@ def _pid_namespace() -> str:
         return ""
 
 
-def recover_orphans(bridge: StudyGateway, me: Owner, *, max_retries: int) -> list[int]:
-    """End every RUNNING trial whose owning sweep is gone as FAIL, with the reason, and enqueue its params again
-    (``saturn:retry_of``) unless it was retried ``max_retries`` times already. Trials of live sweeps, and trials no
-    sweep owns (a plain ``study.optimize``'s), are left alone. Returns the numbers of the trials enqueued again."""
+def recover_orphans(bridge: StudyGateway, me: Owner, *, max_retries: int,
+                    watch: HeartbeatWatch | None = None) -> list[int]:
+    """End every RUNNING trial that is an orphan (see the module's docstring) as FAIL, with the reason, and
+    enqueue its params again (``saturn:retry_of``) unless it was retried ``max_retries`` times already. Trials of
+    live sweeps, and trials no sweep owns or claimed (a plain ``study.optimize``'s), are left alone. ``watch``:
+    what this sweep saw at its earlier recoveries (a fresh one sees no heartbeat stop). Returns the numbers of
+    the trials enqueued again."""
+    watch = watch if watch is not None else HeartbeatWatch()
     study = bridge.study
-    now = time.time()
     retried: list[int] = []
     with bridge.lock:
-        heartbeats = study.user_attrs
+        study_attrs = study.user_attrs
         running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     for trial in running:
-        reason = why_orphaned(trial, me, heartbeats, now)
+        reason = why_orphaned(trial, me, study_attrs, watch)
         if reason is None:
             continue
         again = may_run_again(trial, max_retries)
-        if not _end_orphan(bridge, trial, f"the sweep that ran it died: {reason}", again=again, by=me):
+        if not _end_orphan(bridge, trial, reason, again=again, by=me):
             continue  # another sweep ended it first, and runs it again if it may
         if again:
             run_again(bridge, trial)
             retried.append(trial.number)
+    watch.forget_all_but({trial.number for trial in running})
     return retried
 
 
-def why_orphaned(trial: FrozenTrial, me: Owner, study_attrs: dict[str, Any], now: float) -> str | None:
-    """Why a RUNNING trial's sweep is gone (``study_attrs`` holds the sweeps' heartbeats), or None while it may
-    still run it (or no sweep owns it, or it is ours)."""
+def why_orphaned(trial: FrozenTrial, me: Owner, study_attrs: dict[str, Any], watch: HeartbeatWatch) -> str | None:
+    """Why a RUNNING trial has no live sweep to run it (``study_attrs`` holds the sweeps' heartbeats), or None
+    while one may still run it (or no sweep owns or claimed it, or it is ours)."""
     data = trial.user_attrs.get(ATTR + "owner")
-    if not data:
+    if data:
+        owner = Owner.from_json(data)
+        if owner.sweep == me.sweep:
+            return None
+        gone = owner.gone(study_attrs.get(ATTR + owner.heartbeat_key), watch, judge=me)
+        if gone is not None:
+            return f"the sweep that ran it died: {gone}"
+        sweeps = [owner.sweep]
+    else:
+        sweeps = claims.claimants(trial)
+        if not sweeps:
+            return None
+    listed = [liveness.listed_trials(study_attrs.get(ATTR + liveness.heartbeat_key(sweep))) for sweep in sweeps]
+    unlisted = watch.unlisted_for(trial.number, any(trials is None or trial.number in trials for trials in listed))
+    if unlisted < liveness.STALE_AFTER_SECONDS:
         return None
-    owner = Owner.from_json(data)
-    return None if owner.sweep == me.sweep else owner.gone(study_attrs.get(ATTR + owner.heartbeat_key), now,
-                                                           judge=me)
+    whose = f"its sweep {sweeps[0]}" if data else f"sweep(s) {sweeps}, which claimed it (no sweep owns it),"
+    return f"no live sweep runs it: {whose} has not listed it among its trials for {unlisted:.0f} s"
 
 
 def may_run_again(trial: FrozenTrial, max_retries: int) -> bool:
@@ -202,10 +198,11 @@ def inherit_intermediate_values(bridge: StudyGateway, trial: optuna.Trial) -> No
             trial.report(value, step)
 
 
-def take_over(gateway: StudyGateway, me: Owner, *, max_retries: int) -> list[int]:
-    """What a sweep does first on a study it shares: tell the results an earlier sweep kept in the outbox for its
-    trials that its death left RUNNING, then end and run again the other trials of dead sweeps. Returns the
-    numbers of the trials enqueued again."""
-    heartbeats, now = gateway.study.user_attrs, time.time()  # (read once, not per trial)
-    gateway.tell_what_the_outbox_kept(lambda trial: why_orphaned(trial, me, heartbeats, now) is not None)
-    return recover_orphans(gateway, me, max_retries=max_retries)
+def take_over(gateway: StudyGateway, me: Owner, *, max_retries: int, watch: HeartbeatWatch | None = None) -> list[int]:
+    """What a sweep does on a study it shares, at its start and every :data:`RECOVER_SECONDS`: tell the results
+    an earlier sweep kept in the outbox for its trials that its death left RUNNING, then end and run again the
+    other orphans. Returns the numbers of the trials enqueued again."""
+    watch = watch if watch is not None else HeartbeatWatch()
+    study_attrs = gateway.study.user_attrs  # (read once, not per trial)
+    gateway.tell_what_the_outbox_kept(lambda trial: why_orphaned(trial, me, study_attrs, watch) is not None)
+    return recover_orphans(gateway, me, max_retries=max_retries, watch=watch)

@@ -37,12 +37,12 @@ _logger = optuna.logging.get_logger("optuna.saturn")
 class Actions:
     def __init__(
         self, state: SweepState, *, pool: Pool, gateway: StudyGateway, queue: StudyQueue, requests: JobRequests,
-        resumes: Resumes, events: Broadcast, owner: Owner, owned: bool, keep_checkpoints: bool,
+        resumes: Resumes, events: Broadcast, owner: Owner, keep_checkpoints: bool,
         callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]], gc_after_trial: bool,
     ) -> None:
         self._state, self._pool, self.gateway, self.queue = state, pool, gateway, queue
         self._requests, self.resumes, self.events, self.owner = requests, resumes, events, owner
-        self._owned, self._keep_checkpoints = owned, keep_checkpoints
+        self._keep_checkpoints = keep_checkpoints
         self._callbacks, self._gc_after_trial = list(callbacks), gc_after_trial
         self._pricer: Any = None
         self._view: OptionsView | None = None
@@ -57,7 +57,9 @@ class Actions:
         queue, the job requests and where trials resume from."""
         folder = study_folder(study)  # (not the study's name: two storages may hold studies of one name)
         outbox = Outbox(settings.log_dir / "outbox" / folder) if settings.owned else None
-        gateway = StudyGateway(study, artifact_store=settings.artifact_store, outbox=outbox)
+        owner = Owner.of_this_process()
+        gateway = StudyGateway(study, artifact_store=settings.artifact_store, outbox=outbox,
+                               owner=owner.to_json() if settings.owned else None)
         strategies = {s.name: s for s in settings.strategies}
         root = (settings.checkpoint_dir or settings.log_dir / "checkpoints") / folder
         requests = JobRequests(run_dir=run_dir or run_folder(settings.log_dir, study.study_name), checkpoint_root=root,
@@ -66,8 +68,8 @@ class Actions:
         # whether every device reads a checkpoint another wrote: on one machine, or in a folder the user named
         resumes = Resumes(state, strategies, root=root, exists=pool.has_checkpoint, shared=settings.ray is None or settings.checkpoint_dir is not None)
         return cls(state, pool=pool, gateway=gateway, queue=StudyQueue(gateway, clock), requests=requests,
-                   resumes=resumes, events=Broadcast(settings.listeners, study), owner=Owner.of_this_process(),
-                   owned=settings.owned, keep_checkpoints=settings.keep_checkpoints, callbacks=callbacks,
+                   resumes=resumes, events=Broadcast(settings.listeners, study), owner=owner,
+                   keep_checkpoints=settings.keep_checkpoints, callbacks=callbacks,
                    gc_after_trial=gc_after_trial)
 
     def use(self, *, pricer: Any, view: OptionsView, profiling: Profiling) -> None:
@@ -79,16 +81,10 @@ class Actions:
         return self._requests.run_dir
 
     # -- trials coming in -------------------------------------------------------------------------------------------
-    @property
-    def owner_record(self) -> dict | None:
-        """What a trial this sweep asks is created with as its owner (None: a sweep that owns none)."""
-        return self.owner.to_json() if self._owned else None
-
     def own(self, trial: optuna.Trial) -> None:
-        """A trial this sweep asked or took from the queue: it counts towards ``n_trials``, and is marked ours."""
+        """A trial this sweep asked or took from the queue (the gateway made it ours): it counts towards
+        ``n_trials``."""
         self._state.asked += 1
-        if self._owned and ATTR + "owner" not in trial.user_attrs:  # (a new trial was created owned)
-            self.gateway.set_attrs(trial, {"owner": self.owner.to_json()})
 
     def price(self, trial: optuna.Trial, *, leaving: tuple | None = None, was: list | None = None) -> TrialPrice:
         """The trial's options (described now if they were not), those its checkpoint allows; recorded on the

@@ -22,7 +22,8 @@ from optuna_saturn.clock import Clock
 from optuna_saturn.pools.protocol import JobEnd, Pool
 from optuna_saturn.pricing.unprofiled import RuntimeEstimator
 from optuna_saturn.study.outbox import STORAGE_ERRORS
-from optuna_saturn.study.ownership import RECOVER_SECONDS, Heartbeat, inherit_intermediate_values, take_over
+from optuna_saturn.study.liveness import Heartbeat, HeartbeatWatch
+from optuna_saturn.study.ownership import RECOVER_SECONDS, inherit_intermediate_values, take_over
 from optuna_saturn.study.queue import ParameterNotFixed, QueuedTrial
 from optuna_saturn.sweep import dispatch, reporting
 from optuna_saturn.sweep.actions import Actions
@@ -68,6 +69,7 @@ class Sweep:
         self._do.use(pricer=pricer, view=self._view, profiling=self._profiling)
         self._planning_seconds = 0.0
         self._next_recovery = float("-inf")
+        self._watch = HeartbeatWatch()  # (on the machine's clock: other sweeps' heartbeats change in real time)
 
     def _now(self) -> float:
         """Seconds since the sweep started, on its clock."""
@@ -77,7 +79,7 @@ class Sweep:
     def run(self) -> None:
         self._recover()
         self._do.events.send("on_sweep_start", [str(d) for d in self.settings.devices], self._state.started_at)
-        with Heartbeat(self._gateway, self._do.owner) if self.settings.owned else contextlib.nullcontext():
+        with Heartbeat(self._gateway, self._do.owner.sweep) if self.settings.owned else contextlib.nullcontext():
             try:
                 self._pool.start()
                 while self._step():
@@ -134,7 +136,7 @@ class Sweep:
         if not self.settings.owned or self._clock.now() < self._next_recovery:
             return
         self._next_recovery = self._clock.now() + RECOVER_SECONDS
-        retried = take_over(self._gateway, self._do.owner, max_retries=self.settings.max_retries)
+        retried = take_over(self._gateway, self._do.owner, max_retries=self.settings.max_retries, watch=self._watch)
         if retried:
             self._queue.look_again()
             if self._state.n_trials is not None:
@@ -160,7 +162,7 @@ class Sweep:
                 self._plan()
                 continue
             asked_at, queued = self._now(), self._queue.next_unseen(set(self._state.waiting))
-            trial = self._gateway.ask_new(self._do.owner_record) if queued is None else self._queue.take(queued)
+            trial = self._gateway.ask_new() if queued is None else self._queue.take(queued)
             if trial is None:
                 continue  # another sweep took it from the queue first
             self._do.own(trial)

@@ -1,0 +1,114 @@
+"""Whether the sweeps on a study still live, told by their heartbeats as the reading sweep sees them change.
+
+Each sweep writes a heartbeat to a study attribute of its own (``saturn:heartbeat:<sweep>``) every
+:data:`HEARTBEAT_SECONDS`, from a thread, so long plans do not delay it. A beat is ``{"beat": <count>, "at": <the
+writer's time>, "trials": [<the numbers of the RUNNING trials it holds>]}``; a sweep that ends sets its key to
+``null`` (Optuna's storages have no call that removes a study attribute).
+
+Why a beat is judged by whether it *changes*, on the reader's own clock, and not by its time: two machines' clocks
+may differ by more than the stale period, and then a live sweep's fresh beat looks a minute old (or a dead one's
+looks fresh). So :class:`HeartbeatWatch` notes when it first saw each beat, and a sweep is silent once its beat
+has not changed for :data:`STALE_AFTER_SECONDS` of the reader's time. The list of trials catches what no owner
+record can: a trial whose take was cut short (it is RUNNING, claimed, but no sweep owns or runs it) is one that
+no live claimant lists.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import optuna
+
+from optuna_saturn.study.gateway import StudyGateway
+
+_logger = optuna.logging.get_logger("optuna.saturn")
+
+#: How often a sweep writes its heartbeat.
+HEARTBEAT_SECONDS = 5.0
+#: A sweep whose heartbeat has not changed for this long (on the reader's clock) is gone, and a RUNNING trial
+#: that no live sweep listed for this long is no one's: twelve missed heartbeats, so a storage that is slow for a
+#: while, or an executor busy planning, is not taken for dead.
+STALE_AFTER_SECONDS = 60.0
+
+
+def heartbeat_key(sweep: str) -> str:
+    """The study attribute (without ``saturn:``) that sweep ``sweep`` beats in."""
+    return f"heartbeat:{sweep}"
+
+
+def listed_trials(beat: Any) -> set[int] | None:
+    """The trials a heartbeat lists; None for a beat that lists none at all (one written before beats did)."""
+    if isinstance(beat, dict) and isinstance(beat.get("trials"), list):
+        return {int(number) for number in beat["trials"]}
+    return None
+
+
+class HeartbeatWatch:
+    """What one sweep has seen of the study's heartbeats and RUNNING trials, timed on its own clock
+    (``clock``: monotonic seconds), from one recovery to the next."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._beats: dict[str, tuple[Any, float]] = {}  # heartbeat key -> (its value, when it was first seen)
+        self._unlisted: dict[int, float] = {}  # trial number -> since when no live sweep listed it
+
+    def silent_for(self, key: str, beat: Any) -> float:
+        """For how long ``key``'s beat has been ``beat``, as far as this watch saw (0 the first time)."""
+        now = self._clock()
+        seen = self._beats.get(key)
+        if seen is None or seen[0] != beat:
+            self._beats[key] = (beat, now)
+            return 0.0
+        return now - seen[1]
+
+    def unlisted_for(self, number: int, listed: bool) -> float:
+        """For how long no live sweep's heartbeat has listed RUNNING trial ``number`` (0 while one does)."""
+        if listed:
+            self._unlisted.pop(number, None)
+            return 0.0
+        return self._clock() - self._unlisted.setdefault(number, self._clock())
+
+    def forget_all_but(self, running: set[int]) -> None:
+        """Trials that ended are no longer watched."""
+        for number in set(self._unlisted) - running:
+            del self._unlisted[number]
+
+
+class Heartbeat:
+    """Writes a sweep's heartbeat to the study every :data:`HEARTBEAT_SECONDS` while in a ``with`` block, listing
+    the trials the gateway holds; on leaving, sets its key to null (the sweep has ended)."""
+
+    def __init__(self, gateway: StudyGateway, sweep: str) -> None:
+        self._gateway = gateway
+        self._key = heartbeat_key(sweep)
+        self._count = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="saturn-heartbeat", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._write()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        try:
+            self._gateway.set_study_attr(self._key, None)
+        except Exception:  # a storage that is down: the others take the silent beat for an end, a minute later
+            _logger.warning("Could not record the sweep's end in its heartbeat.", exc_info=True)
+
+    def _write(self) -> None:
+        self._count += 1
+        beat = {"beat": self._count, "at": round(time.time(), 3), "trials": sorted(self._gateway.held_trials())}
+        self._gateway.set_study_attr(self._key, beat)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            try:
+                self._write()
+            except Exception:  # a storage hiccup: the next beat tries again; a minute of them makes us stale
+                _logger.warning("Could not write the sweep's heartbeat to the storage; trying again.", exc_info=True)
