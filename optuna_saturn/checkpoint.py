@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -39,6 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from optuna_saturn.worker import trainer_state
 from optuna_saturn.worker.random_state import capture, restore
 
 DCP = "torch.distributed.checkpoint"
@@ -201,7 +201,7 @@ def load(engine: Any, record: CheckpointRecord, model: torch.nn.Module, optimize
         set_state_dict(model, [] if optimizer is None else [optimizer], model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"] if optimizer is not None else {})
         trainer = state["trainer"]
-    saved = pickle.loads(trainer)  # noqa: S301 (our own file, in the sweep's folder)
+    saved = trainer_state.loads(trainer)
     if scheduler is not None and saved["scheduler"] is not None:
         scheduler.load_state_dict(saved["scheduler"])
     restore(saved["random"])
@@ -267,7 +267,7 @@ def _trainer_state(step: int, scheduler: Any, loaders: list[Any], world_size: in
     rank holds alike (the checkpoint keeps one copy of what is not a tensor)."""
     blob: list[Any] = [None]
     if world_size == 1 or dist.get_rank(group) == 0:
-        blob = [pickle.dumps({
+        blob = [trainer_state.dumps({
             "step": int(step), "scheduler": None if scheduler is None else scheduler.state_dict(),
             "random": capture(cuda=True), "loaders": loaders,
         })]

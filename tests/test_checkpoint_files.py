@@ -74,3 +74,45 @@ def test_every_file_of_a_checkpoint_is_flushed_before_it_is_renamed(tmp_path, mo
     written = {str(Path(partial) / p.relative_to(record.path)) for p in Path(record.path).rglob("*")}
     assert written <= set(synced)  # every file and folder, under its temporary name
     assert partial in synced and str(tmp_path / "trial-0") in synced  # and the rename itself
+
+
+def test_the_trainer_state_is_kept_as_json_and_comes_back_as_it_was(tmp_path):
+    """The step, the scheduler, the random generators: JSON in the checkpoint (nothing of it is unpickled), and
+    the run resumed draws the same numbers and follows the same schedule."""
+    import json
+    import random
+
+    import numpy
+
+    from optuna_saturn.worker import trainer_state
+
+    model, optimizer = _trained(0)
+    scheduler = torch.optim.lr_scheduler.SequentialLR(optimizer, [
+        torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, total_iters=3),
+        torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=10)], milestones=[3])
+    for _ in range(4):
+        optimizer.step()
+        scheduler.step()
+    record = checkpoint.save(_SingleProcess(), tmp_path, 4, model, optimizer, scheduler, group=None)
+    expected = (torch.rand(3), random.random(), numpy.random.rand(), [scheduler.step() or
+                                                                        scheduler.get_last_lr() for _ in range(3)])
+    fresh_model, fresh_optimizer = _trained(1)
+    fresh = torch.optim.lr_scheduler.SequentialLR(fresh_optimizer, [
+        torch.optim.lr_scheduler.LinearLR(fresh_optimizer, start_factor=0.1, total_iters=3),
+        torch.optim.lr_scheduler.CosineAnnealingLR(fresh_optimizer, T_max=10)], milestones=[3])
+    step, _ = checkpoint.load(_SingleProcess(), record, fresh_model, fresh_optimizer, fresh, group=None)
+    again = (torch.rand(3), random.random(), numpy.random.rand(), [fresh.step() or fresh.get_last_lr()
+                                                                     for _ in range(3)])
+    assert step == 4 and torch.equal(expected[0], again[0]) and expected[1:] == again[1:]
+
+    blob = trainer_state.dumps({"random": {"torch": torch.get_rng_state(), "numpy": numpy.random.get_state()}})
+    assert json.loads(blob)  # plain JSON
+    import pickle
+    import pytest
+
+    with pytest.raises(ValueError, match="not JSON"):
+        trainer_state.loads(pickle.dumps({"step": 1}))
+    with pytest.raises(ValueError, match="names no tensor type"):
+        trainer_state.loads(b'{"__tensor__": ["load", [1], ""]}')
+    with pytest.raises(TypeError, match=r"state\['scheduler'\]\[0\] is a function"):
+        trainer_state.dumps({"scheduler": [lambda step: 1.0]})

@@ -93,6 +93,22 @@ def test_an_objective_travels_inside_its_recipe_to_a_machine_without_the_file(tm
     assert load_objective(local)(None) == 42.0
 
 
+def test_a_script_objective_runs_from_the_private_copy_not_from_a_file_changed_since(tmp_path):
+    """Where the node sees the script's path too (the executor's own machine, a shared folder), the worker still
+    runs the copy it was sent: comparing the file and running it later would run whatever it holds by then. The
+    copy runs as the script (its ``__file__`` is the original's)."""
+    script = tmp_path / "sweep.py"
+    script.write_text("import os\ndef objective(trial):\n    return os.path.basename(__file__)\n")
+    recipe = {"kind": "file", "path": str(script), "qualname": "objective", "sys_path": []}
+    travelling = portable(recipe)
+    there = tmp_path / "there"
+    there.mkdir(mode=0o700)
+    local = localized(travelling, str(there))
+    script.write_text("def objective(trial):\n    return 'swapped'\n")  # changed after it was sent
+    assert local["path"].startswith(str(there))
+    assert load_objective(local)(None) == "sweep.py"
+
+
 def test_devices_are_read_per_node_with_clear_errors():
     assert _kind_and_count("auto", 8, 0, "n") == ("cpu", 8)
     assert _kind_and_count("auto", 16, 4, "n") == ("cuda", 4)

@@ -58,6 +58,13 @@ def load_objective(recipe: dict) -> Callable[..., Any]:
     kind = recipe["kind"]
     if kind == "module":
         return _lookup(importlib.import_module(recipe["module"]), recipe["qualname"])
+    if kind == "file" and "origin" in recipe:  # (a copy: run as the script it copies, for its __file__)
+        with open(recipe["path"], "rb") as f:
+            code = compile(f.read(), recipe["origin"], "exec")
+        namespace: dict[str, Any] = {"__name__": "__saturn_main__", "__file__": recipe["origin"],
+                                     "__builtins__": __builtins__}
+        exec(code, namespace)  # noqa: S102 (the objective's own script, as runpy.run_path would run it)
+        return _lookup(namespace, recipe["qualname"])
     if kind == "file":
         namespace = runpy.run_path(recipe["path"], run_name="__saturn_main__")
         return _lookup(namespace, recipe["qualname"])
@@ -75,19 +82,19 @@ def portable(recipe: dict) -> dict:
 
 
 def localized(recipe: dict, folder: str) -> dict:
-    """The worker side of :func:`portable`: the file it carries, written into this machine's ``folder`` (once
-    per content), and the recipe pointing there."""
+    """The worker side of :func:`portable`: the file it carries, written into this machine's private ``folder``
+    (once per content), and the recipe pointing there. Always the copy, even where the original path exists here
+    with the same bytes: comparing it, then running it later, would run whatever it holds by then. A script
+    still runs with its original ``__file__`` (``origin``)."""
     if "content" not in recipe:
         return recipe
     content = base64.b64decode(recipe["content"])
     plain = {k: v for k, v in recipe.items() if k != "content"}
-    if os.path.exists(recipe["path"]):  # this machine has it (a shared folder, or the executor's own machine)
-        with open(recipe["path"], "rb") as f:
-            if f.read() == content:
-                return plain
     name = hashlib.sha256(content).hexdigest()[:16] + os.path.splitext(recipe["path"])[1]
     path = os.path.join(folder, name)
-    if not os.path.exists(path):
-        with open(path, "wb") as f:
+    if not os.path.exists(path):  # (the folder is this user's, 0700: no one else writes into it)
+        partial = f"{path}.{os.getpid()}.partial"
+        with open(partial, "wb") as f:
             f.write(content)
-    return plain | {"path": path}
+        os.replace(partial, path)
+    return plain | {"path": path, "origin": recipe["path"]}
