@@ -128,7 +128,7 @@ def main() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     rng = random.Random(args.seed)
     work = tempfile.mkdtemp(prefix="saturn-chaos-")
-    ledger, landed = Ledger(), []
+    ledger, landed, held = Ledger(), [], 0
     began = time.monotonic()
     with postgres_server() as server:
         storage = server.create_database("chaos")
@@ -147,7 +147,9 @@ def main() -> None:
             _kill_namespace(victim)
             victim.wait(timeout=60)
             landed.append(where)
+            problems = len(ledger.problems)
             ledger.check(study, final=False)
+            held += len(ledger.problems) == problems
             print(f"round {round_ + 1}/{args.rounds}: killed {where}; {len(ledger.problems)} problems so far",
                   flush=True)
         steady.wait(timeout=600)
@@ -161,13 +163,22 @@ def main() -> None:
         trials = study.get_trials(deepcopy=False)
     states = collections.Counter(t.state.name for t in trials)
     interrupted = sum("saturn:retry_of" in t.user_attrs for t in trials)
-    print(f"\n{args.rounds} rounds in {time.monotonic() - began:.0f} s (seed {args.seed}); kills landed: "
-          f"{dict(collections.Counter(landed))}; the steady sweep was started {restarts + 1} times")
-    print(f"{len(trials)} trials: {dict(states)}; {interrupted} run again; {len(ledger.problems)} problems")
+    reasons = collections.Counter(_why(t) for t in trials if t.state == TrialState.FAIL)
+    print(f"\n{args.rounds} rounds run, {held} held, in {time.monotonic() - began:.0f} s (seed {args.seed}); kills "
+          f"landed: {dict(collections.Counter(landed))}; the steady sweep was started {restarts + 1} times")
+    print(f"{len(trials)} trials: {dict(states)}; {interrupted} run again; FAIL: {dict(reasons)}; "
+          f"{len(ledger.problems)} problems")
     for problem in ledger.problems:
         print(" -", problem)
     print(f"logs: {work}")
     sys.exit(1 if ledger.problems else 0)
+
+
+def _why(trial) -> str:
+    reason = trial.user_attrs.get("saturn:fail_reason", "")
+    kind = "its sweep died" if "the sweep that ran it died" in reason else \
+        "no live sweep listed it" if "no live sweep runs it" in reason else reason[:60]
+    return kind + (", not run again (max_retries)" if "max_retries" in reason else ", run again")
 
 
 def _executor(victim: subprocess.Popen):
