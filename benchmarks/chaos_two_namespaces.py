@@ -126,6 +126,7 @@ def main() -> None:
     from postgres import postgres_server
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # (the server and sweeps stop on the way out)
     rng = random.Random(args.seed)
     work = tempfile.mkdtemp(prefix="saturn-chaos-")
     ledger, landed, held = Ledger(), [], 0

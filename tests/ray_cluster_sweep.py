@@ -57,19 +57,26 @@ class AddNodeOnceATrialRuns(SweepListener):
 
 
 class KillNodeWhenATrialRunsThere(SweepListener):
-    """Kills a Ray worker node (``kill()``: its raylet, or all of it) a few seconds into the first trial there."""
+    """Kills a Ray worker node (``kill()``: its raylet, or all of it) once the first trial there has saved a
+    checkpoint (observed in the study, not timed), so that its run again must resume from the shared folder."""
 
-    def __init__(self, node_name: str, kill, after: float) -> None:
-        self._node_name, self._kill, self._after = node_name, kill, after
+    def __init__(self, node_name: str, kill, storage: str) -> None:
+        self._node_name, self._kill, self._storage = node_name, kill, storage
         self.removed_at: float | None = None
         self.victim: int | None = None
 
     def on_trial_start(self, study: optuna.Study, start: TrialStart) -> None:
         if self.victim is None and any(d.startswith(self._node_name + "/") for d in start.devices):
             self.victim = start.number
-            threading.Timer(self._after, self._remove).start()
+            threading.Thread(target=self._remove_once_checkpointed, args=(study.study_name,), daemon=True).start()
 
-    def _remove(self) -> None:
+    def _remove_once_checkpointed(self, name: str) -> None:
+        study = optuna.load_study(study_name=name, storage=self._storage)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if "saturn:checkpoint" in study.trials[self.victim].user_attrs:
+                break
+            time.sleep(0.1)
         self._kill()
         self.removed_at = time.time()
 
@@ -89,7 +96,8 @@ def _sweep(mode: str, out: str, stack: contextlib.ExitStack, address: str | None
     per_node = 2 if mode == "spread" else 1
     steps = "30" if mode == "node-joins" else "100"  # 3 s or 10 s a trial
     # spread: 6 s trials, so that both nodes' workers are up before the trials are all done
-    env = {"SATURN_TEST_SLEEPY_STEPS": steps, "SATURN_TEST_EPOCH_SLEEP": "0.4", "HF_HUB_OFFLINE": "1"}
+    env = {"SATURN_TEST_SLEEPY_STEPS": steps, "SATURN_TEST_EPOCH_SLEEP": "0.4", "HF_HUB_OFFLINE": "1",
+           "SATURN_TEST_STEP_SLEEP": "0.25", "SATURN_TEST_CHECKPOINT_EVERY": "4"}  # (node-death: 6 s trials)
     # the trials' environment reaches the actors through Ray (they are not the driver's children)
     if address is None:
         cluster = Cluster(initialize_head=True, head_node_args={
@@ -121,7 +129,7 @@ def _sweep(mode: str, out: str, stack: contextlib.ExitStack, address: str | None
     listeners: list[SweepListener] = []
     names = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
     if mode == "node-death":
-        victim = KillNodeWhenATrialRunsThere(_node_name(worker_id, names), kill, after=3.0)
+        victim = KillNodeWhenATrialRunsThere(_node_name(worker_id, names), kill, storage)
         listeners.append(victim)
     if mode == "node-joins":
         known = set(names)
@@ -131,9 +139,9 @@ def _sweep(mode: str, out: str, stack: contextlib.ExitStack, address: str | None
     executor = SaturnExecutor(
         devices=per_node, strategies=["single", "ddp"] if mode == "spread" else ["single"], runner="ray",
         log_dir=f"{tmp}/runs", profile_store=f"{tmp}/profiles", progress="plain", dashboard=False,
-        listeners=listeners, max_retries=1,
+        listeners=listeners, max_retries=1, checkpoint_dir=f"{tmp}/checkpoints",  # (every node sees it)
     )
-    objective = objectives.train_linear if mode == "spread" else objectives.sleepy
+    objective = {"spread": objectives.train_linear, "node-death": objectives.resumable}.get(mode, objectives.sleepy)
     executor.optimize(study, objective, n_trials={"spread": 6, "node-death": 3, "node-joins": 8}[mode])
     result = {
         "seconds": time.time() - started, "driver_pid": os.getpid(), "storage": storage,

@@ -22,8 +22,18 @@ CONNECTIONS = 10_000
 HELLO_SECONDS = 1.0  # (the real deadline is 10 s; the rule is the same)
 
 
-def _open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def _open_fds() -> set[str]:
+    """This process's open sockets (what a connection the server failed to close would leave; other files a
+    test run opens meanwhile, from another test's leftovers being collected, say, are not the channel's)."""
+    sockets = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # (closed meanwhile)
+            continue
+        if target.startswith("socket:"):
+            sockets.add(target)
+    return sockets
 
 
 def _hostile(port: int, kind: int, rng: random.Random) -> None:
@@ -85,9 +95,10 @@ def test_ten_thousand_hostile_connections_hold_nothing_and_a_trial_is_still_serv
         assert max(held) < 5 * HELLO_SECONDS, held
 
         deadline = time.monotonic() + 10
-        while (threading.active_count(), _open_fds()) != (threads, fds) and time.monotonic() < deadline:
+        while not (threading.active_count() == threads and _open_fds() <= fds) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert threading.active_count() == threads and _open_fds() == fds
+        assert threading.active_count() == threads and _open_fds() <= fds, (threading.active_count(), threads,
+                                                                             _open_fds() - fds)
 
         token = server.register(lambda op, message: {"op": op})
         client = ChannelClient(server.address, token)
@@ -95,6 +106,8 @@ def test_ten_thousand_hostile_connections_hold_nothing_and_a_trial_is_still_serv
         client.close()
         with pytest.raises(AuthenticationFailed):
             ChannelClient(server.address, "f" * 32)
+    print(f"\nchannel fuzz: {CONNECTIONS} hostile connections in {elapsed:.1f} s; slow hellos held "
+          f"{max(held):.2f} s at most; threads ({threads}) and sockets ({len(fds)}) back to their baseline")
 
 
 def test_unauthenticated_connections_are_capped_in_all_and_per_peer(monkeypatch):

@@ -179,8 +179,8 @@ def _check_spread(result: dict, ips: set[str]) -> None:
 
 
 def _check_node_death(result: dict) -> None:
-    """The trial on the node that died ended FAIL with the reason and ran again, to the end, on the node left;
-    no trial stays RUNNING; ``n_trials`` counted new trials."""
+    """The trial on the node that died ended FAIL with the reason and ran again, to the end, on the node left,
+    from its checkpoint; no trial stays RUNNING; ``n_trials`` counted new trials."""
     trials = {t["number"]: t for t in result["trials"]}
     victim = trials[result["victim"]]
     assert result["removed_at"] is not None
@@ -191,6 +191,8 @@ def _check_node_death(result: dict) -> None:
     again = [t for t in trials.values() if t["attrs"].get("saturn:retry_of") == victim["number"]]
     assert len(again) == 1 and again[0]["state"] == "COMPLETE"
     assert again[0]["attrs"]["saturn:node"]["node_id"] != result["worker_node"]
+    # from the checkpoint the dead node's run saved in the shared checkpoint_dir, not from the start
+    assert again[0]["attrs"].get("saturn:resumed_from_step", 0) >= 4, again[0]["attrs"]
     new = [t for t in trials.values() if "saturn:retry_of" not in t["attrs"]]
     assert len(new) == 3, "n_trials counts new trials; the retry comes on top"
     assert sum(t["state"] == "COMPLETE" for t in new) == 2
