@@ -94,6 +94,16 @@ def sleepy(trial) -> float:
     return 0.0
 
 
+def slow_to_return(trial) -> float:
+    """Reports steps 0 to 2, then takes ``SATURN_TEST_SLEEP_BEFORE_RETURN`` seconds (default 1) to return 0.5: a
+    test can take the storage away between its last report and its result."""
+    trial.suggest_float("x", 0, 1)
+    for step in trial.steps(3):
+        trial.report(float(step), step)
+    time.sleep(float(os.environ.get("SATURN_TEST_SLEEP_BEFORE_RETURN", "1")))
+    return 0.5
+
+
 def segfaults(trial) -> float:
     """Its rank dies of a segmentation fault after a step: trial 0 does (a retry is another trial), or every
     trial with ``SATURN_TEST_SEGFAULT_ALWAYS=1``."""

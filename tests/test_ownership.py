@@ -37,15 +37,17 @@ def test_only_the_trials_of_a_sweep_that_is_gone_are_ended_and_enqueued_again(tm
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.sqlite3'}")
     me = Owner.of_this_process()
     here = (me.boot, me.pid_namespace)
-    live = Owner("live-sweep", me.host, me.pid, me.started, *here)  # another sweep in a process that runs
+    parent = psutil.Process(os.getppid())
+    live = Owner("live-sweep", me.host, parent.pid, parent.create_time(), *here)  # a sweep in a process that runs
     dead = Owner("dead-sweep", me.host, _dead_pid(), me.started, *here)
-    reused = Owner("reused-pid", me.host, me.pid, me.started - 100, *here)  # this pid, another process's start
+    reused = Owner("reused-pid", me.host, parent.pid, me.started - 100, *here)  # its pid, another process's start
     far = Owner("far-sweep", "another-host", 1, 0.0)  # another host: judged by its heartbeat alone
     far_stale = Owner("far-stale", "another-host", 1, 0.0)
     # this host, but another PID namespace (another container): its pid means nothing here, its heartbeat changes
     contained = Owner("contained", me.host, _dead_pid(), me.started, me.boot, "pid:[1]")
     ended = Owner("ended", "another-host", 1, 0.0)  # its heartbeat is null: it ended
-    owners = [live, dead, reused, far, far_stale, None, contained, ended, far]
+    ended_here = Owner("ended-here", me.host, me.pid, me.started, *here)  # a sweep of this process that ended
+    owners = [live, dead, reused, far, far_stale, None, contained, ended, far, ended_here]
     beats = {far: [3, 5, 6], far_stale: [4], contained: [6], ended: None}
 
     def beat(owner: Owner, count: int) -> None:
@@ -65,7 +67,7 @@ def test_only_the_trials_of_a_sweep_that_is_gone_are_ended_and_enqueued_again(tm
     clock = [1000.0]
     watch = HeartbeatWatch(clock=lambda: clock[0])  # (this sweep's own clock: beats' times are never read)
 
-    assert recover_orphans(StudyGateway(study), me, max_retries=1, watch=watch) == [1, 7]
+    assert recover_orphans(StudyGateway(study), me, max_retries=1, watch=watch) == [1, 7, 9]
     clock[0] += 59.0
     beat(far, 2)
     beat(contained, 2)
@@ -74,19 +76,20 @@ def test_only_the_trials_of_a_sweep_that_is_gone_are_ended_and_enqueued_again(tm
     retried = recover_orphans(StudyGateway(study), me, max_retries=1, watch=watch)
 
     states = [t.state for t in study.trials]
-    assert states[:9] == [TrialState.RUNNING, TrialState.FAIL, TrialState.FAIL, TrialState.RUNNING,
-                          TrialState.FAIL, TrialState.RUNNING, TrialState.RUNNING, TrialState.FAIL,
-                          TrialState.FAIL]
+    assert states[:10] == [TrialState.RUNNING, TrialState.FAIL, TrialState.FAIL, TrialState.RUNNING,
+                           TrialState.FAIL, TrialState.RUNNING, TrialState.RUNNING, TrialState.FAIL,
+                           TrialState.FAIL, TrialState.FAIL]
     assert retried == [4, 8]  # trial 2 reached max_retries
     reasons = {t.number: t.user_attrs["saturn:fail_reason"] for t in study.trials if t.state == TrialState.FAIL}
     assert "is gone" in reasons[1] and "run again" in reasons[1]
     assert "max_retries" in reasons[2]
     assert "is silent for 61 s" in reasons[4], reasons[4]  # on this sweep's clock, from when it first saw the beat
     assert "ended" in reasons[7]
+    assert "ended in this process" in reasons[9], reasons[9]
     assert "far-sweep has not listed it among its trials for 61 s" in reasons[8], reasons[8]  # a live sweep's
     waiting = [t for t in study.trials if t.state == TrialState.WAITING]
     assert [(t.system_attrs["fixed_params"], t.user_attrs["saturn:retry_of"]) for t in waiting] == [
-        ({"x": 0.1}, 1), ({"x": 0.7}, 7), ({"x": 0.4}, 4), ({"x": 0.8}, 8)]
+        ({"x": 0.1}, 1), ({"x": 0.7}, 7), ({"x": 0.9}, 9), ({"x": 0.4}, 4), ({"x": 0.8}, 8)]
 
 
 def test_a_trial_claimed_but_owned_by_no_one_is_recovered_once_no_claimant_lists_it(tmp_path):

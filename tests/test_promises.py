@@ -88,3 +88,48 @@ def test_a_callback_that_raises_ends_the_sweep_as_in_optuna_and_leaves_nothing_r
             study, objectives.quadratic, n_trials=6, callbacks=[fails])
     assert study.trials and not [t for t in study.trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     assert study.trials[0].state == TrialState.COMPLETE  # told before its callback ran
+
+
+def test_a_storage_down_longer_than_the_retries_stops_the_sweep_and_the_next_records_the_kept_result(
+        saturn_options, tmp_path, monkeypatch):
+    """The README: telling is retried for 2 minutes (here 3 s); if the storage stays down longer, the sweep stops,
+    and the next ``optimize`` on the study (in the same session, here) records the result the outbox kept, instead
+    of ending the trial FAIL and running it again."""
+    import sqlite3
+
+    from optuna_saturn.study import outbox
+
+    monkeypatch.setattr(outbox, "RETRY_SECONDS", 3.0)
+    monkeypatch.setenv("SATURN_TEST_SLEEP_BEFORE_RETURN", "1.5")
+    path = tmp_path / "study.sqlite3"
+    storage = optuna.storages.RDBStorage(f"sqlite:///{path}", engine_kwargs={"connect_args": {"timeout": 0.2}})
+    study = optuna.create_study(storage=storage, study_name="down")
+    locked, release = threading.Event(), threading.Event()
+
+    def take_the_storage_away() -> None:  # once the trial's last report is in: before its result
+        watcher = optuna.load_study(study_name="down", storage=f"sqlite:///{path}")
+        while not any(2 in t.intermediate_values for t in watcher.get_trials(deepcopy=False)):
+            time.sleep(0.05)
+        connection = sqlite3.connect(str(path), timeout=0)
+        connection.execute("BEGIN EXCLUSIVE")
+        locked.set()
+        release.wait(timeout=60)
+        connection.rollback()
+        connection.close()
+
+    holder = threading.Thread(target=take_the_storage_away, daemon=True)
+    holder.start()
+    executor = SaturnExecutor(devices=1, strategies=["single"], **saturn_options)
+    with pytest.raises(outbox.STORAGE_ERRORS):  # (the last attempt's error: "database is locked", or Optuna's
+        # wrapper of it when the lock met the commit)
+        executor.optimize(study, objectives.slow_to_return, n_trials=1)
+    assert locked.is_set()
+    kept = list((saturn_options["log_dir"] / "outbox").rglob("*.json"))
+    assert len(kept) == 1  # the result, on disk
+    release.set()
+    holder.join()
+
+    executor.optimize(study, objectives.slow_to_return, n_trials=0)
+    trials = optuna.load_study(study_name="down", storage=f"sqlite:///{path}").trials
+    assert [(t.state, t.value) for t in trials] == [(TrialState.COMPLETE, 0.5)]  # recorded, not run again
+    assert not list((saturn_options["log_dir"] / "outbox").rglob("*.json"))

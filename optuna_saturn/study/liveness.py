@@ -32,6 +32,9 @@ HEARTBEAT_SECONDS = 5.0
 #: that no live sweep listed for this long is no one's: twelve missed heartbeats, so a storage that is slow for a
 #: while, or an executor busy planning, is not taken for dead.
 STALE_AFTER_SECONDS = 60.0
+#: The sweeps running in this process now. A sweep that ended here (say, stopped by a storage that stayed down)
+#: is gone although its pid still lives: the next ``optimize`` in the same session must recover its trials.
+RUNNING_HERE: set[str] = set()
 
 
 def heartbeat_key(sweep: str) -> str:
@@ -79,21 +82,25 @@ class HeartbeatWatch:
 
 class Heartbeat:
     """Writes a sweep's heartbeat to the study every :data:`HEARTBEAT_SECONDS` while in a ``with`` block, listing
-    the trials the gateway holds; on leaving, sets its key to null (the sweep has ended)."""
+    the trials the gateway holds; on leaving, sets its key to null (the sweep has ended). The sweep counts as
+    running in this process (:data:`RUNNING_HERE`) meanwhile."""
 
     def __init__(self, gateway: StudyGateway, sweep: str) -> None:
         self._gateway = gateway
+        self._sweep = sweep
         self._key = heartbeat_key(sweep)
         self._count = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="saturn-heartbeat", daemon=True)
 
     def __enter__(self) -> Heartbeat:
+        RUNNING_HERE.add(self._sweep)
         self._write()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        RUNNING_HERE.discard(self._sweep)
         self._stop.set()
         self._thread.join()
         try:

@@ -38,10 +38,10 @@ RETRY_SECONDS = 120.0
 _FIRST_WAIT, _LONGEST_WAIT = 0.2, 10.0
 
 
-def retrying(call: Callable[[], T], *, what: str, budget: float = RETRY_SECONDS) -> T:
+def retrying(call: Callable[[], T], *, what: str, budget: float | None = None) -> T:
     """``call()``, again after each storage error, waiting twice as long each time (0.2 s up to 10 s), for up to
-    ``budget`` seconds; then the last error is raised."""
-    deadline = time.monotonic() + budget
+    ``budget`` seconds (:data:`RETRY_SECONDS`); then the last error is raised."""
+    deadline = time.monotonic() + (RETRY_SECONDS if budget is None else budget)
     wait = _FIRST_WAIT
     while True:
         try:

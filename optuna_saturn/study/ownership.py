@@ -79,6 +79,8 @@ class Owner:
             try:
                 process = psutil.Process(self.pid)
                 if process.create_time() == self.started and process.status() != psutil.STATUS_ZOMBIE:
+                    if self.pid == judge.pid and self.sweep not in liveness.RUNNING_HERE:
+                        return f"its sweep {self.sweep} ended in this process (pid {self.pid}) without ending it"
                     return None
             except psutil.NoSuchProcess:
                 pass
