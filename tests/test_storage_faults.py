@@ -190,3 +190,48 @@ def test_two_sweeps_that_claim_one_trial_while_a_reply_is_lost_never_both_run_it
         retried += recover_orphans(StudyGateway(other), Owner.of_this_process(), max_retries=1, watch=watch)
     states = [t.state for t in other.get_trials()]
     assert retried == [0] and states == [TrialState.FAIL, TrialState.WAITING]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def shared_url(request, tmp_path):
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'study.sqlite3'}"
+        return
+    from postgres import postgres_database
+
+    with postgres_database() as url:
+        yield url
+
+
+def test_two_sweeps_racing_for_each_queued_trial_take_each_one_once(shared_url):
+    """The README's promise: sweeps on one study never both run a queued trial. Two sweeps (two storages on one
+    database, as two processes would have) race for each of 20 queued trials at once. (On SQLite, which ignores
+    SELECT ... FOR UPDATE, both took one before the take's lock.)"""
+    url = shared_url
+    study = optuna.create_study(storage=url, study_name="race")
+    for i in range(20):
+        study.enqueue_trial({"x": i / 20})
+    queued = [t._trial_id for t in study.get_trials()]
+    sweeps = [Owner(f"sweep-{i}", "h", i, 0.0) for i in range(2)]
+    gateways = [StudyGateway(optuna.load_study(study_name="race", storage=optuna.storages.RDBStorage(url)),
+                             owner=s.to_json()) for s in sweeps]
+    taken: dict[int, list[str]] = {trial_id: [] for trial_id in queued}
+    start = threading.Barrier(2)
+
+    def race(gateway: StudyGateway, sweep: Owner) -> None:
+        start.wait()
+        for trial_id in queued:
+            if gateway.take(trial_id, {}, {}) is not None:
+                taken[trial_id].append(sweep.sweep)
+
+    threads = [threading.Thread(target=race, args=pair) for pair in zip(gateways, sweeps)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(len(winners) == 1 for winners in taken.values()), taken
+    trials = optuna.load_study(study_name="race", storage=url).get_trials()
+    assert all(t.state == TrialState.RUNNING for t in trials)
+    assert [t.user_attrs["saturn:owner"]["sweep"] for t in trials] == [taken[t._trial_id][0] for t in trials]
+    assert {s: len(g.held_trials()) for s, g in zip(("sweep-0", "sweep-1"), gateways)} == {
+        s: sum(w == [s] for w in taken.values()) for s in ("sweep-0", "sweep-1")}

@@ -9,6 +9,12 @@ A take is three writes, none of which can be joined into one through Optuna's st
    the others);
 3. the owner (``saturn:owner``), written by the gateway.
 
+The storage's move is atomic on PostgreSQL and MySQL (``SELECT ... FOR UPDATE``), in memory and in a journal, but
+not on SQLite, which ignores ``FOR UPDATE``: Python's sqlite3 reads outside a transaction, so two processes can
+both read WAITING and both move the trial (measured: two sweeps racing for 20 queued trials both took one). On a
+SQLite file the move is therefore made under an exclusive ``flock`` on ``<file>.saturn-take.lock`` beside it,
+which every optuna-saturn sweep on that file takes.
+
 When a write's reply is lost (the storage raised, but may have committed), the retry reads the trial back: a
 WAITING trial is claimed again; a RUNNING one is ours if it names us its owner, or if ours is its only claim
 (whoever moved it claimed it first). With several claims and no owner, no reading can tell whose move it was:
@@ -19,10 +25,15 @@ and any live sweep's recovery ends it and queues it again once the stale period 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import optuna
-from optuna.storages import BaseStorage
+import sqlalchemy
+from optuna.storages import BaseStorage, RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
 ATTR = "saturn:"
@@ -58,10 +69,29 @@ def take(storage: BaseStorage, trial_id: int, claimant: Claimant | None, *, retr
         return False
     if claimant is not None:
         storage.set_trial_user_attr(trial_id, claimant.key, claimant.nonce)
+    with _moves_serialised(storage):
+        try:
+            return storage.set_trial_state_values(trial_id, TrialState.RUNNING)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return False
+
+
+@contextlib.contextmanager
+def _moves_serialised(storage: BaseStorage) -> Iterator[None]:
+    """On a SQLite file, one move at a time among all processes and threads (see the module's docstring)."""
+    rdb = getattr(storage, "_backend", storage)  # (Optuna wraps an RDB storage in a cache)
+    path = None
+    if isinstance(rdb, RDBStorage) and rdb.url.startswith("sqlite"):
+        path = sqlalchemy.engine.make_url(rdb.url).database
+    if not path or path == ":memory:":
+        yield
+        return
+    descriptor = os.open(f"{path}.saturn-take.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        return storage.set_trial_state_values(trial_id, TrialState.RUNNING)
-    except optuna.exceptions.UpdateFinishedTrialError:
-        return False
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # (which releases the lock)
 
 
 def _ours(stored: FrozenTrial, claimant: Claimant) -> bool:
