@@ -155,11 +155,12 @@ def main() -> None:
                   flush=True)
         steady.wait(timeout=600)
         # The last victim's trials: a sweep recovers them once it has seen their beat silent for the stale period
-        # (a sweep shorter than that cannot judge a sweep in another namespace), so the last sweeps ask 3 trials.
+        # (a sweep shorter than that cannot judge a sweep in another namespace), so the last sweeps ask 6 trials
+        # (about 25 s: the stale period, and a look after it).
         for again in range(5):
             if not any(t.state in (TrialState.RUNNING, TrialState.WAITING) for t in study.get_trials(deepcopy=False)):
                 break
-            _start(storage, f"{work}/last-{again}", 3, args.stale).wait(timeout=600)
+            _start(storage, f"{work}/last-{again}", 6, args.stale).wait(timeout=600)
         ledger.check(study, final=True)
         trials = study.get_trials(deepcopy=False)
     states = collections.Counter(t.state.name for t in trials)
