@@ -85,6 +85,7 @@ def simulate(
     known_ahead: bool = True,
     tick: float = 0.0,
     steps: int = 100,
+    plan_for_pruning: bool = False,
 ) -> SimulationResult:
     """Run ``jobs`` on ``cluster`` with true runtimes ``estimate * noise[job]``, each pruned after the share
     ``prune_at[job]`` of its steps (defaults 1), through the real sweep loop.
@@ -97,6 +98,9 @@ def simulate(
     the jobs are known before they are asked (an enqueued set) or arrive one by one (sampled trials).
     ``tick``: the loop's periodic wake-ups in virtual seconds (events are never skipped; 0 keeps the real ones).
     ``resize_solver`` is kept for compatibility: the loop's moves use the planner's heuristics.
+    ``plan_for_pruning``: price each trial at the share of its steps the finished trials say it will run under the
+    study's pruner (:mod:`optuna_saturn.pricing.survival`); by default every trial is priced at its full length
+    (pruning-blind planning; the clairvoyant mode always is, as it prices with the pruned runtimes themselves).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be 'static', 'replan' or 'clairvoyant', got {mode!r}.")
@@ -116,6 +120,7 @@ def simulate(
         simulated, cluster, mode=mode, solver=solver, time_limit=time_limit, seed=seed, min_improvement=min_improvement,
         plan=plan, observe_step_rate=observe_step_rate, elastic=resize_seconds is not None, max_moves=max_moves,
         workers_ready=overheads.workers_ready, known_ahead=known_ahead, tick=tick,
+        plan_for_pruning=plan_for_pruning and mode != "clairvoyant",
     )
 
 
@@ -128,6 +133,7 @@ def run_simulation(
     batch_size: int | None = None, timeout: float | None = None, listeners: Sequence[SweepListener] = (),
     callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = (), study: optuna.Study | None = None,
     stall_timeout: float | None = None, max_retries: int = 1, profile_budget: float | None = None,
+    plan_for_pruning: bool = False,
 ) -> SimulationResult:
     """The real loop on ``jobs`` (see :func:`simulate`), with ``faults`` injected into the simulated pool. A
     ``study`` given must hold ``jobs`` enqueued (their index as the parameter ``job``); by default an in-memory
@@ -147,6 +153,7 @@ def run_simulation(
             listeners=(record, *listeners), elastic=elastic, replan=mode != "static", min_improvement=min_improvement,
             seed=seed, first_plan=_numbered(plan, jobs) if plan is not None else None, max_moves=max_moves, owned=False,
             stall_timeout=stall_timeout, max_retries=max_retries, profile_budget=profile_budget,
+            plan_for_pruning=plan_for_pruning,
         )
         pool = SimulatedPool(devices, clock, prices.behaviour, ready_after=workers_ready, faults=faults, tick=tick,
                              progress_rates=observe_step_rate)

@@ -96,7 +96,8 @@ class Actions:
         price = self.resumes.restricted(trial.number, price, leaving=leaving)
         options = [p.option.to_json() for p in price.options]
         if self._pricer is not None and options != was:
-            self.gateway.set_attrs(trial, {"options": options, "profiles": price.profiles})
+            self.gateway.set_attrs(trial, {"options": options, "profiles": price.profiles,
+                                           "pruning_assumed": self._view.survival.describe()})
         return price
 
     def admit(self, trial: optuna.Trial, price: TrialPrice, asked_at: float, now: float, *,
@@ -262,6 +263,8 @@ class Actions:
         priced = run.waiting.price.option(option.choice)
         if frozen.state == TrialState.COMPLETE and not run.session.resumed_from:
             self._view.estimator.observe(option, seconds)
+        if frozen.state in (TrialState.COMPLETE, TrialState.PRUNED):
+            self._learn_survival(run, frozen.state)
         if frozen.state != TrialState.FAIL and priced is not None and priced.record is not None and \
                 run.session.step_seconds is not None:
             self._view.estimator.observe_step_rate(priced.record.step_seconds, run.session.step_seconds)
@@ -272,6 +275,18 @@ class Actions:
         reporting.log_finished(frozen, seconds, tell.reason, run.log)
         self.after_trial(frozen, tell.attrs["actual_end"], call_back=call_back)
         return learned
+
+    def _learn_survival(self, run: TrialRun, state: TrialState) -> None:
+        """How much of its steps the trial ran teaches what the others are expected to run (logged when the
+        assumption moves by a tenth or more)."""
+        survival, session = self._view.survival, run.session
+        if survival.blind or (state == TrialState.PRUNED and not session.total_steps):
+            return
+        before = survival.expected_share()
+        survival.saw(1.0 if state == TrialState.COMPLETE else session.step / session.total_steps,
+                     complete=state == TrialState.COMPLETE)
+        if abs(survival.expected_share() - before) >= 0.1:
+            _logger.info(f"Trials are now {survival.describe()}.")
 
     def profile_ended(self, run: ProfileRun, end: JobEnd, now: float) -> None:
         """Store what a profiling job measured; what it did not reach is measured next."""

@@ -20,7 +20,6 @@ from optuna.trial import FrozenTrial
 
 from optuna_saturn.clock import Clock
 from optuna_saturn.pools.protocol import JobEnd, Pool
-from optuna_saturn.pricing.unprofiled import RuntimeEstimator
 from optuna_saturn.study.outbox import STORAGE_ERRORS
 from optuna_saturn.study.liveness import Heartbeat, HeartbeatWatch
 from optuna_saturn.study.ownership import RECOVER_SECONDS, inherit_intermediate_values, take_over
@@ -55,8 +54,7 @@ class Sweep:
         self._gateway, self._queue = self._do.gateway, self._do.queue
         # what prices trials (describes them under the study's lock); None: runtime estimates alone
         pricer = pricing(self._gateway.lock) if pricing is not None else None
-        self._view = OptionsView(RuntimeEstimator(settings.strategies, state.largest_node),
-                                 profile_steps=settings.profile_steps)
+        self._view = OptionsView.for_sweep(settings, study, state.largest_node)
         self._asking = Asking(timeout=timeout, lookahead=batch_size, profile_only=settings.profile_only,
                               describe_ahead=pricer is not None)
         self._planning = Planning(settings)

@@ -6,6 +6,8 @@ predicted. The planner sees it corrected three ways:
 - by what the sweep observed: a profile's timed steps are corrected by how real trials' loops ran against theirs
   (evaluation passes and checkpoints inside the loop included);
 - by where the trial resumes: a trial run again from its checkpoint has only its steps after it left;
+- by the pruner: a trial is priced at the share of its steps it is expected to run
+  (:mod:`optuna_saturn.pricing.survival`), and a running one at what it is expected to run past where it is;
 - by caution and efficiency: an option nobody measured is weighed as if it took a share of its uncertainty
   longer (it wins over a measured one only when it is better by more than it is likely off; whether to measure it
   instead is the profiling policy's call), and among options that finish the plan equally soon the one that
@@ -21,9 +23,13 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import replace
 
+import optuna
+
 from optuna_saturn.planner import Job, Option, Reservation
 from optuna_saturn.pricing.prices import PricedOption
+from optuna_saturn.pricing.survival import Survival
 from optuna_saturn.pricing.unprofiled import RuntimeEstimator
+from optuna_saturn.sweep.settings import SweepSettings
 from optuna_saturn.sweep.state import ProfileRun, SweepState, TrialRun, Waiting
 
 #: Among options that finish the plan equally soon, prefer the one that spends fewer device-seconds: each option
@@ -39,10 +45,18 @@ FUTURE = "future-"
 
 class OptionsView:
     """The planner's view of the sweep's trials. ``estimator`` is what the sweep learned from finished runs
-    (written by the loop when it carries out what the outcomes policy says to learn)."""
+    (written by the loop when it carries out what the outcomes policy says to learn); ``survival``, how much of
+    their steps trials run under the study's pruner (learned the same way; default: pruning-blind)."""
 
-    def __init__(self, estimator: RuntimeEstimator, *, profile_steps: tuple[int, int]) -> None:
+    @classmethod
+    def for_sweep(cls, settings: SweepSettings, study: optuna.Study, largest_node: int) -> OptionsView:
+        return cls(RuntimeEstimator(settings.strategies, largest_node), profile_steps=settings.profile_steps,
+                   survival=Survival.of_study(study, blind=not settings.plan_for_pruning))
+
+    def __init__(self, estimator: RuntimeEstimator, *, profile_steps: tuple[int, int],
+                 survival: Survival | None = None) -> None:
         self.estimator = estimator
+        self.survival = survival if survival is not None else Survival(None)
         self._profile_steps = profile_steps
         # every admitted trial's weighed options, as first priced, by their least device-seconds
         self._seen: list[tuple[float, int, list[Option]]] = []
@@ -74,25 +88,27 @@ class OptionsView:
         they depend on changed (the trial's price, the checkpoint it resumes from, the observed step rates, the
         nodes): a large sweep asks for them at every event, for hundreds of trials."""
         resume = state.resumes.get(waiting.number)
+        workload = waiting.price.workload
+        reached = resume.step / workload.total_steps if resume is not None and workload is not None and \
+            workload.total_steps else 0.0
+        expected = round(self.survival.expected_share(reached), 2)  # (rounded: views change when it does)
         cached = self._views.get(waiting.number)
         if cached is not None:
-            (price, resumed, corrects, version, largest), *views = cached
+            (price, resumed, corrects, version, largest, share), *views = cached
             views = tuple(views)
             if price is waiting.price and resumed is resume and largest == state.largest_node and \
-                    (not corrects or version == self.estimator.version):
+                    share == expected and (not corrects or version == self.estimator.version):
                 return views
         corrects = any(p.record is not None and not p.record.observed for p in waiting.price.options)
-        key = (waiting.price, resume, corrects, self.estimator.version, state.largest_node)
-        workload = waiting.price.workload
+        key = (waiting.price, resume, corrects, self.estimator.version, state.largest_node, expected)
         corrected = []
         for priced in waiting.price.options:
             option, record = priced.option, priced.record
             if record is not None and not record.observed and workload is not None:
                 loop_seconds = record.trial_steps(workload.total_steps) * record.step_seconds
                 option = replace(option, runtime=self.estimator.corrected(option.runtime, loop_seconds))
-            if resume is not None and workload is not None and workload.total_steps:
-                left = max(0.0, 1.0 - resume.step / workload.total_steps)  # its steps after the checkpoint
-                option = replace(option, runtime=max(option.runtime * left, 1e-3))
+            left = 1.0 - reached  # its steps after the checkpoint, of which it is expected to run a share
+            option = replace(option, runtime=max(option.runtime * left * expected, 1e-3))
             corrected.append(option)
         weighed_ = weighed(corrected, waiting.price.options)
         job = Job(str(waiting.number), tie_broken(fitting(weighed_, state.largest_node)))
@@ -115,7 +131,9 @@ class OptionsView:
         count = min(remaining, FUTURE_TRIALS * len(state.devices) - len(state.waiting))
         if not self._seen or count <= 0:
             return []
-        options = tie_broken(fitting(self._seen[len(self._seen) // 2][2], state.largest_node))
+        share = self.survival.expected_share()
+        median = [replace(o, runtime=o.runtime * share) for o in self._seen[len(self._seen) // 2][2]]
+        options = tie_broken(fitting(median, state.largest_node))
         return [Job(f"{FUTURE}{i}", options) for i in range(count)] if options else []
 
     def remaining(self, run: TrialRun | ProfileRun, state: SweepState, now: float) -> float:
@@ -131,7 +149,8 @@ class OptionsView:
             after = record.after_loop_seconds if record is not None else 0.0
             expected = record.trial_steps(workload.total_steps) if record and workload else 0
             total = max(session.total_steps, expected)
-            return max(0.0, (total - session.step) * session.step_seconds) + after
+            share = self.survival.expected_share(min(session.step / total, 1.0))  # (past where it is)
+            return max(0.0, (total - session.step) * session.step_seconds) * share + after
         return max(0.0, run.started + option.runtime - now)
 
     def profile_seconds(self, run: ProfileRun, state: SweepState) -> float:

@@ -1,0 +1,79 @@
+"""Pricing for the pruner: a trial is priced at the share of its steps that the sweep's finished trials say it
+will run, following the pruner's own rules, and pruning-blind planning prices it whole."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from optuna_saturn.planner import Cluster
+from optuna_saturn.pricing.survival import PRIOR_TRIALS, Survival
+from optuna_saturn.simulator import run_simulation
+from test_scheduler import single, study_of
+
+
+def test_no_pruner_or_blind_planning_prices_every_trial_whole():
+    for survival in (Survival(None), Survival(optuna.pruners.NopPruner())):
+        survival.saw(0.1, complete=False)
+        assert survival.expected_share() == 1.0 and survival.blind
+
+
+def test_nothing_is_shorter_before_the_pruner_may_prune():
+    survival = Survival(optuna.pruners.MedianPruner(n_startup_trials=2))
+    survival.saw(0.1, complete=False)
+    survival.saw(1.0, complete=True)
+    assert survival.expected_share() == 1.0  # one trial complete: the median pruner prunes nothing yet
+    assert "prunes nothing before 2 trials complete (1 have)" in survival.describe()
+    survival.saw(1.0, complete=True)
+    assert survival.expected_share() < 1.0
+
+
+def test_the_expected_share_follows_the_history_held_towards_the_whole_and_is_conditional_on_progress():
+    survival = Survival(optuna.pruners.MedianPruner(n_startup_trials=0))
+    for share in [0.1] * 6 + [0.3] * 2:
+        survival.saw(share, complete=False)
+    for _ in range(4):
+        survival.saw(1.0, complete=True)
+    whole = 6 * 0.1 + 2 * 0.3 + 4 * 1.0 + PRIOR_TRIALS
+    assert survival.expected_share() == pytest.approx(whole / (12 + PRIOR_TRIALS))
+    # past the first rung, the trials pruned there no longer count; past the last, it is expected to finish
+    assert survival.expected_share(0.2) == pytest.approx((2 * 0.1 + 4 * 0.8 + PRIOR_TRIALS * 0.8) / 9 / 0.8)
+    assert survival.expected_share(0.5) == pytest.approx(1.0)
+    assert "12 finished trials under the MedianPruner, 8 pruned" in survival.describe()
+
+
+def test_it_is_learned_from_the_studys_finished_trials():
+    study = optuna.create_study(pruner=optuna.pruners.MedianPruner(n_startup_trials=0))
+    for steps in ([2, 20], [20, 20], None):
+        trial = study.ask()
+        if steps is None:
+            study.tell(trial, state=TrialState.PRUNED)  # (no saturn:steps: a plain study.optimize's, unknown)
+            continue
+        trial.set_user_attr("saturn:steps", steps)
+        study.tell(trial, 1.0) if steps[0] == steps[1] else study.tell(trial, state=TrialState.PRUNED)
+    survival = Survival.of_study(study)
+    assert survival.expected_share() == pytest.approx((0.1 + 1.0 + PRIOR_TRIALS) / (2 + PRIOR_TRIALS))
+    assert Survival.of_study(study, blind=True).expected_share() == 1.0
+
+
+@pytest.mark.parametrize("plan_for_pruning", [True, False])
+def test_a_trial_is_planned_at_what_the_pruned_trials_before_it_say_it_will_run(plan_for_pruning):
+    """One device, trials one after another: one completes, three are pruned at a tenth of their steps; the last
+    is planned at its expected runtime (its full length when planning is pruning-blind), and says so."""
+    jobs = [single("c0", 10.0), *(single(f"p{i}", 100.0, prune_at=0.1) for i in range(3)), single("z", 100.0)]
+    study = study_of(jobs)
+    study.pruner = optuna.pruners.MedianPruner(n_startup_trials=1)
+    run_simulation(jobs, Cluster([1]), mode="replan", study=study, plan_for_pruning=plan_for_pruning,
+                   known_ahead=False)
+    last = study.trials[-1]
+    expected = (1.0 + 3 * 0.1 + PRIOR_TRIALS) / (4 + PRIOR_TRIALS)
+    assert last.state == TrialState.COMPLETE
+    if plan_for_pruning:
+        assert last.user_attrs["saturn:planned_runtime"] == pytest.approx(100.0 * expected, rel=0.02)
+        assert "priced at 61% of their steps: 4 finished trials under the MedianPruner, 3 pruned" in \
+            last.user_attrs["saturn:pruning_assumed"]
+    else:
+        assert last.user_attrs["saturn:planned_runtime"] == pytest.approx(100.0, rel=0.02)
+        assert "full length" in last.user_attrs["saturn:pruning_assumed"]
+
