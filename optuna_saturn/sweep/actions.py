@@ -96,8 +96,9 @@ class Actions:
         price = self.resumes.restricted(trial.number, price, leaving=leaving)
         options = [p.option.to_json() for p in price.options]
         if self._pricer is not None and options != was:
-            self.gateway.set_attrs(trial, {"options": options, "profiles": price.profiles,
-                                           "pruning_assumed": self._view.survival.describe()})
+            survival = self._view.survival  # (what it assumed, where it plans for the pruner)
+            assumed = {} if survival.blind else {"pruning_assumed": survival.describe()}
+            self.gateway.set_attrs(trial, {"options": options, "profiles": price.profiles, **assumed})
         return price
 
     def admit(self, trial: optuna.Trial, price: TrialPrice, asked_at: float, now: float, *,
