@@ -9,8 +9,10 @@ and start-up):
 - **warm**: the same executor again, on the store the cold run filled.
 
 Two objectives: the example's tiny GPT-2 (``examples/gpt2_sweep.py``), and a wider GPT-2 whose steps are longer;
-and on request (``--objective trainer``) the same GPT-2 sweep written with ``transformers.Trainer``
-(``examples/hf_trainer_sweep.py``; plain Optuna runs the same Trainer in its threads).
+on request (``--objective trainer``) the same GPT-2 sweep written with ``transformers.Trainer``
+(``examples/hf_trainer_sweep.py``; plain Optuna runs the same Trainer in its threads); and ``--objective mixed``:
+GPT-2 trials of widely different sizes and lengths (six medium ones, then two large, long ones enqueued last).
+``--arms plain,plain1,cold,warm`` adds plain Optuna's other recipe: one trial at a time on every core.
 Reported: the wall-clock ratio to plain, the makespan over the lower bound of the trials' actual runtimes,
 per-trial start-up (launch to first step), the devices' idle seconds, the profiling device-seconds and their share
 of all device time (devices x wall clock). "first trial at" is when the executor's first trial started (its
@@ -57,14 +59,29 @@ WIDE_STEPS = 40
 
 def wide_objective(trial) -> float:
     """GPT-2 with wider, deeper blocks than the example's: steps take several times longer."""
-    import transformers
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    transformers.logging.set_verbosity_error()
     lr = trial.suggest_float("lr", 1e-4, 1e-2, log=True)
     n_embd = trial.suggest_categorical("n_embd", [128, 192, 256])
     n_layer = trial.suggest_int("n_layer", 2, 4)
     batch_size = trial.suggest_categorical("batch_size", [16, 32])
+    return _train_gpt2(trial, lr, n_embd, n_layer, batch_size, WIDE_STEPS)
+
+
+def mixed_objective(trial) -> float:
+    """GPT-2 trials of widely different sizes and lengths (issue 27's mixed workload): width, depth, batch and
+    the number of steps are all searched, so one trial may train many times longer than another."""
+    lr = trial.suggest_float("lr", 1e-4, 1e-2, log=True)
+    n_embd = trial.suggest_categorical("n_embd", [64, 96, 128, 256])
+    n_layer = trial.suggest_int("n_layer", 1, 4)
+    batch_size = trial.suggest_categorical("batch_size", [16, 32, 64])
+    return _train_gpt2(trial, lr, n_embd, n_layer, batch_size, trial.suggest_int("steps", 20, 120))
+
+
+def _train_gpt2(trial, lr: float, n_embd: int, n_layer: int, batch_size: int, steps: int) -> float:
+    """The example's GPT-2 of the given size, trained ``steps`` steps with AdamW on the example's data."""
+    import transformers
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    transformers.logging.set_verbosity_error()
     ids = gpt2_sweep.token_ids()
     torch.manual_seed(trial.number)
     config = GPT2Config(
@@ -77,8 +94,12 @@ def wide_objective(trial) -> float:
     model, optimizer, loader = trial.prepare(model, optimizer, loader)
     batches = iter(loader)
     loss = torch.zeros(())
-    for _ in trial.steps(WIDE_STEPS):
-        (x,) = next(batches)
+    for _ in trial.steps(steps):
+        try:
+            (x,) = next(batches)
+        except StopIteration:  # (the next epoch)
+            batches = iter(loader)
+            (x,) = next(batches)
         optimizer.zero_grad()
         for part in trial.micro_batches(x.to(trial.device)):
             loss = model(input_ids=part, labels=part).loss
@@ -87,7 +108,16 @@ def wide_objective(trial) -> float:
     return trial.reduce_mean(loss.detach())
 
 
-OBJECTIVES = {"example": gpt2_sweep.objective, "wide": wide_objective, "trainer": hf_trainer_sweep.objective}
+#: The mixed workload's trials, enqueued in this order: six medium ones, then two large, long ones last (as a
+#: sampler may well produce them).
+MIXED = [
+    *({"lr": 3e-3, "n_embd": width, "n_layer": 2, "batch_size": 16, "steps": 40} for width in (64, 96, 128) * 2),
+    {"lr": 1e-3, "n_embd": 256, "n_layer": 4, "batch_size": 64, "steps": 30},
+    {"lr": 1e-3, "n_embd": 256, "n_layer": 4, "batch_size": 64, "steps": 60},
+]
+
+OBJECTIVES = {"example": gpt2_sweep.objective, "wide": wide_objective, "trainer": hf_trainer_sweep.objective,
+              "mixed": mixed_objective}
 
 
 class PlainTrial:
@@ -130,7 +160,9 @@ class PlainTrial:
 
 
 def trial_params(objective: str, n_trials: int, seed: int = 0) -> list[dict]:
-    """The trials every arm runs: sampled once, then enqueued in each."""
+    """The trials every arm runs: sampled once, then enqueued in each (the mixed workload's are fixed)."""
+    if objective == "mixed":
+        return [dict(p) for p in MIXED]
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
     fixed = []
     for _ in range(n_trials):
@@ -157,12 +189,12 @@ def run_arm(arm: str, objective: str, params: list[dict], devices: int, store: s
     for p in params:
         study.enqueue_trial(p)
     started = time.time()
-    if arm == "plain":
+    if arm in ("plain", "plain1"):
         fn = OBJECTIVES[objective]
-        if objective == "trainer":
+        if objective == "trainer" or arm == "plain1":
             # Trainer cannot run in Optuna's threads: its Accelerate state is one per process, and a second trial's
             # reset breaks the first ("AcceleratorState has no attribute distributed_type"). Without optuna-saturn
-            # a user runs one trial at a time on every core.
+            # a user runs one trial at a time on every core. ("plain1": the same recipe, for any objective.)
             torch.set_num_threads(devices)
             study.optimize(lambda t: fn(PlainTrial(t)), n_trials=len(params), n_jobs=1)
         else:
@@ -170,7 +202,7 @@ def run_arm(arm: str, objective: str, params: list[dict], devices: int, store: s
             study.optimize(lambda t: fn(PlainTrial(t)), n_trials=len(params), n_jobs=devices)
         wall = time.time() - started
         runtimes = [(t.datetime_complete - t.datetime_start).total_seconds() for t in study.trials]
-        used = devices if objective == "trainer" else 1
+        used = devices if objective == "trainer" or arm == "plain1" else 1
         return {"wall": wall, "lower_bound": _lower_bound(runtimes, [used] * len(runtimes), devices),
                 "runtimes": [round(r, 2) for r in runtimes]}
     from optuna_saturn import SaturnExecutor
@@ -280,14 +312,16 @@ def compare(
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--objective", default="both", choices=["example", "wide", "trainer", "both"])
+    parser.add_argument("--objective", default="both", choices=["example", "wide", "trainer", "mixed", "both"])
     parser.add_argument("--n-trials", type=int, default=8)
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=1,
                         help="run each set of trials this many times, the arms interleaved; report the medians")
-    parser.add_argument("--arms", default="plain,cold,warm", help="which of plain, cold, warm (in that order)")
+    parser.add_argument("--arms", default="plain,cold,warm",
+                        help="which of plain (n_jobs=devices, a torch thread each), plain1 (n_jobs=1, a thread per "
+                             "device), cold, warm; plain first: the ratios are to it")
     parser.add_argument("--arm", help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
     parser.add_argument("--log-dir", help=argparse.SUPPRESS)
