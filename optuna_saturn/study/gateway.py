@@ -224,12 +224,13 @@ class StudyGateway:
     def fail(self, trial: optuna.Trial, reason: str, *, attrs: dict[str, Any] | None = None) -> FrozenTrial:
         return self.tell(trial, TrialState.FAIL, attrs={**(attrs or {}), "fail_reason": reason})
 
-    def set_study_attr(self, key: str, value: Any) -> None:
+    def set_study_attr(self, key: str, value: Any, *, budget: float | None = None) -> None:
+        """``budget``: seconds to retry for while the storage fails (default: :data:`~optuna_saturn.study.outbox.RETRY_SECONDS`)."""
         def set_it() -> None:
             with self.lock:
                 self.study.set_user_attr(ATTR + key, value)
 
-        retrying(set_it, what=f"set the study's {ATTR + key}")
+        retrying(set_it, what=f"set the study's {ATTR + key}", budget=budget)
 
     def _keep_log(self, trial: optuna.Trial, log: Path) -> None:
         if self._artifact_store is None or not log.exists():

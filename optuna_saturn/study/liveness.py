@@ -103,8 +103,8 @@ class Heartbeat:
         RUNNING_HERE.discard(self._sweep)
         self._stop.set()
         self._thread.join()
-        try:
-            self._gateway.set_study_attr(self._key, None)
+        try:  # (one try: a sweep stopping because its storage is down must not wait for it again)
+            self._gateway.set_study_attr(self._key, None, budget=0.0)
         except Exception:  # a storage that is down: the others take the silent beat for an end, a minute later
             _logger.warning("Could not record the sweep's end in its heartbeat.", exc_info=True)
 
