@@ -225,7 +225,8 @@ class StudyGateway:
         return self.tell(trial, TrialState.FAIL, attrs={**(attrs or {}), "fail_reason": reason})
 
     def set_study_attr(self, key: str, value: Any, *, budget: float | None = None) -> None:
-        """``budget``: seconds to retry for while the storage fails (default: :data:`~optuna_saturn.study.outbox.RETRY_SECONDS`)."""
+        """``budget``: seconds to retry for while the storage fails (default:
+        :data:`~optuna_saturn.study.outbox.RETRY_SECONDS`)."""
         def set_it() -> None:
             with self.lock:
                 self.study.set_user_attr(ATTR + key, value)
