@@ -23,3 +23,15 @@ def saturn_options(tmp_path):
         "isolate_network": True, "log_dir": tmp_path / "runs", "grace_period": 5.0,
         "profile_store": tmp_path / "profiles", "progress": "plain", "dashboard": False,
     }
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def storage(request, tmp_path):
+    """A study's storage URL: a SQLite file, or a fresh database on PostgreSQL (the server .ci/run started)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'study.sqlite3'}"
+        return
+    from postgres import postgres_database
+
+    with postgres_database() as url:
+        yield url

@@ -21,7 +21,6 @@ from optuna_saturn import SaturnExecutor
 from optuna_saturn.study.gateway import StudyGateway
 from optuna_saturn.study.liveness import HeartbeatWatch
 from optuna_saturn.study.ownership import Owner, recover_orphans
-from postgres import postgres_database
 from support import kill_a_worker_once
 
 HERE = os.path.dirname(__file__)
@@ -138,16 +137,6 @@ def test_two_sweeps_that_end_one_orphan_at_once_run_it_again_once(tmp_path):
 def test_max_retries_is_checked():
     with pytest.raises(ValueError, match="max_retries must be an integer >= 0"):
         SaturnExecutor(devices=1, strategies=["single"], max_retries=-1)
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def storage(request, tmp_path):
-    """The study's storage: a SQLite file, or a fresh database on PostgreSQL (the server .ci/run started)."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'study.sqlite3'}"
-        return
-    with postgres_database() as url:
-        yield url
 
 
 def _start_sweep(storage: str, log_dir) -> subprocess.Popen:

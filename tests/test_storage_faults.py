@@ -192,22 +192,11 @@ def test_two_sweeps_that_claim_one_trial_while_a_reply_is_lost_never_both_run_it
     assert retried == [0] and states == [TrialState.FAIL, TrialState.WAITING]
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def shared_url(request, tmp_path):
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'study.sqlite3'}"
-        return
-    from postgres import postgres_database
-
-    with postgres_database() as url:
-        yield url
-
-
-def test_two_sweeps_racing_for_each_queued_trial_take_each_one_once(shared_url):
+def test_two_sweeps_racing_for_each_queued_trial_take_each_one_once(storage):
     """The README's promise: sweeps on one study never both run a queued trial. Two sweeps (two storages on one
     database, as two processes would have) race for each of 20 queued trials at once. (On SQLite, which ignores
     SELECT ... FOR UPDATE, both took one before the take's lock.)"""
-    url = shared_url
+    url = storage
     study = optuna.create_study(storage=url, study_name="race")
     for i in range(20):
         study.enqueue_trial({"x": i / 20})

@@ -42,7 +42,8 @@ class Survival:
     def of_study(cls, study: optuna.Study, *, blind: bool = False) -> Survival:
         """Learned from the study's finished trials (an earlier sweep's count too); ``blind``: pruning-blind."""
         survival = cls(None if blind else study.pruner)
-        survival.saw_trials(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+        if not survival.blind:  # (blind, it needs no history: a large study is not read for nothing)
+            survival.saw_trials(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
         return survival
 
     @property
