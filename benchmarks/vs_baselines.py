@@ -178,7 +178,12 @@ def run_optuna_arm(arm: str, workload: str, seed: int, n_trials: int, devices: i
         attrs = [t.user_attrs for t in study.trials if "saturn:actual_runtime" in t.user_attrs]
         last = study.user_attrs["saturn:last_sweep"]
         profiling = {"profiling_device_seconds": last["profiling_device_seconds"], "profiling_runs": last["profiling_runs"],
-                     "idle_device_seconds": last.get("idle_device_seconds")}
+                     "idle_device_seconds": last.get("idle_device_seconds"),
+                     # completed trials only: a pruned one ran a share of what was planned
+                     "prediction_errors": [abs(a["saturn:planned_runtime"] / a["saturn:actual_runtime"] - 1)
+                                           for t, a in ((t, t.user_attrs) for t in study.trials)
+                                           if t.state == optuna.trial.TrialState.COMPLETE
+                                           and "saturn:planned_runtime" in a and a.get("saturn:actual_runtime")]}
         lower_bound = _lower_bound([a["saturn:actual_runtime"] for a in attrs],
                                    [a["saturn:num_devices"] for a in attrs], devices)
     ended = time.time()
@@ -306,20 +311,27 @@ def time_to_reach(curve: list[list[float]], target: float) -> float | None:
     return next((at for at, best in best_so_far(curve) if best <= target + 1e-12), None)
 
 
+#: Arms that run the cold arm's sampled trials again, enqueued in the same order (what each runs as): the scheduler
+#: compared on the same trials, the sampler's luck taken out.
+SAME_TRIALS = {"plain-same": "plain", "aware": "aware", "warm-same": "warm"}
+#: The paired ratio each of them reports, per seed: (numerator arm, denominator arm).
+PAIRED = {"plain-same": ("cold", "plain-same"), "aware": ("aware", "warm-same")}
+
+
 def compare(workload: str, seeds: list[int], n_trials: int, devices: int, arms: list[str]) -> dict[str, list[dict]]:
     results: dict[str, list[dict]] = {arm: [] for arm in arms}
     for seed in seeds:
         with tempfile.TemporaryDirectory() as tmp:
             store, logs = os.path.join(tmp, "profiles"), os.path.join(tmp, "runs")
             for arm in arms:
-                enqueue = results["cold"][-1]["params"] if arm in ("aware", "warm-same") else None
+                enqueue = results["cold"][-1]["params"] if arm in SAME_TRIALS else None
                 try:
-                    run = _arm_process("warm" if arm == "warm-same" else arm, workload, seed, n_trials, devices,
-                                       store, logs, enqueue)
+                    run = _arm_process(SAME_TRIALS.get(arm, arm), workload, seed, n_trials, devices, store, logs,
+                                       enqueue)
                 except RuntimeError as error:  # once more: a benchmark of an hour should not end on one fluke
                     print(f"{workload} seed {seed} {arm} failed, run again: {error}", file=sys.stderr, flush=True)
-                    run = _arm_process("warm" if arm == "warm-same" else arm, workload, seed, n_trials, devices,
-                                       store, logs, enqueue)
+                    run = _arm_process(SAME_TRIALS.get(arm, arm), workload, seed, n_trials, devices, store, logs,
+                                       enqueue)
                 run["seed"] = seed
                 results[arm].append(run)
                 print(f"{workload} seed {seed} {arm}: wall {run['wall']:.1f} s, {run['complete']} complete, "
@@ -351,8 +363,17 @@ def summary_rows(workload: str, results: dict[str, list[dict]]) -> list[list[Any
             f'{statistics.median(min(v for _, v in r["curve"]) for r in runs):.4f}' if workload != "lengths" else "-",
             (f'{statistics.median(reach_or_inf(reach)):.2f} ({len(reached)}/{len(reach)} reached)' if reach else "-"),
             " / ".join(f'{r["complete"]}+{r["pruned"]}' for r in runs),
+            _paired(arm, results, seeds),
         ])
     return rows
+
+
+def _paired(arm: str, results: dict[str, list[dict]], seeds: range) -> str:
+    if arm not in PAIRED or not all(a in results for a in PAIRED[arm]):
+        return "-"
+    top, bottom = PAIRED[arm]
+    ratios = [results[top][i]["wall"] / results[bottom][i]["wall"] for i in seeds]
+    return f"{top} / {bottom}: {statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
 def reach_or_inf(reach: list[float | None]) -> list[float]:
@@ -369,7 +390,8 @@ def plot(results_by_workload: dict[str, dict[str, list[dict]]], path: str) -> No
         return
     figure = make_subplots(rows=1, cols=len(sampled), subplot_titles=[f"{w} pruner" for w in sampled])
     colours = {"plain": "#1f77b4", "plain1": "#17becf", "raytune": "#ff7f0e", "cold": "#2ca02c", "warm": "#d62728",
-               "aware": "#9467bd", "warm-same": "#8c564b"}
+               "aware": "#9467bd", "warm-same": "#8c564b",
+               "plain-same": "#bcbd22"}
     for col, (workload, results) in enumerate(sampled.items(), start=1):
         for arm, runs in results.items():
             for k, run in enumerate(runs):
@@ -423,7 +445,7 @@ def main() -> None:
     rows = [row for workload, results in everything.items() for row in summary_rows(workload, results)]
     print(markdown_table(["workload", "arm", "wall (s, median)", "/ better plain (range)", "wall / own LB",
                           "final best (median)", "time to better plain's best / its wall",
-                          "complete+pruned per seed"], rows))
+                          "complete+pruned per seed", "same trials, paired (median, range)"], rows))
     if args.plot:
         plot(everything, args.plot)
         print(f"curves: {args.plot}")
