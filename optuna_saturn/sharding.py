@@ -83,6 +83,13 @@ class LoaderView(DataLoader):
     def __iter__(self) -> Iterator[Any]:
         return iter(self.loader)
 
+    def __getattr__(self, name: str) -> Any:
+        """Any other DataLoader attribute is the user's loader's (frameworks read ``multiprocessing_context``,
+        ``persistent_workers``, ``pin_memory``... of the loader they are given)."""
+        if name == "loader":  # (not set yet)
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
 
 class ShardedDataLoader(LoaderView):
     """This rank's view of the user's DataLoader: iterating yields this rank's rows of each global batch."""

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 from optuna_saturn.channel import ChannelClient
 from optuna_saturn.checkpoint import CheckpointRecord
 from optuna_saturn.engines._base import Engine
+from optuna_saturn.integrations.ways_in import WaysIn
 from optuna_saturn.microbatch import AccumulationError, MicroBatch, split_batch
 from optuna_saturn.worker.loader_positions import PositionedLoader
 from optuna_saturn.sharding import RankRows, gather_rows, mean_over_ranks
@@ -39,8 +40,9 @@ class TrialMoved(BaseException):
         self.step = step
 
 
-class SaturnTrial:
-    """What ``objective(trial)`` gets inside a worker. Mirrors ``optuna.Trial`` for suggest/report/prune."""
+class SaturnTrial(WaysIn):
+    """What ``objective(trial)`` gets inside a worker. Mirrors ``optuna.Trial`` for suggest/report/prune; the
+    ways in for Accelerate, Hugging Face Trainer and Lightning scripts come from :class:`WaysIn`."""
 
     def __init__(
         self,
@@ -190,39 +192,6 @@ class SaturnTrial:
             else:
                 raise TypeError(f"trial.prepare() cannot prepare a {type(obj).__name__}.")
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
-
-    def accelerator(self, **kwargs: Any) -> Any:
-        """An ``accelerate.Accelerator`` for a script written with Accelerate, with the trial's strategy applied.
-
-        Use it where the script says ``Accelerator(...)``; ``accelerator.prepare``, ``backward``,
-        ``accumulate``, ``clip_grad_norm_``, ``gather_for_metrics`` and ``get_state_dict`` then go through this
-        trial's strategy (FSDP really shards, ZeRO is really ZeRO, on CPU too), and iterating the prepared
-        training DataLoader counts the trial's steps. A DataLoader's ``batch_size`` is the global batch, as written
-        for one process. See :class:`~optuna_saturn.integrations.accelerate.SaturnAccelerator`.
-        """
-        from optuna_saturn.integrations.accelerate import SaturnAccelerator
-
-        return SaturnAccelerator(self, **kwargs)
-
-    def prepare_trainer(self, trainer: Any, *, metric: str = "eval_loss") -> Any:
-        """Run a ``transformers.Trainer`` under this trial's strategy; returns the same trainer.
-
-        ::
-
-            trainer = trial.prepare_trainer(Trainer(model=model, args=args, train_dataset=..., eval_dataset=...))
-            trainer.train()
-            return trainer.evaluate()["eval_loss"]
-
-        What it changes: the trainer's accelerator applies the trial's strategy (leave ``fsdp``/``deepspeed`` out of
-        ``TrainingArguments``: the strategy is the sweep's choice); ``per_device_train_batch_size`` is the global
-        batch, as written for one process, and each rank gets its rows; its optimizer steps are the trial's steps
-        (progress, runtime profiling); each evaluation reports ``metrics[metric]`` at the global step and prunes
-        every rank when the study's pruner says so; it writes to ``<output_dir>/trial-<number>``. Under a
-        sharding strategy, ``trainer.save_model()`` gathers the whole model on rank 0.
-        """
-        from optuna_saturn.integrations.trainer import prepare_trainer
-
-        return prepare_trainer(self, trainer, metric=metric)
 
     @property
     def gradient_accumulation(self) -> int:

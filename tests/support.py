@@ -27,6 +27,14 @@ def require(condition: bool, what: str, *, fix: str = "install it with .ci/insta
     pytest.skip(message)
 
 
+def assert_trains_like(reference, result, *, steps: int, rel: float) -> None:
+    """The same trial under another strategy: the same loss curve (``steps`` long, and learning) and value."""
+    curve = result.user_attrs["curve"]
+    assert len(curve) == steps and curve == pytest.approx(reference.user_attrs["curve"], rel=rel)
+    assert curve[-1] < curve[0]
+    assert result.value == pytest.approx(reference.value, rel=rel)
+
+
 def kill_a_worker_once(storage: str, study_name: str, worker: str,
                        ready: Callable[[optuna.trial.FrozenTrial], bool]) -> threading.Thread:
     """A thread that kill -9s this process's descendant named ``worker`` (``saturn-worker-<device>``) once the

@@ -50,6 +50,24 @@ def test_the_hugging_face_examples_run_every_trial(tmp_path, script, study_name)
     assert complete and all(3.0 < t.value < 7.7 for t in complete)
 
 
+def test_the_lightning_example_runs_four_trials_from_an_empty_folder(tmp_path):
+    """``examples/lightning_sweep.py`` as a new user runs it: an empty folder, no data cached, every strategy it
+    may pick; every trial ends COMPLETE or PRUNED and learns."""
+    storage = f"sqlite:///{tmp_path / 'lightning.sqlite3'}"
+    env = {**os.environ, "SATURN_EXAMPLE_DATA": str(tmp_path / "data")}
+    command = [sys.executable, os.path.join(ROOT, "examples", "lightning_sweep.py"), "--n-trials", "4",
+               "--storage", storage, "--strategies", "single,ddp,fsdp,zero2", "--isolate-network"]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    trials = optuna.load_study(study_name="gpt2-lightning", storage=storage).trials
+    assert len(trials) == 4
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials), [
+        (t.state, t.user_attrs.get("saturn:fail_reason")) for t in trials]
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert complete and all(3.0 < t.value < 7.7 for t in complete)
+    assert (tmp_path / "saturn-lightning-runs" / f"trial-{complete[0].number}").is_dir()
+
+
 #: The example's trial that gave 6.2465 under single x1 and 6.2589 under ddp x2 before data sharding kept the
 #: user's order and stopped padding evaluation.
 EXAMPLE_TRIAL = {"lr": 2e-3, "n_embd": 32, "n_layer": 1, "batch_size": 16}

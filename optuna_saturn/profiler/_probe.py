@@ -178,6 +178,11 @@ class _ProbeTrial:
     def accelerator(self, **kwargs: Any) -> Any:
         return ProbeAccelerator(self)
 
+    def lightning_trainer(self, *, metric: str = "val_loss", **kwargs: Any) -> Any:
+        from optuna_saturn.profiler._probe_lightning import ProbeLightningTrainer
+
+        return ProbeLightningTrainer(self, kwargs)
+
     def micro_batches(self, batch: Any) -> Iterator[Any]:
         yield batch
 

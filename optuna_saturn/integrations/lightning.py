@@ -1,0 +1,342 @@
+"""A ``lightning.Trainer`` run as an optuna-saturn trial: ``trial.lightning_trainer(...)`` where the script says
+``lightning.Trainer(...)``.
+
+Why not Lightning's own strategies (``"ddp"``, ``"fsdp"``, ``"deepspeed_stage_2"``): they expect to launch or find
+their own processes, Lightning refuses FSDP and DeepSpeed on CPU, and the strategy is the sweep's choice for each
+trial, not the script's. The trainer gets a :class:`SaturnStrategy` instead: a Lightning strategy that hands the
+model, its optimizer and the DataLoaders to ``trial.prepare`` and the backward pass to ``trial.backward``, inside
+the warm workers' process group. So FSDP really shards and ZeRO is really ZeRO, on CPU too, and the trial computes
+what it computes on one device (the DataLoader's ``batch_size`` is the global batch; each rank gets its rows).
+A callback makes the optimizer steps the trial's steps (progress, runtime profiling) and each validation a
+``trial.report`` that prunes every rank when the study's pruner says so, as optuna-integration's
+``PyTorchLightningPruningCallback`` would.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import TYPE_CHECKING, Any
+
+import lightning.pytorch as pl
+import optuna
+import torch
+import torch.distributed as dist
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.strategies import Strategy
+from lightning.pytorch.strategies.strategy import _ForwardRedirection
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from torch.utils.data import DataLoader
+
+from optuna_saturn.engines import StrategyMismatch
+from optuna_saturn.microbatch import AccumulationError
+
+if TYPE_CHECKING:
+    from optuna_saturn.trial import SaturnTrial
+
+#: Trainer arguments the trial decides; the user may pass only these values, which mean "as the trial says".
+_FOLLOWS_THE_TRIAL = {"strategy": ("auto",), "devices": ("auto", 1, "1", [0]), "num_nodes": (1,),
+                      "precision": (None, 32, "32", "32-true"), "plugins": (None, [], ())}
+
+#: What ``lightning_trainer`` passes itself (the values above, checked, stand for these).
+_SET_HERE = {*_FOLLOWS_THE_TRIAL, "accelerator", "use_distributed_sampler"}
+
+
+def lightning_trainer(trial: SaturnTrial, *, metric: str = "val_loss", **kwargs: Any) -> pl.Trainer:
+    """See :meth:`optuna_saturn.SaturnTrial.lightning_trainer`."""
+    _refuse_conflicts(trial, kwargs)
+    engine = trial._engine
+    if trial.gradient_accumulation > 1:
+        raise AccumulationError(
+            f"The planner would split each batch into {trial.gradient_accumulation} micro-batches for "
+            f"'{trial.strategy.name}', which a Lightning Trainer cannot follow from outside; this option is left "
+            "out for the trial. Set accumulate_grad_batches in the Trainer to accumulate yourself."
+        )
+    if engine.counts_micro_batches and kwargs.get("accumulate_grad_batches", 1) != 1:
+        raise StrategyMismatch(
+            f"'{trial.strategy.name}' (DeepSpeed) counts micro-batches itself and cannot follow the Trainer's "
+            "accumulate_grad_batches > 1; the planner leaves it out for this trial."
+        )
+    if kwargs.get("enable_checkpointing") and (engine.shards_parameters or engine.counts_micro_batches):
+        raise StrategyMismatch(
+            f"'{trial.strategy.name}' shards the model or its optimizer state over the ranks, and Lightning's "
+            "ModelCheckpoint would save one rank's shard as the whole; the planner leaves this strategy out for this "
+            "trial. Leave enable_checkpointing out (it is off in a trial) to let sharded strategies run it, and save "
+            "the final model with `state = trial.state_dict(trainer.strategy.model)` on every rank."
+        )
+    run = f"trial-{trial.number}" + (f"-profile-{trial.strategy.name}" if trial.is_profiling else "")
+    kwargs["default_root_dir"] = os.path.join(kwargs.get("default_root_dir") or "lightning_logs", run)
+    kwargs.setdefault("enable_checkpointing", False)  # a sweep's trials checkpoint through trial.checkpoint
+    kwargs.setdefault("enable_progress_bar", False)  # one bar per rank per trial would flood the workers' logs
+    kwargs.setdefault("enable_model_summary", False)
+    kwargs["callbacks"] = [*_as_list(kwargs.get("callbacks")), _TrialCallback(trial, metric)]
+    accelerator = "cuda" if trial.device.type == "cuda" else "cpu"
+    strategy = SaturnStrategy(trial)
+    return pl.Trainer(
+        **{k: v for k, v in kwargs.items() if k not in _SET_HERE},
+        strategy=strategy, accelerator=accelerator, devices=1, num_nodes=1, plugins=[_ModelPrecision(strategy)],
+        use_distributed_sampler=False,
+    )
+
+
+def _as_list(callbacks: Any) -> list:
+    if callbacks is None:
+        return []
+    return list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+
+
+def _refuse_conflicts(trial: SaturnTrial, kwargs: dict[str, Any]) -> None:
+    refuse_conflicts(kwargs, runs_as=f"this trial runs '{trial.strategy.name}' on {trial.world_size} device(s)",
+                     device_type=trial.device.type)
+
+
+def refuse_conflicts(kwargs: dict[str, Any], *, runs_as: str, device_type: str | None) -> None:
+    """A Trainer argument that would pick a strategy, devices or precision behind the trial's back: an error
+    naming the fix (the strategy and the device count are the sweep's choice for each trial). Also run when the
+    trial is described, before anything is launched (``device_type`` None: not known yet)."""
+    for name, allowed in _FOLLOWS_THE_TRIAL.items():
+        if name in kwargs and kwargs[name] not in allowed:
+            fix = {
+                "strategy": "list the strategies the sweep may use with SaturnExecutor(strategies=[...]) instead",
+                "devices": "each of the trial's processes drives one device; the sweep picks how many",
+                "num_nodes": "the sweep places the trial's processes",
+                "precision": "optuna-saturn's strategies do not apply autocast yet: train in float32, or cast the "
+                             "model yourself (model.to(torch.bfloat16))",
+                "plugins": "the trial's strategy sets up the process group and the devices",
+            }[name]
+            raise ValueError(f"trial.lightning_trainer({name}={kwargs[name]!r}): {runs_as}. Remove it: {fix}.")
+    accelerator = kwargs.get("accelerator", "auto")
+    wanted = {"cuda": ("auto", "gpu", "cuda"), "cpu": ("auto", "cpu")}.get(device_type or "", ("auto", "cpu", "gpu",
+                                                                                              "cuda"))
+    if accelerator not in wanted:
+        raise ValueError(
+            f"trial.lightning_trainer(accelerator={accelerator!r}): {runs_as}"
+            + (f", on {device_type}" if device_type else "") + ". Remove it: the trial's devices decide."
+        )
+    if kwargs.get("use_distributed_sampler"):
+        raise ValueError(
+            "trial.lightning_trainer(use_distributed_sampler=True): each rank gets its rows of every global batch "
+            "from optuna-saturn, so that the trial trains on the same data under every strategy; Lightning's "
+            "DistributedSampler would give each rank a whole batch. Remove it."
+        )
+
+
+class SaturnStrategy(Strategy):
+    """A Lightning strategy that applies the trial's optuna-saturn strategy (``single``, ``ddp``, ``fsdp*``, the
+    ZeRO stages, offload) through the trial's engine, in the process group the trial already runs in.
+
+    Made by :meth:`~optuna_saturn.SaturnTrial.lightning_trainer`; not a strategy to pass to a Trainer yourself.
+    One optimizer (automatic optimization) is supported, as by ``trial.prepare``."""
+
+    def __init__(self, trial: SaturnTrial) -> None:
+        super().__init__()
+        self._trial = trial
+        self._forward_redirection = _ForwardRedirection()
+        self._prepared: dict[int, torch.nn.Module] = {}  # id(LightningModule) -> the engine's model
+
+    # -- where this process is -----------------------------------------------------------------------------------
+    @property
+    def root_device(self) -> torch.device:
+        return self._trial.device
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self._trial.is_main_process
+
+    @property
+    def global_rank(self) -> int:
+        return self._trial.rank
+
+    @property
+    def local_rank(self) -> int:
+        return self._trial.local_rank
+
+    @property
+    def node_rank(self) -> int:
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        return self._trial.world_size
+
+    @property
+    def is_distributed(self) -> bool:
+        """Read by Lightning for custom strategies: ``self.log(..., sync_dist=True)`` syncs over the ranks only
+        when true."""
+        return self._trial.world_size > 1
+
+    def setup_environment(self) -> None:
+        rank_zero_only.rank = self._trial.rank  # Lightning logs and warns on global rank 0 only
+        super().setup_environment()
+
+    # -- the model, its optimizer, the data: the trial's engine ---------------------------------------------------
+    def model_to_device(self) -> None:
+        """``setup`` hands the model to the engine, which places (or shards) it."""
+
+    def setup(self, trainer: pl.Trainer) -> None:
+        assert self.accelerator is not None and self.model is not None
+        self.accelerator.setup(trainer)
+        if trainer.state.fn != "fit":  # validate, test, predict: the model as fit prepared it, if it did
+            module = self.lightning_module
+            self.model = self._prepared.get(id(module)) or self._trial.prepare(self.model)
+            self._prepared[id(module)] = self.model
+            return
+        self.setup_optimizers(trainer)
+        if len(self.optimizers) != 1:
+            raise ValueError(
+                f"configure_optimizers() returned {len(self.optimizers)} optimizers; an optuna-saturn trial trains "
+                "with one (automatic optimization). Combine the parameter groups into one optimizer."
+            )
+        self.model, optimizer = self._trial.prepare(self.model, self.optimizers[0])
+        self._prepared[id(self.lightning_module)] = self.model
+        if optimizer is not self.optimizers[0]:  # (a sharding engine's: the same parameter groups)
+            for config in self.lr_scheduler_configs:
+                config.scheduler.optimizer = optimizer
+        self.optimizers = [optimizer]
+        self.setup_precision_plugin()
+
+    def process_dataloader(self, dataloader: object) -> object:
+        return self._trial.prepare(dataloader) if isinstance(dataloader, DataLoader) else dataloader
+
+    def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        self.pre_backward(closure_loss)
+        self._trial.backward(closure_loss)
+        self.post_backward(closure_loss)
+        return closure_loss
+
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        """The whole model's, on rank 0, under every strategy (gathering shards is collective)."""
+        assert self.model is not None
+        return self._trial.state_dict(self.model)
+
+    # -- forward passes go through the engine's wrapper (DDP's hooks, FSDP's gathers, DeepSpeed's engine) ---------
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self.precision_plugin.train_step_context():
+            return self._forward_redirection(self.model, self.lightning_module, "training_step", *args, **kwargs)
+
+    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self.precision_plugin.val_step_context():
+            return self._forward_redirection(self.model, self.lightning_module, "validation_step", *args, **kwargs)
+
+    def test_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self.precision_plugin.test_step_context():
+            return self._forward_redirection(self.model, self.lightning_module, "test_step", *args, **kwargs)
+
+    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self.precision_plugin.predict_step_context():
+            return self._forward_redirection(self.model, self.lightning_module, "predict_step", *args, **kwargs)
+
+    # -- collectives over the trial's ranks -----------------------------------------------------------------------
+    def _group(self) -> Any:
+        return self._trial._group
+
+    def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
+        if not isinstance(tensor, torch.Tensor) or self.world_size == 1:
+            return tensor
+        op = str(getattr(reduce_op, "name", reduce_op) or "mean").lower().replace("redop", "").lstrip(".")
+        result = tensor.detach().clone().to(self.root_device)
+        dist.all_reduce(result, op={"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}.get(op, dist.ReduceOp.SUM),
+                        group=self._group())
+        return result / self.world_size if op in ("mean", "avg") else result
+
+    def barrier(self, name: str | None = None) -> None:
+        self._trial.barrier()
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        if self.world_size == 1:
+            return obj
+        holder = [obj]
+        dist.broadcast_object_list(holder, src=src, group=self._group())
+        return holder[0]
+
+    def all_gather(self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False) -> torch.Tensor:
+        if self.world_size == 1:
+            return tensor.unsqueeze(0)
+        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(parts, tensor.contiguous(), group=self._group())
+        return torch.stack(parts)
+
+    def teardown(self) -> None:
+        """Lightning's own teardown moves the module to the CPU; the trial's engine owns it (and the process
+        group), and ``trial.state_dict(trainer.strategy.model)`` after ``fit`` needs it where it is."""
+        self.precision_plugin.teardown()
+        if self.accelerator is not None:
+            self.accelerator.teardown()
+
+
+class _ModelPrecision(Precision):
+    """Float32, with ``gradient_clip_val`` clipping the prepared model's gradients. Lightning clips the
+    optimizer's parameters, which under ZeRO are the engine's flat partitions (their ``.grad`` is empty: nothing
+    would be clipped); the model's parameters are the ones the engine routes clipping for (see
+    :mod:`optuna_saturn.engines._clipping`)."""
+
+    def __init__(self, strategy: SaturnStrategy) -> None:
+        super().__init__()
+        self._strategy = strategy
+
+    def main_params(self, optimizer: Any) -> Any:
+        assert self._strategy.model is not None
+        return self._strategy.model.parameters()
+
+    def optimizer_step(self, optimizer: Any, model: Any, closure: Any, **kwargs: Any) -> Any:
+        """The closure (forward, backward, clipping) first, then the step: DeepSpeed's step takes no closure.
+        An optimizer that evaluates the closure several times (LBFGS) gets it, as in Lightning."""
+        closure = functools.partial(self._wrap_closure, model, optimizer, closure)
+        if isinstance(getattr(optimizer, "optimizer", optimizer), torch.optim.LBFGS):
+            return optimizer.step(closure=closure, **kwargs)
+        result = closure()
+        optimizer.step(**kwargs)
+        return result
+
+
+class _TrialCallback(pl.Callback):
+    """The trainer's optimizer steps are the trial's steps; its validations are the trial's reports."""
+
+    def __init__(self, trial: SaturnTrial, metric: str) -> None:
+        self._trial = trial
+        self._metric = metric
+        self._steps: Any = None
+        self._counted = 0
+        self._reported: set[int] = set()
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._steps = iter(self._trial.steps(int(trainer.estimated_stepping_batches)))
+        self._counted = trainer.global_step
+        self._advance(trainer)  # step 0 begins
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
+        while self._steps is not None and self._counted < trainer.global_step:  # an optimizer step ended
+            self._counted += 1
+            self._advance(trainer)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._steps is not None:
+            self._steps.close()
+            self._steps = None
+
+    def _advance(self, trainer: pl.Trainer) -> None:
+        """End the step that ran, begin the next; a profiling run's loop ends after its timed steps."""
+        try:
+            next(self._steps)
+        except StopIteration:
+            self._steps = None
+            trainer.should_stop = True
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        metrics = trainer.callback_metrics
+        if self._metric not in metrics:
+            raise KeyError(
+                f"trial.lightning_trainer(metric={self._metric!r}): the validation logged no such metric (it "
+                f"logged {sorted(metrics)}). Log it with self.log({self._metric!r}, ...) in validation_step, or pass "
+                "the metric to report and prune on."
+            )
+        step = trainer.global_step
+        if step in self._reported:
+            return
+        self._reported.add(step)
+        value = float(metrics[self._metric])
+        self._trial.report(value, step)
+        if self._trial.should_prune():  # the study's pruner decides once, for every rank
+            raise optuna.TrialPruned(f"pruned at step {step} ({self._metric}={value})")

@@ -1,0 +1,69 @@
+"""The ways into a trial for scripts written with a training framework: an Accelerate script, a Hugging Face
+``Trainer``, a Lightning ``Trainer``. Each gets the framework's own object with the trial's strategy applied, so
+the script keeps its shape; the frameworks are imported only when their way in is used."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class WaysIn:
+    """Mixed into :class:`~optuna_saturn.SaturnTrial` (and mirrored by the stand-in trial that describes an
+    objective before anything is launched)."""
+
+    def accelerator(self, **kwargs: Any) -> Any:
+        """An ``accelerate.Accelerator`` for a script written with Accelerate, with the trial's strategy applied.
+
+        Use it where the script says ``Accelerator(...)``; ``accelerator.prepare``, ``backward``,
+        ``accumulate``, ``clip_grad_norm_``, ``gather_for_metrics`` and ``get_state_dict`` then go through this
+        trial's strategy (FSDP really shards, ZeRO is really ZeRO, on CPU too), and iterating the prepared
+        training DataLoader counts the trial's steps. A DataLoader's ``batch_size`` is the global batch, as written
+        for one process. See :class:`~optuna_saturn.integrations.accelerate.SaturnAccelerator`.
+        """
+        from optuna_saturn.integrations.accelerate import SaturnAccelerator
+
+        return SaturnAccelerator(self, **kwargs)
+
+    def prepare_trainer(self, trainer: Any, *, metric: str = "eval_loss") -> Any:
+        """Run a ``transformers.Trainer`` under this trial's strategy; returns the same trainer.
+
+        ::
+
+            trainer = trial.prepare_trainer(Trainer(model=model, args=args, train_dataset=..., eval_dataset=...))
+            trainer.train()
+            return trainer.evaluate()["eval_loss"]
+
+        What it changes: the trainer's accelerator applies the trial's strategy (leave ``fsdp``/``deepspeed`` out of
+        ``TrainingArguments``: the strategy is the sweep's choice); ``per_device_train_batch_size`` is the global
+        batch, as written for one process, and each rank gets its rows; its optimizer steps are the trial's steps
+        (progress, runtime profiling); each evaluation reports ``metrics[metric]`` at the global step and prunes
+        every rank when the study's pruner says so; it writes to ``<output_dir>/trial-<number>``. Under a
+        sharding strategy, ``trainer.save_model()`` gathers the whole model on rank 0.
+        """
+        from optuna_saturn.integrations.trainer import prepare_trainer
+
+        return prepare_trainer(self, trainer, metric=metric)
+
+    def lightning_trainer(self, *, metric: str = "val_loss", **kwargs: Any) -> Any:
+        """A ``lightning.Trainer(**kwargs)`` that runs this trial's strategy; use it where the script says
+        ``lightning.Trainer(...)``.
+
+        ::
+
+            trainer = trial.lightning_trainer(max_steps=200, gradient_clip_val=1.0)
+            trainer.fit(module, train_loader, val_loader)
+            return trainer.callback_metrics["val_loss"].item()
+
+        What differs from a plain ``Trainer``: the model, its optimizer and the DataLoaders go through the trial's
+        engine, inside the sweep's process group (FSDP really shards and ZeRO is really ZeRO, on CPU too), and a
+        DataLoader's ``batch_size`` is the global batch, as written for one process; each rank gets its rows.
+        Leave ``strategy``, ``devices``, ``num_nodes`` and ``plugins`` out: the sweep picks them for each trial
+        (a conflicting value is refused with the fix). Each validation reports ``callback_metrics[metric]`` at the
+        global step and prunes every rank when the study's pruner says so; the optimizer steps are the trial's
+        steps (progress, runtime profiling). Logs go to ``<default_root_dir>/trial-<number>``; Lightning's
+        checkpointing and progress bar are off unless asked for. See
+        :mod:`optuna_saturn.integrations.lightning`.
+        """
+        from optuna_saturn.integrations.lightning import lightning_trainer
+
+        return lightning_trainer(self, metric=metric, **kwargs)

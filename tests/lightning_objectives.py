@@ -1,0 +1,56 @@
+"""An objective written with Lightning: the code a user writes for one process (a ``LightningModule`` with AdamW,
+a per-step LR schedule, gradient clipping through the Trainer, ``self.log`` with ``sync_dist``), plus the one
+optuna-saturn call: ``trial.lightning_trainer(...)`` where the script says ``lightning.Trainer(...)``."""
+
+from __future__ import annotations
+
+import ast
+import os
+
+import lightning as L
+import torch
+
+from hf_objectives import Tokens, tiny_gpt2
+from objectives import strategy_facts
+
+
+class TinyGPT2(L.LightningModule):
+    def __init__(self, learning_rate: float) -> None:
+        super().__init__()
+        self.learning_rate = learning_rate
+        self.model = tiny_gpt2()
+        self.curve: list[float] = []
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss = self.model(**batch).loss
+        self.log("train_loss", loss, sync_dist=True)
+        self.curve.append(float(self.trainer.strategy.reduce(loss.detach(), reduce_op="mean")))
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self.log("val_loss", self.model(**batch).loss, sync_dist=True)
+
+    def configure_optimizers(self) -> dict:
+        if os.environ.get("SATURN_TEST_OPTIMIZER") == "sgd":  # (clipping shows: Adam normalises the scale away)
+            optimizer = torch.optim.SGD(self.parameters(), lr=30 * self.learning_rate)
+        else:
+            optimizer = torch.optim.AdamW(self.parameters(), lr=self.learning_rate, weight_decay=0.01)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1.0 + step))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def lightning_gpt2(trial) -> float:
+    """GPT-2 in a LightningModule: 2 epochs of 6 batches of 8 rows, validation every 3 steps on 20 rows."""
+    module = TinyGPT2(trial.suggest_float("learning_rate", 1e-4, 1e-2, log=True))
+    train = torch.utils.data.DataLoader(Tokens(48, seed=1), batch_size=8, shuffle=True,
+                                        generator=torch.Generator().manual_seed(3))
+    validation = torch.utils.data.DataLoader(Tokens(20, seed=2), batch_size=8)
+    settings = {"gradient_clip_val": None if os.environ.get("SATURN_TEST_NO_CLIPPING") else 0.5,
+                **ast.literal_eval(os.environ.get("SATURN_TEST_TRAINER_SETTING", "{}"))}  # (the tests' variations)
+    trainer = trial.lightning_trainer(max_epochs=2, val_check_interval=3, logger=False, num_sanity_val_steps=0,
+                                      **settings)
+    trainer.fit(module, train, validation)
+    trial.set_user_attr("curve", module.curve)
+    trial.set_user_attr("facts", strategy_facts(trainer.strategy.model, trainer.optimizers[0]))
+    trial.set_user_attr("global_step", trainer.global_step)
+    return float(trainer.callback_metrics["val_loss"])
