@@ -1,4 +1,4 @@
-"""Live progress of a sweep: a rich table in a terminal, plain log lines elsewhere, or nothing.
+"""Live progress of a sweep: a rich table in a terminal or a notebook, plain log lines elsewhere, or nothing.
 
 Why a listener: the sweep loop already reports plans, starts, step progress and ends
 (:class:`~optuna_saturn.events.SweepListener`), so a display is only a view of those events. One tracker turns
@@ -7,6 +7,7 @@ them into per-trial and whole-sweep estimates; the views only format it. Use :fu
 
 from __future__ import annotations
 
+import io
 import logging
 import sys
 import threading
@@ -318,14 +319,77 @@ class RichProgress(SweepListener):
         self._swapped = []
 
 
+def in_a_notebook() -> bool:
+    """Whether this process is a Jupyter kernel (an IPython shell that is not a terminal)."""
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
+class NotebookProgress(RichProgress):
+    """The rich table of :class:`~optuna_saturn.progress.RichProgress`, rendered to HTML in the cell's output and
+    refreshed in place every ``1 / refresh_per_second`` seconds; the sweep's log lines go where they went."""
+
+    def __init__(self, *, max_rows: int = 20, refresh_per_second: float = 1.0, width: int = 110) -> None:
+        from rich.console import Console
+
+        super().__init__(console=Console(file=io.StringIO(), record=True, width=width, force_jupyter=False),
+                         max_rows=max_rows, refresh_per_second=refresh_per_second)
+        self._handle = None
+        self._stop = threading.Event()
+        self._refresher: threading.Thread | None = None
+
+    def on_sweep_start(self, study: optuna.Study, devices: Sequence[str], started_at: float) -> None:
+        from IPython.display import HTML, display
+
+        with self._lock:
+            self.tracker.sweep_start(devices, started_at)
+        self._study_name = study.study_name
+        self._handle = display(HTML(self._html()), display_id=True)
+        self._stop.clear()
+        self._refresher = threading.Thread(target=self._refresh_until_stopped, name="saturn-progress", daemon=True)
+        self._refresher.start()
+
+    def on_sweep_end(self, study: optuna.Study, now: float, interrupted: bool) -> None:
+        self._stop.set()
+        if self._refresher is not None:
+            self._refresher.join()
+            self._refresher = None
+        self._update()  # the final table stays in the cell's output
+
+    def on_profile(self, study: optuna.Study, event: object) -> None:
+        if getattr(event, "phase", None) == "done":
+            print(f"profiled {event.option} for trial {event.trial}: {event.summary}")  # type: ignore[attr-defined]
+
+    def on_trial_move(self, study: optuna.Study, move: object) -> None:
+        print(describe_move(move))  # type: ignore[arg-type]
+
+    def _refresh_until_stopped(self) -> None:
+        while not self._stop.wait(1.0 / self.refresh_per_second):
+            self._update()
+
+    def _update(self) -> None:
+        from IPython.display import HTML
+
+        if self._handle is not None:
+            self._handle.update(HTML(self._html()))
+
+    def _html(self) -> str:
+        self.console.print(self.render())
+        return self.console.export_html(inline_styles=True, clear=True)
+
+
 def make_progress(mode: ProgressMode = "auto", *, stream: IO[str] | None = None) -> SweepListener:
     """The progress listener for ``mode``: ``"rich"`` (live table), ``"plain"`` (log lines), ``"quiet"``, or
-    ``"auto"``: rich when ``stream`` (default stderr) is a terminal, plain otherwise."""
+    ``"auto"``: in a Jupyter notebook the live table in the cell's output, updated in place; else rich when
+    ``stream`` (default stderr) is a terminal, plain otherwise."""
     if mode not in PROGRESS_MODES:
         raise ValueError(f"progress mode must be one of {PROGRESS_MODES}, got {mode!r}.")
     if mode == "quiet":
         return QuietProgress()
     target = stream or sys.stderr
+    if mode == "auto" and stream is None:
+        if in_a_notebook():  # a live table in the cell's output, updated in place
+            return NotebookProgress()
     if mode == "auto":
         mode = "rich" if getattr(target, "isatty", lambda: False)() else "plain"
     if mode == "rich":
