@@ -1,0 +1,97 @@
+"""The documentation site (``mkdocs.yml``, ``docs/``) covers what the package offers and builds without a warning:
+every public name has its API entry, every page is in the navigation and every navigation entry is a page, every
+command-line option is documented, and ``mkdocs build --strict`` passes (broken links and anchors, missing
+snippets and docstrings mkdocstrings cannot parse all fail it)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+import optuna_saturn
+from support import require
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+
+
+def _config() -> dict:
+    # BaseLoader: mkdocs.yml may hold tags (!!python/name, !ENV) that only mkdocs resolves; we need its structure
+    return yaml.load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"), Loader=yaml.BaseLoader)
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # (a parent package is missing)
+        return False
+
+
+def _nav_pages(entries: list) -> list[str]:
+    pages: list[str] = []
+    for entry in entries:
+        if isinstance(entry, str):
+            pages.append(entry)
+        elif isinstance(entry, dict):
+            for value in entry.values():
+                pages.extend(_nav_pages(value) if isinstance(value, list) else [value])
+    return [p for p in pages if "://" not in p]  # (links out of the site are not pages)
+
+
+def test_every_public_name_has_an_api_entry():
+    documented = set(re.findall(r"^::: optuna_saturn\.(\S+)\s*$", (DOCS / "api.md").read_text(encoding="utf-8"),
+                                re.MULTILINE))
+    missing = sorted(set(optuna_saturn.__all__) - documented)
+    assert not missing, f"add a `::: optuna_saturn.<name>` entry to docs/api.md for {missing}"
+
+
+def test_every_page_is_in_the_nav_and_every_nav_entry_is_a_page():
+    config = _config()
+    assert config.get("docs_dir", "docs") == "docs"
+    nav = _nav_pages(config["nav"])
+    assert len(nav) == len(set(nav)), f"a page is in the nav twice: {sorted(nav)}"
+    pages = {p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")}
+    assert not sorted(set(nav) - pages), f"nav entries without a page in docs/: {sorted(set(nav) - pages)}"
+    assert not sorted(pages - set(nav)), f"pages in docs/ missing from mkdocs.yml's nav: {sorted(pages - set(nav))}"
+
+
+def test_every_command_line_option_is_documented():
+    import typer.main
+
+    from optuna_saturn.cli import app
+
+    text = (DOCS / "cli.md").read_text(encoding="utf-8")
+    sections = dict(zip(*[iter(re.split(r"^## `optuna-saturn (\S+)`$", text, flags=re.MULTILINE)[1:])] * 2))
+    missing = []
+    for name, command in typer.main.get_command(app).commands.items():
+        if name not in sections:
+            missing.append(f"a section '## `optuna-saturn {name}`'")
+            continue
+        for param in command.params:
+            for flag in [*param.opts, *param.secondary_opts]:
+                if flag.startswith("-") and flag != "--help" and not re.search(
+                    rf"(?<![\w-]){re.escape(flag)}(?![\w-])", sections[name]
+                ):
+                    missing.append(f"{name} {flag}")
+    assert not missing, f"docs/cli.md does not document: {missing}"
+
+
+def test_the_site_builds_strictly(tmp_path):
+    modules = ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python", "pymdownx")
+    require(all(_installed(m) for m in modules), "mkdocs, mkdocs-material and mkdocstrings[python]",
+            fix="install the dev extra: pip install -e '.[dev]'")
+    built = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},  # (Material's banner about its successor)
+    )
+    assert built.returncode == 0, built.stdout[-4000:] + built.stderr[-4000:]
+    api = (tmp_path / "site" / "api" / "index.html").read_text(encoding="utf-8")
+    for name in optuna_saturn.__all__:
+        assert f'id="optuna_saturn.{name}"' in api, f"the API page renders no entry for {name}"
