@@ -26,6 +26,7 @@ runtimes on the devices they used.
 
     python benchmarks/vs_baselines.py --workload median|hyperband|lengths [--seeds 3] [--n-trials 16]
                                       [--arms plain,plain1,raytune,cold,warm] [--plot curves.png]
+                                      [--json runs.json] [--from-json a.json,b.json]
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ import optuna  # noqa: E402
 import torch  # noqa: E402
 
 import gpt2_sweep  # noqa: E402
-from vs_optuna import PlainTrial, _lower_bound  # noqa: E402
+from vs_optuna import PlainTrial, _cpu_seconds, _lower_bound  # noqa: E402
 
 STEPS = 40  # a full trial of the sampled workloads
 RUNGS = 4  # reports per full trial: every STEPS // RUNGS steps, the validation loss of VALIDATION_ROWS rows
@@ -174,11 +175,15 @@ def run_optuna_arm(arm: str, workload: str, seed: int, n_trials: int, devices: i
         )
         if arm == "aware":  # not a public option: the benchmark of issue 27 decides whether it becomes one
             executor._settings = dataclasses.replace(executor._settings, plan_for_pruning=True)
+        cpu_before = _cpu_seconds()
         executor.optimize(study, objective, n_trials=n_trials)
+        driver_cpu = _cpu_seconds() - cpu_before  # the executor's own process: asking, describing, planning
         attrs = [t.user_attrs for t in study.trials if "saturn:actual_runtime" in t.user_attrs]
         last = study.user_attrs["saturn:last_sweep"]
         profiling = {"profiling_device_seconds": last["profiling_device_seconds"], "profiling_runs": last["profiling_runs"],
-                     "idle_device_seconds": last.get("idle_device_seconds"),
+                     "idle_device_seconds": last.get("idle_device_seconds"), "driver_cpu_seconds": driver_cpu,
+                     "planning_seconds": last.get("planning_seconds"),
+                     "describing_seconds": last.get("describing_seconds"),
                      # completed trials only: a pruned one ran a share of what was planned
                      "prediction_errors": [abs(a["saturn:planned_runtime"] / a["saturn:actual_runtime"] - 1)
                                            for t, a in ((t, t.user_attrs) for t in study.trials)
@@ -364,6 +369,8 @@ def summary_rows(workload: str, results: dict[str, list[dict]]) -> list[list[Any
             (f'{statistics.median(reach_or_inf(reach)):.2f} ({len(reached)}/{len(reach)} reached)' if reach else "-"),
             " / ".join(f'{r["complete"]}+{r["pruned"]}' for r in runs),
             _paired(arm, results, seeds),
+            f'{100 * statistics.median(e for r in runs for e in r["prediction_errors"]):.0f}%'
+            if any(r.get("prediction_errors") for r in runs) else "-",
         ])
     return rows
 
@@ -394,6 +401,8 @@ def plot(results_by_workload: dict[str, dict[str, list[dict]]], path: str) -> No
                "plain-same": "#bcbd22"}
     for col, (workload, results) in enumerate(sampled.items(), start=1):
         for arm, runs in results.items():
+            if arm in SAME_TRIALS:  # (the paired arms are in the tables)
+                continue
             for k, run in enumerate(runs):
                 points = best_so_far(run["curve"])
                 if not points:
@@ -404,7 +413,9 @@ def plot(results_by_workload: dict[str, dict[str, list[dict]]], path: str) -> No
                     name=arm, legendgroup=arm, showlegend=col == 1 and k == 0,
                 ), row=1, col=col)
         figure.update_xaxes(title_text="wall clock from launch (s)", row=1, col=col)
-        figure.update_yaxes(title_text="best validation loss so far", row=1, col=col)
+        lowest = min(v for runs in results.values() for run in runs for _, v in run["curve"])
+        figure.update_yaxes(title_text="best validation loss so far", range=[lowest - 0.02, lowest + 0.4], row=1,
+                            col=col)
     figure.update_layout(width=560 * len(sampled), height=460, template="plotly_white")
     figure.write_image(path)
 
@@ -419,6 +430,7 @@ def main() -> None:
     parser.add_argument("--arms", default="plain,plain1,raytune,cold,warm")
     parser.add_argument("--plot", help="write the best-value curves to this PNG")
     parser.add_argument("--json", help="write every run's numbers to this file")
+    parser.add_argument("--from-json", help="comma-separated files --json wrote: report them, run nothing")
     parser.add_argument("--arm", help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
     parser.add_argument("--log-dir", help=argparse.SUPPRESS)
@@ -437,15 +449,22 @@ def main() -> None:
     gpt2_sweep.token_ids()  # the example's data, built once before any arm is timed
     from workloads import markdown_table
 
-    everything = {w: compare(w, list(range(args.seed, args.seed + args.seeds)), args.n_trials, args.devices,
-                             args.arms.split(",")) for w in args.workload.split(",")}
+    if args.from_json:  # the tables and the plot again, from earlier runs' numbers
+        everything = {}
+        for path in args.from_json.split(","):
+            with open(path) as f:
+                everything.update(json.load(f))
+    else:
+        everything = {w: compare(w, list(range(args.seed, args.seed + args.seeds)), args.n_trials, args.devices,
+                                 args.arms.split(",")) for w in args.workload.split(",")}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(everything, f)
     rows = [row for workload, results in everything.items() for row in summary_rows(workload, results)]
     print(markdown_table(["workload", "arm", "wall (s, median)", "/ better plain (range)", "wall / own LB",
                           "final best (median)", "time to better plain's best / its wall",
-                          "complete+pruned per seed", "same trials, paired (median, range)"], rows))
+                          "complete+pruned per seed", "same trials, paired (median, range)",
+                          "runtime prediction error (median, completed trials)"], rows))
     if args.plot:
         plot(everything, args.plot)
         print(f"curves: {args.plot}")
