@@ -9,7 +9,6 @@ import signal
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import optuna
@@ -26,6 +25,7 @@ from optuna_saturn.profiler import ProfileStore
 from optuna_saturn.progress import ProgressMode, make_progress
 from optuna_saturn.pools.ray_cluster import discover
 from optuna_saturn.strategy import Strategy, select_strategies
+from optuna_saturn.study.interrupts import stop_signal
 
 WORKER_ENV = "OPTUNA_SATURN_WORKER"
 _logger = optuna.logging.get_logger("optuna.saturn.executor")
@@ -316,17 +316,16 @@ def _default_listeners(progress: ProgressMode | None, dashboard: bool | None) ->
 
 
 class _sigterm_as_keyboard_interrupt:
-    """Treat SIGTERM like Ctrl-C while a sweep runs, so a killed sweep still stops its trials cleanly."""
+    """Treat SIGTERM like Ctrl-C while a sweep runs, so a killed sweep still stops its trials cleanly; either one
+    waits for a storage call under way (:mod:`optuna_saturn.study.interrupts`)."""
 
     def __enter__(self) -> None:
-        self._previous = None
+        self._previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._raise)
-
-    @staticmethod
-    def _raise(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                if signum == signal.SIGTERM or signal.getsignal(signum) is signal.default_int_handler:
+                    self._previous[signum] = signal.signal(signum, stop_signal)
 
     def __exit__(self, *exc: object) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)

@@ -61,3 +61,25 @@ def test_interrupt_stops_every_process_and_ends_every_trial(saturn_options, tmp_
     assert len(trials) == 2
     assert all(t.state == TrialState.FAIL for t in trials)
     assert all("interrupted" in t.user_attrs["saturn:fail_reason"] for t in trials)
+
+
+def test_a_stop_signal_waits_for_the_storage_call_under_way():
+    """Raised inside a storage call, a KeyboardInterrupt can leave a SQLite transaction open, and the stopping
+    sweep's own writes then wait on "database is locked" (a CI run hung 60 s on it): the signal is raised when the
+    call returns, and at once outside one."""
+    from optuna_saturn.study.interrupts import stop_signal, storage_call
+
+    previous = signal.signal(signal.SIGTERM, stop_signal)
+    finished = []
+    try:
+        with pytest.raises(KeyboardInterrupt, match="signal 15"):
+            with storage_call():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.2)  # the handler runs meanwhile, and the call goes on
+                finished.append(True)
+        assert finished == [True]
+        with pytest.raises(KeyboardInterrupt, match="signal 15"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1.0)
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -24,6 +24,8 @@ from typing import Any, TypeVar
 import optuna
 import sqlalchemy.exc
 
+from optuna_saturn.study.interrupts import storage_call
+
 _logger = optuna.logging.get_logger("optuna.saturn")
 T = TypeVar("T")
 
@@ -45,7 +47,8 @@ def retrying(call: Callable[[], T], *, what: str, budget: float | None = None) -
     wait = _FIRST_WAIT
     while True:
         try:
-            return call()
+            with storage_call():  # (a Ctrl-C meanwhile waits for the call to return)
+                return call()
         except STORAGE_ERRORS as exc:
             if time.monotonic() + wait > deadline:
                 raise

@@ -1,0 +1,46 @@
+"""Ctrl-C and SIGTERM stop a sweep between storage calls, never inside one.
+
+Python raises ``KeyboardInterrupt`` at whatever bytecode the main thread is running when the signal comes. Landing
+inside a storage call (in SQLAlchemy's commit or in the closing of its session) it can leave a connection checked
+out with its transaction open; on SQLite that holds the file's write lock, so every later write of the stopping
+sweep (its trials' FAIL states, its last heartbeat) waits on "database is locked" until the retries give up. So
+while a sweep runs, the signals are taken by :func:`stop_signal`: outside a storage call it raises at once, as
+before; inside one (:func:`storage_call`, which :func:`~optuna_saturn.study.outbox.retrying` wraps around every
+attempt) it is kept, and raised as soon as the call returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from types import FrameType
+
+_depth = 0  # storage calls under way in the main thread (signals are handled there)
+_pending: str | None = None
+
+
+@contextlib.contextmanager
+def storage_call() -> Iterator[None]:
+    """Around one storage call: a stop signal that comes meanwhile is raised when it returns."""
+    global _depth, _pending
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _depth += 1
+    try:
+        yield
+    finally:
+        _depth -= 1
+        if _depth == 0 and _pending is not None:
+            reason, _pending = _pending, None
+            raise KeyboardInterrupt(reason)
+
+
+def stop_signal(signum: int, frame: FrameType | None) -> None:
+    """The handler of SIGINT and SIGTERM while a sweep runs."""
+    global _pending
+    if _depth > 0:
+        _pending = f"signal {signum}"
+        return
+    raise KeyboardInterrupt(f"signal {signum}")
