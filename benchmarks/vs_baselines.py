@@ -98,16 +98,6 @@ def train(trial, lr: float, n_embd: int, n_layer: int, batch_size: int, steps: i
     val_loader = torch.utils.data.DataLoader(val_set, batch_size=32)
     model, optimizer, train_loader, val_loader = trial.prepare(model, optimizer, train_loader, val_loader)
 
-    def validation_loss() -> float:
-        model.eval()
-        total, rows = 0.0, 0
-        with torch.no_grad():
-            for (x,) in val_loader:
-                total += model(input_ids=x.to(trial.device), labels=x.to(trial.device)).loss.item() * len(x)
-                rows += len(x)
-        model.train()
-        return trial.reduce_mean(total / rows, weight=rows)
-
     batches, value = iter(train_loader), float("nan")
     for step in trial.steps(steps):
         try:
@@ -122,7 +112,7 @@ def train(trial, lr: float, n_embd: int, n_layer: int, batch_size: int, steps: i
         optimizer.step()
         schedule.step()
         if (step + 1) % (steps // rungs) == 0:
-            value = validation_loss()
+            value = gpt2_sweep.mean_validation_loss(trial, model, val_loader)
             trial.report(value, (step + 1) // (steps // rungs))
             if trial.should_prune():
                 raise optuna.TrialPruned()

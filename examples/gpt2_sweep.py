@@ -91,6 +91,19 @@ def tiny_gpt2(n_embd: int, n_layer: int, seed: int):
     return GPT2LMHeadModel(config)
 
 
+def mean_validation_loss(trial, model, val_loader) -> float:
+    """The mean loss over every validation row, whatever the strategy: each rank evaluates its rows of each batch,
+    and the ranks' means are combined weighted by their rows."""
+    model.eval()
+    total, rows = 0.0, 0
+    with torch.no_grad():
+        for (x,) in val_loader:
+            total += model(input_ids=x.to(trial.device), labels=x.to(trial.device)).loss.item() * len(x)
+            rows += len(x)
+    model.train()
+    return trial.reduce_mean(total / rows, weight=rows)
+
+
 def objective(trial) -> float:
     lr, n_embd, n_layer, batch_size = search_space(trial)
     train, val = train_and_validation()
@@ -101,16 +114,7 @@ def objective(trial) -> float:
     model, optimizer, train_loader, val_loader = trial.prepare(model, optimizer, train_loader, val_loader)
 
     def validation_loss() -> float:
-        """The mean loss over every validation row, whatever the strategy: each rank evaluates its rows of each
-        batch, and the ranks' means are combined weighted by their rows."""
-        model.eval()
-        total, rows = 0.0, 0
-        with torch.no_grad():
-            for (x,) in val_loader:
-                total += model(input_ids=x.to(trial.device), labels=x.to(trial.device)).loss.item() * len(x)
-                rows += len(x)
-        model.train()
-        return trial.reduce_mean(total / rows, weight=rows)
+        return mean_validation_loss(trial, model, val_loader)
 
     batches = iter(train_loader)
     loss = float("nan")
