@@ -13,8 +13,9 @@ launched (imports, Ray's start, the pool's start and profiling included):
 
 - ``plain``: ``study.optimize(n_jobs=2)``, one torch thread per trial; ``plain1``: ``n_jobs=1``, two threads;
 - ``raytune``: ``Tuner`` with ``tune.with_resources`` one CPU per trial, ``reuse_actors=True``, two at a time;
-- ``cold``: ``SaturnExecutor(devices=2, strategies=["single", "ddp"])`` on an empty profile store; ``warm``: the
-  same on the store the cold arm filled; ``aware``: the cold arm's sampled trials enqueued in the same order and
+- ``cold``: ``SaturnExecutor(devices=2, strategies=["single", "ddp", "threads"])`` on an empty profile store;
+  ``cold-ddp``: the same without ``threads`` (one process on both devices' cores), on an empty store of its own;
+  ``warm``: ``cold``'s options on the store the cold arm filled; ``aware``: the cold arm's sampled trials enqueued in the same order and
   run again, warm, with prune-aware planning (``plan_for_pruning``), against ``warm``'s pruning-blind planning of
   the same trials (``--arms ...,warm-same`` runs them blind, enqueued the same way).
 
@@ -159,8 +160,10 @@ def run_optuna_arm(arm: str, workload: str, seed: int, n_trials: int, devices: i
     else:
         from optuna_saturn import SaturnExecutor
 
+        strategies = ["single", "ddp"] if arm == "cold-ddp" else ["single", "ddp", "threads"]
+        store = store + "-ddp" if arm == "cold-ddp" else store  # a cold arm of its own, on an empty store
         executor = SaturnExecutor(
-            devices=devices, strategies=["single", "ddp"], profile_store=store, log_dir=log_dir,
+            devices=devices, strategies=strategies, profile_store=store, log_dir=log_dir,
             isolate_network=True, progress="quiet", dashboard=False,
         )
         if arm == "aware":  # not a public option: the benchmark of issue 27 decides whether it becomes one

@@ -150,10 +150,12 @@ class SaturnExecutor:
                 elastic = False
             self.devices = cluster.devices
             self.strategies = _without_launchers(
-                select_strategies(strategies, cluster.largest_node, folders=list(strategy_folders)), strategies)
+                select_strategies(strategies, cluster.largest_node, device_kind=self.devices[0].kind,
+                                  folders=list(strategy_folders)), strategies)
         else:
             self.devices = resolve_devices(devices, allow_shared_cores=allow_shared_cores)
-            self.strategies = select_strategies(strategies, len(self.devices), folders=list(strategy_folders))
+            self.strategies = select_strategies(strategies, len(self.devices), device_kind=self.devices[0].kind,
+                                                folders=list(strategy_folders))
         self.solver = solver
         self._quiet_own_log = progress is not None
         self._settings = SweepSettings(

@@ -26,7 +26,7 @@ ENGINES = ("single", "ddp", "fsdp", "deepspeed")
 ENTRY_POINT_GROUP = "optuna_saturn.strategies"
 _KEYS = {
     "name", "description", "launcher", "engine", "min_devices", "max_devices", "power_of_two", "knobs",
-    "launcher_config",
+    "launcher_config", "one_process",
 }
 #: Knobs the engines understand, with what each must be.
 KNOBS = {
@@ -55,6 +55,9 @@ class Strategy:
     knobs: Mapping[str, Any] = field(default_factory=dict)
     launcher_config: Mapping[str, Any] = field(default_factory=dict)
     source: str = ""
+    #: One process drives all the trial's devices: CPU devices only, whose cores all become its threads (the
+    #: other devices' workers lend their cores and wait). See :mod:`optuna_saturn.worker.one_process`.
+    one_process: bool = False
 
     def allows(self, devices: int) -> bool:
         if devices < self.min_devices or (self.max_devices is not None and devices > self.max_devices):
@@ -76,6 +79,7 @@ class Strategy:
             "name": self.name, "launcher": self.launcher, "engine": self.engine, "description": self.description,
             "min_devices": self.min_devices, "max_devices": self.max_devices, "power_of_two": self.power_of_two,
             "knobs": dict(self.knobs), "launcher_config": dict(self.launcher_config), "source": self.source,
+            "one_process": self.one_process,
         }
 
     @classmethod
@@ -101,8 +105,15 @@ def parse_strategy(data: Mapping[str, Any], *, source: str) -> Strategy:
         raise StrategyError(f"{source}: min_devices must be an int >= 1, got {min_devices!r}.")
     if max_devices is not None and (not isinstance(max_devices, int) or max_devices < min_devices):
         raise StrategyError(f"{source}: max_devices must be an int >= min_devices ({min_devices}), got {max_devices!r}.")
-    if data["engine"] == "single" and (max_devices or 0) != 1:
-        raise StrategyError(f"{source}: engine 'single' runs one process; set max_devices = 1.")
+    one_process = data.get("one_process", False)
+    if not isinstance(one_process, bool):
+        raise StrategyError(f"{source}: one_process must be true or false, got {one_process!r}.")
+    if one_process and (data["engine"] != "single" or data["launcher"] != "torchrun"):
+        raise StrategyError(f"{source}: one_process = true needs engine = 'single' and launcher = 'torchrun' (one "
+                            "warm worker runs the objective on the cores of all the trial's CPU devices).")
+    if data["engine"] == "single" and not one_process and (max_devices or 0) != 1:
+        raise StrategyError(f"{source}: engine 'single' runs one process; set max_devices = 1 (or one_process = "
+                            "true, for one process on the cores of several CPU devices).")
     for key in ("knobs", "launcher_config"):
         if not isinstance(data.get(key, {}), Mapping):
             raise StrategyError(f"{source}: '{key}' must be a table.")
@@ -117,7 +128,7 @@ def parse_strategy(data: Mapping[str, Any], *, source: str) -> Strategy:
         name=data["name"], launcher=data["launcher"], engine=data["engine"],
         description=data.get("description", ""), min_devices=min_devices, max_devices=max_devices,
         power_of_two=bool(data.get("power_of_two", False)), knobs=knobs,
-        launcher_config=dict(data.get("launcher_config", {})), source=source,
+        launcher_config=dict(data.get("launcher_config", {})), source=source, one_process=one_process,
     )
 
 
@@ -181,12 +192,13 @@ def load_strategies(*, folders: Sequence[str | Path] = (), use_entry_points: boo
 
 
 def select_strategies(
-    names: Sequence[str] | None, pool_size: int, *, folders: Sequence[str | Path] = ()
+    names: Sequence[str] | None, pool_size: int, *, device_kind: str = "cpu", folders: Sequence[str | Path] = ()
 ) -> list[Strategy]:
-    """The strategies a sweep may use: the named ones (all known if None) that fit a pool of ``pool_size``."""
+    """The strategies a sweep may use: the named ones (all known if None) that fit a pool of ``pool_size``
+    devices of ``device_kind`` (one-process strategies run on CPU devices only)."""
     known = load_strategies(folders=folders)
     if names is None:
-        chosen = list(known.values())
+        chosen = [s for s in known.values() if device_kind == "cpu" or not s.one_process]
     else:
         if isinstance(names, str):
             raise StrategyError(f"strategies must be a list of names, e.g. [{names!r}], not a string.")
@@ -194,6 +206,10 @@ def select_strategies(
         if missing:
             raise StrategyError(f"Unknown strategy {missing[0]!r}. Known strategies: {sorted(known)}.")
         chosen = [known[n] for n in names]
+        on_cpu_only = [s.name for s in chosen if s.one_process and device_kind != "cpu"]
+        if on_cpu_only:
+            raise StrategyError(f"Strategy {on_cpu_only[0]!r} runs one process on the cores of several CPU "
+                                f"devices; these devices are {device_kind}. Leave it out of strategies=.")
     usable = [s for s in chosen if s.device_counts(pool_size)]
     if not usable:
         raise StrategyError(

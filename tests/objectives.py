@@ -189,7 +189,8 @@ def same_curve(trial) -> float:
         losses.append(trial.reduce_mean(torch.stack(parts).mean()))  # the whole batch's loss
     trial.set_user_attr("losses", losses)
     facts = strategy_facts(model, optimizer)
-    facts.update(gradient_accumulation=trial.gradient_accumulation, micro_batch_rows=sorted(micro_rows))
+    facts.update(gradient_accumulation=trial.gradient_accumulation, micro_batch_rows=sorted(micro_rows),
+                 threads=torch.get_num_threads(), processes=trial.world_size)
     trial.set_user_attr("facts", facts)
     return losses[-1]
 

@@ -44,6 +44,7 @@ def test_builtin_strategies_load_and_allow_sane_device_counts():
     assert {"single", "ddp"} <= set(known)
     assert known["single"].device_counts(8) == [1]
     assert known["ddp"].device_counts(8) == [2, 4, 8]
+    assert known["threads"].device_counts(4) == [2, 3, 4] and known["threads"].one_process
     assert all(s.accumulation_factors == (1, 2, 4, 8) for s in known.values())  # more only when out of memory
 
 
@@ -57,6 +58,9 @@ def test_builtin_strategies_load_and_allow_sane_device_counts():
         ({"name": "x", "launcher": "torchrun", "engine": "ddp", "min_devices": 4, "max_devices": 2}, "max_devices"),
         ({"name": "x", "launcher": "torchrun", "engine": "single", "max_devices": 2}, "max_devices = 1"),
         ({"launcher": "torchrun", "engine": "ddp"}, "'name' is required"),
+        ({"name": "x", "launcher": "torchrun", "engine": "ddp", "one_process": True}, "one_process = true needs"),
+        ({"name": "x", "launcher": "accelerate", "engine": "single", "one_process": True}, "launcher = 'torchrun'"),
+        ({"name": "x", "launcher": "torchrun", "engine": "single", "one_process": "yes"}, "true or false"),
         ({"name": "x", "launcher": "torchrun", "engine": "ddp", "knobs": {"micro_batch": 4}}, "unknown knob.*Known knobs"),
         ({"name": "x", "launcher": "torchrun", "engine": "ddp", "knobs": {"gradient_accumulation": [4, 2]}},
          r"increasing list of positive ints, e.g. \[1, 2, 4, 8\]"),
@@ -95,6 +99,14 @@ def test_unknown_or_impossible_strategies_are_reported():
         select_strategies("ddp", 2)  # type: ignore[arg-type]
     with pytest.raises(StrategyError, match="Unknown strategy"):
         SaturnExecutor(devices=1, strategies=["nope"])
+
+
+def test_one_process_strategies_are_for_cpu_devices_only():
+    """On GPUs one process cannot use another device's cores: ``threads`` is left out, or refused when named."""
+    assert "threads" in {s.name for s in select_strategies(None, 2)}
+    assert "threads" not in {s.name for s in select_strategies(None, 2, device_kind="cuda")}
+    with pytest.raises(StrategyError, match="'threads' runs one process on the cores of several CPU devices"):
+        select_strategies(["single", "threads"], 2, device_kind="cuda")
 
 
 def test_launch_pins_devices_and_isolates_the_network():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import optuna
 import pytest
 from optuna.trial import TrialState
@@ -45,7 +47,7 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("strategies")
     folder = _accumulating_folder(tmp_path_factory.mktemp("accumulating"))
     results = {}
-    names = ["single", "single-ckpt", "ddp", "fsdp", "fsdp-ckpt", "fsdp-offload", "zero1", "zero2", "zero3",
+    names = ["single", "single-ckpt", "threads", "ddp", "fsdp", "fsdp-ckpt", "fsdp-offload", "zero1", "zero2", "zero3",
              "zero3-offload", *ACCUMULATING]
     for name in names:
         study = optuna.create_study()
@@ -65,7 +67,7 @@ def _complete(trial):
     return trial.user_attrs
 
 
-@pytest.mark.parametrize("name", ["single-ckpt", "ddp", "fsdp", "fsdp-ckpt", "fsdp-offload", "zero1", "zero2",
+@pytest.mark.parametrize("name", ["single-ckpt", "threads", "ddp", "fsdp", "fsdp-ckpt", "fsdp-offload", "zero1", "zero2",
                                   "zero3", "zero3-offload", *ACCUMULATING])
 def test_loss_curve_matches_single(runs, name):
     reference = _complete(runs["single"])["losses"]
@@ -83,6 +85,16 @@ def test_gradient_accumulation_splits_each_device_batch(runs, name):
     assert attrs["saturn:gradient_accumulation"] == attrs["facts"]["gradient_accumulation"] == micro_batches
     assert attrs["facts"]["micro_batch_rows"] == [16 // (devices * micro_batches)]
     assert _complete(runs[ACCUMULATING[name][0]])["facts"]["micro_batch_rows"] == [16 // devices]
+
+
+def test_threads_runs_one_process_on_the_cores_of_both_devices(runs):
+    """``threads`` x2: the objective runs once, in a process group of one, with every core of both CPU devices as
+    its torch threads; DDP x2 runs two processes of one device's cores each."""
+    cores = len(os.sched_getaffinity(0))
+    threads, ddp = _complete(runs["threads"])["facts"], _complete(runs["ddp"])["facts"]
+    assert runs["threads"].user_attrs["saturn:num_devices"] == 2
+    assert (threads["processes"], threads["threads"]) == (1, cores)
+    assert (ddp["processes"], ddp["threads"]) == (2, cores // 2)
 
 
 @pytest.mark.parametrize("name", ["fsdp", "fsdp-ckpt", "fsdp-offload"])

@@ -171,9 +171,10 @@ class Pricer:
     # -- profiling jobs -------------------------------------------------------------------------------------------
     def profile_jobs(self, wanted: Sequence[tuple[optuna.Trial, tuple[str, int, int]]]) -> list[ProfileJob]:
         """Group the options to measure (trial, option choice) into jobs: one per device count and micro-batch
-        count, each timing several trials' strategies in turn, least memory first (an out-of-memory run stops
-        the job before what would need even more). Keys already measured, failed or wanted twice are skipped."""
-        groups: dict[tuple[int, int], dict[int, list[tuple[Strategy, str]]]] = {}
+        count (one-process strategies apart), each timing several trials' strategies in turn, least memory first
+        (an out-of-memory run stops the job before what would need even more). Keys already measured, failed or
+        wanted twice are skipped."""
+        groups: dict[tuple[int, int, bool], dict[int, list[tuple[Strategy, str]]]] = {}
         trials: dict[int, optuna.Trial] = {}
         seen: set[str] = set()
         for trial, (name, devices, accumulation) in wanted:
@@ -187,9 +188,11 @@ class Pricer:
             seen.add(key)
             self._queued.add(key)
             trials[trial.number] = trial
-            groups.setdefault((devices, accumulation), {}).setdefault(trial.number, []).append((strategy, key))
+            # a one-process strategy runs without its peers' process group: never in the same job as those
+            groups.setdefault((devices, accumulation, strategy.one_process), {}).setdefault(
+                trial.number, []).append((strategy, key))
         jobs = []
-        for (devices, accumulation), by_trial in groups.items():
+        for (devices, accumulation, _), by_trial in groups.items():
             entries = []
             for number, members in by_trial.items():
                 workload = self._workloads[number]

@@ -121,6 +121,7 @@ class JobRunner:
         from optuna_saturn.worker.rank import join_process_group, leave_process_group, release_memory
         from optuna_saturn.worker.rank import resident_memory, run_job
         from optuna_saturn.worker.process_state import ProcessState
+        from optuna_saturn.worker.one_process import membership
 
         fn = _objective(self._objectives, job["objective"])
         if self._baseline is None:  # the state every job starts from
@@ -128,15 +129,18 @@ class JobRunner:
         with _output_to(job["log"]):
             print(f"optuna-saturn: worker {worker} (pid {os.getpid()}) runs {job['name']} as rank {job['rank']} "
                   f"of {job['world_size']}", flush=True)
-            place = join_process_group(
-                self._device, job["rank"], job["world_size"], local_rank=self._local_rank,
-                init_method=job["rendezvous"], timeout=job.get("timeout"),
-            )
-            clean = run_job(job, place, fn)
-            if clean:
-                leave_process_group(place)
-                release_memory(place.device)
-                self._baseline.restore()  # (and the libraries' process-wide state: see reset_library_state)
+            with membership(job, self._device) as part:
+                if not part.joins:  # it lent its cores to the job's first worker, which is done
+                    return True, False
+                place = join_process_group(
+                    self._device, part.rank, part.world_size, local_rank=self._local_rank,
+                    init_method=part.rendezvous, timeout=job.get("timeout"),
+                )
+                clean = run_job(job, place, fn)
+                if clean:
+                    leave_process_group(place)
+                    release_memory(place.device)
+                    self._baseline.restore()  # (and the libraries' process-wide state: see reset_library_state)
         grown = self._memory_limit is not None and resident_memory() > self._memory_limit
         return clean, not clean or grown
 
