@@ -39,9 +39,9 @@ STUDY = "chaos"
 
 def sweep(storage: str, log_dir: str, n_trials: int, stale: float) -> None:
     """One sweep (run as ``--sweep``, inside ``unshare -p -f --mount-proc``: it is PID 1 of its namespace)."""
+    import objectives
     import optuna
 
-    import objectives
     from optuna_saturn import SaturnExecutor
     from optuna_saturn.study import liveness
     from optuna_saturn.sweep import loop
@@ -50,26 +50,55 @@ def sweep(storage: str, log_dir: str, n_trials: int, stale: float) -> None:
     loop.RECOVER_SECONDS = 5.0
     print(f"sweep pid {os.getpid()} in {os.readlink('/proc/self/ns/pid')}", flush=True)
     study = optuna.load_study(study_name=STUDY, storage=storage)
-    SaturnExecutor(devices=1, strategies=["single"], isolate_network=True, log_dir=log_dir, max_retries=1,
-                   profile_store=f"{log_dir}/profiles", progress="plain", dashboard=False).optimize(
-        study, objectives.resumable, n_trials=n_trials)
+    SaturnExecutor(
+        devices=1,
+        strategies=["single"],
+        isolate_network=True,
+        log_dir=log_dir,
+        max_retries=1,
+        profile_store=f"{log_dir}/profiles",
+        progress="plain",
+        dashboard=False,
+    ).optimize(study, objectives.resumable, n_trials=n_trials)
 
 
 def _start(storage: str, log_dir: str, n_trials: int, stale: float) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([TESTS, os.path.dirname(HERE)]),
-           "SATURN_TEST_STEP_SLEEP": "0.1", "SATURN_TEST_CHECKPOINT_EVERY": "6"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([TESTS, os.path.dirname(HERE)]),
+        "SATURN_TEST_STEP_SLEEP": "0.1",
+        "SATURN_TEST_CHECKPOINT_EVERY": "6",
+    }
     log = open(f"{log_dir}.log", "ab")  # noqa: SIM115 (the process writes it; closed with this one's end)
     return subprocess.Popen(
-        ["unshare", "-p", "-f", "--mount-proc", sys.executable, os.path.abspath(__file__), "--sweep", storage,
-         log_dir, str(n_trials), str(stale)], env=env, stdout=log, stderr=subprocess.STDOUT)
+        [
+            "unshare",
+            "-p",
+            "-f",
+            "--mount-proc",
+            sys.executable,
+            os.path.abspath(__file__),
+            "--sweep",
+            storage,
+            log_dir,
+            str(n_trials),
+            str(stale),
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def _where(study, namespace: str) -> str:
     """Where the victim (the sweep in PID namespace ``namespace``) stands, as its trials in the study show it."""
     from optuna.trial import TrialState
 
-    mine = [t for t in study.get_trials(deepcopy=False)
-            if (t.user_attrs.get("saturn:owner") or {}).get("pid_namespace") == namespace]
+    mine = [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if (t.user_attrs.get("saturn:owner") or {}).get("pid_namespace") == namespace
+    ]
     running = [t for t in mine if t.state == TrialState.RUNNING]
     if any(t.intermediate_values for t in running):
         return "mid-trial"
@@ -106,8 +135,9 @@ class Ledger:
             if left:
                 self.problems.append(f"trials left RUNNING or WAITING: {left}")
             for t in trials:
-                interrupted = "the sweep that ran it died" in t.user_attrs.get("saturn:fail_reason", "") or \
-                    "no live sweep runs it" in t.user_attrs.get("saturn:fail_reason", "")
+                interrupted = "the sweep that ran it died" in t.user_attrs.get(
+                    "saturn:fail_reason", ""
+                ) or "no live sweep runs it" in t.user_attrs.get("saturn:fail_reason", "")
                 if interrupted and int(t.user_attrs.get("saturn:retries", 0)) < 1 and runs_again[t.number] != 1:
                     self.problems.append(f"interrupted trial {t.number} was run again {runs_again[t.number]} times")
 
@@ -122,7 +152,6 @@ def main() -> None:
 
     import optuna
     from optuna.trial import TrialState
-
     from postgres import postgres_server
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -151,8 +180,9 @@ def main() -> None:
             problems = len(ledger.problems)
             ledger.check(study, final=False)
             held += len(ledger.problems) == problems
-            print(f"round {round_ + 1}/{args.rounds}: killed {where}; {len(ledger.problems)} problems so far",
-                  flush=True)
+            print(
+                f"round {round_ + 1}/{args.rounds}: killed {where}; {len(ledger.problems)} problems so far", flush=True
+            )
         steady.wait(timeout=600)
         # The last victim's trials: a sweep recovers them once it has seen their beat silent for the stale period
         # (a sweep shorter than that cannot judge a sweep in another namespace), so the last sweeps ask 6 trials
@@ -166,10 +196,14 @@ def main() -> None:
     states = collections.Counter(t.state.name for t in trials)
     interrupted = sum("saturn:retry_of" in t.user_attrs for t in trials)
     reasons = collections.Counter(_why(t) for t in trials if t.state == TrialState.FAIL)
-    print(f"\n{args.rounds} rounds run, {held} held, in {time.monotonic() - began:.0f} s (seed {args.seed}); kills "
-          f"landed: {dict(collections.Counter(landed))}; the steady sweep was started {restarts + 1} times")
-    print(f"{len(trials)} trials: {dict(states)}; {interrupted} run again; FAIL: {dict(reasons)}; "
-          f"{len(ledger.problems)} problems")
+    print(
+        f"\n{args.rounds} rounds run, {held} held, in {time.monotonic() - began:.0f} s (seed {args.seed}); kills "
+        f"landed: {dict(collections.Counter(landed))}; the steady sweep was started {restarts + 1} times"
+    )
+    print(
+        f"{len(trials)} trials: {dict(states)}; {interrupted} run again; FAIL: {dict(reasons)}; "
+        f"{len(ledger.problems)} problems"
+    )
     for problem in ledger.problems:
         print(" -", problem)
     print(f"logs: {work}")
@@ -178,8 +212,13 @@ def main() -> None:
 
 def _why(trial) -> str:
     reason = trial.user_attrs.get("saturn:fail_reason", "")
-    kind = "its sweep died" if "the sweep that ran it died" in reason else \
-        "no live sweep listed it" if "no live sweep runs it" in reason else reason[:60]
+    kind = (
+        "its sweep died"
+        if "the sweep that ran it died" in reason
+        else "no live sweep listed it"
+        if "no live sweep runs it" in reason
+        else reason[:60]
+    )
     return kind + (", not run again (max_retries)" if "max_retries" in reason else ", run again")
 
 

@@ -45,8 +45,11 @@ def evaluate(values: dict) -> tuple[float, float, float]:
     with patched(values):
         jobs = paper_like()
     cluster = Cluster([8])
-    return (lower_bound(jobs, cluster), solve(jobs, cluster, "sequential-max").makespan,
-            solve(jobs, cluster, "task-parallel").makespan)
+    return (
+        lower_bound(jobs, cluster),
+        solve(jobs, cluster, "sequential-max").makespan,
+        solve(jobs, cluster, "task-parallel").makespan,
+    )
 
 
 def main() -> None:
@@ -54,10 +57,23 @@ def main() -> None:
     for name, values in VARIANTS:
         lb, seq, tp = evaluate(values)
         rows.append([name, lb / 3600, seq / 3600, tp / 3600, seq / lb, f"{100 * (1 - lb / min(seq, tp)):.1f}%"])
-    print("Paper-like workload, one 8-GPU node. Reduction = 1 - lower bound / better baseline (an upper bound on "
-          "what any plan reaches).\n")
-    print(markdown_table(["cost-model variant", "lower bound (h)", "sequential-max (h)", "task-parallel (h)",
-                          "sequential-max / LB", "best possible reduction"], rows))
+    print(
+        "Paper-like workload, one 8-GPU node. Reduction = 1 - lower bound / better baseline (an upper bound on "
+        "what any plan reaches).\n"
+    )
+    print(
+        markdown_table(
+            [
+                "cost-model variant",
+                "lower bound (h)",
+                "sequential-max (h)",
+                "task-parallel (h)",
+                "sequential-max / LB",
+                "best possible reduction",
+            ],
+            rows,
+        )
+    )
     # The two baselines pull in opposite directions: a steeper MFU fall-off at small micro-batches hurts
     # sequential-max (1-2 sequences per GPU) but favours task-parallel (one GPU, large micro-batches).
     grid = []
@@ -67,9 +83,12 @@ def main() -> None:
             lb, seq, tp = evaluate({"MFU_HALF_TOKENS": half, "OVERLAP": overlap})
             row.append(f"{100 * (1 - lb / min(seq, tp)):.1f}% ({'seq' if seq < tp else 'tp'})")
         grid.append(row)
-    print("\nBest possible reduction vs the better baseline (seq = sequential-max, tp = task-parallel), over the MFU "
-          "half-saturation and the comm/compute overlap:\n")
+    print(
+        "\nBest possible reduction vs the better baseline (seq = sequential-max, tp = task-parallel), over the MFU "
+        "half-saturation and the comm/compute overlap:\n"
+    )
     print(markdown_table(["MFU half-saturation (tokens)", "overlap 0.5 (documented)", "no overlap"], grid))
+
 
 if __name__ == "__main__":
     main()

@@ -12,6 +12,7 @@ hand-over when a launcher starts the processes of every trial (an ``accelerate l
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import tempfile
@@ -33,13 +34,19 @@ def sweep_gaps(strategy: str, devices: int, n_trials: int, log_dir: str, folder:
     """Run trials back to back on the same devices and measure each hand-over."""
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     executor = SaturnExecutor(
-        devices=devices, strategies=[strategy], log_dir=log_dir, progress=None, dashboard=False, profile=False,
-        strategy_folders=[folder], isolate_network=True,
+        devices=devices,
+        strategies=[strategy],
+        log_dir=log_dir,
+        progress=None,
+        dashboard=False,
+        profile=False,
+        strategy_folders=[folder],
+        isolate_network=True,
     )
     executor.optimize(study, tiny_objective, n_trials=n_trials, batch_size=1)
     trials = sorted(study.trials, key=lambda t: t.user_attrs["saturn:actual_start"])
     gaps: dict[str, list[float]] = {"reaction": [], "join": [], "setup": [], "idle": []}
-    for prev, nxt in zip(trials, trials[1:]):
+    for prev, nxt in itertools.pairwise(trials):
         end, start = prev.user_attrs["saturn:actual_end"], nxt.user_attrs["saturn:actual_start"]
         called, first_step = nxt.user_attrs["saturn:objective_start"], nxt.user_attrs["saturn:first_step"]
         gaps["reaction"].append(start - end)
@@ -55,19 +62,26 @@ def main() -> None:
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     median = statistics.median
-    print("| trials run by | executor reaction (s) | job start to objective call (s) | idle between trials (s) "
-          "| objective's own set-up to first step (s) |")
+    print(
+        "| trials run by | executor reaction (s) | job start to objective call (s) | idle between trials (s) "
+        "| objective's own set-up to first step (s) |"
+    )
     print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as log_dir:
         folder = os.path.join(log_dir, "strategies")
         os.makedirs(folder)
         with open(os.path.join(folder, "ddp-launched.toml"), "w", encoding="utf-8") as f:
             f.write('name = "ddp-launched"\nlauncher = "accelerate"\nengine = "ddp"\nmin_devices = 2\n')
-        for label, strategy, devices in (("warm workers, single x1", "single", 1), ("warm workers, ddp x2", "ddp", 2),
-                                         ("a launch per trial, ddp x2", "ddp-launched", 2)):
+        for label, strategy, devices in (
+            ("warm workers, single x1", "single", 1),
+            ("warm workers, ddp x2", "ddp", 2),
+            ("a launch per trial, ddp x2", "ddp-launched", 2),
+        ):
             gaps = sweep_gaps(strategy, devices, args.trials, log_dir, folder)
-            print(f"| {label} | {median(gaps['reaction']):.3f} | {median(gaps['join']):.3f} | "
-                  f"{median(gaps['idle']):.3f} | {median(gaps['setup']):.3f} |")
+            print(
+                f"| {label} | {median(gaps['reaction']):.3f} | {median(gaps['join']):.3f} | "
+                f"{median(gaps['idle']):.3f} | {median(gaps['setup']):.3f} |"
+            )
 
 
 if __name__ == "__main__":

@@ -29,10 +29,9 @@ ROOT = os.path.dirname(HERE)
 sys.path[:0] = [ROOT, HERE, os.path.join(ROOT, "examples")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import gpt2_sweep  # noqa: E402
 import optuna  # noqa: E402
 import torch  # noqa: E402
-
-import gpt2_sweep  # noqa: E402
 
 STEPS, EVERY = int(os.environ.get("SATURN_BENCH_STEPS", "60")), 10
 PRUNE_AT = (1.0, 0.2, 0.2, 1.0)  # per trial: the fraction of its steps where it is pruned (1.0: never)
@@ -77,8 +76,16 @@ def run_arm(arm: str, store: str, log_dir: str) -> dict:
     study = optuna.create_study()
     for i, prune_at in enumerate(PRUNE_AT):
         study.enqueue_trial({"lr": 1e-3 * (1 + i), "prune_at": prune_at})
-    executor = SaturnExecutor(devices=2, strategies=["single", "ddp"], profile_store=store, log_dir=log_dir,
-                              isolate_network=True, progress="quiet", dashboard=False, elastic=arm != "fixed")
+    executor = SaturnExecutor(
+        devices=2,
+        strategies=["single", "ddp"],
+        profile_store=store,
+        log_dir=log_dir,
+        isolate_network=True,
+        progress="quiet",
+        dashboard=False,
+        elastic=arm != "fixed",
+    )
     started = time.time()
     if arm == "profile":  # every trial has the same workload: one profiled configuration stands for all
         executor.profile(objective, n_trials=1)
@@ -87,15 +94,18 @@ def run_arm(arm: str, store: str, log_dir: str) -> dict:
     wall = time.time() - started
     attrs = [t.user_attrs for t in study.trials]
     # device-seconds: each trial's last run, and the runs a move ended (saturn:moves)
-    runtimes = [a["saturn:actual_runtime"] * a["saturn:num_devices"]
-                + sum((m["at"] - m["started"]) * len(m["device_ids"]) for m in a.get("saturn:moves", []))
-                for a in attrs]
+    runtimes = [
+        a["saturn:actual_runtime"] * a["saturn:num_devices"]
+        + sum((m["at"] - m["started"]) * len(m["device_ids"]) for m in a.get("saturn:moves", []))
+        for a in attrs
+    ]
     return {
-        "wall": wall, "states": [t.state.name for t in study.trials],
+        "wall": wall,
+        "states": [t.state.name for t in study.trials],
         "makespan": max(a["saturn:actual_end"] for a in attrs),
         "lower_bound": max(sum(runtimes) / 2, max(r / a["saturn:num_devices"] for r, a in zip(runtimes, attrs))),
         "moves": sum(len(a.get("saturn:moves", [])) for a in attrs),
-        "options": [f'{a["saturn:strategy"]}x{a["saturn:num_devices"]}' for a in attrs],
+        "options": [f"{a['saturn:strategy']}x{a['saturn:num_devices']}" for a in attrs],
         "values": [t.value for t in study.trials],
     }
 
@@ -133,11 +143,24 @@ def main() -> None:
                 print(f"{arm}: {json.dumps(results[arm])}", file=sys.stderr)
             for arm in arms:
                 r = results[arm]
-                rows.append([repeat, arm, f'{r["wall"]:.1f}', f'{r["wall"] / results["fixed"]["wall"]:.2f}',
-                             f'{r["makespan"] / r["lower_bound"]:.2f}', r["moves"], " ".join(r["options"]),
-                             " ".join(s[0] for s in r["states"])])
-    print(markdown_table(["repeat", "arm", "wall (s)", "/ not elastic", "makespan / LB", "moves", "options (last run)",
-                          "states"], rows))
+                rows.append(
+                    [
+                        repeat,
+                        arm,
+                        f"{r['wall']:.1f}",
+                        f"{r['wall'] / results['fixed']['wall']:.2f}",
+                        f"{r['makespan'] / r['lower_bound']:.2f}",
+                        r["moves"],
+                        " ".join(r["options"]),
+                        " ".join(s[0] for s in r["states"]),
+                    ]
+                )
+    print(
+        markdown_table(
+            ["repeat", "arm", "wall (s)", "/ not elastic", "makespan / LB", "moves", "options (last run)", "states"],
+            rows,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -51,8 +51,13 @@ def objective(trial) -> float:
     size = model_size()
     torch.manual_seed(0)
     config = GPT2Config(
-        vocab_size=size["vocab_size"], n_positions=size["n_positions"], n_embd=size["n_embd"],
-        n_layer=size["n_layer"], n_head=size["n_head"], bos_token_id=0, eos_token_id=0,
+        vocab_size=size["vocab_size"],
+        n_positions=size["n_positions"],
+        n_embd=size["n_embd"],
+        n_layer=size["n_layer"],
+        n_head=size["n_head"],
+        bos_token_id=0,
+        eos_token_id=0,
     )
     model = GPT2LMHeadModel(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=trial.suggest_float("lr", 1e-4, 1e-4))
@@ -81,35 +86,58 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="a small model, for a CPU run of the same path")
     parser.add_argument("--devices", default="auto", help="'auto' (every GPU, else every core) or a number")
     parser.add_argument("--store", default=str(HERE.parent / "profiles" / "reference"))
-    parser.add_argument("--no-isolate-network", dest="isolate", action="store_false",
-                        help="launch without a loopback-only network namespace (when unshare is not allowed)")
+    parser.add_argument(
+        "--no-isolate-network",
+        dest="isolate",
+        action="store_false",
+        help="launch without a loopback-only network namespace (when unshare is not allowed)",
+    )
     args = parser.parse_args()
     if args.tiny:  # workers import this module: the size must reach them through the environment
         os.environ["SATURN_GPU_CHECK_TINY"] = "1"
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     devices = int(args.devices) if args.devices.isdigit() else args.devices
-    executor = SaturnExecutor(devices=devices, profile_store=args.store, isolate_network=args.isolate, progress="plain",
-                              dashboard=False, log_dir=os.path.join(os.environ.get("OUT", "."), "gpu-check-runs"))
+    executor = SaturnExecutor(
+        devices=devices,
+        profile_store=args.store,
+        isolate_network=args.isolate,
+        progress="plain",
+        dashboard=False,
+        log_dir=os.path.join(os.environ.get("OUT", "."), "gpu-check-runs"),
+    )
     pool = len(executor.devices)
     size = model_size()
     study = executor.profile(objective, n_trials=1)
     trial = study.trials[0]
     rows = trial.user_attrs.get("saturn:profiles", [])
     unavailable = sorted(s.name for s in load_strategies().values() if not s.device_counts(pool))
-    print(f"\n{'tiny model' if args.tiny else 'GPT-2-medium'} on {', '.join(map(str, executor.devices))}; "
-          f"global batch {size['batch']} x {size['n_positions']} tokens\n")
+    print(
+        f"\n{'tiny model' if args.tiny else 'GPT-2-medium'} on {', '.join(map(str, executor.devices))}; "
+        f"global batch {size['batch']} x {size['n_positions']} tokens\n"
+    )
     print("| strategy | devices | micro-batches | fits | ms/step | start-up (s) | after loop (s) | peak memory (GiB) |")
     print("|---|---|---|---|---|---|---|---|")
     for p in sorted(rows, key=lambda p: (p["devices"], p["strategy"], p.get("gradient_accumulation", 1))):
         ok = p["feasible"]
-        print(f"| {p['strategy']} | {p['devices']} | {p.get('gradient_accumulation', 1)} | {'yes' if ok else 'no'} | "
-              + (f"{1e3 * p['step_seconds']:.1f} | {p['startup_seconds']:.1f} | {p.get('tail_seconds') or 0:.1f} | "
-                 f"{p['peak_memory_bytes'] / 2**30:.2f} |" if ok else f"- | - | - | {p.get('error', '')[:60]} |"))
+        print(
+            f"| {p['strategy']} | {p['devices']} | {p.get('gradient_accumulation', 1)} | {'yes' if ok else 'no'} | "
+            + (
+                f"{1e3 * p['step_seconds']:.1f} | {p['startup_seconds']:.1f} | {p.get('tail_seconds') or 0:.1f} | "
+                f"{p['peak_memory_bytes'] / 2**30:.2f} |"
+                if ok
+                else f"- | - | - | {p.get('error', '')[:60]} |"
+            )
+        )
     if unavailable:
         print(f"\nNeed more than {pool} device(s): {', '.join(unavailable)}")
     if os.environ.get("OUT"):
-        summary = {"size": size, "pool": pool, "profiles": rows, "unavailable": unavailable,
-                   "options": trial.user_attrs.get("saturn:options", [])}
+        summary = {
+            "size": size,
+            "pool": pool,
+            "profiles": rows,
+            "unavailable": unavailable,
+            "options": trial.user_attrs.get("saturn:options", []),
+        }
         Path(os.environ["OUT"], "gpu_profile_check.json").write_text(json.dumps(summary, indent=1))
     if not any(p["feasible"] for p in rows):
         raise SystemExit("No strategy could be profiled; see the logs under gpu-check-runs/.")

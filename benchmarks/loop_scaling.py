@@ -70,6 +70,7 @@ class ExclusiveTimer:
                 self.seconds[name] += spent - frame[1]
                 if self._stack:
                     self._stack[-1][1] += spent
+
         return timed
 
 
@@ -101,11 +102,22 @@ def run_case(trials: int, nodes: int, tick: float, seed: int, *, breakdown: bool
             setattr(holder, attribute, original)
     rounds.sort()
     total = sum(timer.seconds.values()) if breakdown else wall
-    shares = ", ".join(f"{name} {100 * s / wall:.0f}%" for name, s in sorted(timer.seconds.items(),
-                                                                              key=lambda kv: -kv[1]) if s / wall >= 0.02)
-    return [trials, 8 * nodes, f"{wall:.0f}", f"{result.makespan / lower_bound(jobs, cluster):.3f}", len(rounds),
-            f"{1e3 * statistics.median(rounds):.1f}", f"{1e3 * rounds[int(0.99 * len(rounds))]:.0f}",
-            f"{100 * (wall - total) / wall:.0f}%", shares]
+    shares = ", ".join(
+        f"{name} {100 * s / wall:.0f}%"
+        for name, s in sorted(timer.seconds.items(), key=lambda kv: -kv[1])
+        if s / wall >= 0.02
+    )
+    return [
+        trials,
+        8 * nodes,
+        f"{wall:.0f}",
+        f"{result.makespan / lower_bound(jobs, cluster):.3f}",
+        len(rounds),
+        f"{1e3 * statistics.median(rounds):.1f}",
+        f"{1e3 * rounds[int(0.99 * len(rounds))]:.0f}",
+        f"{100 * (wall - total) / wall:.0f}%",
+        shares,
+    ]
 
 
 def main() -> None:
@@ -113,16 +125,33 @@ def main() -> None:
     parser.add_argument("--cases", nargs="*", default=["1000:64", "10000:512"], help="trials:devices")
     parser.add_argument("--tick", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-breakdown", action="store_true",
-                        help="time the loop only (no wrapping of its parts, which costs a little)")
+    parser.add_argument(
+        "--no-breakdown",
+        action="store_true",
+        help="time the loop only (no wrapping of its parts, which costs a little)",
+    )
     args = parser.parse_args()
     rows = []
     for case in args.cases:
         trials, devices = (int(x) for x in case.split(":"))
         rows.append(run_case(trials, devices // 8, args.tick, args.seed, breakdown=not args.no_breakdown))
         print(rows[-1], flush=True)
-    print(markdown_table(["trials", "devices", "wall (s)", "makespan / LB", "events", "per event, median (ms)",
-                          "p99 (ms)", "rest of the loop", "where the time goes (of the wall clock)"], rows))
+    print(
+        markdown_table(
+            [
+                "trials",
+                "devices",
+                "wall (s)",
+                "makespan / LB",
+                "events",
+                "per event, median (ms)",
+                "p99 (ms)",
+                "rest of the loop",
+                "where the time goes (of the wall clock)",
+            ],
+            rows,
+        )
+    )
 
 
 if __name__ == "__main__":

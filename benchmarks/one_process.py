@@ -29,15 +29,19 @@ sys.path[:0] = [os.path.dirname(HERE), HERE, os.path.join(os.path.dirname(HERE),
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 #: arm -> (strategy, or None for plain Optuna; torch threads of a plain arm)
-ARMS = {"plain 1 thread": (None, 1), "plain 2 threads": (None, 2), "single x1": ("single", 0),
-        "threads x2": ("threads", 0), "ddp x2": ("ddp", 0)}
+ARMS = {
+    "plain 1 thread": (None, 1),
+    "plain 2 threads": (None, 2),
+    "single x1": ("single", 0),
+    "threads x2": ("threads", 0),
+    "ddp x2": ("ddp", 0),
+}
 
 
 def run_arm(arm: str, launched: float, log_dir: str) -> dict:
+    import gpt2_sweep
     import optuna
     import torch
-
-    import gpt2_sweep
     import vs_baselines
     from vs_optuna import PlainTrial
 
@@ -54,8 +58,15 @@ def run_arm(arm: str, launched: float, log_dir: str) -> dict:
     else:
         from optuna_saturn import SaturnExecutor
 
-        SaturnExecutor(devices=2, strategies=[strategy], profile=False, isolate_network=True, log_dir=log_dir,
-                       progress="quiet", dashboard=False).optimize(study, vs_baselines.lengths_objective, n_trials=1)
+        SaturnExecutor(
+            devices=2,
+            strategies=[strategy],
+            profile=False,
+            isolate_network=True,
+            log_dir=log_dir,
+            progress="quiet",
+            dashboard=False,
+        ).optimize(study, vs_baselines.lengths_objective, n_trials=1)
         trial = study.trials[0]
         runtime = trial.user_attrs["saturn:actual_runtime"]
     assert trial.state == optuna.trial.TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
@@ -80,18 +91,39 @@ def main() -> None:
             for arm in ARMS:
                 run = arm_in_a_process(__file__, "--arm", arm, "--launched", repr(time.time()), "--log-dir", logs)
                 results[arm].append(run)
-                print(f"round {round_} {arm}: trial {run['runtime']:.1f} s, wall {run['wall']:.1f} s, "
-                      f"value {run['value']:.5f}", file=sys.stderr, flush=True)
+                print(
+                    f"round {round_} {arm}: trial {run['runtime']:.1f} s, wall {run['wall']:.1f} s, "
+                    f"value {run['value']:.5f}",
+                    file=sys.stderr,
+                    flush=True,
+                )
     rows = []
     for arm, runs in results.items():
         ratios = [r["runtime"] / s["runtime"] for r, s in zip(runs, results["single x1"])]
         walls = [r["wall"] / s["wall"] for r, s in zip(runs, results["single x1"])]
-        rows.append([arm, f"{statistics.median(r['runtime'] for r in runs):.1f}",
-                     f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})",
-                     f"{statistics.median(r['wall'] for r in runs):.1f}", f"{statistics.median(walls):.2f}",
-                     f"{statistics.median(r['value'] for r in runs):.5f}"])
-    print(markdown_table(["arm", "trial runtime (s, median)", "/ single x1 (range)", "wall (s, median)",
-                          "wall / single x1", "value (median)"], rows))
+        rows.append(
+            [
+                arm,
+                f"{statistics.median(r['runtime'] for r in runs):.1f}",
+                f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})",
+                f"{statistics.median(r['wall'] for r in runs):.1f}",
+                f"{statistics.median(walls):.2f}",
+                f"{statistics.median(r['value'] for r in runs):.5f}",
+            ]
+        )
+    print(
+        markdown_table(
+            [
+                "arm",
+                "trial runtime (s, median)",
+                "/ single x1 (range)",
+                "wall (s, median)",
+                "wall / single x1",
+                "value (median)",
+            ],
+            rows,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -8,8 +8,13 @@ import argparse
 
 import _common  # noqa: F401
 from workloads import (
-    POOL_START_SECONDS, WARM_JOB_SECONDS, markdown_table, paper_like, paper_like_profiling_seconds,
-    paper_like_simulated, paper_like_voi_profiling,
+    POOL_START_SECONDS,
+    WARM_JOB_SECONDS,
+    markdown_table,
+    paper_like,
+    paper_like_profiling_seconds,
+    paper_like_simulated,
+    paper_like_voi_profiling,
 )
 
 from optuna_saturn.events import SweepListener
@@ -31,24 +36,56 @@ def main() -> None:
     seq, tp = plans["sequential-max"].makespan, plans["task-parallel"].makespan
     rows = []
     for s, p in plans.items():
-        rows.append([s, p.makespan / 3600, p.makespan / lb, f"{100 * (1 - p.makespan / seq):.1f}%",
-                     f"{100 * (1 - p.makespan / tp):.1f}%", f"{100 * (1 - p.makespan / min(seq, tp)):.1f}%",
-                     p.solve_seconds])
-    print(f"{len(jobs)} trials, {sum(len(j.options) for j in jobs)} options, lower bound {lb / 3600:.3f} h, "
-          f"time limit {args.time_limit:g} s\n")
-    print(markdown_table(["solver", "makespan (h)", "/ lower bound", "vs sequential-max", "vs task-parallel",
-                          "vs better baseline", "solve (s)"], rows))
+        rows.append(
+            [
+                s,
+                p.makespan / 3600,
+                p.makespan / lb,
+                f"{100 * (1 - p.makespan / seq):.1f}%",
+                f"{100 * (1 - p.makespan / tp):.1f}%",
+                f"{100 * (1 - p.makespan / min(seq, tp)):.1f}%",
+                p.solve_seconds,
+            ]
+        )
+    print(
+        f"{len(jobs)} trials, {sum(len(j.options) for j in jobs)} options, lower bound {lb / 3600:.3f} h, "
+        f"time limit {args.time_limit:g} s\n"
+    )
+    print(
+        markdown_table(
+            [
+                "solver",
+                "makespan (h)",
+                "/ lower bound",
+                "vs sequential-max",
+                "vs task-parallel",
+                "vs better baseline",
+                "solve (s)",
+            ],
+            rows,
+        )
+    )
     print()
     net_rows = net_of_costs(lb, seq, tp, args.time_limit)
     print(markdown_table(["optuna-saturn, net of", "makespan (h)", "vs better baseline"], net_rows))
     print()
-    print(markdown_table(["the real loop, simulated", "makespan (h)", "/ lower bound", "vs better baseline",
-                          "profiling jobs"], on_the_real_loop(lb, min(seq, tp))))
+    print(
+        markdown_table(
+            ["the real loop, simulated", "makespan (h)", "/ lower bound", "vs better baseline", "profiling jobs"],
+            on_the_real_loop(lb, min(seq, tp)),
+        )
+    )
     print()
     best = plans["auto"]
-    print(markdown_table(["trial", "strategy", "devices", "start (h)", "end (h)"],
-                         [[a.job, a.option.strategy, ",".join(map(str, a.devices)), a.start / 3600, a.end / 3600]
-                          for a in best.assignments]))
+    print(
+        markdown_table(
+            ["trial", "strategy", "devices", "start (h)", "end (h)"],
+            [
+                [a.job, a.option.strategy, ",".join(map(str, a.devices)), a.start / 3600, a.end / 3600]
+                for a in best.assignments
+            ],
+        )
+    )
 
 
 def net_of_costs(lb: float, seq: float, tp: float, time_limit: float) -> list[list[object]]:
@@ -66,10 +103,15 @@ def net_of_costs(lb: float, seq: float, tp: float, time_limit: float) -> list[li
     for label, makespan in (
         ("nothing (the plan above)", solve(paper_like(), cluster, "auto", time_limit=time_limit).makespan),
         ("warm workers: pool start-up, a process group per trial", warm.makespan + POOL_START_SECONDS),
-        (f"... and the options the value-of-information rule measures ({measured} of {candidates}, predictions "
-         "off by up to 30%)", warm.makespan + POOL_START_SECONDS + voi_seconds / cluster.total_devices),
-        (f"... and all {candidates} options of every distinct workload measured (worst case)",
-         warm.makespan + POOL_START_SECONDS + everything),
+        (
+            f"... and the options the value-of-information rule measures ({measured} of {candidates}, predictions "
+            "off by up to 30%)",
+            warm.makespan + POOL_START_SECONDS + voi_seconds / cluster.total_devices,
+        ),
+        (
+            f"... and all {candidates} options of every distinct workload measured (worst case)",
+            warm.makespan + POOL_START_SECONDS + everything,
+        ),
     ):
         rows.append([label, makespan / 3600, f"{100 * (1 - makespan / better):.1f}%"])
     return rows
@@ -79,13 +121,16 @@ def on_the_real_loop(lb: float, better: float) -> list[list[object]]:
     """The sweep as the executor runs it: the simulator's real loop, from the pool's start (its workers take
     ``POOL_START_SECONDS``), every trial enqueued at once, the loop's idle wake-ups once a virtual minute."""
     rows = []
-    for label, cold in (("warm store: every option measured", False),
-                        ("cold store: options predicted off by up to 30%, measured where it pays", True)):
+    for label, cold in (
+        ("warm store: every option measured", False),
+        ("cold store: options predicted off by up to 30%, measured where it pays", True),
+    ):
         jobs = paper_like_simulated(cold=cold)
         profiles = []
         listener = _ProfileCount(profiles)
-        result = run_simulation(jobs, Cluster([8]), solver="auto", workers_ready=POOL_START_SECONDS, tick=60.0,
-                                listeners=[listener])
+        result = run_simulation(
+            jobs, Cluster([8]), solver="auto", workers_ready=POOL_START_SECONDS, tick=60.0, listeners=[listener]
+        )
         wall = result.info["wall_seconds"]
         rows.append([label, wall / 3600, wall / lb, f"{100 * (1 - wall / better):.1f}%", len(profiles)])
     return rows

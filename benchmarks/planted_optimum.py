@@ -34,10 +34,10 @@ def planted(nodes: list[int], n_jobs: int, seed: int) -> list[Job]:
         i = rng.randrange(len(pieces))
         devices, seconds = pieces[i]
         if devices > 1 and (seconds < 60 or rng.random() < 0.5):
-            pieces[i:i + 1] = [(devices // 2, seconds), (devices // 2, seconds)]
+            pieces[i : i + 1] = [(devices // 2, seconds), (devices // 2, seconds)]
         elif seconds >= 60:
             cut = seconds * rng.uniform(0.3, 0.7)
-            pieces[i:i + 1] = [(devices, cut), (devices, seconds - cut)]
+            pieces[i : i + 1] = [(devices, cut), (devices, seconds - cut)]
     jobs = []
     for k, (devices, seconds) in enumerate(pieces):
         options = [Option(STRATEGIES[devices], devices, seconds)]
@@ -68,11 +68,22 @@ def main() -> None:
             plan = solve(jobs, cluster, args.solver, time_limit=args.time_limit, seed=seed)
             validate(plan, jobs, cluster)
             ratios.append(plan.makespan / HORIZON)
-            rows.append([n, seed, heuristic.makespan / HORIZON, plan.makespan / HORIZON, plan.solve_seconds,
-                         ",".join(plan.info.get("backends", ["list"]))])
+            rows.append(
+                [
+                    n,
+                    seed,
+                    heuristic.makespan / HORIZON,
+                    plan.makespan / HORIZON,
+                    plan.solve_seconds,
+                    ",".join(plan.info.get("backends", ["list"])),
+                ]
+            )
     print(f"nodes {args.nodes}, solver {args.solver}, limit {args.time_limit:g} s; optimum = {HORIZON:g} s\n")
-    print(markdown_table(["jobs", "seed", "list / optimum", f"{args.solver} / optimum", "solve (s)", "backends run"],
-                         rows))
+    print(
+        markdown_table(
+            ["jobs", "seed", "list / optimum", f"{args.solver} / optimum", "solve (s)", "backends run"], rows
+        )
+    )
     print(f"\nworst {max(ratios):.3f}, median {statistics.median(ratios):.3f}")
 
 

@@ -2,7 +2,8 @@
 
 For every completed trial: the runtime the planner used (profile-based, corrected by the sweep's observations
 so far) against the measured one. The same sweep runs twice: with an empty profile store (cold) and again with
-the store it filled (warm: the same models and batch sizes with new learning rates), and reports profiling's share of the sweep's wall time in each.
+the store it filled (warm: the same models and batch sizes with new learning rates), and reports
+profiling's share of the sweep's wall time in each.
 
     python benchmarks/profiler_accuracy.py [--n-trials 8] [--devices 2]
 """
@@ -32,8 +33,13 @@ def sweep(store: str, n_trials: int, devices: int, log_dir: str, seed: int, arch
     for params in architectures:  # the same models and batch sizes again; the learning rate is sampled anew
         study.enqueue_trial({k: v for k, v in params.items() if k != "lr"})
     executor = SaturnExecutor(
-        devices=devices, strategies=["single", "ddp"], profile_store=store, log_dir=log_dir, isolate_network=True,
-        progress="quiet", dashboard=False,
+        devices=devices,
+        strategies=["single", "ddp"],
+        profile_store=store,
+        log_dir=log_dir,
+        isolate_network=True,
+        progress="quiet",
+        dashboard=False,
     )
     executor.optimize(study, gpt2_sweep.objective, n_trials=n_trials)
     return study
@@ -42,13 +48,18 @@ def sweep(store: str, n_trials: int, devices: int, log_dir: str, seed: int, arch
 def breakdown(trial: optuna.trial.FrozenTrial) -> str:
     """Where a prediction went wrong: start-up, step time, and the time after the last step (final evaluation)."""
     attrs = trial.user_attrs
-    profile = next(p for p in attrs["saturn:profiles"]
-                   if p["strategy"] == attrs["saturn:strategy"] and p["devices"] == attrs["saturn:num_devices"])
+    profile = next(
+        p
+        for p in attrs["saturn:profiles"]
+        if p["strategy"] == attrs["saturn:strategy"] and p["devices"] == attrs["saturn:num_devices"]
+    )
     step = attrs["saturn:step_seconds"]
     startup = attrs["saturn:first_step"] - attrs["saturn:actual_start"] - step
     tail = attrs["saturn:actual_runtime"] - startup - gpt2_sweep.TRAIN_STEPS * step
-    return (f"start-up {profile['startup_seconds']:.1f} -> {startup:.1f} s, step {1e3 * profile['step_seconds']:.1f}"
-            f" -> {1e3 * step:.1f} ms incl. evaluation, after the last step {tail:.1f} s")
+    return (
+        f"start-up {profile['startup_seconds']:.1f} -> {startup:.1f} s, step {1e3 * profile['step_seconds']:.1f}"
+        f" -> {1e3 * step:.1f} ms incl. evaluation, after the last step {tail:.1f} s"
+    )
 
 
 def row(label: str, study: optuna.Study) -> str:
@@ -62,9 +73,12 @@ def row(label: str, study: optuna.Study) -> str:
         for t in done
     ]
     for t in done:
-        print(f"  trial {t.number}: {t.user_attrs['saturn:strategy']} predicted "
-              f"{t.user_attrs['saturn:planned_runtime']:.1f} s, actual {t.user_attrs['saturn:actual_runtime']:.1f} s"
-              f" ({breakdown(t)})", file=sys.stderr)
+        print(
+            f"  trial {t.number}: {t.user_attrs['saturn:strategy']} predicted "
+            f"{t.user_attrs['saturn:planned_runtime']:.1f} s, actual {t.user_attrs['saturn:actual_runtime']:.1f} s"
+            f" ({breakdown(t)})",
+            file=sys.stderr,
+        )
     stats = study.user_attrs["saturn:last_sweep"]
     share = stats["profiling_wall_seconds"] / stats["wall_seconds"]
     return (
@@ -81,8 +95,10 @@ def main() -> None:
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     gpt2_sweep.token_ids()
-    print("| profile store | completed trials | median abs. runtime error | max error | profiling runs "
-          "| profiling wall (s) | sweep wall (s) | profiling share |")
+    print(
+        "| profile store | completed trials | median abs. runtime error | max error | profiling runs "
+        "| profiling wall (s) | sweep wall (s) | profiling share |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         store, logs = os.path.join(tmp, "profiles"), os.path.join(tmp, "runs")

@@ -7,8 +7,8 @@ would. A seeded ``--pruned`` share of them (default 0.6) is pruned at a rung: a 
 three ways: pruning-blind (every trial priced at its full length), planning for the pruner (priced at what the
 finished trials say it will run; ``optuna_saturn.pricing.survival``), and clairvoyant (the true runtimes, pruning
 included: what no planner can know). All re-plan as trials end, and move running trials that checkpoint (elastic
-resize, 60 s per move; the clairvoyant arm does not move them). The study's pruner is Optuna's default median pruner (no prune before 5 trials
-complete).
+resize, 60 s per move; the clairvoyant arm does not move them). The study's pruner is Optuna's default median
+pruner (no prune before 5 trials complete).
 
     python benchmarks/prune_aware.py [--seeds 5] [--copies 3] [--pruned 0.6]
 """
@@ -49,26 +49,56 @@ def main() -> None:
     for seed in range(args.seeds):
         prune_at = pruned_set([job.name for job in jobs], args.pruned, seed)
         order = random.Random(seed).sample(jobs, len(jobs))  # (the order a sampler produces them in)
-        truth = [Job(job.name, [replace(o, runtime=o.runtime * prune_at.get(job.name, 1.0)) for o in job.options])
-                 for job in order]  # (what each trial really runs: the lower bound's)
+        truth = [
+            Job(job.name, [replace(o, runtime=o.runtime * prune_at.get(job.name, 1.0)) for o in job.options])
+            for job in order
+        ]  # (what each trial really runs: the lower bound's)
         bound = lower_bound(truth, cluster)
         runs = {}
-        for arm, kwargs in (("blind", {"plan_for_pruning": False}), ("for the pruner", {"plan_for_pruning": True}),
-                            ("clairvoyant", {"mode": "clairvoyant", "resize_seconds": None})):
+        for arm, kwargs in (
+            ("blind", {"plan_for_pruning": False}),
+            ("for the pruner", {"plan_for_pruning": True}),
+            ("clairvoyant", {"mode": "clairvoyant", "resize_seconds": None}),
+        ):
             options = {"mode": "replan", "resize_seconds": 60.0, "known_ahead": False, "seed": seed, **kwargs}
             runs[arm] = simulate(order, cluster, prune_at=prune_at, **options).makespan
         ratio = runs["for the pruner"] / runs["blind"]
         ratios.append(ratio)
-        rows.append([seed, len(prune_at), *(runs[a] / 3600 for a in runs), ratio,
-                     runs["for the pruner"] / bound, runs["blind"] / bound])
+        rows.append(
+            [
+                seed,
+                len(prune_at),
+                *(runs[a] / 3600 for a in runs),
+                ratio,
+                runs["for the pruner"] / bound,
+                runs["blind"] / bound,
+            ]
+        )
         print(f"seed {seed}: {rows[-1]}", flush=True)
     print()
-    print(f"{len(jobs)} trials on 8 GPUs, {args.pruned:.0%} pruned at a rung ({', '.join(f'{r:.2f}' for r in RUNGS)} "
-          f"of their steps), {args.seeds} seeds\n")
-    print(markdown_table(["seed", "pruned", "blind (h)", "for the pruner (h)", "clairvoyant (h)",
-                          "for the pruner / blind", "for the pruner / LB", "blind / LB"], rows))
-    print(f"\nmedian ratio, for the pruner / blind: {statistics.median(ratios):.3f} "
-          f"(range {min(ratios):.3f}-{max(ratios):.3f})")
+    print(
+        f"{len(jobs)} trials on 8 GPUs, {args.pruned:.0%} pruned at a rung ({', '.join(f'{r:.2f}' for r in RUNGS)} "
+        f"of their steps), {args.seeds} seeds\n"
+    )
+    print(
+        markdown_table(
+            [
+                "seed",
+                "pruned",
+                "blind (h)",
+                "for the pruner (h)",
+                "clairvoyant (h)",
+                "for the pruner / blind",
+                "for the pruner / LB",
+                "blind / LB",
+            ],
+            rows,
+        )
+    )
+    print(
+        f"\nmedian ratio, for the pruner / blind: {statistics.median(ratios):.3f} "
+        f"(range {min(ratios):.3f}-{max(ratios):.3f})"
+    )
 
 
 if __name__ == "__main__":

@@ -32,8 +32,7 @@ def main() -> None:
                 ratios[s].append(p.makespan / lb)
                 times[s].append(p.solve_seconds)
         for s in SOLVERS:
-            rows.append([f"{n} on {nodes}", s, statistics.mean(ratios[s]), max(ratios[s]),
-                         statistics.mean(times[s])])
+            rows.append([f"{n} on {nodes}", s, statistics.mean(ratios[s]), max(ratios[s]), statistics.mean(times[s])])
     print(f"{args.seeds} seeds per case, time limit {args.time_limit:g} s\n")
     print(markdown_table(["instance", "solver", "mean makespan / LB", "worst / LB", "mean solve (s)"], rows))
 

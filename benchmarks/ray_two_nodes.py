@@ -33,8 +33,8 @@ _ISOLATED = "SATURN_BENCH_ISOLATED"
 
 def run_arm(arm: str, objective: str, params: list[dict], devices: int, folder: str) -> dict:
     import optuna
-
     import vs_optuna
+
     from optuna_saturn import SaturnExecutor
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -46,8 +46,10 @@ def run_arm(arm: str, objective: str, params: list[dict], devices: int, folder: 
         from ray.cluster_utils import Cluster
 
         per_node = devices // 2
-        cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": per_node, "node_ip_address": "127.0.0.1", "include_dashboard": False})
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={"num_cpus": per_node, "node_ip_address": "127.0.0.1", "include_dashboard": False},
+        )
         cluster.add_node(num_cpus=per_node, node_ip_address="127.0.0.1")
         ray.init(address=cluster.address, log_to_driver=False, runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}})
         cluster.wait_for_nodes()
@@ -57,8 +59,13 @@ def run_arm(arm: str, objective: str, params: list[dict], devices: int, folder: 
     for p in params:
         study.enqueue_trial(p)
     SaturnExecutor(
-        devices=devices, strategies=["single", "ddp"], profile_store=os.path.join(folder, f"profiles-{arm}"),
-        log_dir=os.path.join(folder, f"runs-{arm}"), progress="quiet", dashboard=False, **options,
+        devices=devices,
+        strategies=["single", "ddp"],
+        profile_store=os.path.join(folder, f"profiles-{arm}"),
+        log_dir=os.path.join(folder, f"runs-{arm}"),
+        progress="quiet",
+        dashboard=False,
+        **options,
     ).optimize(study, vs_optuna.OBJECTIVES[objective], n_trials=len(params))
     wall = time.time() - started
     attrs = [t.user_attrs for t in study.trials if "saturn:actual_runtime" in t.user_attrs]
@@ -72,18 +79,31 @@ def run_arm(arm: str, objective: str, params: list[dict], devices: int, folder: 
         ray.shutdown()
         cluster.shutdown()
     return {
-        "wall": wall, "states": sorted({t.state.name for t in study.trials}), "makespan": makespan,
+        "wall": wall,
+        "states": sorted({t.state.name for t in study.trials}),
+        "makespan": makespan,
         "lower_bound": vs_optuna._lower_bound(runtimes, used, total),
         "nodes": sorted({a.get("saturn:node", {}).get("name", "local") for a in attrs}),
-        "options": [f'{a["saturn:strategy"]}x{a["saturn:num_devices"]}' for a in attrs],
+        "options": [f"{a['saturn:strategy']}x{a['saturn:num_devices']}" for a in attrs],
     }
 
 
 def _arm_in_a_process(arm: str, objective: str, params: list[dict], devices: int, folder: str) -> dict:
     from workloads import arm_in_a_process
 
-    return arm_in_a_process(__file__, "--arm", arm, "--objective", objective, "--devices", str(devices),
-                            "--folder", folder, "--params", json.dumps(params))
+    return arm_in_a_process(
+        __file__,
+        "--arm",
+        arm,
+        "--objective",
+        objective,
+        "--devices",
+        str(devices),
+        "--folder",
+        folder,
+        "--params",
+        json.dumps(params),
+    )
 
 
 def main() -> None:
@@ -106,7 +126,7 @@ def main() -> None:
         from optuna_saturn.pools.launch_commands import network_isolation_prefix
 
         os.environ[_ISOLATED] = "1"
-        os.execvp("unshare", network_isolation_prefix() + [sys.executable, *sys.argv])
+        os.execvp("unshare", [*network_isolation_prefix(), sys.executable, *sys.argv])
 
     import gpt2_sweep
     import vs_optuna
@@ -124,14 +144,35 @@ def main() -> None:
         local_ratio = results["local"]["makespan"] / results["local"]["lower_bound"]
         for arm, r in results.items():
             ratio = r["makespan"] / r["lower_bound"]
-            rows.append([
-                args.seed + repeat, arm, f'{r["wall"]:.1f}', f'{r["makespan"]:.1f}', f'{r["lower_bound"]:.1f}',
-                f"{ratio:.2f}", f"{ratio / local_ratio:.2f}", ", ".join(r["nodes"]), " ".join(r["options"]),
-            ])
-    print(markdown_table(
-        ["seed", "arm", "wall (s)", "makespan (s)", "lower bound (s)", "makespan / LB", "÷ local's", "nodes",
-         "options"], rows,
-    ))
+            rows.append(
+                [
+                    args.seed + repeat,
+                    arm,
+                    f"{r['wall']:.1f}",
+                    f"{r['makespan']:.1f}",
+                    f"{r['lower_bound']:.1f}",
+                    f"{ratio:.2f}",
+                    f"{ratio / local_ratio:.2f}",
+                    ", ".join(r["nodes"]),
+                    " ".join(r["options"]),
+                ]
+            )
+    print(
+        markdown_table(
+            [
+                "seed",
+                "arm",
+                "wall (s)",
+                "makespan (s)",
+                "lower bound (s)",
+                "makespan / LB",
+                "÷ local's",
+                "nodes",
+                "options",
+            ],
+            rows,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -37,8 +37,9 @@ def objective(trial) -> float:
     x = torch.randn(2048, 64, generator=g)
     y = torch.sin(x @ torch.randn(64, 1, generator=g))
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.GELU(), torch.nn.Linear(512, 512),
-                                torch.nn.GELU(), torch.nn.Linear(512, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 512), torch.nn.GELU(), torch.nn.Linear(512, 512), torch.nn.GELU(), torch.nn.Linear(512, 1)
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=256, shuffle=True)
     model, optimizer, loader = trial.prepare(model, optimizer, loader)
@@ -67,9 +68,15 @@ def objective(trial) -> float:
 def _executor(args: argparse.Namespace, folder: str):
     from optuna_saturn import SaturnExecutor
 
-    return SaturnExecutor(devices=args.devices, strategies=[args.strategy], isolate_network=True,
-                          log_dir=os.path.join(folder, "runs"), profile_store=os.path.join(folder, "profiles"),
-                          progress="quiet", dashboard=False)
+    return SaturnExecutor(
+        devices=args.devices,
+        strategies=[args.strategy],
+        isolate_network=True,
+        log_dir=os.path.join(folder, "runs"),
+        profile_store=os.path.join(folder, "profiles"),
+        progress="quiet",
+        dashboard=False,
+    )
 
 
 def _sweep(args: argparse.Namespace, storage: str, folder: str, n_trials: int) -> None:
@@ -98,8 +105,19 @@ def main() -> None:
         _sweep(args, storage, folder, n_trials=1)  # the uninterrupted run
         optuna.load_study(study_name="resume", storage=storage).enqueue_trial({"lr": 3e-3})
         child = subprocess.Popen(
-            [sys.executable, __file__, "--strategy", args.strategy, "--devices", str(args.devices), "--child",
-             storage, folder], env={**os.environ, "SATURN_BENCH_HANG": "1"})
+            [
+                sys.executable,
+                __file__,
+                "--strategy",
+                args.strategy,
+                "--devices",
+                str(args.devices),
+                "--child",
+                storage,
+                folder,
+            ],
+            env={**os.environ, "SATURN_BENCH_HANG": "1"},
+        )
         while True:
             trial = optuna.load_study(study_name="resume", storage=storage).trials[1]
             if (trial.user_attrs.get("saturn:checkpoint") or {}).get("step") == KILL_AT:
@@ -115,17 +133,39 @@ def main() -> None:
         _sweep(args, storage, folder, n_trials=0)  # runs the orphan's params again
         sweep_wall = time.time() - started
         trials = optuna.load_study(study_name="resume", storage=storage).trials
-    whole, whole_startup = _timings(trials[0])
+    whole, _whole_startup = _timings(trials[0])
     again, again_startup = _timings(trials[2])
     assert trials[2].user_attrs["saturn:resumed_from_step"] == KILL_AT
-    print(markdown_table(
-        ["strategy", "steps", "uninterrupted (s)", "run again from 80% (s)", "its start-up (s)",
-         "run again / uninterrupted", "(run again - start-up) / uninterrupted", "next sweep's wall (s)",
-         "value uninterrupted", "value resumed"],
-        [[f"{args.strategy} x{args.devices}", STEPS, f"{whole:.1f}", f"{again:.1f}", f"{again_startup:.2f}",
-          f"{again / whole:.2f}", f"{(again - again_startup) / whole:.2f}", f"{sweep_wall:.1f}",
-          f"{trials[0].value:.4e}", f"{trials[2].value:.4e}"]],
-    ))
+    print(
+        markdown_table(
+            [
+                "strategy",
+                "steps",
+                "uninterrupted (s)",
+                "run again from 80% (s)",
+                "its start-up (s)",
+                "run again / uninterrupted",
+                "(run again - start-up) / uninterrupted",
+                "next sweep's wall (s)",
+                "value uninterrupted",
+                "value resumed",
+            ],
+            [
+                [
+                    f"{args.strategy} x{args.devices}",
+                    STEPS,
+                    f"{whole:.1f}",
+                    f"{again:.1f}",
+                    f"{again_startup:.2f}",
+                    f"{again / whole:.2f}",
+                    f"{(again - again_startup) / whole:.2f}",
+                    f"{sweep_wall:.1f}",
+                    f"{trials[0].value:.4e}",
+                    f"{trials[2].value:.4e}",
+                ]
+            ],
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -26,10 +26,23 @@ def main() -> None:
             heuristic = solve(jobs, cluster, "list", time_limit=LIMITS[n])
             plan = solve(jobs, cluster, "auto", time_limit=LIMITS[n], seed=args.seed)
             validate(plan, jobs, cluster)
-            rows.append([n, 8 * k, LIMITS[n], heuristic.makespan / lb, heuristic.solve_seconds,
-                         plan.makespan / lb, plan.solve_seconds, ",".join(plan.info.get("backends", ["list"]))])
-    print(markdown_table(["trials", "devices", "limit (s)", "list / LB", "list (s)", "auto / LB", "auto (s)",
-                          "backends run"], rows))
+            rows.append(
+                [
+                    n,
+                    8 * k,
+                    LIMITS[n],
+                    heuristic.makespan / lb,
+                    heuristic.solve_seconds,
+                    plan.makespan / lb,
+                    plan.solve_seconds,
+                    ",".join(plan.info.get("backends", ["list"])),
+                ]
+            )
+    print(
+        markdown_table(
+            ["trials", "devices", "limit (s)", "list / LB", "list (s)", "auto / LB", "auto (s)", "backends run"], rows
+        )
+    )
 
 
 if __name__ == "__main__":

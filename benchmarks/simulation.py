@@ -25,9 +25,11 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=1.0)
     parser.add_argument("--prune-rate", type=float, default=0.3)
     args = parser.parse_args()
-    cases = [("paper-like, 18 trials, [8]", paper_like(), Cluster([8])),
-             ("random, 24 trials, [8]", random_workload(24, 100), Cluster([8])),
-             ("random, 40 trials, [8, 8]", random_workload(40, 101), Cluster([8, 8]))]
+    cases = [
+        ("paper-like, 18 trials, [8]", paper_like(), Cluster([8])),
+        ("random, 24 trials, [8]", random_workload(24, 100), Cluster([8])),
+        ("random, 40 trials, [8, 8]", random_workload(40, 101), Cluster([8, 8])),
+    ]
     rows = []
     for name, jobs, cluster in cases:
         out = {m: [] for m in ("static", "replan", "clairvoyant", "replan-estimated")}
@@ -35,24 +37,57 @@ def main() -> None:
         for seed in range(args.seeds):
             noise, prunes = noisy_outcomes(jobs, seed, prune_rate=args.prune_rate)
             for mode in out:
-                r = simulate(jobs, cluster, noise=noise, prune_at=prunes, mode=mode.split("-")[0],
-                             time_limit=args.time_limit, seed=seed, observe_step_rate=mode != "replan-estimated",
-                             tick=60.0)
+                r = simulate(
+                    jobs,
+                    cluster,
+                    noise=noise,
+                    prune_at=prunes,
+                    mode=mode.split("-")[0],
+                    time_limit=args.time_limit,
+                    seed=seed,
+                    observe_step_rate=mode != "replan-estimated",
+                    tick=60.0,
+                )
                 out[mode].append(r.makespan)
                 util[mode].append(r.utilisation)
         s, r, c, e = (statistics.mean(out[m]) for m in ("static", "replan", "clairvoyant", "replan-estimated"))
-        recovered = [(a - b) / (a - cc) for a, b, cc in zip(out["static"], out["replan"], out["clairvoyant"])
-                     if a - cc > 1e-6]
-        rows.append([name, s / 3600, r / 3600, c / 3600, f"{100 * (s - r) / (s - c):.0f}%" if s > c else "n/a",
-                     f"{100 * statistics.median(recovered):.0f}%" if recovered else "n/a", e / 3600,
-                     f"{100 * (s - e) / (s - c):.0f}%" if s > c else "n/a",
-                     statistics.mean(util["static"]), statistics.mean(util["replan"]),
-                     statistics.mean(util["clairvoyant"])])
+        recovered = [
+            (a - b) / (a - cc) for a, b, cc in zip(out["static"], out["replan"], out["clairvoyant"]) if a - cc > 1e-6
+        ]
+        rows.append(
+            [
+                name,
+                s / 3600,
+                r / 3600,
+                c / 3600,
+                f"{100 * (s - r) / (s - c):.0f}%" if s > c else "n/a",
+                f"{100 * statistics.median(recovered):.0f}%" if recovered else "n/a",
+                e / 3600,
+                f"{100 * (s - e) / (s - c):.0f}%" if s > c else "n/a",
+                statistics.mean(util["static"]),
+                statistics.mean(util["replan"]),
+                statistics.mean(util["clairvoyant"]),
+            ]
+        )
     print(f"{args.seeds} seeds, noise +-20%, prune rate {args.prune_rate}, the real loop (plans capped at 0.1 s)\n")
-    print(markdown_table(["workload", "static (h)", "re-plan (h)", "clairvoyant (h)", "gap recovered (of means)",
-                          "gap recovered (median per seed)", "re-plan at estimated rates (h)",
-                          "its gap recovered (of means)", "util static", "util re-plan", "util clairvoyant"],
-                         rows))
+    print(
+        markdown_table(
+            [
+                "workload",
+                "static (h)",
+                "re-plan (h)",
+                "clairvoyant (h)",
+                "gap recovered (of means)",
+                "gap recovered (median per seed)",
+                "re-plan at estimated rates (h)",
+                "its gap recovered (of means)",
+                "util static",
+                "util re-plan",
+                "util clairvoyant",
+            ],
+            rows,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -11,16 +11,16 @@ import os
 import sys
 import tempfile
 
-import _common  # noqa: F401
+import _common
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(_common.ROOT / "examples"))
 
-import optuna  # noqa: E402
+import gpt2_sweep
+import optuna
+from workloads import markdown_table
 
-import gpt2_sweep  # noqa: E402
-from optuna_saturn import SaturnExecutor, load_strategies  # noqa: E402
-from workloads import markdown_table  # noqa: E402
+from optuna_saturn import SaturnExecutor, load_strategies
 
 EXAMPLE_TRIAL = {"lr": 2e-3, "n_embd": 32, "n_layer": 1, "batch_size": 16}
 
@@ -36,14 +36,25 @@ def main() -> None:
             study = optuna.create_study(pruner=optuna.pruners.NopPruner())
             study.enqueue_trial(EXAMPLE_TRIAL)
             SaturnExecutor(
-                devices=1 if name.startswith("single") else 2, strategies=[name], profile=False, progress=None,
-                dashboard=False, log_dir=logs,
+                devices=1 if name.startswith("single") else 2,
+                strategies=[name],
+                profile=False,
+                progress=None,
+                dashboard=False,
+                log_dir=logs,
             ).optimize(study, gpt2_sweep.objective, n_trials=1)
             trial = study.trials[0]
             reference = trial.value if reference is None else reference
             relative = abs(trial.value - reference) / abs(reference) if trial.value is not None else float("nan")
-            rows.append([name, trial.user_attrs.get("saturn:num_devices"), trial.state.name, f"{trial.value!r}",
-                         f"{relative:.1e}"])
+            rows.append(
+                [
+                    name,
+                    trial.user_attrs.get("saturn:num_devices"),
+                    trial.state.name,
+                    f"{trial.value!r}",
+                    f"{relative:.1e}",
+                ]
+            )
             print(" ".join(map(str, rows[-1])), file=sys.stderr, flush=True)
     print(markdown_table(["strategy", "devices", "state", "value", "relative to single"], rows))
 

@@ -15,8 +15,9 @@ launched (imports, Ray's start, the pool's start and profiling included):
 - ``raytune``: ``Tuner`` with ``tune.with_resources`` one CPU per trial, ``reuse_actors=True``, two at a time;
 - ``cold``: ``SaturnExecutor(devices=2, strategies=["single", "ddp", "threads"])`` on an empty profile store;
   ``cold-ddp``: the same without ``threads`` (one process on both devices' cores), on an empty store of its own;
-  ``warm``: ``cold``'s options on the store the cold arm filled; ``aware``: the cold arm's sampled trials enqueued in the same order and
-  run again, warm, with prune-aware planning (``plan_for_pruning``), against ``warm``'s pruning-blind planning of
+  ``warm``: ``cold``'s options on the store the cold arm filled; ``aware``: the cold arm's sampled trials enqueued in
+  the same order and run again, warm, with prune-aware planning (``plan_for_pruning``), against ``warm``'s
+  pruning-blind planning of
   the same trials (``--arms ...,warm-same`` runs them blind, enqueued the same way).
 
 Reported per arm (medians over the seeds): the wall clock to N trials and its ratio to the better plain arm (the
@@ -47,10 +48,9 @@ ROOT = os.path.dirname(HERE)
 sys.path[:0] = [ROOT, HERE, os.path.join(ROOT, "examples")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import gpt2_sweep  # noqa: E402
 import optuna  # noqa: E402
 import torch  # noqa: E402
-
-import gpt2_sweep  # noqa: E402
 from vs_optuna import PlainTrial, _cpu_seconds, _lower_bound  # noqa: E402
 
 STEPS = 40  # a full trial of the sampled workloads
@@ -86,8 +86,9 @@ LENGTHS = [
 ]
 
 
-def train(trial, lr: float, n_embd: int, n_layer: int, batch_size: int, steps: int = STEPS,
-          rungs: int = RUNGS) -> float:
+def train(
+    trial, lr: float, n_embd: int, n_layer: int, batch_size: int, steps: int = STEPS, rungs: int = RUNGS
+) -> float:
     """The example's GPT-2 of the given size, AdamW with a cosine schedule and clipping; the validation loss is
     reported ``rungs`` times and the trial pruned when the study's pruner says so. Returns the last report."""
     train_set, val_set = gpt2_sweep.train_and_validation()
@@ -128,22 +129,38 @@ def lengths_objective(trial) -> float:
     return train(trial, **lengths_space(trial), rungs=1)
 
 
-WORKLOADS = {"median": (sampled_objective, sampled_space), "hyperband": (sampled_objective, sampled_space),
-             "lengths": (lengths_objective, lengths_space)}
+WORKLOADS = {
+    "median": (sampled_objective, sampled_space),
+    "hyperband": (sampled_objective, sampled_space),
+    "lengths": (lengths_objective, lengths_space),
+}
 
 
 def make_study(workload: str, seed: int) -> optuna.Study:
     if workload == "lengths":
         return optuna.create_study(pruner=optuna.pruners.NopPruner())
-    pruner = (optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=1) if workload == "median" else
-              optuna.pruners.HyperbandPruner(min_resource=1, max_resource=RUNGS, reduction_factor=2))
+    pruner = (
+        optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=1)
+        if workload == "median"
+        else optuna.pruners.HyperbandPruner(min_resource=1, max_resource=RUNGS, reduction_factor=2)
+    )
     return optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=4), pruner=pruner)
 
 
 # -- the arms, each run in its own process -------------------------------------------------------------------------
 
-def run_optuna_arm(arm: str, workload: str, seed: int, n_trials: int, devices: int, store: str, log_dir: str,
-                   launched: float, enqueue: list[dict] | None) -> dict:
+
+def run_optuna_arm(
+    arm: str,
+    workload: str,
+    seed: int,
+    n_trials: int,
+    devices: int,
+    store: str,
+    log_dir: str,
+    launched: float,
+    enqueue: list[dict] | None,
+) -> dict:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     objective = WORKLOADS[workload][0]
     study = make_study(workload, seed)
@@ -163,8 +180,13 @@ def run_optuna_arm(arm: str, workload: str, seed: int, n_trials: int, devices: i
         strategies = ["single", "ddp"] if arm == "cold-ddp" else ["single", "ddp", "threads"]
         store = store + "-ddp" if arm == "cold-ddp" else store  # a cold arm of its own, on an empty store
         executor = SaturnExecutor(
-            devices=devices, strategies=strategies, profile_store=store, log_dir=log_dir,
-            isolate_network=True, progress="quiet", dashboard=False,
+            devices=devices,
+            strategies=strategies,
+            profile_store=store,
+            log_dir=log_dir,
+            isolate_network=True,
+            progress="quiet",
+            dashboard=False,
         )
         if arm == "aware":  # not a public option: the benchmark of issue 27 decides whether it becomes one
             executor._settings = dataclasses.replace(executor._settings, plan_for_pruning=True)
@@ -173,31 +195,55 @@ def run_optuna_arm(arm: str, workload: str, seed: int, n_trials: int, devices: i
         driver_cpu = _cpu_seconds() - cpu_before  # the executor's own process: asking, describing, planning
         attrs = [t.user_attrs for t in study.trials if "saturn:actual_runtime" in t.user_attrs]
         last = study.user_attrs["saturn:last_sweep"]
-        profiling = {"profiling_device_seconds": last["profiling_device_seconds"], "profiling_runs": last["profiling_runs"],
-                     "idle_device_seconds": last.get("idle_device_seconds"), "driver_cpu_seconds": driver_cpu,
-                     "planning_seconds": last.get("planning_seconds"),
-                     "describing_seconds": last.get("describing_seconds"),
-                     # completed trials only: a pruned one ran a share of what was planned
-                     "prediction_errors": [abs(a["saturn:planned_runtime"] / a["saturn:actual_runtime"] - 1)
-                                           for t, a in ((t, t.user_attrs) for t in study.trials)
-                                           if t.state == optuna.trial.TrialState.COMPLETE
-                                           and "saturn:planned_runtime" in a and a.get("saturn:actual_runtime")]}
-        lower_bound = _lower_bound([a["saturn:actual_runtime"] for a in attrs],
-                                   [a["saturn:num_devices"] for a in attrs], devices)
+        profiling = {
+            "profiling_device_seconds": last["profiling_device_seconds"],
+            "profiling_runs": last["profiling_runs"],
+            "idle_device_seconds": last.get("idle_device_seconds"),
+            "driver_cpu_seconds": driver_cpu,
+            "planning_seconds": last.get("planning_seconds"),
+            "describing_seconds": last.get("describing_seconds"),
+            # completed trials only: a pruned one ran a share of what was planned
+            "prediction_errors": [
+                abs(a["saturn:planned_runtime"] / a["saturn:actual_runtime"] - 1)
+                for t, a in ((t, t.user_attrs) for t in study.trials)
+                if t.state == optuna.trial.TrialState.COMPLETE
+                and "saturn:planned_runtime" in a
+                and a.get("saturn:actual_runtime")
+            ],
+        }
+        lower_bound = _lower_bound(
+            [a["saturn:actual_runtime"] for a in attrs], [a["saturn:num_devices"] for a in attrs], devices
+        )
     ended = time.time()
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     return {
-        "wall": ended - launched, "lower_bound": lower_bound,
+        "wall": ended - launched,
+        "lower_bound": lower_bound,
         "curve": sorted((t.datetime_complete.timestamp() - launched, t.value) for t in done),
-        "complete": len(done), "pruned": sum(t.state == optuna.trial.TrialState.PRUNED for t in study.trials),
-        "trials": len(study.trials), "params": [t.params for t in sorted(study.trials, key=lambda t: t.number)],
-        "options": [f'{t.user_attrs["saturn:strategy"]}x{t.user_attrs["saturn:num_devices"]}'
-                    for t in study.trials if "saturn:strategy" in t.user_attrs],
+        "complete": len(done),
+        "pruned": sum(t.state == optuna.trial.TrialState.PRUNED for t in study.trials),
+        "trials": len(study.trials),
+        "params": [t.params for t in sorted(study.trials, key=lambda t: t.number)],
+        "options": [
+            f"{t.user_attrs['saturn:strategy']}x{t.user_attrs['saturn:num_devices']}"
+            for t in study.trials
+            if "saturn:strategy" in t.user_attrs
+        ],
         **profiling,
-        "runs": [[t.number, t.state.name, round(t.datetime_start.timestamp() - launched, 2),
-                  round(t.datetime_complete.timestamp() - launched, 2), t.params.get("n_embd"), t.params.get("n_layer"),
-                  t.params.get("batch_size"), t.user_attrs.get("saturn:actual_runtime")]
-                 for t in study.trials if t.datetime_complete],
+        "runs": [
+            [
+                t.number,
+                t.state.name,
+                round(t.datetime_start.timestamp() - launched, 2),
+                round(t.datetime_complete.timestamp() - launched, 2),
+                t.params.get("n_embd"),
+                t.params.get("n_layer"),
+                t.params.get("batch_size"),
+                t.user_attrs.get("saturn:actual_runtime"),
+            ]
+            for t in study.trials
+            if t.datetime_complete
+        ],
     }
 
 
@@ -246,23 +292,41 @@ def run_raytune_arm(workload: str, seed: int, n_trials: int, devices: int, log_d
     from ray.tune.search.optuna import OptunaSearch
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    ray.init(num_cpus=devices, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
-             configure_logging=False)
+    ray.init(
+        num_cpus=devices,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+        configure_logging=False,
+    )
     if workload == "lengths":
         space, search, scheduler = {"i": tune.grid_search(list(range(len(LENGTHS))))}, None, FIFOScheduler()
         n_trials, rungs = 1, 1
     else:
         space, rungs = {}, RUNGS
-        search = OptunaSearch(space=WORKLOADS[workload][1], metric="loss", mode="min",
-                              sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=4))
-        scheduler = (MedianStoppingRule(time_attr="training_iteration", grace_period=2, min_samples_required=4)
-                     if workload == "median" else
-                     ASHAScheduler(time_attr="training_iteration", max_t=RUNGS, grace_period=1, reduction_factor=2))
+        search = OptunaSearch(
+            space=WORKLOADS[workload][1],
+            metric="loss",
+            mode="min",
+            sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=4),
+        )
+        scheduler = (
+            MedianStoppingRule(time_attr="training_iteration", grace_period=2, min_samples_required=4)
+            if workload == "median"
+            else ASHAScheduler(time_attr="training_iteration", max_t=RUNGS, grace_period=1, reduction_factor=2)
+        )
     tuner = tune.Tuner(
         tune.with_resources(_ray_trainable, {"cpu": 1}),
         param_space={**space, "workload": workload},
-        tune_config=tune.TuneConfig(metric="loss", mode="min", search_alg=search, scheduler=scheduler,
-                                    num_samples=n_trials, reuse_actors=True, max_concurrent_trials=devices),
+        tune_config=tune.TuneConfig(
+            metric="loss",
+            mode="min",
+            search_alg=search,
+            scheduler=scheduler,
+            num_samples=n_trials,
+            reuse_actors=True,
+            max_concurrent_trials=devices,
+        ),
         run_config=tune.RunConfig(storage_path=log_dir, verbose=0),
     )
     results = tuner.fit()
@@ -279,21 +343,54 @@ def run_raytune_arm(workload: str, seed: int, n_trials: int, devices: int, log_d
         else:
             pruned += 1
     ray.shutdown()
-    return {"wall": ended - launched, "lower_bound": _lower_bound(runtimes, [1] * len(runtimes), devices),
-            "curve": sorted(curve), "complete": len(curve), "pruned": pruned, "trials": len(runtimes),
-            "params": [], "options": []}
+    return {
+        "wall": ended - launched,
+        "lower_bound": _lower_bound(runtimes, [1] * len(runtimes), devices),
+        "curve": sorted(curve),
+        "complete": len(curve),
+        "pruned": pruned,
+        "trials": len(runtimes),
+        "params": [],
+        "options": [],
+    }
 
 
 # -- the comparison --------------------------------------------------------------------------------------------
 
-def _arm_process(arm: str, workload: str, seed: int, n_trials: int, devices: int, store: str, log_dir: str,
-                 enqueue: list[dict] | None) -> dict:
+
+def _arm_process(
+    arm: str,
+    workload: str,
+    seed: int,
+    n_trials: int,
+    devices: int,
+    store: str,
+    log_dir: str,
+    enqueue: list[dict] | None,
+) -> dict:
     from workloads import arm_in_a_process
 
-    return arm_in_a_process(__file__, "--arm", arm, "--workload", workload, "--seed", str(seed),
-                            "--n-trials", str(n_trials), "--devices", str(devices), "--store", store,
-                            "--log-dir", log_dir, "--launched", repr(time.time()),
-                            "--enqueue", json.dumps(enqueue or []))
+    return arm_in_a_process(
+        __file__,
+        "--arm",
+        arm,
+        "--workload",
+        workload,
+        "--seed",
+        str(seed),
+        "--n-trials",
+        str(n_trials),
+        "--devices",
+        str(devices),
+        "--store",
+        store,
+        "--log-dir",
+        log_dir,
+        "--launched",
+        repr(time.time()),
+        "--enqueue",
+        json.dumps(enqueue or []),
+    )
 
 
 def best_so_far(curve: list[list[float]]) -> list[tuple[float, float]]:
@@ -324,17 +421,22 @@ def compare(workload: str, seeds: list[int], n_trials: int, devices: int, arms: 
             for arm in arms:
                 enqueue = results["cold"][-1]["params"] if arm in SAME_TRIALS else None
                 try:
-                    run = _arm_process(SAME_TRIALS.get(arm, arm), workload, seed, n_trials, devices, store, logs,
-                                       enqueue)
+                    run = _arm_process(
+                        SAME_TRIALS.get(arm, arm), workload, seed, n_trials, devices, store, logs, enqueue
+                    )
                 except RuntimeError as error:  # once more: a benchmark of an hour should not end on one fluke
                     print(f"{workload} seed {seed} {arm} failed, run again: {error}", file=sys.stderr, flush=True)
-                    run = _arm_process(SAME_TRIALS.get(arm, arm), workload, seed, n_trials, devices, store, logs,
-                                       enqueue)
+                    run = _arm_process(
+                        SAME_TRIALS.get(arm, arm), workload, seed, n_trials, devices, store, logs, enqueue
+                    )
                 run["seed"] = seed
                 results[arm].append(run)
-                print(f"{workload} seed {seed} {arm}: wall {run['wall']:.1f} s, {run['complete']} complete, "
-                      f"{run['pruned']} pruned, best {min((v for _, v in run['curve']), default=float('nan')):.4f}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"{workload} seed {seed} {arm}: wall {run['wall']:.1f} s, {run['complete']} complete, "
+                    f"{run['pruned']} pruned, best {min((v for _, v in run['curve']), default=float('nan')):.4f}",
+                    file=sys.stderr,
+                    flush=True,
+                )
     return results
 
 
@@ -354,17 +456,28 @@ def summary_rows(workload: str, results: dict[str, list[dict]]) -> list[list[Any
             at = time_to_reach(runs[i]["curve"], target)
             reach.append(None if at is None else at / baseline["wall"])
         reached = [r for r in reach if r is not None]
-        rows.append([
-            workload, arm, f'{statistics.median(r["wall"] for r in runs):.1f}',
-            f'{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})' if ratios else "-",
-            f'{statistics.median(r["wall"] / r["lower_bound"] for r in runs):.2f}',
-            f'{statistics.median(min(v for _, v in r["curve"]) for r in runs):.4f}' if workload != "lengths" else "-",
-            (f'{statistics.median(reach_or_inf(reach)):.2f} ({len(reached)}/{len(reach)} reached)' if reach else "-"),
-            " / ".join(f'{r["complete"]}+{r["pruned"]}' for r in runs),
-            _paired(arm, results, seeds),
-            f'{100 * statistics.median(e for r in runs for e in r["prediction_errors"]):.0f}%'
-            if any(r.get("prediction_errors") for r in runs) else "-",
-        ])
+        rows.append(
+            [
+                workload,
+                arm,
+                f"{statistics.median(r['wall'] for r in runs):.1f}",
+                f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "-",
+                f"{statistics.median(r['wall'] / r['lower_bound'] for r in runs):.2f}",
+                f"{statistics.median(min(v for _, v in r['curve']) for r in runs):.4f}"
+                if workload != "lengths"
+                else "-",
+                (
+                    f"{statistics.median(reach_or_inf(reach)):.2f} ({len(reached)}/{len(reach)} reached)"
+                    if reach
+                    else "-"
+                ),
+                " / ".join(f"{r['complete']}+{r['pruned']}" for r in runs),
+                _paired(arm, results, seeds),
+                f"{100 * statistics.median(e for r in runs for e in r['prediction_errors']):.0f}%"
+                if any(r.get("prediction_errors") for r in runs)
+                else "-",
+            ]
+        )
     return rows
 
 
@@ -389,10 +502,17 @@ def plot(results_by_workload: dict[str, dict[str, list[dict]]], path: str) -> No
     if not sampled:
         return
     figure = make_subplots(rows=1, cols=len(sampled), subplot_titles=[f"{w} pruner" for w in sampled])
-    colours = {"plain": "#1f77b4", "plain1": "#17becf", "raytune": "#ff7f0e", "cold": "#2ca02c", "warm": "#d62728",
-               "aware": "#9467bd", "warm-same": "#8c564b",
-               "plain-same": "#bcbd22"}
-    for col, (workload, results) in enumerate(sampled.items(), start=1):
+    colours = {
+        "plain": "#1f77b4",
+        "plain1": "#17becf",
+        "raytune": "#ff7f0e",
+        "cold": "#2ca02c",
+        "warm": "#d62728",
+        "aware": "#9467bd",
+        "warm-same": "#8c564b",
+        "plain-same": "#bcbd22",
+    }
+    for col, (_workload, results) in enumerate(sampled.items(), start=1):
         for arm, runs in results.items():
             if arm in SAME_TRIALS:  # (the paired arms are in the tables)
                 continue
@@ -400,15 +520,25 @@ def plot(results_by_workload: dict[str, dict[str, list[dict]]], path: str) -> No
                 points = best_so_far(run["curve"])
                 if not points:
                     continue
-                figure.add_trace(go.Scatter(
-                    x=[at for at, _ in points] + [run["wall"]], y=[b for _, b in points] + [points[-1][1]],
-                    mode="lines", line={"shape": "hv", "color": colours.get(arm, "#7f7f7f")}, opacity=0.75,
-                    name=arm, legendgroup=arm, showlegend=col == 1 and k == 0,
-                ), row=1, col=col)
+                figure.add_trace(
+                    go.Scatter(
+                        x=[at for at, _ in points] + [run["wall"]],
+                        y=[b for _, b in points] + [points[-1][1]],
+                        mode="lines",
+                        line={"shape": "hv", "color": colours.get(arm, "#7f7f7f")},
+                        opacity=0.75,
+                        name=arm,
+                        legendgroup=arm,
+                        showlegend=col == 1 and k == 0,
+                    ),
+                    row=1,
+                    col=col,
+                )
         figure.update_xaxes(title_text="wall clock from launch (s)", row=1, col=col)
         lowest = min(v for runs in results.values() for run in runs for _, v in run["curve"])
-        figure.update_yaxes(title_text="best validation loss so far", range=[lowest - 0.02, lowest + 0.4], row=1,
-                            col=col)
+        figure.update_yaxes(
+            title_text="best validation loss so far", range=[lowest - 0.02, lowest + 0.4], row=1, col=col
+        )
     figure.update_layout(width=560 * len(sampled), height=460, template="plotly_white")
     figure.write_image(path)
 
@@ -432,11 +562,19 @@ def main() -> None:
     args = parser.parse_args()
     if args.arm:  # one arm, in its own process
         if args.arm == "raytune":
-            result = run_raytune_arm(args.workload, args.seed, args.n_trials, args.devices, args.log_dir,
-                                     args.launched)
+            result = run_raytune_arm(args.workload, args.seed, args.n_trials, args.devices, args.log_dir, args.launched)
         else:
-            result = run_optuna_arm(args.arm, args.workload, args.seed, args.n_trials, args.devices, args.store,
-                                    args.log_dir, args.launched, json.loads(args.enqueue) or None)
+            result = run_optuna_arm(
+                args.arm,
+                args.workload,
+                args.seed,
+                args.n_trials,
+                args.devices,
+                args.store,
+                args.log_dir,
+                args.launched,
+                json.loads(args.enqueue) or None,
+            )
         print(json.dumps(result))
         return
     gpt2_sweep.token_ids()  # the example's data, built once before any arm is timed
@@ -448,16 +586,33 @@ def main() -> None:
             with open(path) as f:
                 everything.update(json.load(f))
     else:
-        everything = {w: compare(w, list(range(args.seed, args.seed + args.seeds)), args.n_trials, args.devices,
-                                 args.arms.split(",")) for w in args.workload.split(",")}
+        everything = {
+            w: compare(
+                w, list(range(args.seed, args.seed + args.seeds)), args.n_trials, args.devices, args.arms.split(",")
+            )
+            for w in args.workload.split(",")
+        }
     if args.json:
         with open(args.json, "w") as f:
             json.dump(everything, f)
     rows = [row for workload, results in everything.items() for row in summary_rows(workload, results)]
-    print(markdown_table(["workload", "arm", "wall (s, median)", "/ better plain (range)", "wall / own LB",
-                          "final best (median)", "time to better plain's best / its wall",
-                          "complete+pruned per seed", "same trials, paired (median, range)",
-                          "runtime prediction error (median, completed trials)"], rows))
+    print(
+        markdown_table(
+            [
+                "workload",
+                "arm",
+                "wall (s, median)",
+                "/ better plain (range)",
+                "wall / own LB",
+                "final best (median)",
+                "time to better plain's best / its wall",
+                "complete+pruned per seed",
+                "same trials, paired (median, range)",
+                "runtime prediction error (median, completed trials)",
+            ],
+            rows,
+        )
+    )
     if args.plot:
         plot(everything, args.plot)
         print(f"curves: {args.plot}")

@@ -48,11 +48,10 @@ ROOT = os.path.dirname(HERE)
 sys.path[:0] = [ROOT, HERE, os.path.join(ROOT, "examples")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import optuna  # noqa: E402
-import torch  # noqa: E402
-
 import gpt2_sweep  # noqa: E402
 import hf_trainer_sweep  # noqa: E402
+import optuna  # noqa: E402
+import torch  # noqa: E402
 
 WIDE_STEPS = 40
 
@@ -85,8 +84,16 @@ def _train_gpt2(trial, lr: float, n_embd: int, n_layer: int, batch_size: int, st
     ids = gpt2_sweep.token_ids()
     torch.manual_seed(trial.number)
     config = GPT2Config(
-        vocab_size=gpt2_sweep.VOCAB_SIZE, n_positions=gpt2_sweep.SEQ_LEN, n_embd=n_embd, n_layer=n_layer, n_head=4,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+        vocab_size=gpt2_sweep.VOCAB_SIZE,
+        n_positions=gpt2_sweep.SEQ_LEN,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=4,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     model = GPT2LMHeadModel(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -116,8 +123,12 @@ MIXED = [
     {"lr": 1e-3, "n_embd": 256, "n_layer": 4, "batch_size": 64, "steps": 60},
 ]
 
-OBJECTIVES = {"example": gpt2_sweep.objective, "wide": wide_objective, "trainer": hf_trainer_sweep.objective,
-              "mixed": mixed_objective}
+OBJECTIVES = {
+    "example": gpt2_sweep.objective,
+    "wide": wide_objective,
+    "trainer": hf_trainer_sweep.objective,
+    "mixed": mixed_objective,
+}
 
 
 class PlainTrial:
@@ -169,15 +180,19 @@ def trial_params(objective: str, n_trials: int, seed: int = 0) -> list[dict]:
         trial = study.ask()
         probe = PlainTrial(trial)
         if objective in ("example", "trainer"):  # the Trainer example searches the example's space
-            params = {"lr": probe.suggest_float("lr", 1e-4, 1e-2, log=True),
-                      "n_embd": probe.suggest_categorical("n_embd", [32, 64, 96]),
-                      "n_layer": probe.suggest_int("n_layer", 1, 3),
-                      "batch_size": probe.suggest_categorical("batch_size", [8, 16, 32])}
+            params = {
+                "lr": probe.suggest_float("lr", 1e-4, 1e-2, log=True),
+                "n_embd": probe.suggest_categorical("n_embd", [32, 64, 96]),
+                "n_layer": probe.suggest_int("n_layer", 1, 3),
+                "batch_size": probe.suggest_categorical("batch_size", [8, 16, 32]),
+            }
         else:
-            params = {"lr": probe.suggest_float("lr", 1e-4, 1e-2, log=True),
-                      "n_embd": probe.suggest_categorical("n_embd", [128, 192, 256]),
-                      "n_layer": probe.suggest_int("n_layer", 2, 4),
-                      "batch_size": probe.suggest_categorical("batch_size", [16, 32])}
+            params = {
+                "lr": probe.suggest_float("lr", 1e-4, 1e-2, log=True),
+                "n_embd": probe.suggest_categorical("n_embd", [128, 192, 256]),
+                "n_layer": probe.suggest_int("n_layer", 2, 4),
+                "batch_size": probe.suggest_categorical("batch_size", [16, 32]),
+            }
         fixed.append(params)
     return fixed
 
@@ -203,14 +218,22 @@ def run_arm(arm: str, objective: str, params: list[dict], devices: int, store: s
         wall = time.time() - started
         runtimes = [(t.datetime_complete - t.datetime_start).total_seconds() for t in study.trials]
         used = devices if objective == "trainer" or arm == "plain1" else 1
-        return {"wall": wall, "lower_bound": _lower_bound(runtimes, [used] * len(runtimes), devices),
-                "runtimes": [round(r, 2) for r in runtimes]}
+        return {
+            "wall": wall,
+            "lower_bound": _lower_bound(runtimes, [used] * len(runtimes), devices),
+            "runtimes": [round(r, 2) for r in runtimes],
+        }
     from optuna_saturn import SaturnExecutor
 
     cpu_before = _cpu_seconds()
     SaturnExecutor(
-        devices=devices, strategies=["single", "ddp"], profile_store=store, log_dir=log_dir, isolate_network=True,
-        progress="quiet", dashboard=False,
+        devices=devices,
+        strategies=["single", "ddp"],
+        profile_store=store,
+        log_dir=log_dir,
+        isolate_network=True,
+        progress="quiet",
+        dashboard=False,
     ).optimize(study, OBJECTIVES[objective], n_trials=len(params))
     wall = time.time() - started
     driver_cpu = _cpu_seconds() - cpu_before
@@ -224,21 +247,37 @@ def run_arm(arm: str, objective: str, params: list[dict], devices: int, store: s
         "states": sorted({t.state.name for t in study.trials}),
         "lower_bound": _lower_bound(runtimes, [a["saturn:num_devices"] for a in attrs], devices),
         "makespan": max(a["saturn:actual_end"] for a in attrs) if attrs else 0.0,
-        "options": [f'{a["saturn:strategy"]}x{a["saturn:num_devices"]}' for a in attrs],
-        "startup": [round(a["saturn:first_step"] - a["saturn:actual_start"], 3) for a in attrs if "saturn:first_step" in a],
-        "setup": [round(a["saturn:objective_start"] - a["saturn:actual_start"], 3) for a in attrs
-                  if "saturn:objective_start" in a],
+        "options": [f"{a['saturn:strategy']}x{a['saturn:num_devices']}" for a in attrs],
+        "startup": [
+            round(a["saturn:first_step"] - a["saturn:actual_start"], 3) for a in attrs if "saturn:first_step" in a
+        ],
+        "setup": [
+            round(a["saturn:objective_start"] - a["saturn:actual_start"], 3)
+            for a in attrs
+            if "saturn:objective_start" in a
+        ],
         "first_job_at": min(a["saturn:actual_start"] for a in attrs) if attrs else None,
         "idle": last.get("idle_device_seconds", {}),
         "profiling_device_seconds": last["profiling_device_seconds"],
         "profiling_runs": last["profiling_runs"],
-        "planning_seconds": last.get("planning_seconds"), "describing_seconds": last.get("describing_seconds"),
-        "predicted_error": [abs(a["saturn:planned_runtime"] - a["saturn:actual_runtime"]) / a["saturn:actual_runtime"]
-                            for a in attrs],
+        "planning_seconds": last.get("planning_seconds"),
+        "describing_seconds": last.get("describing_seconds"),
+        "predicted_error": [
+            abs(a["saturn:planned_runtime"] - a["saturn:actual_runtime"]) / a["saturn:actual_runtime"] for a in attrs
+        ],
         "priced_by": [a.get("saturn:priced_by") for a in attrs],
         "runtimes": [round(r, 2) for r in runtimes],
-        "timeline": [(t.number, a["saturn:strategy"], a["saturn:devices"], a["saturn:actual_start"], a["saturn:actual_end"],
-                      a["saturn:planned_runtime"]) for t, a in zip(trials, attrs)],
+        "timeline": [
+            (
+                t.number,
+                a["saturn:strategy"],
+                a["saturn:devices"],
+                a["saturn:actual_start"],
+                a["saturn:actual_end"],
+                a["saturn:planned_runtime"],
+            )
+            for t, a in zip(trials, attrs)
+        ],
     }
 
 
@@ -262,12 +301,25 @@ def _lower_bound(runtimes: list[float], devices_used: list[int], devices: int) -
 def _subprocess(arm: str, objective: str, params: list[dict], devices: int, store: str, log_dir: str) -> dict:
     from workloads import arm_in_a_process
 
-    return arm_in_a_process(__file__, "--arm", arm, "--objective", objective, "--devices", str(devices),
-                            "--store", store, "--log-dir", log_dir, "--params", json.dumps(params))
+    return arm_in_a_process(
+        __file__,
+        "--arm",
+        arm,
+        "--objective",
+        objective,
+        "--devices",
+        str(devices),
+        "--store",
+        store,
+        "--log-dir",
+        log_dir,
+        "--params",
+        json.dumps(params),
+    )
 
 
 def compare(
-    objective: str, n_trials: int, devices: int, seed: int, arms: list[str], rounds: int = 1,
+    objective: str, n_trials: int, devices: int, seed: int, arms: list[str], rounds: int = 1
 ) -> list[list[Any]]:
     """The arms on the same trials, ``rounds`` times, interleaved (plain, cold, warm, plain, cold, warm, ...; each
     round's cold arm on an empty store), so that the machine's slow spells fall on every arm alike. Each arm's row
@@ -289,22 +341,27 @@ def compare(
         ratios = [run["wall"] / p for run, p in zip(runs, plain_walls)]
         idle = sum(r.get("idle", {}).values())
         runtimes = _median_runtimes(runs)
-        rows.append([
-            objective, arm, f'{wall:.1f}', f'{wall / plain:.2f}'
-            + (f' ({min(ratios):.2f}-{max(ratios):.2f})' if len(ratios) > 1 else ""),
-            f'{r.get("makespan", r["wall"]) / r["lower_bound"]:.2f}' if r.get("lower_bound") else "-",
-            f'{r.get("first_job_at") or 0.0:.1f}' if arm != "plain" else "-",
-            f'{r.get("makespan", r["wall"]) - (r.get("first_job_at") or 0.0) - r["lower_bound"]:.1f}'
-            if r.get("lower_bound") else "-",
-            f'{statistics.median(r["startup"]):.2f}' if r.get("startup") else "-",
-            f'{idle:.1f}' if "idle" in r else "-",
-            f'{r["profiling_device_seconds"]:.1f} ({r["profiling_runs"]})' if "profiling_runs" in r else "-",
-            f'{100 * r["profiling_device_seconds"] / (devices * r["wall"]):.0f}%' if "profiling_runs" in r else "-",
-            f'{100 * statistics.median(r["predicted_error"]):.0f}%' if r.get("predicted_error") else "-",
-            f'{sum(runtimes[2:]) / sum(plain_runtimes[2:]):.2f}' if plain_runtimes and len(runtimes) > 2 else "-",
-            f'{sum(plain_runtimes[:2]) - sum(runtimes[:2]):.1f}' if plain_runtimes and arm != "plain" else "-",
-            " ".join(r.get("options", [])),
-        ])
+        rows.append(
+            [
+                objective,
+                arm,
+                f"{wall:.1f}",
+                f"{wall / plain:.2f}" + (f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""),
+                f"{r.get('makespan', r['wall']) / r['lower_bound']:.2f}" if r.get("lower_bound") else "-",
+                f"{r.get('first_job_at') or 0.0:.1f}" if arm != "plain" else "-",
+                f"{r.get('makespan', r['wall']) - (r.get('first_job_at') or 0.0) - r['lower_bound']:.1f}"
+                if r.get("lower_bound")
+                else "-",
+                f"{statistics.median(r['startup']):.2f}" if r.get("startup") else "-",
+                f"{idle:.1f}" if "idle" in r else "-",
+                f"{r['profiling_device_seconds']:.1f} ({r['profiling_runs']})" if "profiling_runs" in r else "-",
+                f"{100 * r['profiling_device_seconds'] / (devices * r['wall']):.0f}%" if "profiling_runs" in r else "-",
+                f"{100 * statistics.median(r['predicted_error']):.0f}%" if r.get("predicted_error") else "-",
+                f"{sum(runtimes[2:]) / sum(plain_runtimes[2:]):.2f}" if plain_runtimes and len(runtimes) > 2 else "-",
+                f"{sum(plain_runtimes[:2]) - sum(runtimes[:2]):.1f}" if plain_runtimes and arm != "plain" else "-",
+                " ".join(r.get("options", [])),
+            ]
+        )
         for run in runs:
             print(f"{objective} {arm}: {json.dumps(run)}", file=sys.stderr)
     return rows
@@ -317,11 +374,18 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="run each set of trials this many times, the arms interleaved; report the medians")
-    parser.add_argument("--arms", default="plain,cold,warm",
-                        help="which of plain (n_jobs=devices, a torch thread each), plain1 (n_jobs=1, a thread per "
-                             "device), cold, warm; plain first: the ratios are to it")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run each set of trials this many times, the arms interleaved; report the medians",
+    )
+    parser.add_argument(
+        "--arms",
+        default="plain,cold,warm",
+        help="which of plain (n_jobs=devices, a torch thread each), plain1 (n_jobs=1, a thread per "
+        "device), cold, warm; plain first: the ratios are to it",
+    )
     parser.add_argument("--arm", help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
     parser.add_argument("--log-dir", help=argparse.SUPPRESS)
@@ -336,15 +400,32 @@ def main() -> None:
 
     rows = []
     for repeat in range(args.repeats):
-        for objective in (["example", "wide"] if args.objective == "both" else [args.objective]):
-            rows += compare(objective, args.n_trials, args.devices, args.seed + repeat, args.arms.split(","),
-                            args.rounds)
-    print(markdown_table(
-        ["objective", "arm", "wall (s)", "/ plain", "makespan / LB", "first trial at (s)", "tail past LB (s)",
-         "start-up median (s)", "idle (device-s)",
-         "profiling (device-s, jobs)", "profiling share of device time", "prediction error (median)",
-         "runtime / plain's, trials 3+", "first two trials, plain's runtime past ours (s)", "options"], rows,
-    ))
+        for objective in ["example", "wide"] if args.objective == "both" else [args.objective]:
+            rows += compare(
+                objective, args.n_trials, args.devices, args.seed + repeat, args.arms.split(","), args.rounds
+            )
+    print(
+        markdown_table(
+            [
+                "objective",
+                "arm",
+                "wall (s)",
+                "/ plain",
+                "makespan / LB",
+                "first trial at (s)",
+                "tail past LB (s)",
+                "start-up median (s)",
+                "idle (device-s)",
+                "profiling (device-s, jobs)",
+                "profiling share of device time",
+                "prediction error (median)",
+                "runtime / plain's, trials 3+",
+                "first two trials, plain's runtime past ours (s)",
+                "options",
+            ],
+            rows,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -134,7 +134,13 @@ def _communication(strategy: str, model: Model, n: int, efficiency: float) -> tu
 
 
 def option_runtime(
-    model: Model, batch: int, strategy: str, n: int, ckpt: bool, *, startup: float = STARTUP_SECONDS,
+    model: Model,
+    batch: int,
+    strategy: str,
+    n: int,
+    ckpt: bool,
+    *,
+    startup: float = STARTUP_SECONDS,
     steps: float | None = None,
 ) -> float | None:
     """Seconds for the whole trial (``steps`` steps, default the model's training tokens' worth, after ``startup``
@@ -144,8 +150,11 @@ def option_runtime(
         return None
     sharded = strategy in ("fsdp", "zero3", "zero3-offload")
     states = state_bytes(n) * model.params + (2 * 2 * model.params / model.layers if sharded else 0.0)
-    per_seq = (2 * model.seq * model.hidden * model.layers + 34 * model.seq * model.hidden) if ckpt \
+    per_seq = (
+        (2 * model.seq * model.hidden * model.layers + 34 * model.seq * model.hidden)
+        if ckpt
         else 34 * model.seq * model.hidden * model.layers
+    )
     budget = GPU_MEMORY - RESERVED - states
     mb = batch // n
     while mb >= 1 and mb * per_seq > budget:
@@ -159,8 +168,9 @@ def option_runtime(
     compute = 6 * model.params * batch * model.seq / n / (PEAK_FLOPS * mfu) * (4 / 3 if ckpt else 1.0)
     compute_mb = compute / accum
     comm_mb, comm_step = _communication(strategy, model, n, efficiency)
-    exposed = (accum - 1) * max(0.0, comm_mb - OVERLAP * compute_mb) \
-        + max(0.0, comm_mb + comm_step - OVERLAP * compute_mb)
+    exposed = (accum - 1) * max(0.0, comm_mb - OVERLAP * compute_mb) + max(
+        0.0, comm_mb + comm_step - OVERLAP * compute_mb
+    )
     step = compute + exposed
     if offload:
         step += 4 * model.params / n / PCIE_BANDWIDTH + model.params / CPU_ADAM_PARAMS_PER_S
@@ -212,14 +222,24 @@ def paper_like_simulated(*, cold: bool, uncertainty: float = 0.3, seed: int = 0)
             truth = model_options(model, batch, startup=WARM_JOB_SECONDS)
             steps = max(int(model.tokens / (batch * model.seq)), 1)
             startup = WARM_JOB_SECONDS + 2 * model.params / LOAD_BANDWIDTH
-            told = [Option(o.strategy, o.devices, o.runtime * rng.uniform(1 / (1 + uncertainty), 1 + uncertainty))
-                    for o in truth] if cold else truth
+            told = (
+                [
+                    Option(o.strategy, o.devices, o.runtime * rng.uniform(1 / (1 + uncertainty), 1 + uncertainty))
+                    for o in truth
+                ]
+                if cold
+                else truth
+            )
             for lr in LEARNING_RATES:
-                out.append(SimulatedJob(
-                    Job(f"{model.name}-b{batch}-lr{lr:g}", told),
-                    Behaviour({o.choice: o.runtime for o in truth}, steps=steps, startup=startup),
-                    measured=not cold, uncertainty=uncertainty if cold else 0.0, workload=f"{model.name}-b{batch}",
-                ))
+                out.append(
+                    SimulatedJob(
+                        Job(f"{model.name}-b{batch}-lr{lr:g}", told),
+                        Behaviour({o.choice: o.runtime for o in truth}, steps=steps, startup=startup),
+                        measured=not cold,
+                        uncertainty=uncertainty if cold else 0.0,
+                        workload=f"{model.name}-b{batch}",
+                    )
+                )
     return out
 
 
@@ -228,7 +248,9 @@ def paper_like_restart_seconds() -> dict[str, float]:
     costs = {}
     for model, batches in PAPER_LIKE:
         for batch in batches:
-            seconds = 2 * 16 * model.params / CHECKPOINT_BANDWIDTH + WARM_JOB_SECONDS + 2 * model.params / LOAD_BANDWIDTH
+            seconds = (
+                2 * 16 * model.params / CHECKPOINT_BANDWIDTH + WARM_JOB_SECONDS + 2 * model.params / LOAD_BANDWIDTH
+            )
             for lr in LEARNING_RATES:
                 costs[f"{model.name}-b{batch}-lr{lr:g}"] = seconds
     return costs
@@ -255,27 +277,37 @@ def paper_like_profiling_seconds() -> float:
 
 
 def paper_like_voi_profiling(*, uncertainty: float = 0.3, seed: int = 0) -> tuple[float, int, int]:
-    """Device-seconds the executor's value-of-information rule (``optuna_saturn.pricing.value_of_information``) would spend profiling the
-    paper-like sweep, and how many options it measures of how many it could: every option's runtime is predicted
+    """Device-seconds the executor's value-of-information rule (``optuna_saturn.pricing.value_of_information``)
+    would spend profiling the paper-like sweep, and how many options it measures of how many it could: every option's
+    runtime is predicted
     off by a seeded factor within ``1 +- uncertainty`` (the cost model's fitted uncertainty is 0.1-0.3), and each
     option of the first trial of each distinct workload is measured when the plan could gain more than the
     measurement costs, judged once with every trial known. The learning-rate siblings are priced by those
     measurements (the profile key leaves the learning rate out)."""
-    from optuna_saturn.pricing.value_of_information import profile_gain, worth_measuring
     from optuna_saturn.planner import Cluster
+    from optuna_saturn.pricing.value_of_information import profile_gain, worth_measuring
 
     rng = random.Random(seed)
     cluster = Cluster([8])
-    predicted = [Job(j.name, [Option(o.strategy, o.devices, o.runtime * rng.uniform(1 / (1 + uncertainty),
-                                                                                    1 + uncertainty))
-                              for o in j.options]) for j in paper_like(startup=WARM_JOB_SECONDS)]
+    predicted = [
+        Job(
+            j.name,
+            [
+                Option(o.strategy, o.devices, o.runtime * rng.uniform(1 / (1 + uncertainty), 1 + uncertainty))
+                for o in j.options
+            ],
+        )
+        for j in paper_like(startup=WARM_JOB_SECONDS)
+    ]
     spent, measured, candidates = 0.0, 0, 0
     for model, batches in PAPER_LIKE:
         for batch in batches:
             name = f"{model.name}-b{batch}-lr{LEARNING_RATES[0]:g}"
             job = next(j for j in predicted if j.name == name)
-            costs = {(o.strategy, o.devices): o.runtime
-                     for o in model_options(model, batch, startup=WARM_JOB_SECONDS, steps=PROFILE_STEPS)}
+            costs = {
+                (o.strategy, o.devices): o.runtime
+                for o in model_options(model, batch, startup=WARM_JOB_SECONDS, steps=PROFILE_STEPS)
+            }
             for option in job.options:
                 candidates += 1
                 gain = profile_gain(predicted, cluster, name, option.choice, option.runtime / (1 + uncertainty))
@@ -321,6 +353,7 @@ def arm_in_a_process(script: str, *args: str) -> dict:
 
 def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
     """Rows as a markdown table (floats with 3 significant decimals)."""
+
     def fmt(x: object) -> str:
         return f"{x:.3f}" if isinstance(x, float) else str(x)
 
@@ -333,6 +366,8 @@ if __name__ == "__main__":
     print("| trial | options (strategy x devices: runtime s) |")
     print("|---|---|")
     for job in paper_like()[::3]:
-        opts = ", ".join(f"{o.strategy}x{o.devices}: {o.runtime:.0f}" for o in sorted(
-            job.options, key=lambda o: (o.devices, o.runtime)))
+        opts = ", ".join(
+            f"{o.strategy}x{o.devices}: {o.runtime:.0f}"
+            for o in sorted(job.options, key=lambda o: (o.devices, o.runtime))
+        )
         print(f"| {job.name.rsplit('-lr', 1)[0]} | {opts} |")

@@ -85,8 +85,16 @@ def tiny_gpt2(n_embd: int, n_layer: int, seed: int):
     transformers.logging.set_verbosity_error()
     torch.manual_seed(seed)
     config = GPT2Config(
-        vocab_size=VOCAB_SIZE, n_positions=SEQ_LEN, n_embd=n_embd, n_layer=n_layer, n_head=4,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+        vocab_size=VOCAB_SIZE,
+        n_positions=SEQ_LEN,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=4,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     return GPT2LMHeadModel(config)
 
@@ -138,7 +146,10 @@ def objective(trial) -> float:
 
 
 def main(
-    objective=objective, *, description: str = __doc__, storage: str = "sqlite:///saturn-example.sqlite3",
+    objective=objective,
+    *,
+    description: str = __doc__,
+    storage: str = "sqlite:///saturn-example.sqlite3",
     study_name: str = "gpt2-tiny",
 ) -> None:
     """Parse the command line, run the sweep, print the best trial (the other examples reuse it)."""
@@ -153,7 +164,10 @@ def main(
 
     token_ids()  # build the tokenizer and token cache once, before trials start in parallel
     study = optuna.create_study(
-        study_name=args.study_name, storage=args.storage, load_if_exists=True, direction="minimize",
+        study_name=args.study_name,
+        storage=args.storage,
+        load_if_exists=True,
+        direction="minimize",
         sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=4),
         pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=EVAL_EVERY),
     )

@@ -40,15 +40,28 @@ def objective(trial) -> float:
     train, val = train_and_validation()
     model = tiny_gpt2(n_embd, n_layer, seed=trial.number)
     args = TrainingArguments(
-        output_dir=OUTPUT_DIR, max_steps=TRAIN_STEPS, per_device_train_batch_size=batch_size,
-        per_device_eval_batch_size=32, learning_rate=lr, weight_decay=0.01, lr_scheduler_type="cosine",
-        warmup_steps=10, max_grad_norm=1.0, eval_strategy="steps", eval_steps=EVAL_EVERY, logging_steps=EVAL_EVERY,
-        save_strategy="no", report_to=[], seed=trial.number, dataloader_drop_last=True, disable_tqdm=True,
+        output_dir=OUTPUT_DIR,
+        max_steps=TRAIN_STEPS,
+        per_device_train_batch_size=batch_size,
+        per_device_eval_batch_size=32,
+        learning_rate=lr,
+        weight_decay=0.01,
+        lr_scheduler_type="cosine",
+        warmup_steps=10,
+        max_grad_norm=1.0,
+        eval_strategy="steps",
+        eval_steps=EVAL_EVERY,
+        logging_steps=EVAL_EVERY,
+        save_strategy="no",
+        report_to=[],
+        seed=trial.number,
+        dataloader_drop_last=True,
+        disable_tqdm=True,
         use_cpu=trial.device.type == "cpu",
     )
-    trainer = trial.prepare_trainer(Trainer(
-        model=model, args=args, train_dataset=LanguageModelRows(train), eval_dataset=LanguageModelRows(val),
-    ))  # the one added line: the sweep's strategy, step counting, report and pruning on eval_loss
+    trainer = trial.prepare_trainer(
+        Trainer(model=model, args=args, train_dataset=LanguageModelRows(train), eval_dataset=LanguageModelRows(val))
+    )  # the one added line: the sweep's strategy, step counting, report and pruning on eval_loss
     trainer.train()
     return trainer.evaluate()["eval_loss"]
 

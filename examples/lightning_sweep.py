@@ -50,8 +50,13 @@ def objective(trial) -> float:
     train_loader = torch.utils.data.DataLoader(train, batch_size=batch_size, shuffle=True, drop_last=True)
     val_loader = torch.utils.data.DataLoader(val, batch_size=32)
     trainer = trial.lightning_trainer(  # the one change: the sweep's strategy, step counting, report and pruning
-        max_steps=TRAIN_STEPS, val_check_interval=EVAL_EVERY, check_val_every_n_epoch=None, gradient_clip_val=1.0,
-        num_sanity_val_steps=0, default_root_dir=LOG_DIR, metric="val_loss",
+        max_steps=TRAIN_STEPS,
+        val_check_interval=EVAL_EVERY,
+        check_val_every_n_epoch=None,
+        gradient_clip_val=1.0,
+        num_sanity_val_steps=0,
+        default_root_dir=LOG_DIR,
+        metric="val_loss",
     )
     trainer.fit(module, train_loader, val_loader)
     return trainer.callback_metrics["val_loss"].item()

@@ -8,4 +8,4 @@ from optuna_saturn.trial import SaturnTrial
 
 __version__ = "0.1.0"
 
-__all__ = ["Device", "SaturnExecutor", "SaturnTrial", "Strategy", "StrategyError", "load_strategies", "__version__"]
+__all__ = ["Device", "SaturnExecutor", "SaturnTrial", "Strategy", "StrategyError", "__version__", "load_strategies"]

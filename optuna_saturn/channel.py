@@ -13,7 +13,6 @@ and pruner decide, in the process that owns them.
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import os
@@ -79,8 +78,12 @@ class _NamedThreadsServer(socketserver.ThreadingUnixStreamServer):
     (:func:`optuna_saturn.pools.forked_host.why_not_fork`)."""
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        thread = threading.Thread(target=self.process_request_thread, args=(request, client_address),
-                                  name="saturn-channel-connection", daemon=True)
+        thread = threading.Thread(
+            target=self.process_request_thread,
+            args=(request, client_address),
+            name="saturn-channel-connection",
+            daemon=True,
+        )
         thread.start()
 
 
@@ -121,8 +124,9 @@ class ChannelServer:
             self.address = f"tcp://{host}:{self._server.server_address[1]}"
         self._server.daemon_threads = True
         # (close() waits for the serving loop's next poll: the default half second would end every sweep late)
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="saturn-channel", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="saturn-channel", daemon=True
+        )
         self._thread.start()
 
     @property
@@ -145,7 +149,7 @@ class ChannelServer:
         self._server.server_close()
         shutil.rmtree(self._folder, ignore_errors=True)
 
-    def __enter__(self) -> "ChannelServer":
+    def __enter__(self) -> ChannelServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -181,21 +185,27 @@ class ChannelServer:
         hello = lines.next(limit=_HELLO_BYTES, deadline=time.monotonic() + _HELLO_SECONDS)
         message = _message(hello) if hello else None
         with self._lock:
-            handler = self._handlers.get(str(message.get("token", ""))) \
-                if message is not None and message.get("op") == "hello" else None
+            handler = (
+                self._handlers.get(str(message.get("token", "")))
+                if message is not None and message.get("op") == "hello"
+                else None
+            )
         if handler is None:
             if message is not None:
                 self._rejected(f"a hello without a valid trial token (from {peer})")
-                _reply_error(wfile, AuthenticationFailed("the executor knows no trial of this token (it ended, or "
-                                                         "this worker belongs to another sweep)"))
+                _reply_error(
+                    wfile,
+                    AuthenticationFailed(
+                        "the executor knows no trial of this token (it ended, or this worker belongs to another sweep)"
+                    ),
+                )
             return
         served.append(handler)
         self._leave(peer)
         hello_said.update(message)
         while message is not None:
             try:
-                line = json.dumps({"ok": True, "value": handler(str(message.get("op", "")), message)},
-                                  default=_plain)
+                line = json.dumps({"ok": True, "value": handler(str(message.get("op", "")), message)}, default=_plain)
             except Exception as exc:  # the worker re-raises it; the parent must keep serving
                 line = json.dumps({"ok": False, "type": type(exc).__name__, "error": str(exc)})
             wfile.write((line + "\n").encode())
@@ -296,7 +306,7 @@ class ChannelClient:
 
     def __init__(self, address: str, token: str, *, hello: dict | None = None) -> None:
         if address.startswith("tcp://"):
-            host, port = address[len("tcp://"):].rsplit(":", 1)
+            host, port = address[len("tcp://") :].rsplit(":", 1)
             self._socket = socket.create_connection((host, int(port)))
             self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         else:

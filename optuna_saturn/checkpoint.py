@@ -3,8 +3,9 @@ the first run stopped instead of from scratch.
 
 What is saved: the model, the optimizer, the LR scheduler, the random generators (rank 0's, as every rank draws
 from them alike: see :mod:`optuna_saturn.sharding`), where each prepared DataLoader's pass stands
-(:mod:`optuna_saturn.worker.loader_positions`: a run resumed mid-epoch trains on the batches the first run would have) and the
-step. Where: one folder per trial, ``step-<k>`` in it, written under a temporary name, flushed to disk
+(:mod:`optuna_saturn.worker.loader_positions`: a run resumed mid-epoch trains on the batches the first run
+would have) and the step. Where: one folder per trial, ``step-<k>`` in it, written under a temporary name, flushed to
+disk
 (``fsync``) and renamed when complete, so a checkpoint that a kill or a power loss cut short is never taken for
 one. Its record (:class:`CheckpointRecord`) is the trial's ``saturn:checkpoint`` user attribute; the checkpoint
 before it is removed only once the executor has stored that record (:func:`prune`), and the one before that
@@ -65,8 +66,14 @@ class CheckpointRecord:
 
     @classmethod
     def from_json(cls, data: dict) -> CheckpointRecord:
-        return cls(str(data["path"]), int(data["step"]), str(data["format"]), str(data["strategy"]),
-                   int(data["world_size"]), float(data["saved_at"]))
+        return cls(
+            str(data["path"]),
+            int(data["step"]),
+            str(data["format"]),
+            str(data["strategy"]),
+            int(data["world_size"]),
+            float(data["saved_at"]),
+        )
 
 
 def format_of(engine_name: str) -> str:
@@ -93,12 +100,19 @@ def exists_at(path: str) -> bool:
 
 
 def save(
-    engine: Any, folder: Path, step: int, model: torch.nn.Module, optimizer: Any, scheduler: Any, *, group: Any,
+    engine: Any,
+    folder: Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: Any,
+    scheduler: Any,
+    *,
+    group: Any,
     loaders: list[Any] = (),
 ) -> CheckpointRecord:
     """Save the training state at ``step`` in ``folder`` (collective: every rank calls it), with ``loaders``
-    (where each prepared loader's pass stands, :mod:`optuna_saturn.worker.loader_positions`). Returns the record, on every
-    rank; older checkpoints of the trial are removed once this one is complete."""
+    (where each prepared loader's pass stands, :mod:`optuna_saturn.worker.loader_positions`). Returns the record,
+    on every rank; older checkpoints of the trial are removed once this one is complete."""
     context = engine.context
     fmt = engine.checkpoint_format
     final = folder / f"step-{step}"
@@ -139,8 +153,10 @@ def prune(record: CheckpointRecord) -> None:
 def usable(record: CheckpointRecord) -> CheckpointRecord | None:
     """``record`` if its files are as they were written, else the newest intact checkpoint before it in its
     trial's folder; None if there is none. (Every rank finds the same one: they read the same files.)"""
-    candidates = [record, *sorted((r for r in _steps(Path(record.path).parent) if r.step < record.step),
-                                  key=lambda r: -r.step)]
+    candidates = [
+        record,
+        *sorted((r for r in _steps(Path(record.path).parent) if r.step < record.step), key=lambda r: -r.step),
+    ]
     return next((r for r in candidates if _intact(Path(r.path))), None)
 
 
@@ -186,8 +202,9 @@ def _fsync(path: Path, flags: int) -> None:
         os.close(descriptor)
 
 
-def load(engine: Any, record: CheckpointRecord, model: torch.nn.Module, optimizer: Any, scheduler: Any,
-         *, group: Any) -> tuple[int, list[Any]]:
+def load(
+    engine: Any, record: CheckpointRecord, model: torch.nn.Module, optimizer: Any, scheduler: Any, *, group: Any
+) -> tuple[int, list[Any]]:
     """Load ``record`` into the prepared model, optimizer and scheduler, and the random generators; returns its
     step and the loaders' positions it saved. Collective."""
     if record.format == DEEPSPEED:
@@ -198,8 +215,12 @@ def load(engine: Any, record: CheckpointRecord, model: torch.nn.Module, optimize
 
         state = _dcp_state(model, optimizer, b"")
         dcp.load(state, checkpoint_id=record.path, process_group=_dcp_group(group))
-        set_state_dict(model, [] if optimizer is None else [optimizer], model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"] if optimizer is not None else {})
+        set_state_dict(
+            model,
+            [] if optimizer is None else [optimizer],
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"] if optimizer is not None else {},
+        )
         trainer = state["trainer"]
     saved = trainer_state.loads(trainer)
     if scheduler is not None and saved["scheduler"] is not None:
@@ -221,8 +242,9 @@ def _load_deepspeed(engine: Any, record: CheckpointRecord, model: Any, optimizer
         _barrier(context.world_size, group)
         model._config.load_universal_checkpoint = True  # (read by load_checkpoint alone)
     try:
-        _, client = model.load_checkpoint(record.path, tag=tag, load_optimizer_states=optimizer is not None,
-                                          load_lr_scheduler_states=False)
+        _, client = model.load_checkpoint(
+            record.path, tag=tag, load_optimizer_states=optimizer is not None, load_lr_scheduler_states=False
+        )
     finally:
         model._config.load_universal_checkpoint = False
     return (client or {})["saturn"]
@@ -239,8 +261,15 @@ def to_universal(source: Path, target: Path) -> None:
     from deepspeed.checkpoint import ds_to_universal
 
     shutil.rmtree(target, ignore_errors=True)
-    args = argparse.Namespace(input_folder=str(source), output_folder=str(target), num_extract_workers=1,
-                              num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=True)
+    args = argparse.Namespace(
+        input_folder=str(source),
+        output_folder=str(target),
+        num_extract_workers=1,
+        num_merge_workers=1,
+        keep_temp_folder=False,
+        strict=True,
+        inject_missing_state=True,
+    )
     with contextlib.redirect_stdout(io.StringIO()):  # (it prints every parameter it converts)
         ds_to_universal.main(args)
     (target / _CONVERTED).write_text(str(time.time()), encoding="utf-8")
@@ -267,10 +296,16 @@ def _trainer_state(step: int, scheduler: Any, loaders: list[Any], world_size: in
     rank holds alike (the checkpoint keeps one copy of what is not a tensor)."""
     blob: list[Any] = [None]
     if world_size == 1 or dist.get_rank(group) == 0:
-        blob = [trainer_state.dumps({
-            "step": int(step), "scheduler": None if scheduler is None else scheduler.state_dict(),
-            "random": capture(cuda=True), "loaders": loaders,
-        })]
+        blob = [
+            trainer_state.dumps(
+                {
+                    "step": int(step),
+                    "scheduler": None if scheduler is None else scheduler.state_dict(),
+                    "random": capture(cuda=True),
+                    "loaders": loaders,
+                }
+            )
+        ]
     if world_size > 1:
         dist.broadcast_object_list(blob, src=0, group=group)
     return blob[0]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Literal
 
 DeviceKind = Literal["cuda", "cpu"]
 
@@ -34,12 +34,13 @@ class Device:
         return {"kind": self.kind, "index": self.index, "cores": list(self.cores), "node": self.node}
 
     @classmethod
-    def from_json(cls, data: dict) -> "Device":
-        return cls(kind=data["kind"], index=int(data["index"]), cores=tuple(data.get("cores", ())),
-                   node=data.get("node", ""))
+    def from_json(cls, data: dict) -> Device:
+        return cls(
+            kind=data["kind"], index=int(data["index"]), cores=tuple(data.get("cores", ())), node=data.get("node", "")
+        )
 
 
-DeviceSpec = Union[str, int, Sequence[Union[int, str, Device]]]
+DeviceSpec = str | int | Sequence[int | str | Device]
 
 
 def available_cores() -> list[int]:

@@ -98,5 +98,6 @@ class Broadcast:
                 getattr(listener, method)(self._study, *args)
             except Exception:
                 optuna.logging.get_logger("optuna.saturn").exception(
-                    f"Listener {listener!r} failed in {method}; it is dropped, the sweep goes on.")
+                    f"Listener {listener!r} failed in {method}; it is dropped, the sweep goes on."
+                )
                 self._listeners.remove(listener)

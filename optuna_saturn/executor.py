@@ -15,17 +15,17 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from optuna_saturn.clock import WallClock
-from optuna_saturn.pools.processes import ProcessPool
-from optuna_saturn.pricing.pricer import Pricer
-from optuna_saturn.sweep import Sweep, SweepSettings
-from optuna_saturn.sweep.requests import run_folder
 from optuna_saturn.devices import DeviceSpec, resolve_devices
 from optuna_saturn.events import SweepListener
+from optuna_saturn.pools.processes import ProcessPool
+from optuna_saturn.pools.ray_cluster import discover
+from optuna_saturn.pricing.pricer import Pricer
 from optuna_saturn.profiler import ProfileStore
 from optuna_saturn.progress import ProgressMode, make_progress
-from optuna_saturn.pools.ray_cluster import discover
 from optuna_saturn.strategy import Strategy, select_strategies
 from optuna_saturn.study.interrupts import stop_signal
+from optuna_saturn.sweep import Sweep, SweepSettings
+from optuna_saturn.sweep.requests import run_folder
 
 WORKER_ENV = "OPTUNA_SATURN_WORKER"
 _logger = optuna.logging.get_logger("optuna.saturn.executor")
@@ -145,30 +145,50 @@ class SaturnExecutor:
             cluster = discover(devices, address=ray_address)
             if elastic and checkpoint_dir is None:
                 # a moved trial resumes on whichever node the plan picks: from a folder every node must read
-                _logger.info("runner='ray' without a checkpoint_dir: elastic resize is off (a moved trial resumes "
-                             "from its checkpoint, which must be in a folder every node shares).")
+                _logger.info(
+                    "runner='ray' without a checkpoint_dir: elastic resize is off (a moved trial resumes "
+                    "from its checkpoint, which must be in a folder every node shares)."
+                )
                 elastic = False
             self.devices = cluster.devices
             self.strategies = _without_launchers(
-                select_strategies(strategies, cluster.largest_node, device_kind=self.devices[0].kind,
-                                  folders=list(strategy_folders)), strategies)
+                select_strategies(
+                    strategies, cluster.largest_node, device_kind=self.devices[0].kind, folders=list(strategy_folders)
+                ),
+                strategies,
+            )
         else:
             self.devices = resolve_devices(devices, allow_shared_cores=allow_shared_cores)
-            self.strategies = select_strategies(strategies, len(self.devices), device_kind=self.devices[0].kind,
-                                                folders=list(strategy_folders))
+            self.strategies = select_strategies(
+                strategies, len(self.devices), device_kind=self.devices[0].kind, folders=list(strategy_folders)
+            )
         self.solver = solver
         self._quiet_own_log = progress is not None
         self._settings = SweepSettings(
-            devices=self.devices, strategies=self.strategies, solver=solver, time_limit=plan_time_limit,
-            log_dir=Path(log_dir), isolate_network=isolate_network, artifact_store=artifact_store,
-            grace_period=grace_period, listeners=tuple(_default_listeners(progress, dashboard)) + tuple(listeners),
+            devices=self.devices,
+            strategies=self.strategies,
+            solver=solver,
+            time_limit=plan_time_limit,
+            log_dir=Path(log_dir),
+            isolate_network=isolate_network,
+            artifact_store=artifact_store,
+            grace_period=grace_period,
+            listeners=tuple(_default_listeners(progress, dashboard)) + tuple(listeners),
             profile_store=(
-                None if not profile else
-                profile_store if isinstance(profile_store, ProfileStore) else ProfileStore(profile_store)
+                None
+                if not profile
+                else profile_store
+                if isinstance(profile_store, ProfileStore)
+                else ProfileStore(profile_store)
             ),
-            profile_budget=profile_budget, profile_steps=tuple(profile_steps), worker_memory_limit=worker_memory_limit,
-            max_retries=max_retries, checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir),
-            keep_checkpoints=bool(keep_checkpoints), stall_timeout=stall_timeout, elastic=bool(elastic),
+            profile_budget=profile_budget,
+            profile_steps=(int(profile_steps[0]), int(profile_steps[1])),
+            worker_memory_limit=worker_memory_limit,
+            max_retries=max_retries,
+            checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir),
+            keep_checkpoints=bool(keep_checkpoints),
+            stall_timeout=stall_timeout,
+            elastic=bool(elastic),
             ray=cluster,
         )
 
@@ -216,13 +236,25 @@ class SaturnExecutor:
         batch = len(self.devices) if batch_size is None else batch_size
         if not isinstance(batch, int) or batch < 1:
             raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}.")
-        self._run(_real_sweep(
-            self._settings, study, objective, n_trials=n_trials, timeout=timeout, batch_size=batch,
-            callbacks=list(callbacks or ()), gc_after_trial=bool(gc_after_trial),
-        ))
+        self._run(
+            _real_sweep(
+                self._settings,
+                study,
+                objective,
+                n_trials=n_trials,
+                timeout=timeout,
+                batch_size=batch,
+                callbacks=list(callbacks or ()),
+                gc_after_trial=bool(gc_after_trial),
+            )
+        )
 
     def profile(
-        self, objective: Callable[[Any], float | Sequence[float]], n_trials: int | None = None, *, seed: int = 0,
+        self,
+        objective: Callable[[Any], float | Sequence[float]],
+        n_trials: int | None = None,
+        *,
+        seed: int = 0,
         params: Sequence[dict[str, Any]] = (),
     ) -> optuna.Study:
         """Profile configurations of ``objective`` into the profile store, and run nothing: ``params`` (each a
@@ -241,15 +273,14 @@ class SaturnExecutor:
         for fixed in params:
             study.enqueue_trial(dict(fixed))
         settings = dataclasses.replace(self._settings, profile_only=True)
-        self._run(_real_sweep(settings, study, objective, n_trials=n_trials, timeout=None,
-                              batch_size=max(n_trials, 1)))
+        self._run(_real_sweep(settings, study, objective, n_trials=n_trials, timeout=None, batch_size=max(n_trials, 1)))
         return study
 
     def _run(self, sweep: Sweep) -> None:
         if os.environ.get(WORKER_ENV):
             raise RuntimeError(
                 "SaturnExecutor was called inside a worker process. Put the code that starts the sweep under "
-                "`if __name__ == \"__main__\":` so that workers only import your objective."
+                '`if __name__ == "__main__":` so that workers only import your objective.'
             )
         saturn_logger = logging.getLogger("optuna.saturn")
         level = saturn_logger.level
@@ -266,15 +297,31 @@ def _real_sweep(settings: SweepSettings, study: optuna.Study, objective: Callabl
     """The sweep of ``study`` on real processes (this machine's or a Ray cluster's) and wall time."""
     devices, largest = settings.devices, max(len(n.devices) for n in settings.ray.nodes) if settings.ray else None
     node = None if settings.ray is None else settings.ray.nodes[0]  # (the nodes of a cluster are alike)
-    pricing = None if settings.profile_store is None else lambda lock: Pricer(
-        objective=objective, strategies=settings.strategies, pool=devices, store=settings.profile_store, lock=lock,
-        max_devices=largest, hardware=None if node is None else node.hardware,
-        device_memory=None if node is None else node.device_memory,
+    store = settings.profile_store
+    pricing = (
+        None
+        if store is None
+        else lambda lock: Pricer(
+            objective=objective,
+            strategies=settings.strategies,
+            pool=devices,
+            store=store,
+            lock=lock,
+            max_devices=largest,
+            hardware=None if node is None else node.hardware,
+            device_memory=None if node is None else node.device_memory,
+        )
     )
     run_dir = run_folder(settings.log_dir, study.study_name)
     pool = ProcessPool(
-        devices, objective, strategies=settings.strategies, log_dir=run_dir, isolate_network=settings.isolate_network,
-        grace_period=settings.grace_period, memory_limit=settings.worker_memory_limit, ray=settings.ray,
+        devices,
+        objective,
+        strategies=settings.strategies,
+        log_dir=run_dir,
+        isolate_network=settings.isolate_network,
+        grace_period=settings.grace_period,
+        memory_limit=settings.worker_memory_limit,
+        ray=settings.ray,
     )
     return Sweep(settings, study, pool=pool, clock=WallClock(), pricing=pricing, run_dir=run_dir, **options)
 

@@ -12,6 +12,7 @@ the DataLoader, keeps every optimizer step seeing exactly the samples it would s
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +35,7 @@ def partition(rows: int, parts: int) -> list[tuple[int, int, float]]:
         raise ValueError(f"cannot cut {rows} row(s) into {parts} piece(s)")
     if rows >= parts:
         bounds = [i * rows // parts for i in range(parts + 1)]
-        return [(lo, hi, (hi - lo) / rows) for lo, hi in zip(bounds, bounds[1:])]
+        return [(lo, hi, (hi - lo) / rows) for lo, hi in itertools.pairwise(bounds)]
     copies = [parts // rows + (1 if row < parts % rows else 0) for row in range(rows)]
     return [(piece % rows, piece % rows + 1, 1.0 / (rows * copies[piece % rows])) for piece in range(parts)]
 

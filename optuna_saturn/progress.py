@@ -73,9 +73,11 @@ class SweepTracker:
     def plan(self, plan: Plan, now: float) -> None:
         for a in plan.assignments:
             self.trials[int(a.job)] = TrialStatus(
-                number=int(a.job), strategy=a.option.strategy,
+                number=int(a.job),
+                strategy=a.option.strategy,
                 devices=tuple(self.devices[i] if i < len(self.devices) else f"device:{i}" for i in a.devices),
-                planned_start=now + a.start, planned_end=now + a.end,
+                planned_start=now + a.start,
+                planned_end=now + a.end,
             )
 
     def trial_start(self, start: TrialStart) -> TrialStatus:
@@ -127,7 +129,7 @@ def format_duration(seconds: float | None) -> str:
     """``75.2`` -> ``"1:15"``; ``3700`` -> ``"1:01:40"``; ``None`` -> ``"-"``."""
     if seconds is None:
         return "-"
-    total = int(round(seconds))
+    total = round(seconds)
     hours, rest = divmod(total, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
@@ -135,8 +137,9 @@ def format_duration(seconds: float | None) -> str:
 
 def describe_move(move: TrialMove) -> str:
     if move.phase == "asked":
-        return (f"trial {move.number} moves from {move.from_option} to {move.to_option} at its next checkpoint"
-                + (f": {move.summary}" if move.summary else ""))
+        return f"trial {move.number} moves from {move.from_option} to {move.to_option} at its next checkpoint" + (
+            f": {move.summary}" if move.summary else ""
+        )
     return f"trial {move.number} stopped under {move.from_option} at step {move.step}, to go on under another option"
 
 
@@ -168,8 +171,9 @@ class PlainProgress(SweepListener):
     def on_plan(self, study: optuna.Study, plan: Plan, trial_numbers: Sequence[int], now: float) -> None:
         self.tracker.plan(plan, now)
         chosen = ", ".join(f"#{a.job} {a.option.label}" for a in plan.assignments)
-        self._write(f"planned {len(plan.assignments)} trial(s) ({chosen}); "
-                    f"batch ends in ~{format_duration(plan.makespan)}")
+        self._write(
+            f"planned {len(plan.assignments)} trial(s) ({chosen}); batch ends in ~{format_duration(plan.makespan)}"
+        )
 
     def on_profile(self, study: optuna.Study, event: ProfileEvent) -> None:
         if event.phase == "done":
@@ -180,8 +184,10 @@ class PlainProgress(SweepListener):
     def on_trial_start(self, study: optuna.Study, start: TrialStart) -> None:
         status = self.tracker.trial_start(start)
         self._last_line[start.number] = self.tracker.now()
-        self._write(f"trial {status.number} started: {status.strategy} on {', '.join(status.devices)}; "
-                    f"ETA {format_duration(status.remaining(start.start))}")
+        self._write(
+            f"trial {status.number} started: {status.strategy} on {', '.join(status.devices)}; "
+            f"ETA {format_duration(status.remaining(start.start))}"
+        )
 
     def on_trial_progress(self, study: optuna.Study, progress: TrialProgress) -> None:
         status = self.tracker.trial_progress(progress)
@@ -190,8 +196,10 @@ class PlainProgress(SweepListener):
             return
         self._last_line[progress.number] = now
         total = f"/{status.total}" if status.total else ""
-        self._write(f"trial {status.number}: step {status.step}{total}, ETA {format_duration(status.remaining(now))}"
-                    f"; sweep ETA {format_duration(self.tracker.sweep_remaining(now))}")
+        self._write(
+            f"trial {status.number}: step {status.step}{total}, ETA {format_duration(status.remaining(now))}"
+            f"; sweep ETA {format_duration(self.tracker.sweep_remaining(now))}"
+        )
 
     def on_trial_move(self, study: optuna.Study, move: TrialMove) -> None:
         self._write(describe_move(move))
@@ -202,9 +210,11 @@ class PlainProgress(SweepListener):
         value = f", value {', '.join(f'{v:.6g}' for v in status.values)}" if status.state == "COMPLETE" else ""
         counts = self.tracker.counts()
         done = sum(counts.get(s, 0) for s in _FINISHED)
-        self._write(f"trial {trial.number} {status.state} after {format_duration(took)}{value}; "
-                    f"{done}/{len(self.tracker.trials)} planned trials done, "
-                    f"sweep ETA {format_duration(self.tracker.sweep_remaining(now))}")
+        self._write(
+            f"trial {trial.number} {status.state} after {format_duration(took)}{value}; "
+            f"{done}/{len(self.tracker.trials)} planned trials done, "
+            f"sweep ETA {format_duration(self.tracker.sweep_remaining(now))}"
+        )
 
     def on_sweep_end(self, study: optuna.Study, now: float, interrupted: bool) -> None:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(self.tracker.counts().items()))
@@ -236,8 +246,12 @@ class RichProgress(SweepListener):
         with self._lock:
             self.tracker.sweep_start(devices, started_at)
         self._study_name = study.study_name
-        self._live = Live(get_renderable=self.render, console=self.console,
-                          refresh_per_second=self.refresh_per_second, transient=False)
+        self._live = Live(
+            get_renderable=self.render,
+            console=self.console,
+            refresh_per_second=self.refresh_per_second,
+            transient=False,
+        )
         original = sys.stderr, sys.stdout
         self._live.start()
         refresher = getattr(self._live, "_refresh_thread", None)
@@ -288,22 +302,37 @@ class RichProgress(SweepListener):
         finished = sorted((s for s in statuses if s.state in _FINISHED), key=lambda s: -s.number)
         shown = (active + finished)[: self.max_rows]
         table = Table(title=f"optuna-saturn: study {self._study_name!r}", title_justify="left", expand=False)
-        for column, justify in (("trial", "right"), ("strategy", "left"), ("devices", "left"), ("state", "left"),
-                                ("step", "right"), ("elapsed", "right"), ("ETA", "right"), ("value", "right")):
+        for column, justify in (
+            ("trial", "right"),
+            ("strategy", "left"),
+            ("devices", "left"),
+            ("state", "left"),
+            ("step", "right"),
+            ("elapsed", "right"),
+            ("ETA", "right"),
+            ("value", "right"),
+        ):
             table.add_column(column, justify=justify)  # type: ignore[arg-type]
         styles = {"RUNNING": "bold blue", "COMPLETE": "green", "PRUNED": "yellow", "FAIL": "bold red"}
         for s in sorted(shown, key=lambda s: s.number):
             elapsed = None if s.start is None else (s.end if s.end is not None else now) - s.start
             step = f"{s.step}/{s.total}" if s.total else (str(s.step) if s.step else "")
             table.add_row(
-                str(s.number), s.strategy, ", ".join(s.devices), f"[{styles.get(s.state, 'dim')}]{s.state}[/]", step,
-                format_duration(elapsed), "" if s.state in _FINISHED else format_duration(s.remaining(now)),
+                str(s.number),
+                s.strategy,
+                ", ".join(s.devices),
+                f"[{styles.get(s.state, 'dim')}]{s.state}[/]",
+                step,
+                format_duration(elapsed),
+                "" if s.state in _FINISHED else format_duration(s.remaining(now)),
                 ", ".join(f"{v:.4g}" for v in s.values) if s.values and s.state == "COMPLETE" else "",
             )
         hidden = len(statuses) - len(shown)
         summary = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-        table.caption = (f"elapsed {format_duration(now)} | sweep ETA {format_duration(sweep_left)} "
-                         f"(trials planned so far) | {summary}" + (f" | {hidden} older rows hidden" if hidden else ""))
+        table.caption = (
+            f"elapsed {format_duration(now)} | sweep ETA {format_duration(sweep_left)} "
+            f"(trials planned so far) | {summary}" + (f" | {hidden} older rows hidden" if hidden else "")
+        )
         table.caption_justify = "left"
         return table
 
@@ -332,8 +361,11 @@ class NotebookProgress(RichProgress):
     def __init__(self, *, max_rows: int = 20, refresh_per_second: float = 1.0, width: int = 110) -> None:
         from rich.console import Console
 
-        super().__init__(console=Console(file=io.StringIO(), record=True, width=width, force_jupyter=False),
-                         max_rows=max_rows, refresh_per_second=refresh_per_second)
+        super().__init__(
+            console=Console(file=io.StringIO(), record=True, width=width, force_jupyter=False),
+            max_rows=max_rows,
+            refresh_per_second=refresh_per_second,
+        )
         self._handle = None
         self._stop = threading.Event()
         self._refresher: threading.Thread | None = None
@@ -387,9 +419,8 @@ def make_progress(mode: ProgressMode = "auto", *, stream: IO[str] | None = None)
     if mode == "quiet":
         return QuietProgress()
     target = stream or sys.stderr
-    if mode == "auto" and stream is None:
-        if in_a_notebook():  # a live table in the cell's output, updated in place
-            return NotebookProgress()
+    if mode == "auto" and stream is None and in_a_notebook():  # a live table in the cell's output, updated in place
+        return NotebookProgress()
     if mode == "auto":
         mode = "rich" if getattr(target, "isatty", lambda: False)() else "plain"
     if mode == "rich":

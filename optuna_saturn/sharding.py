@@ -32,8 +32,9 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
-from optuna_saturn.worker.random_state import capture, restore
 from optuna_saturn.microbatch import batch_rows, partition, take_rows
+from optuna_saturn.worker.random_state import capture, restore
+
 
 @dataclass(frozen=True)
 class RankRows:
@@ -131,12 +132,19 @@ class ShardedDataLoader(LoaderView):
             return self._persistent
         user = self.loader
         loader = DataLoader(
-            user.dataset, batch_sampler=_RankBatchSampler(user.batch_sampler, self._rank, self._world_size, shares),
-            num_workers=user.num_workers, collate_fn=user.collate_fn, pin_memory=user.pin_memory,
-            timeout=user.timeout, worker_init_fn=user.worker_init_fn,
-            multiprocessing_context=user.multiprocessing_context, generator=user.generator,
-            prefetch_factor=user.prefetch_factor, persistent_workers=user.persistent_workers,
-            pin_memory_device=user.pin_memory_device, in_order=user.in_order,
+            user.dataset,
+            batch_sampler=_RankBatchSampler(user.batch_sampler, self._rank, self._world_size, shares),
+            num_workers=user.num_workers,
+            collate_fn=user.collate_fn,
+            pin_memory=user.pin_memory,
+            timeout=user.timeout,
+            worker_init_fn=user.worker_init_fn,
+            multiprocessing_context=user.multiprocessing_context,
+            generator=user.generator,
+            prefetch_factor=user.prefetch_factor,
+            persistent_workers=user.persistent_workers,
+            pin_memory_device=user.pin_memory_device,
+            in_order=user.in_order,
         )
         if user.persistent_workers:
             self._persistent = loader
@@ -170,7 +178,7 @@ class _RankBatchSampler:
             indices = list(indices)
             mine = rank_rows(len(indices), self.rank, self.world_size)
             self.shares.append(mine)
-            yield indices[mine.start:mine.stop]
+            yield indices[mine.start : mine.stop]
 
     def __len__(self) -> int:
         return len(self.batch_sampler)

@@ -108,31 +108,65 @@ def simulate(
         raise ValueError("resize_seconds needs mode='replan': a job is moved when the sweep re-plans.")
     noise, prune_at, overheads = dict(noise or {}), dict(prune_at or {}), overheads or Overheads()
     simulated = [
-        SimulatedJob(job, Behaviour(
-            {o.choice: o.runtime * noise.get(job.name, 1.0) for o in job.options}, steps=steps,
-            prune_at=prune_at.get(job.name, 1.0), startup=_per_job(overheads.startup, job.name),
-            restart=_per_job(resize_seconds or 0.0, job.name),
-            checkpoint_every=max(steps // 10, 1) if resize_seconds is not None else None,
-        ), describe_seconds=_per_job(overheads.describe, job.name))
+        SimulatedJob(
+            job,
+            Behaviour(
+                {o.choice: o.runtime * noise.get(job.name, 1.0) for o in job.options},
+                steps=steps,
+                prune_at=prune_at.get(job.name, 1.0),
+                startup=_per_job(overheads.startup, job.name),
+                restart=_per_job(resize_seconds or 0.0, job.name),
+                checkpoint_every=max(steps // 10, 1) if resize_seconds is not None else None,
+            ),
+            describe_seconds=_per_job(overheads.describe, job.name),
+        )
         for job in jobs
     ]
     return run_simulation(
-        simulated, cluster, mode=mode, solver=solver, time_limit=time_limit, seed=seed, min_improvement=min_improvement,
-        plan=plan, observe_step_rate=observe_step_rate, elastic=resize_seconds is not None, max_moves=max_moves,
-        workers_ready=overheads.workers_ready, known_ahead=known_ahead, tick=tick,
+        simulated,
+        cluster,
+        mode=mode,
+        solver=solver,
+        time_limit=time_limit,
+        seed=seed,
+        min_improvement=min_improvement,
+        plan=plan,
+        observe_step_rate=observe_step_rate,
+        elastic=resize_seconds is not None,
+        max_moves=max_moves,
+        workers_ready=overheads.workers_ready,
+        known_ahead=known_ahead,
+        tick=tick,
         plan_for_pruning=plan_for_pruning and mode != "clairvoyant",
     )
 
 
 def run_simulation(
-    jobs: Sequence[SimulatedJob], cluster: Cluster, *, mode: str = "replan", solver: str = "auto",
-    time_limit: float = 2.0, seed: int = 0, min_improvement: float = 0.02, plan: Plan | None = None,
-    observe_step_rate: bool = True, elastic: bool = False, max_moves: int = 2,
+    jobs: Sequence[SimulatedJob],
+    cluster: Cluster,
+    *,
+    mode: str = "replan",
+    solver: str = "auto",
+    time_limit: float = 2.0,
+    seed: int = 0,
+    min_improvement: float = 0.02,
+    plan: Plan | None = None,
+    observe_step_rate: bool = True,
+    elastic: bool = False,
+    max_moves: int = 2,
     workers_ready: float | Sequence[float] = 0.0,
-    known_ahead: bool = True, tick: float = 0.0, faults: Sequence[Fault] = (), n_trials: int | None = None,
-    batch_size: int | None = None, timeout: float | None = None, listeners: Sequence[SweepListener] = (),
-    callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = (), study: optuna.Study | None = None,
-    stall_timeout: float | None = None, max_retries: int = 1, profile_budget: float | None = None,
+    known_ahead: bool = True,
+    tick: float = 0.0,
+    faults: Sequence[Fault] = (),
+    n_trials: int | None = None,
+    batch_size: int | None = None,
+    timeout: float | None = None,
+    listeners: Sequence[SweepListener] = (),
+    callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = (),
+    study: optuna.Study | None = None,
+    stall_timeout: float | None = None,
+    max_retries: int = 1,
+    profile_budget: float | None = None,
     plan_for_pruning: bool = False,
 ) -> SimulationResult:
     """The real loop on ``jobs`` (see :func:`simulate`), with ``faults`` injected into the simulated pool. A
@@ -149,17 +183,44 @@ def run_simulation(
     record = _Record(clock, prices)
     with tempfile.TemporaryDirectory(prefix="optuna-saturn-simulation-") as folder, _quiet():
         settings = SweepSettings(
-            devices=devices, strategies=strategies, solver=solver, time_limit=time_limit, log_dir=Path(folder),
-            listeners=(record, *listeners), elastic=elastic, replan=mode != "static", min_improvement=min_improvement,
-            seed=seed, first_plan=_numbered(plan, jobs) if plan is not None else None, max_moves=max_moves, owned=False,
-            stall_timeout=stall_timeout, max_retries=max_retries, profile_budget=profile_budget,
+            devices=devices,
+            strategies=strategies,
+            solver=solver,
+            time_limit=time_limit,
+            log_dir=Path(folder),
+            listeners=(record, *listeners),
+            elastic=elastic,
+            replan=mode != "static",
+            min_improvement=min_improvement,
+            seed=seed,
+            first_plan=_numbered(plan, jobs) if plan is not None else None,
+            max_moves=max_moves,
+            owned=False,
+            stall_timeout=stall_timeout,
+            max_retries=max_retries,
+            profile_budget=profile_budget,
             plan_for_pruning=plan_for_pruning,
         )
-        pool = SimulatedPool(devices, clock, prices.behaviour, ready_after=workers_ready, faults=faults, tick=tick,
-                             progress_rates=observe_step_rate)
-        Sweep(settings, study, pool=pool, clock=clock, pricing=lambda lock: prices,
-              n_trials=len(jobs) if n_trials is None else n_trials, timeout=timeout,
-              batch_size=batch_size or len(devices), callbacks=callbacks).run()
+        pool = SimulatedPool(
+            devices,
+            clock,
+            prices.behaviour,
+            ready_after=workers_ready,
+            faults=faults,
+            tick=tick,
+            progress_rates=observe_step_rate,
+        )
+        Sweep(
+            settings,
+            study,
+            pool=pool,
+            clock=clock,
+            pricing=lambda lock: prices,
+            n_trials=len(jobs) if n_trials is None else n_trials,
+            timeout=timeout,
+            batch_size=batch_size or len(devices),
+            callbacks=callbacks,
+        ).run()
     return record.result(cluster)
 
 
@@ -178,16 +239,18 @@ def _quiet() -> Iterator[None]:
 def simulated_devices(cluster: Cluster) -> list[Device]:
     """A device per device of ``cluster``, named by node when there are several."""
     several = len(cluster.nodes) > 1
-    return [Device("cuda", i, node=f"node{n}" if several else "") for n, size in enumerate(cluster.nodes)
-            for i in range(size)]
+    return [
+        Device("cuda", i, node=f"node{n}" if several else "")
+        for n, size in enumerate(cluster.nodes)
+        for i in range(size)
+    ]
 
 
 def simulated_strategies(names: Sequence[str] | object) -> list[Strategy]:
     """The shipped template of each strategy name, or a plain data-parallel one for names the simulation made up
     (its checkpoints reshard, like DDP's)."""
     known = load_strategies()
-    return [known.get(name) or Strategy(name, "torchrun", "ddp", min_devices=1)
-            for name in dict.fromkeys(names)]
+    return [known.get(name) or Strategy(name, "torchrun", "ddp", min_devices=1) for name in dict.fromkeys(names)]
 
 
 def _per_job(value: float | Mapping[str, float], name: str) -> float:
@@ -250,13 +313,19 @@ class _Record(SweepListener):
         work = sum(len(a.devices) * (a.end - a.start) for a in executed)
         utilisation = work / (cluster.total_devices * makespan) if makespan > 0 else 0.0
         moves = len(executed) - len({a.job for a in executed})
-        return SimulationResult(makespan, utilisation, tuple(sorted(executed, key=lambda a: (a.start, a.job))),
-                                self.first_makespan or 0.0, self.plans, self.replaced,
-                                info={"resizes": moves, "wall_seconds": self.wall_seconds})
+        return SimulationResult(
+            makespan,
+            utilisation,
+            tuple(sorted(executed, key=lambda a: (a.start, a.job))),
+            self.first_makespan or 0.0,
+            self.plans,
+            self.replaced,
+            info={"resizes": moves, "wall_seconds": self.wall_seconds},
+        )
 
 
 def _place(names: Sequence[str]) -> tuple[int, tuple[int, ...]]:
     """A simulated trial's node and node-local devices, from its devices' names (``node1/cuda:3``: see
     :func:`simulated_devices`)."""
-    node = int(names[0].split("/")[0][len("node"):]) if "/" in names[0] else 0
+    node = int(names[0].split("/")[0][len("node") :]) if "/" in names[0] else 0
     return node, tuple(int(name.rsplit(":", 1)[1]) for name in names)

@@ -9,6 +9,7 @@ top-level ``strategies/`` folder; users add their own folders, or an installed p
 from __future__ import annotations
 
 import importlib.resources
+import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,8 +26,16 @@ LAUNCHERS = ("torchrun", "accelerate", "deepspeed")
 ENGINES = ("single", "ddp", "fsdp", "deepspeed")
 ENTRY_POINT_GROUP = "optuna_saturn.strategies"
 _KEYS = {
-    "name", "description", "launcher", "engine", "min_devices", "max_devices", "power_of_two", "knobs",
-    "launcher_config", "one_process",
+    "name",
+    "description",
+    "launcher",
+    "engine",
+    "min_devices",
+    "max_devices",
+    "power_of_two",
+    "knobs",
+    "launcher_config",
+    "one_process",
 }
 #: Knobs the engines understand, with what each must be.
 KNOBS = {
@@ -76,14 +85,21 @@ class Strategy:
 
     def to_json(self) -> dict:
         return {
-            "name": self.name, "launcher": self.launcher, "engine": self.engine, "description": self.description,
-            "min_devices": self.min_devices, "max_devices": self.max_devices, "power_of_two": self.power_of_two,
-            "knobs": dict(self.knobs), "launcher_config": dict(self.launcher_config), "source": self.source,
+            "name": self.name,
+            "launcher": self.launcher,
+            "engine": self.engine,
+            "description": self.description,
+            "min_devices": self.min_devices,
+            "max_devices": self.max_devices,
+            "power_of_two": self.power_of_two,
+            "knobs": dict(self.knobs),
+            "launcher_config": dict(self.launcher_config),
+            "source": self.source,
             "one_process": self.one_process,
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "Strategy":
+    def from_json(cls, data: Mapping[str, Any]) -> Strategy:
         return cls(**data)
 
 
@@ -104,16 +120,22 @@ def parse_strategy(data: Mapping[str, Any], *, source: str) -> Strategy:
     if not isinstance(min_devices, int) or min_devices < 1:
         raise StrategyError(f"{source}: min_devices must be an int >= 1, got {min_devices!r}.")
     if max_devices is not None and (not isinstance(max_devices, int) or max_devices < min_devices):
-        raise StrategyError(f"{source}: max_devices must be an int >= min_devices ({min_devices}), got {max_devices!r}.")
+        raise StrategyError(
+            f"{source}: max_devices must be an int >= min_devices ({min_devices}), got {max_devices!r}."
+        )
     one_process = data.get("one_process", False)
     if not isinstance(one_process, bool):
         raise StrategyError(f"{source}: one_process must be true or false, got {one_process!r}.")
     if one_process and (data["engine"] != "single" or data["launcher"] != "torchrun"):
-        raise StrategyError(f"{source}: one_process = true needs engine = 'single' and launcher = 'torchrun' (one "
-                            "warm worker runs the objective on the cores of all the trial's CPU devices).")
+        raise StrategyError(
+            f"{source}: one_process = true needs engine = 'single' and launcher = 'torchrun' (one "
+            "warm worker runs the objective on the cores of all the trial's CPU devices)."
+        )
     if data["engine"] == "single" and not one_process and (max_devices or 0) != 1:
-        raise StrategyError(f"{source}: engine 'single' runs one process; set max_devices = 1 (or one_process = "
-                            "true, for one process on the cores of several CPU devices).")
+        raise StrategyError(
+            f"{source}: engine 'single' runs one process; set max_devices = 1 (or one_process = "
+            "true, for one process on the cores of several CPU devices)."
+        )
     for key in ("knobs", "launcher_config"):
         if not isinstance(data.get(key, {}), Mapping):
             raise StrategyError(f"{source}: '{key}' must be a table.")
@@ -125,10 +147,17 @@ def parse_strategy(data: Mapping[str, Any], *, source: str) -> Strategy:
             "(the trial's own loop fixes the global batch; the planner chooses the accumulation)."
         )
     return Strategy(
-        name=data["name"], launcher=data["launcher"], engine=data["engine"],
-        description=data.get("description", ""), min_devices=min_devices, max_devices=max_devices,
-        power_of_two=bool(data.get("power_of_two", False)), knobs=knobs,
-        launcher_config=dict(data.get("launcher_config", {})), source=source, one_process=one_process,
+        name=data["name"],
+        launcher=data["launcher"],
+        engine=data["engine"],
+        description=data.get("description", ""),
+        min_devices=min_devices,
+        max_devices=max_devices,
+        power_of_two=bool(data.get("power_of_two", False)),
+        knobs=knobs,
+        launcher_config=dict(data.get("launcher_config", {})),
+        source=source,
+        one_process=one_process,
     )
 
 
@@ -146,16 +175,16 @@ def _check_knobs(knobs: dict[str, Any], engine: str, source: str) -> dict[str, A
             "launcher_config.zero_optimization.offload_optimizer / offload_param."
         )
     factors = knobs.get("gradient_accumulation")
-    if factors is not None:
-        if (
-            not isinstance(factors, list) or not factors
-            or any(not isinstance(f, int) or isinstance(f, bool) or f < 1 for f in factors)
-            or factors != sorted(set(factors))
-        ):
-            raise StrategyError(
-                f"{source}: knobs.gradient_accumulation must be a non-empty, increasing list of positive ints, "
-                f"e.g. [1, 2, 4, 8]; got {factors!r}."
-            )
+    if factors is not None and (
+        not isinstance(factors, list)
+        or not factors
+        or any(not isinstance(f, int) or isinstance(f, bool) or f < 1 for f in factors)
+        or factors != sorted(set(factors))
+    ):
+        raise StrategyError(
+            f"{source}: knobs.gradient_accumulation must be a non-empty, increasing list of positive ints, "
+            f"e.g. [1, 2, 4, 8]; got {factors!r}."
+        )
     return knobs
 
 
@@ -173,7 +202,9 @@ def builtin_folder() -> Any:
     return importlib.resources.files("optuna_saturn._builtin_strategies")
 
 
-def load_strategies(*, folders: Sequence[str | Path] = (), use_entry_points: bool = True) -> dict[str, Strategy]:
+def load_strategies(
+    *, folders: Sequence[str | os.PathLike[str]] = (), use_entry_points: bool = True
+) -> dict[str, Strategy]:
     """All known strategies: built-in, then entry points, then ``folders`` (later ones override by name)."""
     sources: list[Any] = [builtin_folder()]
     if use_entry_points:
@@ -192,7 +223,11 @@ def load_strategies(*, folders: Sequence[str | Path] = (), use_entry_points: boo
 
 
 def select_strategies(
-    names: Sequence[str] | None, pool_size: int, *, device_kind: str = "cpu", folders: Sequence[str | Path] = ()
+    names: Sequence[str] | None,
+    pool_size: int,
+    *,
+    device_kind: str = "cpu",
+    folders: Sequence[str | os.PathLike[str]] = (),
 ) -> list[Strategy]:
     """The strategies a sweep may use: the named ones (all known if None) that fit a pool of ``pool_size``
     devices of ``device_kind`` (one-process strategies run on CPU devices only)."""
@@ -208,8 +243,10 @@ def select_strategies(
         chosen = [known[n] for n in names]
         on_cpu_only = [s.name for s in chosen if s.one_process and device_kind != "cpu"]
         if on_cpu_only:
-            raise StrategyError(f"Strategy {on_cpu_only[0]!r} runs one process on the cores of several CPU "
-                                f"devices; these devices are {device_kind}. Leave it out of strategies=.")
+            raise StrategyError(
+                f"Strategy {on_cpu_only[0]!r} runs one process on the cores of several CPU "
+                f"devices; these devices are {device_kind}. Leave it out of strategies=."
+            )
     usable = [s for s in chosen if s.device_counts(pool_size)]
     if not usable:
         raise StrategyError(

@@ -23,12 +23,14 @@ from optuna_saturn.checkpoint import CheckpointRecord
 from optuna_saturn.engines._base import Engine
 from optuna_saturn.integrations.ways_in import WaysIn
 from optuna_saturn.microbatch import AccumulationError, MicroBatch, split_batch
-from optuna_saturn.worker.loader_positions import PositionedLoader
 from optuna_saturn.sharding import RankRows, gather_rows, mean_over_ranks
 from optuna_saturn.strategy import Strategy
+from optuna_saturn.worker.loader_positions import PositionedLoader
 from optuna_saturn.worker.profiled_steps import ProfilingLoader, StepTimings, profiled_steps
 
 _PROGRESS_EVERY_S = 2.0
+
+
 class TrialMoved(BaseException):
     """Raised by :meth:`SaturnTrial.checkpoint` right after a checkpoint the executor asked for to move the trial
     (elastic resize): the run ends there, and the trial goes on from that checkpoint under another option. A
@@ -117,14 +119,20 @@ class SaturnTrial(WaysIn):
         if self._channel is not None:
             self._channel.call(op, **fields)
 
-    def suggest_float(self, name: str, low: float, high: float, *, step: float | None = None, log: bool = False) -> float:
-        return self._ask_and_broadcast(
-            "suggest", method="suggest_float", args=[name, low, high], kwargs={"step": step, "log": log}
+    def suggest_float(
+        self, name: str, low: float, high: float, *, step: float | None = None, log: bool = False
+    ) -> float:
+        return float(
+            self._ask_and_broadcast(
+                "suggest", method="suggest_float", args=[name, low, high], kwargs={"step": step, "log": log}
+            )
         )
 
     def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
-        return self._ask_and_broadcast(
-            "suggest", method="suggest_int", args=[name, low, high], kwargs={"step": step, "log": log}
+        return int(
+            self._ask_and_broadcast(
+                "suggest", method="suggest_int", args=[name, low, high], kwargs={"step": step, "log": log}
+            )
         )
 
     def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
@@ -145,7 +153,7 @@ class SaturnTrial(WaysIn):
 
     @property
     def params(self) -> dict[str, Any]:
-        return self._ask_and_broadcast("params")
+        return dict(self._ask_and_broadcast("params"))
 
     @property
     def study(self) -> Any:
@@ -173,7 +181,9 @@ class SaturnTrial(WaysIn):
             raise ValueError("Pass the model with its optimizer: trial.prepare(model, optimizer, loader).")
         model = optimizer = None
         if modules:
-            model, optimizer = self._engine.prepare_model_and_optimizer(modules[0], optimizers[0] if optimizers else None)
+            model, optimizer = self._engine.prepare_model_and_optimizer(
+                modules[0], optimizers[0] if optimizers else None
+            )
             self._models.append(model)
         prepared: list[Any] = []
         for obj in objects:
@@ -253,7 +263,9 @@ class SaturnTrial(WaysIn):
             micro.backward_called = True
         weight = (1.0 if self._batch is None else self._batch.weight) * (1.0 if micro is None else micro.share)
         self._engine.backward(
-            loss, self._models[-1] if self._models else None, weight=weight,
+            loss,
+            self._models[-1] if self._models else None,
+            weight=weight,
             last_micro_batch=micro is None or micro.last,
         )
 
@@ -275,8 +287,7 @@ class SaturnTrial(WaysIn):
         return self._engine.full_state_dict(model)
 
     def checkpoint(
-        self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
-        scheduler: Any = None,
+        self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None
     ) -> None:
         """Save the training state after ``step`` steps (the prepared model and optimizer, the LR scheduler, the
         random generators), so that if this trial's sweep dies, the trial run again resumes here. Call it on
@@ -303,8 +314,16 @@ class SaturnTrial(WaysIn):
         from optuna_saturn import checkpoint
 
         started = time.perf_counter()
-        record = checkpoint.save(self._engine, Path(self._checkpoint_dir), step, model, optimizer, scheduler,
-                                 group=self._group, loaders=[loader.position() for loader in self._loaders])
+        record = checkpoint.save(
+            self._engine,
+            Path(self._checkpoint_dir),
+            step,
+            model,
+            optimizer,
+            scheduler,
+            group=self._group,
+            loaders=[loader.position() for loader in self._loaders],
+        )
         move = self._ask_and_broadcast("checkpointed", record=record.to_json(), seconds=time.perf_counter() - started)
         if self.rank == 0:
             checkpoint.prune(record)  # (the executor has stored the record: it answered)
@@ -312,7 +331,7 @@ class SaturnTrial(WaysIn):
             raise TrialMoved(step)  # the executor moves this trial to another option: it goes on from here
 
     def restore(
-        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None
     ) -> int:
         """Load the checkpoint that an earlier run of this trial's params left (see :meth:`checkpoint`) into the
         prepared model, optimizer and scheduler, and the random generators; returns its step, where the training
@@ -329,13 +348,17 @@ class SaturnTrial(WaysIn):
 
         record = checkpoint.usable(self._resume)
         if record != self._resume and self.rank == 0:
-            print(f"optuna-saturn: the checkpoint at step {self._resume.step} ({self._resume.path}) is damaged: "
-                  + (f"resuming from step {record.step} instead." if record else "starting from step 0."),
-                  file=sys.stderr, flush=True)
+            print(
+                f"optuna-saturn: the checkpoint at step {self._resume.step} ({self._resume.path}) is damaged: "
+                + (f"resuming from step {record.step} instead." if record else "starting from step 0."),
+                file=sys.stderr,
+                flush=True,
+            )
         if record is None:
             return 0
-        self.resumed_from, positions = checkpoint.load(self._engine, record, model, optimizer, scheduler,
-                                                       group=self._group)
+        self.resumed_from, positions = checkpoint.load(
+            self._engine, record, model, optimizer, scheduler, group=self._group
+        )
         for loader, position in zip(self._loaders, positions):
             loader.resume_at(position)
         return self.resumed_from
@@ -371,7 +394,7 @@ class SaturnTrial(WaysIn):
     def step_budget(self, steps: int) -> int:
         """How many of ``steps`` this run may take: all of them, unless the profiler is timing a short run."""
         if self._profile is not None:
-            return min(steps, self._profile["warmup"] + self._profile["timed"])
+            return min(steps, int(self._profile["warmup"]) + int(self._profile["timed"]))
         return steps
 
     def _synchronize(self) -> None:
@@ -411,8 +434,13 @@ class SaturnTrial(WaysIn):
                     self._synchronize()
                     now = time.perf_counter()
                     self._relay(
-                        "progress", step=done + taken, total=done + budget, loop=loop, loop_total=budget,
-                        elapsed=now - self._first_loop_started, resumed=start,
+                        "progress",
+                        step=done + taken,
+                        total=done + budget,
+                        loop=loop,
+                        loop_total=budget,
+                        elapsed=now - self._first_loop_started,
+                        resumed=start,
                     )
                     last_report = now
         finally:

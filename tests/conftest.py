@@ -4,7 +4,6 @@ import os
 import shutil
 
 import pytest
-
 from support import require
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -17,11 +16,18 @@ def _can_isolate_network() -> bool:
 @pytest.fixture
 def saturn_options(tmp_path):
     """Executor options for tests: every launch inside its own loopback-only network namespace (DESIGN 9)."""
-    require(_can_isolate_network(), "unshare or ip (util-linux, iproute2)",
-            fix="install them: trials launch in a loopback-only network namespace (DESIGN.md, decision 9)")
+    require(
+        _can_isolate_network(),
+        "unshare or ip (util-linux, iproute2)",
+        fix="install them: trials launch in a loopback-only network namespace (DESIGN.md, decision 9)",
+    )
     return {
-        "isolate_network": True, "log_dir": tmp_path / "runs", "grace_period": 5.0,
-        "profile_store": tmp_path / "profiles", "progress": "plain", "dashboard": False,
+        "isolate_network": True,
+        "log_dir": tmp_path / "runs",
+        "grace_period": 5.0,
+        "profile_store": tmp_path / "profiles",
+        "progress": "plain",
+        "dashboard": False,
     }
 
 

@@ -8,7 +8,6 @@ import os
 import tempfile
 
 import torch
-
 from objectives import strategy_facts
 
 VOCAB, LENGTH = 96, 16
@@ -31,8 +30,18 @@ class Tokens(torch.utils.data.Dataset):
 def tiny_gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(vocab_size=VOCAB, n_positions=LENGTH, n_embd=32, n_layer=2, n_head=2,
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    config = GPT2Config(
+        vocab_size=VOCAB,
+        n_positions=LENGTH,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     torch.manual_seed(0)
     return GPT2LMHeadModel(config)
 
@@ -45,15 +54,28 @@ def trainer_gpt2(trial) -> float:
     learning_rate = trial.suggest_float("learning_rate", 1e-4, 1e-2, log=True)
     output = os.environ.get("SATURN_TEST_OUTPUT") or tempfile.mkdtemp()
     args = TrainingArguments(
-        output_dir=output, per_device_train_batch_size=8, per_device_eval_batch_size=8,
+        output_dir=output,
+        per_device_train_batch_size=8,
+        per_device_eval_batch_size=8,
         gradient_accumulation_steps=int(os.environ.get("SATURN_TEST_ACCUMULATION", "1")),
-        num_train_epochs=2, learning_rate=learning_rate, warmup_steps=2, lr_scheduler_type="linear",
-        max_grad_norm=0.5, weight_decay=0.01, logging_steps=1, eval_strategy="steps", eval_steps=3,
-        save_strategy="no", report_to=[], seed=0, use_cpu=trial.device.type == "cpu", disable_tqdm=True,
+        num_train_epochs=2,
+        learning_rate=learning_rate,
+        warmup_steps=2,
+        lr_scheduler_type="linear",
+        max_grad_norm=0.5,
+        weight_decay=0.01,
+        logging_steps=1,
+        eval_strategy="steps",
+        eval_steps=3,
+        save_strategy="no",
+        report_to=[],
+        seed=0,
+        use_cpu=trial.device.type == "cpu",
+        disable_tqdm=True,
     )
-    trainer = trial.prepare_trainer(Trainer(
-        model=tiny_gpt2(), args=args, train_dataset=Tokens(48, seed=1), eval_dataset=Tokens(20, seed=2),
-    ))
+    trainer = trial.prepare_trainer(
+        Trainer(model=tiny_gpt2(), args=args, train_dataset=Tokens(48, seed=1), eval_dataset=Tokens(20, seed=2))
+    )
     trainer.train()
     value = trainer.evaluate()["eval_loss"]
     history = trainer.state.log_history

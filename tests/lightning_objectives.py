@@ -9,7 +9,6 @@ import os
 
 import lightning as L
 import torch
-
 from hf_objectives import Tokens, tiny_gpt2
 from objectives import strategy_facts
 
@@ -42,13 +41,17 @@ class TinyGPT2(L.LightningModule):
 def lightning_gpt2(trial) -> float:
     """GPT-2 in a LightningModule: 2 epochs of 6 batches of 8 rows, validation every 3 steps on 20 rows."""
     module = TinyGPT2(trial.suggest_float("learning_rate", 1e-4, 1e-2, log=True))
-    train = torch.utils.data.DataLoader(Tokens(48, seed=1), batch_size=8, shuffle=True,
-                                        generator=torch.Generator().manual_seed(3))
+    train = torch.utils.data.DataLoader(
+        Tokens(48, seed=1), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(3)
+    )
     validation = torch.utils.data.DataLoader(Tokens(20, seed=2), batch_size=8)
-    settings = {"gradient_clip_val": None if os.environ.get("SATURN_TEST_NO_CLIPPING") else 0.5,
-                **ast.literal_eval(os.environ.get("SATURN_TEST_TRAINER_SETTING", "{}"))}  # (the tests' variations)
-    trainer = trial.lightning_trainer(max_epochs=2, val_check_interval=3, logger=False, num_sanity_val_steps=0,
-                                      **settings)
+    settings = {
+        "gradient_clip_val": None if os.environ.get("SATURN_TEST_NO_CLIPPING") else 0.5,
+        **ast.literal_eval(os.environ.get("SATURN_TEST_TRAINER_SETTING", "{}")),
+    }  # (the tests' variations)
+    trainer = trial.lightning_trainer(
+        max_epochs=2, val_check_interval=3, logger=False, num_sanity_val_steps=0, **settings
+    )
     trainer.fit(module, train, validation)
     trial.set_user_attr("curve", module.curve)
     trial.set_user_attr("facts", strategy_facts(trainer.strategy.model, trainer.optimizers[0]))

@@ -123,7 +123,7 @@ def two_values(trial) -> tuple[float, float]:
     x = trial.suggest_float("x", 0, 1)
     for _ in trial.steps(3):
         time.sleep(0.01)
-    return x ** 2, 1.0 - x
+    return x**2, 1.0 - x
 
 
 class Blocks(torch.nn.Module):
@@ -146,9 +146,8 @@ class Blocks(torch.nn.Module):
 
 def strategy_facts(model, optimizer) -> dict:
     """What a test needs to see that a strategy is really applied."""
-    from torch.distributed.tensor import DTensor
-
     from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
 
     facts: dict = {"optimizer": type(getattr(optimizer, "optimizer", optimizer)).__name__}
     if isinstance(model, FSDPModule):  # after a forward pass the root module keeps its parameters gathered
@@ -176,7 +175,7 @@ def same_curve(trial) -> float:
     model, optimizer, loader = trial.prepare(model, optimizer, loader)
     losses, micro_rows = [], set()
     batches = iter(loader)
-    for step in trial.steps(8):
+    for _step in trial.steps(8):
         x, y = next(batches)
         optimizer.zero_grad()
         parts = []
@@ -189,8 +188,12 @@ def same_curve(trial) -> float:
         losses.append(trial.reduce_mean(torch.stack(parts).mean()))  # the whole batch's loss
     trial.set_user_attr("losses", losses)
     facts = strategy_facts(model, optimizer)
-    facts.update(gradient_accumulation=trial.gradient_accumulation, micro_batch_rows=sorted(micro_rows),
-                 threads=torch.get_num_threads(), processes=trial.world_size)
+    facts.update(
+        gradient_accumulation=trial.gradient_accumulation,
+        micro_batch_rows=sorted(micro_rows),
+        threads=torch.get_num_threads(),
+        processes=trial.world_size,
+    )
     trial.set_user_attr("facts", facts)
     return losses[-1]
 
@@ -212,7 +215,7 @@ def _train_blocks(trial, steps: int, *, largest_micro_batch: int | None = None, 
     model, optimizer, loader = trial.prepare(model, optimizer, loader)
     batches = _endless(loader)
     loss = torch.zeros(())
-    for step in trial.steps(steps):
+    for _step in trial.steps(steps):
         x, y = next(batches)
         optimizer.zero_grad()
         for mx, my in trial.micro_batches((x, y)):
@@ -252,7 +255,9 @@ def evaluates_after_training(trial) -> float:
 
 def single_does_not_fit(trial) -> float:
     """Runs out of memory on one device (as a model too big for one GPU would); fits when sharded over two."""
-    if trial.world_size == 1 and trial.strategy is not None:  # (the description, before any strategy, allocates nothing)
+    if (
+        trial.world_size == 1 and trial.strategy is not None
+    ):  # (the description, before any strategy, allocates nothing)
         raise MemoryError("simulated: the model does not fit one device")
     return profiled(trial)
 
@@ -328,7 +333,7 @@ def _user_code_case(trial, case: str) -> dict:
         scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
     curve, lrs, norms = [], [], []
     try:
-        for epoch in range(2):
+        for _epoch in range(2):
             for x, y in loader:
                 optimizer.zero_grad()
                 rank_loss = torch.zeros(())
@@ -375,8 +380,10 @@ def _saving_and_evaluating(trial) -> dict:
             per_row.append(trial.gather_for_metrics(errors))
             total, rows = total + float(errors.sum()), rows + len(x)
     return {
-        "unwrap": unwrap, "saved": saved if trial.is_main_process else None,
-        "gathered": torch.cat(per_row).tolist(), "weighted": trial.reduce_mean(total / rows, weight=rows),
+        "unwrap": unwrap,
+        "saved": saved if trial.is_main_process else None,
+        "gathered": torch.cat(per_row).tolist(),
+        "weighted": trial.reduce_mean(total / rows, weight=rows),
     }
 
 
@@ -424,11 +431,19 @@ def leaves_a_mess(trial) -> float:
     """Records the process-wide state it finds, then changes it: the next trial on a reused worker must find
     it as a fresh process would (its dtype, environment, random generator, threads, process group)."""
     trial.suggest_float("x", 0, 1)
-    trial.set_user_attr("found", {
-        "pid": os.getpid(), "dtype": str(torch.get_default_dtype()), "env": os.environ.get("SATURN_TEST_MESS"),
-        "random": torch.rand(1).item(), "threads": torch.get_num_threads(), "grad": torch.is_grad_enabled(),
-        "world": dist.get_world_size() if dist.is_initialized() else None, "cwd": os.getcwd(),
-    })
+    trial.set_user_attr(
+        "found",
+        {
+            "pid": os.getpid(),
+            "dtype": str(torch.get_default_dtype()),
+            "env": os.environ.get("SATURN_TEST_MESS"),
+            "random": torch.rand(1).item(),
+            "threads": torch.get_num_threads(),
+            "grad": torch.is_grad_enabled(),
+            "world": dist.get_world_size() if dist.is_initialized() else None,
+            "cwd": os.getcwd(),
+        },
+    )
     torch.set_default_dtype(torch.float64)
     os.environ["SATURN_TEST_MESS"] = "left behind"
     torch.manual_seed(1234)
@@ -469,10 +484,16 @@ def where_it_runs(trial) -> float:
     total = torch.ones(1)
     if dist.is_initialized():
         dist.all_reduce(total)
-    trial.set_user_attr("host", {
-        "cmdline": [part.decode() for part in cmdline if part], "net": os.readlink("/proc/self/ns/net"),
-        "threads": torch.get_num_threads(), "gc_frozen": gc.get_freeze_count(), "gc_tracked": len(gc.get_objects()),
-    })
+    trial.set_user_attr(
+        "host",
+        {
+            "cmdline": [part.decode() for part in cmdline if part],
+            "net": os.readlink("/proc/self/ns/net"),
+            "threads": torch.get_num_threads(),
+            "gc_frozen": gc.get_freeze_count(),
+            "gc_tracked": len(gc.get_objects()),
+        },
+    )
     return float(total)
 
 

@@ -34,8 +34,11 @@ def _free_port() -> int:
 class PostgresServer:
     def __init__(self, folder: str | None = None) -> None:
         for tool in ("initdb", "pg_ctl", "runuser"):
-            require(shutil.which(tool) is not None, f"{tool} (PostgreSQL's server)",
-                    fix="install PostgreSQL's server (apt-get install postgresql)")
+            require(
+                shutil.which(tool) is not None,
+                f"{tool} (PostgreSQL's server)",
+                fix="install PostgreSQL's server (apt-get install postgresql)",
+            )
         self.folder = folder or tempfile.mkdtemp(prefix="saturn-postgres-")
         os.makedirs(self.folder, exist_ok=True)
         shutil.chown(self.folder, _USER)
@@ -52,8 +55,9 @@ class PostgresServer:
 
     def start(self) -> None:
         options = f"-k {self.folder} -h 127.0.0.1 -p {self.port} -c fsync=off"
-        self._as_postgres(["pg_ctl", "-D", self.data, "-o", options, "-l", os.path.join(self.folder, "log"), "-w",
-                           "start"])
+        self._as_postgres(
+            ["pg_ctl", "-D", self.data, "-o", options, "-l", os.path.join(self.folder, "log"), "-w", "start"]
+        )
 
     def stop(self) -> None:
         self._as_postgres(["pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop"])
@@ -63,14 +67,18 @@ class PostgresServer:
         return self.url(name)
 
     def remove(self) -> None:
-        subprocess.run(["runuser", "-u", _USER, "--", "pg_ctl", "-D", self.data, "-m", "immediate", "stop"],
-                       capture_output=True, check=False)
+        subprocess.run(
+            ["runuser", "-u", _USER, "--", "pg_ctl", "-D", self.data, "-m", "immediate", "stop"],
+            capture_output=True,
+            check=False,
+        )
         shutil.rmtree(self.folder, ignore_errors=True)
 
     @staticmethod
     def _as_postgres(command: list[str]) -> None:
-        done = subprocess.run(["runuser", "-u", _USER, "--", *command], capture_output=True, text=True,
-                              cwd="/", check=False)
+        done = subprocess.run(
+            ["runuser", "-u", _USER, "--", *command], capture_output=True, text=True, cwd="/", check=False
+        )
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
 

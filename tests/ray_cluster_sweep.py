@@ -16,15 +16,16 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
 
+import objectives  # noqa: E402
 import optuna  # noqa: E402
 import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
-import objectives  # noqa: E402
 from optuna_saturn import SaturnExecutor  # noqa: E402
 from optuna_saturn.events import SweepListener, TrialStart  # noqa: E402
 
@@ -41,9 +42,18 @@ class AddNodeOnceATrialRuns(SweepListener):
         if self.process is None:
             ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
             self.process = subprocess.Popen(
-                [ray_bin, "start", f"--address={self._address}", "--node-ip-address=127.0.0.1", "--num-cpus=1",
-                 "--disable-usage-stats", "--block"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                [
+                    ray_bin,
+                    "start",
+                    f"--address={self._address}",
+                    "--node-ip-address=127.0.0.1",
+                    "--num-cpus=1",
+                    "--disable-usage-stats",
+                    "--block",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
             )
             self.added_at = time.time()
 
@@ -81,8 +91,9 @@ class KillNodeWhenATrialRunsThere(SweepListener):
         self.removed_at = time.time()
 
 
-def main(mode: str, out: str, address: str | None = None, raylet_pid: int | None = None,
-         worker_ip: str | None = None) -> None:
+def main(
+    mode: str, out: str, address: str | None = None, raylet_pid: int | None = None, worker_ip: str | None = None
+) -> None:
     """``address``: a cluster started outside (the network-namespace hosts), whose worker node is at
     ``worker_ip`` and has its raylet at ``raylet_pid``; None: a ``Cluster`` started here. Whatever it starts is
     stopped, also when it fails."""
@@ -90,18 +101,26 @@ def main(mode: str, out: str, address: str | None = None, raylet_pid: int | None
         _sweep(mode, out, stack, address, raylet_pid, worker_ip)
 
 
-def _sweep(mode: str, out: str, stack: contextlib.ExitStack, address: str | None, raylet_pid: int | None,
-           worker_ip: str | None) -> None:
+def _sweep(
+    mode: str, out: str, stack: contextlib.ExitStack, address: str | None, raylet_pid: int | None, worker_ip: str | None
+) -> None:
     started = time.time()
     per_node = 2 if mode == "spread" else 1
     steps = "30" if mode == "node-joins" else "100"  # 3 s or 10 s a trial
     # spread: 6 s trials, so that both nodes' workers are up before the trials are all done
-    env = {"SATURN_TEST_SLEEPY_STEPS": steps, "SATURN_TEST_EPOCH_SLEEP": "0.4", "HF_HUB_OFFLINE": "1",
-           "SATURN_TEST_STEP_SLEEP": "0.25", "SATURN_TEST_CHECKPOINT_EVERY": "4"}  # (node-death: 6 s trials)
+    env = {
+        "SATURN_TEST_SLEEPY_STEPS": steps,
+        "SATURN_TEST_EPOCH_SLEEP": "0.4",
+        "HF_HUB_OFFLINE": "1",
+        "SATURN_TEST_STEP_SLEEP": "0.25",
+        "SATURN_TEST_CHECKPOINT_EVERY": "4",
+    }  # (node-death: 6 s trials)
     # the trials' environment reaches the actors through Ray (they are not the driver's children)
     if address is None:
-        cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": per_node, "node_ip_address": "127.0.0.1", "include_dashboard": False})
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={"num_cpus": per_node, "node_ip_address": "127.0.0.1", "include_dashboard": False},
+        )
         stack.callback(cluster.shutdown)
         worker = None if mode == "node-joins" else cluster.add_node(num_cpus=per_node, node_ip_address="127.0.0.1")
         address = cluster.address
@@ -137,22 +156,37 @@ def _sweep(mode: str, out: str, stack: contextlib.ExitStack, address: str | None
         stack.callback(joiner.stop)
         listeners.append(joiner)
     executor = SaturnExecutor(
-        devices=per_node, strategies=["single", "ddp"] if mode == "spread" else ["single"], runner="ray",
-        log_dir=f"{tmp}/runs", profile_store=f"{tmp}/profiles", progress="plain", dashboard=False,
-        listeners=listeners, max_retries=1, checkpoint_dir=f"{tmp}/checkpoints",  # (every node sees it)
+        devices=per_node,
+        strategies=["single", "ddp"] if mode == "spread" else ["single"],
+        runner="ray",
+        log_dir=f"{tmp}/runs",
+        profile_store=f"{tmp}/profiles",
+        progress="plain",
+        dashboard=False,
+        listeners=listeners,
+        max_retries=1,
+        checkpoint_dir=f"{tmp}/checkpoints",  # (every node sees it)
     )
     objective = {"spread": objectives.train_linear, "node-death": objectives.resumable}.get(mode, objectives.sleepy)
     executor.optimize(study, objective, n_trials={"spread": 6, "node-death": 3, "node-joins": 8}[mode])
     result = {
-        "seconds": time.time() - started, "driver_pid": os.getpid(), "storage": storage,
+        "seconds": time.time() - started,
+        "driver_pid": os.getpid(),
+        "storage": storage,
         "devices": [str(d) for d in executor.devices],
         "worker_node": worker_id,
-        "trials": [{
-            "number": t.number, "state": t.state.name, "value": t.value,
-            "attrs": {k: v for k, v in t.user_attrs.items() if not k.startswith("saturn:profil")},
-            "log": open(t.user_attrs["saturn:log"], encoding="utf-8").read()
-            if os.path.exists(t.user_attrs.get("saturn:log", "")) else None,
-        } for t in study.trials],
+        "trials": [
+            {
+                "number": t.number,
+                "state": t.state.name,
+                "value": t.value,
+                "attrs": {k: v for k, v in t.user_attrs.items() if not k.startswith("saturn:profil")},
+                "log": Path(t.user_attrs["saturn:log"]).read_text(encoding="utf-8")
+                if os.path.exists(t.user_attrs.get("saturn:log", ""))
+                else None,
+            }
+            for t in study.trials
+        ],
     }
     if mode == "node-death":
         result["victim"], result["removed_at"] = victim.victim, victim.removed_at

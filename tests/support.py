@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import optuna
 import psutil
@@ -35,8 +35,9 @@ def assert_trains_like(reference, result, *, steps: int, rel: float) -> None:
     assert result.value == pytest.approx(reference.value, rel=rel)
 
 
-def kill_a_worker_once(storage: str, study_name: str, worker: str,
-                       ready: Callable[[optuna.trial.FrozenTrial], bool]) -> threading.Thread:
+def kill_a_worker_once(
+    storage: str, study_name: str, worker: str, ready: Callable[[optuna.trial.FrozenTrial], bool]
+) -> threading.Thread:
     """A thread that kill -9s this process's descendant named ``worker`` (``saturn-worker-<device>``) once the
     study's first trial is ``ready`` (say, it reported a step). Join it after the sweep."""
 

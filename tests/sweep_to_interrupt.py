@@ -2,9 +2,9 @@
 
 import sys
 
+import objectives
 import optuna
 
-import objectives
 from optuna_saturn import SaturnExecutor
 
 if __name__ == "__main__":

@@ -4,9 +4,9 @@
 import os
 import sys
 
+import objectives
 import optuna
 
-import objectives
 from optuna_saturn import SaturnExecutor
 
 if __name__ == "__main__":
@@ -14,6 +14,13 @@ if __name__ == "__main__":
     n_trials = int(sys.argv[5]) if len(sys.argv) > 5 else 1
     print(f"executor pid {os.getpid()}", flush=True)  # (1 in a container without an init)
     study = optuna.load_study(study_name="killed", storage=storage)
-    executor = SaturnExecutor(devices=devices, strategies=strategies, isolate_network=True, log_dir=log_dir,
-                              profile_store=f"{log_dir}/profiles", progress="plain", dashboard=False)
+    executor = SaturnExecutor(
+        devices=devices,
+        strategies=strategies,
+        isolate_network=True,
+        log_dir=log_dir,
+        profile_store=f"{log_dir}/profiles",
+        progress="plain",
+        dashboard=False,
+    )
     executor.optimize(study, objectives.resumable, n_trials=n_trials)

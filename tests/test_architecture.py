@@ -121,10 +121,12 @@ def test_a_type_only_import_and_a_marked_optional_one_are_left_out(tmp_path, mon
     package = tmp_path / "optuna_saturn"
     package.mkdir()
     (package / "__init__.py").write_text("")
-    (package / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                                  "    from optuna_saturn.b import B\n")
-    (package / "b.py").write_text(f"def f():\n    from optuna_saturn.a import A  {OPTIONAL}: ray\n"
-                                  "from optuna_saturn import a\n")
+    (package / "a.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from optuna_saturn.b import B\n"
+    )
+    (package / "b.py").write_text(
+        f"def f():\n    from optuna_saturn.a import A  {OPTIONAL}: ray\nfrom optuna_saturn import a\n"
+    )
     monkeypatch.setattr(__import__(__name__), "PACKAGE", package)
     graph = import_graph()
     assert graph["optuna_saturn.a"] == set() and graph["optuna_saturn.b"] == {"optuna_saturn.a"}
@@ -133,6 +135,7 @@ def test_a_type_only_import_and_a_marked_optional_one_are_left_out(tmp_path, mon
 def test_the_loop_the_policies_and_every_module_are_small():
     sizes = {name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in _modules().items()}
     assert sizes["optuna_saturn.sweep.loop"] <= LOOP_LINES
-    assert {p: sizes[f"optuna_saturn.sweep.{p}"] for p in POLICIES
-            if sizes[f"optuna_saturn.sweep.{p}"] > POLICY_LINES} == {}
+    assert {
+        p: sizes[f"optuna_saturn.sweep.{p}"] for p in POLICIES if sizes[f"optuna_saturn.sweep.{p}"] > POLICY_LINES
+    } == {}
     assert {n: s for n, s in sizes.items() if s > MODULE_LINES} == {}

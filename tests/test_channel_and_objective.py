@@ -3,14 +3,14 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import objectives
 import optuna
 import pytest
 
-import objectives
-from optuna_saturn.worker.objective_recipe import describe_objective, load_objective
-from optuna_saturn.study.trial_session import TrialSession
 from optuna_saturn.channel import ChannelClient, ChannelServer, RemoteError
 from optuna_saturn.clock import WallClock
+from optuna_saturn.study.trial_session import TrialSession
+from optuna_saturn.worker.objective_recipe import describe_objective, load_objective
 
 
 def test_requests_reach_the_real_trial_and_errors_come_back():

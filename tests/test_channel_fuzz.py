@@ -97,8 +97,11 @@ def test_ten_thousand_hostile_connections_hold_nothing_and_a_trial_is_still_serv
         deadline = time.monotonic() + 10
         while not (threading.active_count() == threads and _open_fds() <= fds) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert threading.active_count() == threads and _open_fds() <= fds, (threading.active_count(), threads,
-                                                                             _open_fds() - fds)
+        assert threading.active_count() == threads and _open_fds() <= fds, (
+            threading.active_count(),
+            threads,
+            _open_fds() - fds,
+        )
 
         token = server.register(lambda op, message: {"op": op})
         client = ChannelClient(server.address, token)
@@ -106,8 +109,10 @@ def test_ten_thousand_hostile_connections_hold_nothing_and_a_trial_is_still_serv
         client.close()
         with pytest.raises(AuthenticationFailed):
             ChannelClient(server.address, "f" * 32)
-    print(f"\nchannel fuzz: {CONNECTIONS} hostile connections in {elapsed:.1f} s; slow hellos held "
-          f"{max(held):.2f} s at most; threads ({threads}) and sockets ({len(fds)}) back to their baseline")
+    print(
+        f"\nchannel fuzz: {CONNECTIONS} hostile connections in {elapsed:.1f} s; slow hellos held "
+        f"{max(held):.2f} s at most; threads ({threads}) and sockets ({len(fds)}) back to their baseline"
+    )
 
 
 def test_unauthenticated_connections_are_capped_in_all_and_per_peer(monkeypatch):

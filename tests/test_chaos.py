@@ -23,12 +23,12 @@ import sys
 import time
 from wsgiref.util import setup_testing_defaults
 
+import objectives
 import optuna
 import psutil
 import pytest
 from optuna.trial import TrialState
 
-import objectives
 from optuna_saturn import SaturnExecutor
 
 HERE = os.path.dirname(__file__)
@@ -59,9 +59,13 @@ def _sweep_killed_at(storage: str, log_dir: str, event: str, patience: float = 6
     before = {t.number for t in study.get_trials(deepcopy=False)}
     sweep = subprocess.Popen(
         [sys.executable, os.path.join(HERE, "sweep_to_kill.py"), storage, log_dir, "single,ddp", "2", "3"],
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]),
-             "SATURN_TEST_STEP_SLEEP": "0.1"},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]),
+            "SATURN_TEST_STEP_SLEEP": "0.1",
+        },
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + patience
     processes, landed = [], "not killed"
@@ -103,7 +107,7 @@ def _loads_in_optuna_dashboard(storage: str, study: optuna.Study) -> None:
         environ = {"PATH_INFO": path, "REQUEST_METHOD": "GET"}
         setup_testing_defaults(environ)
         status = []
-        body = b"".join(app(environ, lambda s, headers, exc_info=None: status.append(s)))
+        body = b"".join(app(environ, lambda s, headers, exc_info=None, status=status: status.append(s)))
         assert status[0].startswith("200"), (path, status, body[:500])
         json.loads(body)
 
@@ -121,13 +125,14 @@ def test_kill_9_of_the_executor_at_random_points_leaves_a_consistent_study(satur
     for round_, event in enumerate(events):
         processes, where = _sweep_killed_at(storage, str(tmp_path / f"round-{round_}"), event)
         landed.append(where)
-        gone, alive = psutil.wait_procs(processes, timeout=30)
+        _gone, alive = psutil.wait_procs(processes, timeout=30)
         assert not alive, f"round {round_}: processes of the killed sweep survive: {alive}"
         _check(optuna.load_study(study_name="killed", storage=storage), completed, max_retries=1)
     assert landed[0] == "mid-trial", landed  # the kill landed where it was meant to
     study = optuna.load_study(study_name="killed", storage=storage)
     SaturnExecutor(devices=2, strategies=["single", "ddp"], **saturn_options).optimize(
-        study, objectives.resumable, n_trials=1)
+        study, objectives.resumable, n_trials=1
+    )
     trials = study.get_trials()
     assert not [t.number for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     _check(study, completed, max_retries=1)
@@ -135,7 +140,9 @@ def test_kill_9_of_the_executor_at_random_points_leaves_a_consistent_study(satur
         if trial.state == TrialState.FAIL:
             assert trial.user_attrs["saturn:fail_reason"]
     _loads_in_optuna_dashboard(storage, study)
-    print(f"chaos: {ROUNDS} rounds of kill -9, landed {landed}, all consistent; {len(trials)} trials: "
-          f"{sum(t.state == TrialState.COMPLETE for t in trials)} COMPLETE, "
-          f"{sum('saturn:retry_of' in t.user_attrs for t in trials)} run again, "
-          f"{sum(t.state == TrialState.FAIL for t in trials)} FAIL")
+    print(
+        f"chaos: {ROUNDS} rounds of kill -9, landed {landed}, all consistent; {len(trials)} trials: "
+        f"{sum(t.state == TrialState.COMPLETE for t in trials)} COMPLETE, "
+        f"{sum('saturn:retry_of' in t.user_attrs for t in trials)} run again, "
+        f"{sum(t.state == TrialState.FAIL for t in trials)} FAIL"
+    )

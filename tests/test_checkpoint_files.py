@@ -87,27 +87,46 @@ def test_the_trainer_state_is_kept_as_json_and_comes_back_as_it_was(tmp_path):
     from optuna_saturn.worker import trainer_state
 
     model, optimizer = _trained(0)
-    scheduler = torch.optim.lr_scheduler.SequentialLR(optimizer, [
-        torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, total_iters=3),
-        torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=10)], milestones=[3])
+    scheduler = torch.optim.lr_scheduler.SequentialLR(
+        optimizer,
+        [
+            torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, total_iters=3),
+            torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=10),
+        ],
+        milestones=[3],
+    )
     for _ in range(4):
         optimizer.step()
         scheduler.step()
     record = checkpoint.save(_SingleProcess(), tmp_path, 4, model, optimizer, scheduler, group=None)
-    expected = (torch.rand(3), random.random(), numpy.random.rand(), [scheduler.step() or
-                                                                        scheduler.get_last_lr() for _ in range(3)])
+    expected = (
+        torch.rand(3),
+        random.random(),
+        numpy.random.rand(),
+        [scheduler.step() or scheduler.get_last_lr() for _ in range(3)],
+    )
     fresh_model, fresh_optimizer = _trained(1)
-    fresh = torch.optim.lr_scheduler.SequentialLR(fresh_optimizer, [
-        torch.optim.lr_scheduler.LinearLR(fresh_optimizer, start_factor=0.1, total_iters=3),
-        torch.optim.lr_scheduler.CosineAnnealingLR(fresh_optimizer, T_max=10)], milestones=[3])
+    fresh = torch.optim.lr_scheduler.SequentialLR(
+        fresh_optimizer,
+        [
+            torch.optim.lr_scheduler.LinearLR(fresh_optimizer, start_factor=0.1, total_iters=3),
+            torch.optim.lr_scheduler.CosineAnnealingLR(fresh_optimizer, T_max=10),
+        ],
+        milestones=[3],
+    )
     step, _ = checkpoint.load(_SingleProcess(), record, fresh_model, fresh_optimizer, fresh, group=None)
-    again = (torch.rand(3), random.random(), numpy.random.rand(), [fresh.step() or fresh.get_last_lr()
-                                                                     for _ in range(3)])
+    again = (
+        torch.rand(3),
+        random.random(),
+        numpy.random.rand(),
+        [fresh.step() or fresh.get_last_lr() for _ in range(3)],
+    )
     assert step == 4 and torch.equal(expected[0], again[0]) and expected[1:] == again[1:]
 
     blob = trainer_state.dumps({"random": {"torch": torch.get_rng_state(), "numpy": numpy.random.get_state()}})
     assert json.loads(blob)  # plain JSON
     import pickle
+
     import pytest
 
     with pytest.raises(ValueError, match="not JSON"):

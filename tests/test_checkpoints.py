@@ -11,26 +11,29 @@ import sys
 import time
 from pathlib import Path
 
+import objectives
 import optuna
 import psutil
 import pytest
 from optuna.trial import TrialState
-
-import objectives
-from optuna_saturn import SaturnExecutor
 from support import kill_a_worker_once
+
+from optuna_saturn import SaturnExecutor
 
 HERE = os.path.dirname(__file__)
 STEPS = objectives.RESUMABLE_EPOCHS * 4  # 64 rows in batches of 16
 HANG_AT = 20  # the first run reports at 20, its latest checkpoint is at 16
 
 
-def _uninterrupted(saturn_options, tmp_path: Path, strategy: str, devices: int, params: dict) -> optuna.trial.FrozenTrial:
+def _uninterrupted(
+    saturn_options, tmp_path: Path, strategy: str, devices: int, params: dict
+) -> optuna.trial.FrozenTrial:
     study = optuna.create_study()
     study.enqueue_trial(params)
     options = {**saturn_options, "log_dir": tmp_path / "reference"}
     SaturnExecutor(devices=devices, strategies=[strategy], allow_shared_cores=True, **options).optimize(
-        study, objectives.resumable, n_trials=1)
+        study, objectives.resumable, n_trials=1
+    )
     return study.trials[0]
 
 
@@ -39,8 +42,11 @@ def _killed_after_its_checkpoint(storage: str, log_dir: Path, strategy: str, dev
     kill -9 that sweep. Returns the trial as the dead sweep left it."""
     sweep = subprocess.Popen(
         [sys.executable, os.path.join(HERE, "sweep_to_kill.py"), storage, str(log_dir), strategy, str(devices)],
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]),
-             "SATURN_TEST_HANG_AT": str(HANG_AT)},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]),
+            "SATURN_TEST_HANG_AT": str(HANG_AT),
+        },
     )
     try:
         deadline = time.monotonic() + 180
@@ -59,14 +65,18 @@ def _killed_after_its_checkpoint(storage: str, log_dir: Path, strategy: str, dev
 
 
 @pytest.mark.launch
-@pytest.mark.parametrize(("first", "then"), [
-    (("fsdp", 2), ("single", 1)),  # sharded on 2 ranks, loaded whole into one process
-    (("single", 1), ("ddp", 2)),
-    (("fsdp", 2), ("fsdp", 4)),  # resharded from 2 ranks to 4 (4 devices sharing 2 cores here)
-    (("zero2", 2), ("zero2", 2)),  # DeepSpeed's own checkpoint, on as many ranks
-    (("zero2", 2), ("zero2", 4)),  # DeepSpeed's universal checkpoint: resharded from 2 ranks to 4
-    (("zero3", 2), ("zero3", 4)),  # the same for ZeRO-3's partitioned parameters
-], ids=lambda o: f"{o[0]}x{o[1]}")
+@pytest.mark.parametrize(
+    ("first", "then"),
+    [
+        (("fsdp", 2), ("single", 1)),  # sharded on 2 ranks, loaded whole into one process
+        (("single", 1), ("ddp", 2)),
+        (("fsdp", 2), ("fsdp", 4)),  # resharded from 2 ranks to 4 (4 devices sharing 2 cores here)
+        (("zero2", 2), ("zero2", 2)),  # DeepSpeed's own checkpoint, on as many ranks
+        (("zero2", 2), ("zero2", 4)),  # DeepSpeed's universal checkpoint: resharded from 2 ranks to 4
+        (("zero3", 2), ("zero3", 4)),  # the same for ZeRO-3's partitioned parameters
+    ],
+    ids=lambda o: f"{o[0]}x{o[1]}",
+)
 def test_a_trial_killed_with_its_sweep_resumes_from_its_checkpoint(saturn_options, tmp_path, first, then):
     params = {"lr": 0.02}
     reference = _uninterrupted(saturn_options, tmp_path, *then, params)
@@ -82,7 +92,8 @@ def test_a_trial_killed_with_its_sweep_resumes_from_its_checkpoint(saturn_option
     study = optuna.load_study(study_name="killed", storage=storage)
     options = {**saturn_options, "log_dir": tmp_path / "then"}
     SaturnExecutor(devices=then[1], strategies=[then[0]], allow_shared_cores=True, **options).optimize(
-        study, objectives.resumable, n_trials=0)
+        study, objectives.resumable, n_trials=0
+    )
 
     trials = optuna.load_study(study_name="killed", storage=storage).trials
     assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE]
@@ -97,15 +108,18 @@ def test_a_trial_killed_with_its_sweep_resumes_from_its_checkpoint(saturn_option
     for step in range(HANG_AT + 4, STEPS + 1, 4):
         assert retry.intermediate_values[step] == pytest.approx(reference.intermediate_values[step], rel=1e-4)
     assert retry.value == pytest.approx(reference.value, rel=1e-4)
-    print(f"{first} -> {then}: resumed value {retry.value!r}, uninterrupted {reference.value!r}, "
-          f"relative difference {abs(retry.value - reference.value) / reference.value:.1e}")
+    print(
+        f"{first} -> {then}: resumed value {retry.value!r}, uninterrupted {reference.value!r}, "
+        f"relative difference {abs(retry.value - reference.value) / reference.value:.1e}"
+    )
     assert not Path(record["path"]).exists()  # a trial that ended needs its checkpoints no more
 
 
 @pytest.mark.launch
 @pytest.mark.parametrize("fault", ["a rank hangs", "a rank is killed"])
-def test_a_trial_whose_rank_dies_or_hangs_is_run_again_from_its_checkpoint(saturn_options, tmp_path, monkeypatch,
-                                                                           fault):
+def test_a_trial_whose_rank_dies_or_hangs_is_run_again_from_its_checkpoint(
+    saturn_options, tmp_path, monkeypatch, fault
+):
     storage = f"sqlite:///{tmp_path / 'study.sqlite3'}"
     study = optuna.create_study(study_name="faults", storage=storage)
     study.enqueue_trial({"lr": 0.02})
@@ -116,7 +130,8 @@ def test_a_trial_whose_rank_dies_or_hangs_is_run_again_from_its_checkpoint(satur
         # no more than the pool's grace period)
         killer = kill_a_worker_once(storage, "faults", "saturn-worker-1", lambda t: HANG_AT in t.intermediate_values)
     SaturnExecutor(devices=2, strategies=["ddp"], stall_timeout=stall_timeout, **saturn_options).optimize(
-        study, objectives.resumable, n_trials=1)
+        study, objectives.resumable, n_trials=1
+    )
     if killer is not None:
         killer.join(timeout=5)
 
@@ -138,13 +153,15 @@ def test_stall_timeout_is_checked():
 
 
 @pytest.mark.launch
-def test_a_trial_out_of_memory_at_run_time_goes_on_from_its_checkpoint_under_another_option(saturn_options,
-                                                                                             monkeypatch):
+def test_a_trial_out_of_memory_at_run_time_goes_on_from_its_checkpoint_under_another_option(
+    saturn_options, monkeypatch
+):
     study = optuna.create_study()
     study.enqueue_trial({"lr": 0.02})
     monkeypatch.setenv("SATURN_TEST_OOM_AT", str(HANG_AT))  # under ddp x2, after its checkpoint at 16
     SaturnExecutor(devices=2, strategies=["ddp", "single"], **saturn_options).optimize(
-        study, objectives.resumable, n_trials=1, batch_size=1)
+        study, objectives.resumable, n_trials=1, batch_size=1
+    )
     (trial,) = study.trials  # the same trial, planned again: not a new one
     assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
     # another option: single, or ddp with more micro-batches per step (the same global batch in less memory)
@@ -167,8 +184,9 @@ def test_a_loader_resumed_mid_pass_yields_the_rest_of_that_pass_and_then_draws_a
 
     def loader():
         generator = torch.Generator().manual_seed(1) if own_generator else None
-        return PositionedLoader(torch.utils.data.DataLoader(objectives.regression_data(40), batch_size=8,
-                                                            shuffle=True, generator=generator))
+        return PositionedLoader(
+            torch.utils.data.DataLoader(objectives.regression_data(40), batch_size=8, shuffle=True, generator=generator)
+        )
 
     torch.manual_seed(3)
     first = loader()

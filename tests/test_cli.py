@@ -14,8 +14,8 @@ from pathlib import Path
 
 import optuna
 import pytest
-from support import require
 from optuna.trial import TrialState
+from support import require
 from typer.testing import CliRunner
 
 from optuna_saturn.cli import app
@@ -40,21 +40,44 @@ def invoke(*args: str):
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory) -> str:
     """A storage holding one real sweep of 3 trials on 2 CPU devices, run by ``optuna-saturn run``."""
-    require(bool(shutil.which("unshare") and shutil.which("ip")), "unshare or ip (util-linux, iproute2)",
-            fix="they launch trials in a loopback-only network namespace")
+    require(
+        bool(shutil.which("unshare") and shutil.which("ip")),
+        "unshare or ip (util-linux, iproute2)",
+        fix="they launch trials in a loopback-only network namespace",
+    )
     folder = tmp_path_factory.mktemp("cli")
     storage = f"sqlite:///{folder / 'sweep.sqlite3'}"
-    result = cli("run", f"{OBJECTIVES}:curve", "--storage", storage, "--study", STUDY, "--n-trials", "3",
-                 "--devices", "2", "--strategies", "single,ddp", "--isolate-network", "--progress", "plain",
-                 "--log-dir", str(folder / "runs"), cwd=folder)
+    result = cli(
+        "run",
+        f"{OBJECTIVES}:curve",
+        "--storage",
+        storage,
+        "--study",
+        STUDY,
+        "--n-trials",
+        "3",
+        "--devices",
+        "2",
+        "--strategies",
+        "single,ddp",
+        "--isolate-network",
+        "--progress",
+        "plain",
+        "--log-dir",
+        str(folder / "runs"),
+        cwd=folder,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return storage
 
 
 def table_rows(output: str) -> list[list[str]]:
     """The body rows of a rich table, as lists of cell texts."""
-    rows = [[cell.strip() for cell in line.strip().strip("│").split("│")] for line in output.splitlines()
-            if line.startswith("│")]
+    rows = [
+        [cell.strip() for cell in line.strip().strip("│").split("│")]
+        for line in output.splitlines()
+        if line.startswith("│")
+    ]
     return rows
 
 
@@ -70,9 +93,25 @@ def test_run_records_a_sweep_and_can_continue_it(recorded: str, tmp_path: Path) 
     assert any(k.startswith(f"dashboard:plot_data:{GRAPH_OBJECT_ID}:") for k in attrs)  # published by default
 
     # Started again, on the same study, with the objective given as module:function from its folder.
-    again = cli("run", "objectives:curve", "--storage", recorded, "--study", STUDY, "--n-trials", "1",
-                "--devices", "1", "--strategies", "single", "--isolate-network", "--quiet",
-                "--log-dir", str(tmp_path / "runs"), cwd=TESTS)
+    again = cli(
+        "run",
+        "objectives:curve",
+        "--storage",
+        recorded,
+        "--study",
+        STUDY,
+        "--n-trials",
+        "1",
+        "--devices",
+        "1",
+        "--strategies",
+        "single",
+        "--isolate-network",
+        "--quiet",
+        "--log-dir",
+        str(tmp_path / "runs"),
+        cwd=TESTS,
+    )
     assert again.returncode == 0, again.stdout + again.stderr
     assert again.stdout == ""  # --quiet
     study = optuna.load_study(study_name=STUDY, storage=recorded)
@@ -163,12 +202,28 @@ def test_help_is_readable_in_80_columns(command) -> None:
 
 @pytest.mark.launch
 def test_profile_fills_the_store_and_prints_the_table(tmp_path: Path) -> None:
-    require(bool(shutil.which("unshare") and shutil.which("ip")), "unshare or ip (util-linux, iproute2)",
-            fix="they launch trials in a loopback-only network namespace")
+    require(
+        bool(shutil.which("unshare") and shutil.which("ip")),
+        "unshare or ip (util-linux, iproute2)",
+        fix="they launch trials in a loopback-only network namespace",
+    )
     store = tmp_path / "profiles"
-    result = cli("profile", f"{OBJECTIVES}:profiled", "--n-trials", "2", "--devices", "2", "--strategies",
-                 "single,ddp", "--profile-store", str(store), "--isolate-network", "--log-dir", str(tmp_path / "runs"),
-                 cwd=tmp_path)
+    result = cli(
+        "profile",
+        f"{OBJECTIVES}:profiled",
+        "--n-trials",
+        "2",
+        "--devices",
+        "2",
+        "--strategies",
+        "single,ddp",
+        "--profile-store",
+        str(store),
+        "--isolate-network",
+        "--log-dir",
+        str(tmp_path / "runs"),
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     rows = table_rows(result.stdout)
     assert sorted((r[2], r[3], r[4], r[8]) for r in rows) == (
@@ -179,8 +234,20 @@ def test_profile_fills_the_store_and_prints_the_table(tmp_path: Path) -> None:
 
 
 def test_profile_explains_an_objective_it_cannot_profile(tmp_path: Path) -> None:
-    message = error_of(invoke("profile", f"{OBJECTIVES}:quadratic", "--devices", "1", "--strategies", "single",
-                              "--profile-store", str(tmp_path / "p"), "--log-dir", str(tmp_path / "runs")))
+    message = error_of(
+        invoke(
+            "profile",
+            f"{OBJECTIVES}:quadratic",
+            "--devices",
+            "1",
+            "--strategies",
+            "single",
+            "--profile-store",
+            str(tmp_path / "p"),
+            "--log-dir",
+            str(tmp_path / "runs"),
+        )
+    )
     assert "trial.steps" in message
 
 
@@ -218,8 +285,18 @@ def test_more_devices_than_exist(tmp_path: Path) -> None:
 
 def test_unknown_strategy(tmp_path: Path) -> None:
     storage = f"sqlite:///{tmp_path / 's.db'}"
-    message = error_of(invoke("run", f"{OBJECTIVES}:quadratic", "--storage", storage, "--devices", "1",
-                              "--strategies", "single,warp-drive"))
+    message = error_of(
+        invoke(
+            "run",
+            f"{OBJECTIVES}:quadratic",
+            "--storage",
+            storage,
+            "--devices",
+            "1",
+            "--strategies",
+            "single,warp-drive",
+        )
+    )
     assert "Unknown strategy 'warp-drive'" in message and "single" in message
     assert not (tmp_path / "s.db").exists()
 

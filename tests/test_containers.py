@@ -15,7 +15,6 @@ import optuna
 import psutil
 import pytest
 from optuna.trial import TrialState
-
 from support import require
 
 HERE = os.path.dirname(__file__)
@@ -24,12 +23,32 @@ pytestmark = pytest.mark.launch
 
 def _as_pid_1(storage: str, log_dir: str, n_trials: int, **env: str) -> subprocess.Popen:
     """``sweep_to_kill.py`` as PID 1 of a new PID namespace (``unshare --pid --fork --mount-proc``)."""
-    require(os.geteuid() == 0 and shutil.which("unshare") is not None, "root and unshare (util-linux)",
-            fix="run the tests as root, as CI does")
-    command = ["unshare", "--pid", "--fork", "--mount-proc", "--", sys.executable,
-               os.path.join(HERE, "sweep_to_kill.py"), storage, log_dir, "single", "2", str(n_trials)]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={
-        **os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]), **env})
+    require(
+        os.geteuid() == 0 and shutil.which("unshare") is not None,
+        "root and unshare (util-linux)",
+        fix="run the tests as root, as CI does",
+    )
+    command = [
+        "unshare",
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "--",
+        sys.executable,
+        os.path.join(HERE, "sweep_to_kill.py"),
+        storage,
+        log_dir,
+        "single",
+        "2",
+        str(n_trials),
+    ]
+    return subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]), **env},
+    )
 
 
 def test_a_sweep_whose_executor_is_pid_1_runs_its_trials(tmp_path):

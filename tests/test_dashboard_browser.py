@@ -8,6 +8,7 @@ skips the test; with CI=true it fails, so CI can never pass without having looke
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -18,12 +19,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+import objectives
 import optuna
 import psutil
 import pytest
 from support import require
 
-import objectives
 from optuna_saturn import SaturnExecutor
 from optuna_saturn.report import GRAPH_OBJECT_ID, DashboardPublisher
 from optuna_saturn.report.chart import TITLE
@@ -50,10 +51,8 @@ def stop(pid: int) -> None:
         return
     family = [process, *process.children(recursive=True)]
     for p in family:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(p.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
     _, alive = psutil.wait_procs(family, timeout=10)
     for p in alive:
         os.kill(p.pid, signal.SIGKILL)
@@ -98,7 +97,9 @@ def test_schedule_chart_is_on_the_study_page(tmp_path: Path, saturn_options: dic
     port = free_port()
     server = subprocess.Popen(
         [dashboard_cli, storage, "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     driver = None
     try:
@@ -114,8 +115,10 @@ def test_schedule_chart_is_on_the_study_page(tmp_path: Path, saturn_options: dic
 
         chart_id = f"user-defined-plot:{GRAPH_OBJECT_ID}"
         WebDriverWait(driver, 60).until(
-            lambda d: d.find_elements(By.ID, chart_id)
-            and d.find_element(By.ID, chart_id).find_elements(By.CSS_SELECTOR, "svg.main-svg")
+            lambda d: (
+                d.find_elements(By.ID, chart_id)
+                and d.find_element(By.ID, chart_id).find_elements(By.CSS_SELECTOR, "svg.main-svg")
+            )
         )
         chart = driver.find_element(By.ID, chart_id)
         text = chart.text
@@ -123,7 +126,8 @@ def test_schedule_chart_is_on_the_study_page(tmp_path: Path, saturn_options: dic
         assert "cpu:0" in text and "cpu:1" in text  # one row per device
         assert "makespan" in text and "lower bound" in text
         labels = driver.execute_script(  # the data plotly drew, as the browser holds it
-            "return document.getElementById(arguments[0]).data.flatMap(t => t.text || [])", chart_id)
+            "return document.getElementById(arguments[0]).data.flatMap(t => t.text || [])", chart_id
+        )
         assert sorted(set(labels) - {""}) == sorted(f"#{t.number} single" for t in study.trials)
         bars = chart.find_elements(By.CSS_SELECTOR, "g.trace.bars g.point")
         assert len(bars) >= 2 * len(study.trials)  # an outline (planned) and a filled (actual) bar per trial

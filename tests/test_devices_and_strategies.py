@@ -61,17 +61,35 @@ def test_builtin_strategies_load_and_allow_sane_device_counts():
         ({"name": "x", "launcher": "torchrun", "engine": "ddp", "one_process": True}, "one_process = true needs"),
         ({"name": "x", "launcher": "accelerate", "engine": "single", "one_process": True}, "launcher = 'torchrun'"),
         ({"name": "x", "launcher": "torchrun", "engine": "single", "one_process": "yes"}, "true or false"),
-        ({"name": "x", "launcher": "torchrun", "engine": "ddp", "knobs": {"micro_batch": 4}}, "unknown knob.*Known knobs"),
-        ({"name": "x", "launcher": "torchrun", "engine": "ddp", "knobs": {"gradient_accumulation": [4, 2]}},
-         r"increasing list of positive ints, e.g. \[1, 2, 4, 8\]"),
-        ({"name": "x", "launcher": "torchrun", "engine": "ddp", "knobs": {"gradient_accumulation": 4}},
-         "gradient_accumulation must be"),
-        ({"name": "x", "launcher": "torchrun", "engine": "ddp", "knobs": {"activation_checkpointing": "yes"}},
-         "true or false"),
-        ({"name": "x", "launcher": "deepspeed", "engine": "deepspeed", "knobs": {"cpu_offload": True}},
-         "offload_optimizer"),
-        ({"name": "x", "launcher": "deepspeed", "engine": "deepspeed",
-          "launcher_config": {"gradient_accumulation_steps": 4}}, "knobs.gradient_accumulation"),
+        (
+            {"name": "x", "launcher": "torchrun", "engine": "ddp", "knobs": {"micro_batch": 4}},
+            "unknown knob.*Known knobs",
+        ),
+        (
+            {"name": "x", "launcher": "torchrun", "engine": "ddp", "knobs": {"gradient_accumulation": [4, 2]}},
+            r"increasing list of positive ints, e.g. \[1, 2, 4, 8\]",
+        ),
+        (
+            {"name": "x", "launcher": "torchrun", "engine": "ddp", "knobs": {"gradient_accumulation": 4}},
+            "gradient_accumulation must be",
+        ),
+        (
+            {"name": "x", "launcher": "torchrun", "engine": "ddp", "knobs": {"activation_checkpointing": "yes"}},
+            "true or false",
+        ),
+        (
+            {"name": "x", "launcher": "deepspeed", "engine": "deepspeed", "knobs": {"cpu_offload": True}},
+            "offload_optimizer",
+        ),
+        (
+            {
+                "name": "x",
+                "launcher": "deepspeed",
+                "engine": "deepspeed",
+                "launcher_config": {"gradient_accumulation_steps": 4},
+            },
+            "knobs.gradient_accumulation",
+        ),
     ],
 )
 def test_malformed_templates_are_rejected_with_the_reason(table, message):
@@ -91,7 +109,7 @@ def test_user_folder_adds_and_overrides_strategies(tmp_path):
 
 
 def test_unknown_or_impossible_strategies_are_reported():
-    with pytest.raises(StrategyError, match="Unknown strategy 'zero9'.*Known strategies"):
+    with pytest.raises(StrategyError, match=r"Unknown strategy 'zero9'.*Known strategies"):
         select_strategies(["zero9"], 2)
     with pytest.raises(StrategyError, match="ddp needs >= 2"):
         select_strategies(["ddp"], 1)
@@ -125,8 +143,14 @@ def test_launch_pins_devices_and_isolates_the_network():
 def _deepspeed_launched(name: str = "zero2"):
     """A user's template that keeps DeepSpeed's own launcher (the shipped ones start workers with torchrun)."""
     return parse_strategy(
-        {"name": name, "launcher": "deepspeed", "engine": "deepspeed", "min_devices": 2,
-         "launcher_config": {"zero_optimization": {"stage": 2}}}, source=name,
+        {
+            "name": name,
+            "launcher": "deepspeed",
+            "engine": "deepspeed",
+            "min_devices": 2,
+            "launcher_config": {"zero_optimization": {"stage": 2}},
+        },
+        source=name,
     )
 
 
@@ -153,7 +177,8 @@ def test_gpus_under_a_parent_mask_map_to_the_masks_entries(monkeypatch, launcher
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
     gpus = [Device("cuda", 0), Device("cuda", 1)]
     strategy = (
-        _deepspeed_launched() if launcher == "deepspeed"
+        _deepspeed_launched()
+        if launcher == "deepspeed"
         else parse_strategy({"name": "d", "launcher": launcher, "engine": "ddp", "min_devices": 2}, source="d")
     )
     launch = build_launch(strategy, gpus, "/tmp/s.json")
@@ -162,8 +187,10 @@ def test_gpus_under_a_parent_mask_map_to_the_masks_entries(monkeypatch, launcher
     else:
         assert launch.env["CUDA_VISIBLE_DEVICES"] == "4,5"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aaaa,GPU-bbbb, GPU-cccc")
-    assert build_launch(load_strategies()["ddp"], [Device("cuda", 2)], "/tmp/s.json").env[
-        "CUDA_VISIBLE_DEVICES"] == "GPU-cccc"
+    assert (
+        build_launch(load_strategies()["ddp"], [Device("cuda", 2)], "/tmp/s.json").env["CUDA_VISIBLE_DEVICES"]
+        == "GPU-cccc"
+    )
     with pytest.raises(RuntimeError, match="launcher is 'torchrun'"):
         build_launch(_deepspeed_launched(), [Device("cuda", 0), Device("cuda", 1)], "/tmp/s.json")
     with pytest.raises(RuntimeError, match="not in this process's CUDA_VISIBLE_DEVICES"):

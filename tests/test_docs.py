@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 import yaml
+from support import require
 
 import optuna_saturn
-from support import require
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -45,8 +45,9 @@ def _nav_pages(entries: list) -> list[str]:
 
 
 def test_every_public_name_has_an_api_entry():
-    documented = set(re.findall(r"^::: optuna_saturn\.(\S+)\s*$", (DOCS / "api.md").read_text(encoding="utf-8"),
-                                re.MULTILINE))
+    documented = set(
+        re.findall(r"^::: optuna_saturn\.(\S+)\s*$", (DOCS / "api.md").read_text(encoding="utf-8"), re.MULTILINE)
+    )
     missing = sorted(set(optuna_saturn.__all__) - documented)
     assert not missing, f"add a `::: optuna_saturn.<name>` entry to docs/api.md for {missing}"
 
@@ -75,8 +76,10 @@ def test_every_command_line_option_is_documented():
             continue
         for param in command.params:
             for flag in [*param.opts, *param.secondary_opts]:
-                if flag.startswith("-") and flag != "--help" and not re.search(
-                    rf"(?<![\w-]){re.escape(flag)}(?![\w-])", sections[name]
+                if (
+                    flag.startswith("-")
+                    and flag != "--help"
+                    and not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", sections[name])
                 ):
                     missing.append(f"{name} {flag}")
     assert not missing, f"docs/cli.md does not document: {missing}"
@@ -84,11 +87,17 @@ def test_every_command_line_option_is_documented():
 
 def test_the_site_builds_strictly(tmp_path):
     modules = ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python", "pymdownx")
-    require(all(_installed(m) for m in modules), "mkdocs, mkdocs-material and mkdocstrings[python]",
-            fix="install the dev extra: pip install -e '.[dev]'")
+    require(
+        all(_installed(m) for m in modules),
+        "mkdocs, mkdocs-material and mkdocstrings[python]",
+        fix="install the dev extra: pip install -e '.[dev]'",
+    )
     built = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},  # (Material's banner about its successor)
     )
     assert built.returncode == 0, built.stdout[-4000:] + built.stderr[-4000:]

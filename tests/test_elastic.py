@@ -3,14 +3,15 @@ on CPU devices that moves a trial from one device to two when its neighbour is p
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import defaultdict
 
+import objectives
 import optuna
 import pytest
 from optuna.trial import TrialState
 
-import objectives
 from optuna_saturn import SaturnExecutor
 from optuna_saturn.planner import Cluster, Job, Option, Plan, Reservation, best_resize, remaining_job, validate
 from optuna_saturn.simulator import simulate
@@ -23,8 +24,9 @@ except ImportError:  # tests/ imported as a package
 
 def scalable(name: str, runtime: float, on_two: float = 0.5, on_four: float = 0.25) -> Job:
     """A job that takes ``on_two`` of its runtime on 2 devices and ``on_four`` on 4 (perfect scaling by default)."""
-    return Job(name, [Option("single", 1, runtime), Option("ddp", 2, runtime * on_two),
-                      Option("ddp", 4, runtime * on_four)])
+    return Job(
+        name, [Option("single", 1, runtime), Option("ddp", 2, runtime * on_two), Option("ddp", 4, runtime * on_four)]
+    )
 
 
 def test_remaining_job_scales_the_other_options_and_adds_the_restart() -> None:
@@ -61,7 +63,7 @@ def _check_segments(result, jobs, noise, prunes, restart) -> None:
             by_device[(a.node, d)].append((a.start, a.end))
     for spans in by_device.values():
         spans.sort()
-        assert all(e <= s + 1e-6 for (_, e), (s, _) in zip(spans, spans[1:]))
+        assert all(e <= s + 1e-6 for (_, e), (s, _) in itertools.pairwise(spans))
     options = {j.name: {o.choice: o for o in j.options} for j in jobs}
     for job in jobs:
         segments = sorted((a for a in result.executed if a.job == job.name), key=lambda a: a.start)
@@ -127,16 +129,17 @@ def test_a_running_trial_moves_to_the_devices_its_pruned_neighbour_left(saturn_o
     monkeypatch.setenv("SATURN_TEST_SLEEP_SPLIT", "1")
     reference = optuna.create_study()
     reference.enqueue_trial({"lr": 0.02})
-    SaturnExecutor(devices=1, strategies=["single"], elastic=False,
-                   **{**saturn_options, "log_dir": tmp_path / "reference"}).optimize(
-        reference, objectives.resumable, n_trials=1)
+    SaturnExecutor(
+        devices=1, strategies=["single"], elastic=False, **{**saturn_options, "log_dir": tmp_path / "reference"}
+    ).optimize(reference, objectives.resumable, n_trials=1)
 
     monkeypatch.setenv("SATURN_TEST_PRUNE_AT", "1:8")  # trial 1 stops at step 8 of 80; trial 0 is left alone
     study = optuna.create_study()
     study.enqueue_trial({"lr": 0.02})
     study.enqueue_trial({"lr": 0.025})
     SaturnExecutor(devices=2, strategies=["single", "ddp"], **saturn_options).optimize(
-        study, objectives.resumable, n_trials=2)
+        study, objectives.resumable, n_trials=2
+    )
 
     moved, pruned = study.trials
     assert pruned.state == TrialState.PRUNED
@@ -166,7 +169,8 @@ def test_with_elastic_off_a_trial_stays_where_it_started(saturn_options, monkeyp
     study.enqueue_trial({"lr": 0.02})
     study.enqueue_trial({"lr": 0.025})
     SaturnExecutor(devices=2, strategies=["single", "ddp"], elastic=False, **saturn_options).optimize(
-        study, objectives.resumable, n_trials=2)
+        study, objectives.resumable, n_trials=2
+    )
     kept = study.trials[0]
     assert kept.state == TrialState.COMPLETE and "saturn:moves" not in kept.user_attrs
     assert kept.user_attrs["started_at_step"] == 0

@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import optuna
 import pytest
@@ -17,8 +18,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_example_gpt2_sweep_runs_and_continues(saturn_options, tmp_path):
     storage = f"sqlite:///{tmp_path / 'example.sqlite3'}"
     env = {**os.environ, "SATURN_EXAMPLE_DATA": str(tmp_path / "data")}
-    command = [sys.executable, os.path.join(ROOT, "examples", "gpt2_sweep.py"), "--n-trials", "2",
-               "--storage", storage, "--isolate-network"]
+    command = [
+        sys.executable,
+        os.path.join(ROOT, "examples", "gpt2_sweep.py"),
+        "--n-trials",
+        "2",
+        "--storage",
+        storage,
+        "--isolate-network",
+    ]
     for _ in range(2):  # the second run continues the same study
         done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout + done.stderr
@@ -31,21 +39,32 @@ def test_example_gpt2_sweep_runs_and_continues(saturn_options, tmp_path):
     assert complete and all(3.0 < t.value < 7.7 for t in complete)  # below log(vocab): it learned something
 
 
-@pytest.mark.parametrize("script, study_name", [("hf_trainer_sweep.py", "gpt2-trainer"),
-                                                ("accelerate_sweep.py", "gpt2-accelerate")])
+@pytest.mark.parametrize(
+    "script, study_name", [("hf_trainer_sweep.py", "gpt2-trainer"), ("accelerate_sweep.py", "gpt2-accelerate")]
+)
 def test_the_hugging_face_examples_run_every_trial(tmp_path, script, study_name):
     """The GPT-2 sweep written with Trainer, and as an Accelerate script: every trial ends COMPLETE or PRUNED, on
     every strategy offered, and learns."""
     storage = f"sqlite:///{tmp_path / 'example.sqlite3'}"
     env = {**os.environ, "SATURN_EXAMPLE_DATA": str(tmp_path / "data")}
-    command = [sys.executable, os.path.join(ROOT, "examples", script), "--n-trials", "3", "--storage", storage,
-               "--strategies", "single,ddp,fsdp", "--isolate-network"]
+    command = [
+        sys.executable,
+        os.path.join(ROOT, "examples", script),
+        "--n-trials",
+        "3",
+        "--storage",
+        storage,
+        "--strategies",
+        "single,ddp,fsdp",
+        "--isolate-network",
+    ]
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     trials = optuna.load_study(study_name=study_name, storage=storage).trials
     assert len(trials) == 3
     assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials), [
-        (t.state, t.user_attrs.get("saturn:fail_reason")) for t in trials]
+        (t.state, t.user_attrs.get("saturn:fail_reason")) for t in trials
+    ]
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     assert complete and all(3.0 < t.value < 7.7 for t in complete)
 
@@ -55,14 +74,24 @@ def test_the_lightning_example_runs_four_trials_from_an_empty_folder(tmp_path):
     may pick; every trial ends COMPLETE or PRUNED and learns."""
     storage = f"sqlite:///{tmp_path / 'lightning.sqlite3'}"
     env = {**os.environ, "SATURN_EXAMPLE_DATA": str(tmp_path / "data")}
-    command = [sys.executable, os.path.join(ROOT, "examples", "lightning_sweep.py"), "--n-trials", "4",
-               "--storage", storage, "--strategies", "single,ddp,fsdp,zero2", "--isolate-network"]
+    command = [
+        sys.executable,
+        os.path.join(ROOT, "examples", "lightning_sweep.py"),
+        "--n-trials",
+        "4",
+        "--storage",
+        storage,
+        "--strategies",
+        "single,ddp,fsdp,zero2",
+        "--isolate-network",
+    ]
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     trials = optuna.load_study(study_name="gpt2-lightning", storage=storage).trials
     assert len(trials) == 4
     assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials), [
-        (t.state, t.user_attrs.get("saturn:fail_reason")) for t in trials]
+        (t.state, t.user_attrs.get("saturn:fail_reason")) for t in trials
+    ]
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     assert complete and all(3.0 < t.value < 7.7 for t in complete)
     assert (tmp_path / "saturn-lightning-runs" / f"trial-{complete[0].number}").is_dir()
@@ -106,7 +135,7 @@ def test_the_example_trial_reports_the_same_value_under_every_strategy(example, 
 
 def _readme_command(start: str) -> str:
     """The README's shell command that starts with ``start``, its continuation lines joined."""
-    lines = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read().splitlines()
+    lines = Path(ROOT, "README.md").read_text(encoding="utf-8").splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith(start))
     parts = []
     for line in lines[first:]:
@@ -129,7 +158,10 @@ def test_readme_quickstart_on_a_fresh_machine(tmp_path):
     bin_dir = os.path.dirname(sys.executable)
     done = subprocess.run(
         ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", "sh", "-c", command],
-        cwd=tmp_path, env={**env, "PATH": bin_dir + os.pathsep + env["PATH"]}, capture_output=True, text=True,
+        cwd=tmp_path,
+        env={**env, "PATH": bin_dir + os.pathsep + env["PATH"]},
+        capture_output=True,
+        text=True,
         timeout=900,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -4,10 +4,10 @@ import subprocess
 import sys
 import textwrap
 
+import objectives
 import optuna
 import pytest
 
-import objectives
 from optuna_saturn import SaturnExecutor
 
 
@@ -29,13 +29,13 @@ def test_bad_arguments_are_rejected_before_anything_starts(kwargs, error, messag
 
 
 def test_not_a_study():
-    with pytest.raises(TypeError, match="optuna.Study"):
+    with pytest.raises(TypeError, match=r"optuna\.Study"):
         SaturnExecutor(devices=1, strategies=["single"]).optimize("study", objectives.quadratic, n_trials=1)
 
 
 def test_optimize_inside_a_worker_explains_the_main_guard(monkeypatch):
     monkeypatch.setenv("OPTUNA_SATURN_WORKER", "1")
-    with pytest.raises(RuntimeError, match="__name__ == .__main__."):
+    with pytest.raises(RuntimeError, match=r"__name__ == .__main__."):
         SaturnExecutor(devices=1, strategies=["single"]).optimize(optuna.create_study(), objectives.quadratic)
 
 
@@ -44,7 +44,8 @@ def test_a_script_without_the_main_guard_fails_with_the_reason_not_just_a_log(sa
     """The workers import the objective's script; one that starts a sweep at import ends the pool's host. The
     executor's error says why, with the fix, instead of only pointing at the host's log."""
     script = tmp_path / "no_guard.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import optuna
         from optuna_saturn import SaturnExecutor
 
@@ -54,7 +55,8 @@ def test_a_script_without_the_main_guard_fails_with_the_reason_not_just_a_log(sa
         SaturnExecutor(devices=1, strategies=["single"], isolate_network=True, log_dir={str(tmp_path / "runs")!r},
                        profile_store={str(tmp_path / "profiles")!r}, progress="plain", dashboard=False,
                        ).optimize(optuna.create_study(), objective, n_trials=1)
-    """))
+    """)
+    )
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]

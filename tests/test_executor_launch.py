@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import objectives
 import optuna
 import pytest
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-import objectives
 from optuna_saturn import SaturnExecutor
 from optuna_saturn.events import SweepListener
 
@@ -74,9 +76,9 @@ def test_a_failing_trial_fails_alone(saturn_options):
     assert states == [TrialState.FAIL, TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE]
     rank0, rank1 = study.trials[0], study.trials[2]
     assert rank0.user_attrs["saturn:fail_reason"] == "rank 0: ValueError: deliberate failure on rank 0"
-    assert "deliberate failure on rank 0" in open(rank0.user_attrs["saturn:log"]).read()
+    assert "deliberate failure on rank 0" in Path(rank0.user_attrs["saturn:log"]).read_text()
     assert rank1.user_attrs["saturn:fail_reason"].startswith("rank 1: RuntimeError: deliberate failure on rank 1")
-    assert "deliberate failure on rank 1" in open(rank1.user_attrs["saturn:log"]).read()
+    assert "deliberate failure on rank 1" in Path(rank1.user_attrs["saturn:log"]).read_text()
 
 
 def test_failed_trial_log_is_uploaded_as_an_artifact(saturn_options, tmp_path):
@@ -210,7 +212,12 @@ def test_optuna_callbacks_hear_every_trial_and_can_stop_the_sweep(saturn_options
 
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     SaturnExecutor(devices=2, strategies=["single"], **saturn_options).optimize(
-        study, objectives.quadratic, n_trials=20, batch_size=1, gc_after_trial=True, catch=(ValueError,),
+        study,
+        objectives.quadratic,
+        n_trials=20,
+        batch_size=1,
+        gc_after_trial=True,
+        catch=(ValueError,),
         callbacks=[optuna.study.MaxTrialsCallback(3, states=(TrialState.COMPLETE,)), record],
     )
     assert 3 <= len(study.trials) < 20
@@ -225,7 +232,8 @@ def test_a_timeout_shorter_than_describing_the_first_trial_still_runs_one_trial_
     longer than this timeout; it still asks a trial for each device, and no more."""
     study = optuna.create_study()
     SaturnExecutor(devices=2, strategies=["single"], **saturn_options).optimize(
-        study, objectives.train_linear, n_trials=20, timeout=0.001)
+        study, objectives.train_linear, n_trials=20, timeout=0.001
+    )
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
     first, second = (t.datetime_start.timestamp() for t in study.trials)
     assert second - first > 0.001  # asked once the first was described: after the timeout
@@ -238,7 +246,8 @@ def test_past_a_timeout_a_trial_on_every_device_is_the_whole_first_round(saturn_
     monkeypatch.setattr("optuna_saturn.sweep.asking.ASK_AHEAD_SECONDS", 60.0)
     study = optuna.create_study()
     SaturnExecutor(devices=2, strategies=["ddp"], **saturn_options).optimize(
-        study, objectives.train_linear, n_trials=20, timeout=0.001)
+        study, objectives.train_linear, n_trials=20, timeout=0.001
+    )
     assert [(t.state, t.user_attrs["saturn:num_devices"]) for t in study.trials] == [(TrialState.COMPLETE, 2)]
 
 
@@ -253,7 +262,7 @@ def test_optuna_integrations_mlflow_callback_logs_every_trial(saturn_options, tm
     uri = (tmp_path / "mlruns").as_uri()
     study = optuna.create_study(study_name="logged", sampler=optuna.samplers.RandomSampler(seed=0))
     SaturnExecutor(devices=2, strategies=["single"], **saturn_options).optimize(
-        study, objectives.quadratic, n_trials=3, callbacks=[MLflowCallback(tracking_uri=uri, metric_name="value")],
+        study, objectives.quadratic, n_trials=3, callbacks=[MLflowCallback(tracking_uri=uri, metric_name="value")]
     )
     mlflow.set_tracking_uri(uri)
     runs = mlflow.search_runs(experiment_names=["logged"], output_format="list")

@@ -4,13 +4,13 @@ ZeRO), and compute what they compute in one process: the same loss curve within 
 
 from __future__ import annotations
 
+import hf_objectives
 import optuna
 import pytest
 from optuna.trial import TrialState
-
-import hf_objectives
-from optuna_saturn import SaturnExecutor
 from support import assert_trains_like
+
+from optuna_saturn import SaturnExecutor
 
 pytestmark = pytest.mark.launch
 
@@ -24,8 +24,14 @@ def _run(objective, strategy: str, devices: int, logs, *, profile: bool = False,
     for _ in range(n_trials):
         study.enqueue_trial(PARAMS)
     SaturnExecutor(
-        devices=devices, strategies=[strategy], isolate_network=True, log_dir=logs, grace_period=5,
-        profile=profile, progress=None, dashboard=False,
+        devices=devices,
+        strategies=[strategy],
+        isolate_network=True,
+        log_dir=logs,
+        grace_period=5,
+        profile=profile,
+        progress=None,
+        dashboard=False,
     ).optimize(study, objective, n_trials=n_trials)
     return study
 
@@ -92,8 +98,14 @@ def test_a_pruned_trainer_trial_stops_every_rank(tmp_path):
 def test_both_ways_in_are_profiled_without_a_trial_steps_loop(tmp_path, objective):
     """The trainer's optimizer steps, or the prepared training DataLoader's batches, are the timed steps."""
     executor = SaturnExecutor(
-        devices=2, strategies=["single", "ddp"], isolate_network=True, log_dir=tmp_path / "runs", grace_period=5,
-        profile_store=tmp_path / "profiles", progress=None, dashboard=False,
+        devices=2,
+        strategies=["single", "ddp"],
+        isolate_network=True,
+        log_dir=tmp_path / "runs",
+        grace_period=5,
+        profile_store=tmp_path / "profiles",
+        progress=None,
+        dashboard=False,
     )
     study = executor.profile(getattr(hf_objectives, objective), n_trials=1)
     profiles = {p["strategy"]: p for p in study.trials[0].user_attrs["saturn:profiles"]}
@@ -145,8 +157,10 @@ def test_accelerate_state_of_the_executors_process_does_not_reach_the_workers(tm
 
     PartialState(cpu=True)  # this process: one process, no distribution
     try:
-        attrs = {s: _run(hf_objectives.accelerate_gpt2, s, n, tmp_path).trials[0].user_attrs
-                 for s, n in (("single", 1), ("ddp", 2))}
+        attrs = {
+            s: _run(hf_objectives.accelerate_gpt2, s, n, tmp_path).trials[0].user_attrs
+            for s, n in (("single", 1), ("ddp", 2))
+        }
         # ...and describing the trials (here, in this process) put this process's own state back, not reset it
         assert PartialState._shared_state and PartialState().num_processes == 1
     finally:

@@ -72,11 +72,10 @@ def test_a_stop_signal_waits_for_the_storage_call_under_way():
     previous = signal.signal(signal.SIGTERM, stop_signal)
     finished = []
     try:
-        with pytest.raises(KeyboardInterrupt, match="signal 15"):
-            with storage_call():
-                os.kill(os.getpid(), signal.SIGTERM)
-                time.sleep(0.2)  # the handler runs meanwhile, and the call goes on
-                finished.append(True)
+        with pytest.raises(KeyboardInterrupt, match="signal 15"), storage_call():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)  # the handler runs meanwhile, and the call goes on
+            finished.append(True)
         assert finished == [True]
         with pytest.raises(KeyboardInterrupt, match="signal 15"):
             os.kill(os.getpid(), signal.SIGTERM)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import time
 
+import objectives
 import optuna
 import pytest
 from optuna.trial import TrialState
 
-import objectives
 from optuna_saturn import SaturnExecutor
 
 pytestmark = pytest.mark.launch
@@ -32,8 +32,10 @@ def test_a_long_trial_enqueued_last_starts_first(saturn_options):
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 5
     starts = sorted(t.user_attrs["saturn:actual_start"] for t in trials)
     assert trials[4].user_attrs["saturn:actual_start"] <= starts[1]  # the long trial is among the first two
-    longest, short = trials[4].user_attrs["saturn:actual_runtime"], [t.user_attrs["saturn:actual_runtime"]
-                                                                     for t in trials[:4]]
+    longest, short = (
+        trials[4].user_attrs["saturn:actual_runtime"],
+        [t.user_attrs["saturn:actual_runtime"] for t in trials[:4]],
+    )
     makespan = max(t.user_attrs["saturn:actual_end"] for t in trials) - starts[0]
     assert makespan < longest + min(short), (makespan, longest, short)  # not long + two short ones
 

@@ -5,13 +5,13 @@ schedule and gradient clipping. Validations are the trial's reports; the study's
 
 from __future__ import annotations
 
+import lightning_objectives
 import optuna
 import pytest
 from optuna.trial import TrialState
-
-import lightning_objectives
-from optuna_saturn import SaturnExecutor
 from support import assert_trains_like
+
+from optuna_saturn import SaturnExecutor
 
 pytestmark = pytest.mark.launch
 
@@ -24,8 +24,14 @@ def _run(objective, strategy: str, devices: int, logs, *, pruner=None):
     study = optuna.create_study(pruner=pruner)
     study.enqueue_trial(PARAMS)
     SaturnExecutor(
-        devices=devices, strategies=[strategy], isolate_network=True, log_dir=logs, grace_period=5, profile=False,
-        progress=None, dashboard=False,
+        devices=devices,
+        strategies=[strategy],
+        isolate_network=True,
+        log_dir=logs,
+        grace_period=5,
+        profile=False,
+        progress=None,
+        dashboard=False,
     ).optimize(study, objective, n_trials=1)
     return study.trials[0]
 
@@ -89,8 +95,14 @@ def test_a_pruned_lightning_trial_stops_every_rank(tmp_path):
 
 def test_lightning_is_profiled_through_its_optimizer_steps(tmp_path):
     executor = SaturnExecutor(
-        devices=2, strategies=["single", "ddp"], isolate_network=True, log_dir=tmp_path / "runs", grace_period=5,
-        profile_store=tmp_path / "profiles", progress=None, dashboard=False,
+        devices=2,
+        strategies=["single", "ddp"],
+        isolate_network=True,
+        log_dir=tmp_path / "runs",
+        grace_period=5,
+        profile_store=tmp_path / "profiles",
+        progress=None,
+        dashboard=False,
     )
     study = executor.profile(lightning_objectives.lightning_gpt2, n_trials=1)
     profiles = {p["strategy"]: p for p in study.trials[0].user_attrs["saturn:profiles"]}
@@ -98,12 +110,15 @@ def test_lightning_is_profiled_through_its_optimizer_steps(tmp_path):
     assert all(p["feasible"] and 0 < p["step_seconds"] < 1 for p in profiles.values()), profiles
 
 
-@pytest.mark.parametrize("setting, words", [
-    ({"strategy": "ddp"}, "Remove it: list the strategies"),
-    ({"devices": 2}, "each of the trial's processes drives one device"),
-    ({"precision": "bf16-mixed"}, "do not apply autocast"),
-    ({"accelerator": "gpu"}, "the trial's devices decide"),
-])
+@pytest.mark.parametrize(
+    "setting, words",
+    [
+        ({"strategy": "ddp"}, "Remove it: list the strategies"),
+        ({"devices": 2}, "each of the trial's processes drives one device"),
+        ({"precision": "bf16-mixed"}, "do not apply autocast"),
+        ({"accelerator": "gpu"}, "the trial's devices decide"),
+    ],
+)
 def test_trainer_settings_that_pick_the_strategy_are_refused_with_the_fix(tmp_path, monkeypatch, setting, words):
     """Refused when the trial is described, before anything is launched."""
     monkeypatch.setenv("SATURN_TEST_TRAINER_SETTING", repr(setting))

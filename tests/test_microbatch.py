@@ -81,8 +81,13 @@ def _trial(gradient_accumulation: int):
     from optuna_saturn.trial import SaturnTrial
 
     context = WorkerContext(0, 0, 1, torch.device("cpu"), {}, {}, gradient_accumulation, None, "single")
-    return SaturnTrial(number=0, strategy=load_strategies()["single"], engine=engine_for("single", context),
-                       channel=None, control_group=None)
+    return SaturnTrial(
+        number=0,
+        strategy=load_strategies()["single"],
+        engine=engine_for("single", context),
+        channel=None,
+        control_group=None,
+    )
 
 
 @pytest.mark.parametrize("rows", [8, 10, 3])  # 10 rows: split 2 + 3 + 2 + 3; 3 rows: one repeats

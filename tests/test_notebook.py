@@ -9,7 +9,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from support import require
 
 pytestmark = pytest.mark.launch
@@ -28,14 +27,17 @@ def test_the_notebook_runs_its_sweep_in_cells(tmp_path, monkeypatch):
     # decision 9); a user's notebook needs none.
     runs = [cell for cell in notebook.cells if "SaturnExecutor(devices=2," in cell.source]
     assert len(runs) == 1
-    runs[0].source = runs[0].source.replace("SaturnExecutor(devices=2,", "SaturnExecutor(isolate_network=True, devices=2,")
-    notebook.cells.append(nbformat.v4.new_code_cell(
-        "import json\nprint(json.dumps([t.state.name for t in study.trials]))"
-    ))
+    runs[0].source = runs[0].source.replace(
+        "SaturnExecutor(devices=2,", "SaturnExecutor(isolate_network=True, devices=2,"
+    )
+    notebook.cells.append(
+        nbformat.v4.new_code_cell("import json\nprint(json.dumps([t.state.name for t in study.trials]))")
+    )
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(EXAMPLES), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("SATURN_EXAMPLE_DATA", str(tmp_path / "data"))
-    nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
-                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    nbclient.NotebookClient(
+        notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
 
     states = json.loads(notebook.cells[-1].outputs[-1]["text"])
     assert len(states) == 4 and set(states) <= {"COMPLETE", "PRUNED"} and "COMPLETE" in states, states
@@ -45,5 +47,6 @@ def test_the_notebook_runs_its_sweep_in_cells(tmp_path, monkeypatch):
     assert "optuna-saturn: study &#x27;notebook-gpt2&#x27;" in final or "optuna-saturn: study 'notebook-gpt2'" in final
     assert final.count("COMPLETE") + final.count("PRUNED") >= 4 and "RUNNING" not in final
     schedule = notebook.cells[-2].outputs
-    assert any("application/vnd.plotly.v1+json" in o.get("data", {}) or "text/html" in o.get("data", {})
-               for o in schedule), schedule
+    assert any(
+        "application/vnd.plotly.v1+json" in o.get("data", {}) or "text/html" in o.get("data", {}) for o in schedule
+    ), schedule

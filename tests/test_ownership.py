@@ -4,24 +4,23 @@ their params again; trials of a live sweep, and trials no sweep owns, are left a
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
 import threading
 import time
 
+import objectives
 import optuna
 import psutil
 import pytest
 from optuna.trial import TrialState
+from support import kill_a_worker_once
 
-import objectives
 from optuna_saturn import SaturnExecutor
 from optuna_saturn.study.gateway import StudyGateway
 from optuna_saturn.study.liveness import HeartbeatWatch
 from optuna_saturn.study.ownership import Owner, recover_orphans
-from support import kill_a_worker_once
 
 HERE = os.path.dirname(__file__)
 
@@ -75,9 +74,18 @@ def test_only_the_trials_of_a_sweep_that_is_gone_are_ended_and_enqueued_again(tm
     retried = recover_orphans(StudyGateway(study), me, max_retries=1, watch=watch)
 
     states = [t.state for t in study.trials]
-    assert states[:10] == [TrialState.RUNNING, TrialState.FAIL, TrialState.FAIL, TrialState.RUNNING,
-                           TrialState.FAIL, TrialState.RUNNING, TrialState.RUNNING, TrialState.FAIL,
-                           TrialState.FAIL, TrialState.FAIL]
+    assert states[:10] == [
+        TrialState.RUNNING,
+        TrialState.FAIL,
+        TrialState.FAIL,
+        TrialState.RUNNING,
+        TrialState.FAIL,
+        TrialState.RUNNING,
+        TrialState.RUNNING,
+        TrialState.FAIL,
+        TrialState.FAIL,
+        TrialState.FAIL,
+    ]
     assert retried == [4, 8]  # trial 2 reached max_retries
     reasons = {t.number: t.user_attrs["saturn:fail_reason"] for t in study.trials if t.state == TrialState.FAIL}
     assert "is gone" in reasons[1] and "run again" in reasons[1]
@@ -88,7 +96,12 @@ def test_only_the_trials_of_a_sweep_that_is_gone_are_ended_and_enqueued_again(tm
     assert "far-sweep has not listed it among its trials for 61 s" in reasons[8], reasons[8]  # a live sweep's
     waiting = [t for t in study.trials if t.state == TrialState.WAITING]
     assert [(t.system_attrs["fixed_params"], t.user_attrs["saturn:retry_of"]) for t in waiting] == [
-        ({"x": 0.1}, 1), ({"x": 0.7}, 7), ({"x": 0.9}, 9), ({"x": 0.4}, 4), ({"x": 0.8}, 8)]
+        ({"x": 0.1}, 1),
+        ({"x": 0.7}, 7),
+        ({"x": 0.9}, 9),
+        ({"x": 0.4}, 4),
+        ({"x": 0.8}, 8),
+    ]
 
 
 def test_a_trial_claimed_but_owned_by_no_one_is_recovered_once_no_claimant_lists_it(tmp_path):
@@ -109,8 +122,10 @@ def test_a_trial_claimed_but_owned_by_no_one_is_recovered_once_no_claimant_lists
         retried = recover_orphans(StudyGateway(study), me, max_retries=1, watch=watch)
     assert retried == [0]
     trials = study.trials
-    assert trials[0].state == TrialState.FAIL and "which claimed it (no sweep owns it)" in \
-        trials[0].user_attrs["saturn:fail_reason"]
+    assert (
+        trials[0].state == TrialState.FAIL
+        and "which claimed it (no sweep owns it)" in trials[0].user_attrs["saturn:fail_reason"]
+    )
     assert trials[plain.number].state == TrialState.RUNNING
     assert trials[-1].state == TrialState.WAITING and trials[-1].user_attrs["saturn:retry_of"] == 0
 
@@ -151,7 +166,8 @@ def _start_sweep(storage: str, log_dir) -> subprocess.Popen:
         assert sweep.poll() is None and time.monotonic() < deadline, "the first sweep's trials did not start"
         try:
             running = optuna.load_study(study_name="interrupted", storage=storage).get_trials(
-                states=(TrialState.RUNNING,))
+                states=(TrialState.RUNNING,)
+            )
         except KeyError:  # the study is not created yet
             running = []
         if len([t for t in running if "saturn:owner" in t.user_attrs and t.intermediate_values]) >= 2:
@@ -166,7 +182,8 @@ def test_two_executors_share_a_study_and_leave_each_others_trials_alone(saturn_o
         study = optuna.load_study(study_name="interrupted", storage=storage)
         theirs = {t.number for t in study.get_trials(states=(TrialState.RUNNING,))}
         SaturnExecutor(devices=1, strategies=["single"], allow_shared_cores=True, **saturn_options).optimize(
-            study, objectives.quadratic, n_trials=2)
+            study, objectives.quadratic, n_trials=2
+        )
         trials = {t.number: t for t in optuna.load_study(study_name="interrupted", storage=storage).trials}
         assert all(trials[n].state == TrialState.RUNNING for n in theirs)  # the live sweep's, untouched
         mine = [t for t in trials.values() if t.number not in theirs and "y" in t.params]
@@ -235,7 +252,8 @@ def test_a_trial_run_again_starts_ahead_of_the_new_trials_asked_after_it(saturn_
     assert retry.state == TrialState.COMPLETE and retry.params == trials[0].params
     later = [t for t in trials if t.number > retry.number]
     assert later and all(t.datetime_start > retry.datetime_start for t in later), [
-        (t.number, t.datetime_start) for t in trials]
+        (t.number, t.datetime_start) for t in trials
+    ]
     assert [t.state for t in trials].count(TrialState.COMPLETE) == 3  # n_trials new trials, and the retry
     assert not [t.number for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
 
@@ -267,7 +285,8 @@ def test_a_running_sweep_recovers_the_trials_of_a_sweep_that_died_meanwhile(satu
     killer.start()
     try:
         SaturnExecutor(devices=1, strategies=["single"], allow_shared_cores=True, **saturn_options).optimize(
-            study, objectives.sleepy, n_trials=1)
+            study, objectives.sleepy, n_trials=1
+        )
     finally:
         killer.join(timeout=5)
         first.kill()
@@ -292,8 +311,9 @@ def test_a_result_that_comes_after_another_sweep_ended_its_trial_is_kept_not_thr
     trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
     trial.set_user_attr("saturn:owner", {**live.to_json(), "boot": "another boot"})  # (its pid looks dead)
     other = Owner.of_this_process()
-    assert recover_orphans(StudyGateway(optuna.load_study(study_name=study.study_name, storage=storage)), other,
-                           max_retries=1) == [0]
+    assert recover_orphans(
+        StudyGateway(optuna.load_study(study_name=study.study_name, storage=storage)), other, max_retries=1
+    ) == [0]
 
     outbox = Outbox(tmp_path / "outbox")
     with caplog.at_level("ERROR", logger="optuna.saturn"):
@@ -302,5 +322,7 @@ def test_a_result_that_comes_after_another_sweep_ended_its_trial_is_kept_not_thr
     assert study.user_attrs["saturn:late_result:0"] == {"state": "COMPLETE", "values": [0.5], "sweep": live.sweep}
     assert list(outbox.folder.glob("*.json"))  # and still on disk
     assert other.sweep in caplog.text and live.sweep in caplog.text
-    assert [t.state for t in optuna.load_study(study_name=study.study_name, storage=storage).trials] == \
-        [TrialState.FAIL, TrialState.WAITING]  # one retry: the other sweep's
+    assert [t.state for t in optuna.load_study(study_name=study.study_name, storage=storage).trials] == [
+        TrialState.FAIL,
+        TrialState.WAITING,
+    ]  # one retry: the other sweep's

@@ -23,9 +23,22 @@ def test_the_wheel_holds_every_module_and_template(tmp_path):
     for folder in ("optuna_saturn", "strategies"):
         shutil.copytree(ROOT / folder, source / folder, ignore=ignore)
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(tmp_path)],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(source),
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
     )
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
     (wheel,) = tmp_path.glob("optuna_saturn-*.whl")

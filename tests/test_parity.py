@@ -9,17 +9,25 @@ the time-limited solvers would answer differently on a loaded machine and in vir
 
 from __future__ import annotations
 
+import objectives
 import optuna
 import pytest
 
-import objectives
 from optuna_saturn import SaturnExecutor
 from optuna_saturn.report.replay import replay_of
 from optuna_saturn.simulator import run_simulation
 
 #: (width, depth, batch, steps): single-device runtimes from 3 s to 17 s, 15% or more apart
-MIXED = [(64, 2, 64, 1600), (128, 2, 256, 700), (128, 4, 512, 500), (256, 2, 1024, 140), (256, 4, 1024, 100),
-         (256, 4, 4096, 40), (512, 4, 2048, 30), (512, 4, 4096, 16)]
+MIXED = [
+    (64, 2, 64, 1600),
+    (128, 2, 256, 700),
+    (128, 4, 512, 500),
+    (256, 2, 1024, 140),
+    (256, 4, 1024, 100),
+    (256, 4, 4096, 40),
+    (512, 4, 2048, 30),
+    (512, 4, 4096, 16),
+]
 
 
 #: Trials that really started within this many seconds of each other started at once.
@@ -28,12 +36,17 @@ AT_ONCE = 0.5
 
 @pytest.mark.launch
 def test_simulate_replays_a_real_sweep_with_the_same_options_order_and_wall_clock(saturn_options, tmp_path):
-    params = [{"width": w, "depth": d, "batch": b, "steps": s, "lr": 0.004 + 0.0005 * i}
-              for i, (w, d, b, s) in enumerate(MIXED)]
+    params = [
+        {"width": w, "depth": d, "batch": b, "steps": s, "lr": 0.004 + 0.0005 * i}
+        for i, (w, d, b, s) in enumerate(MIXED)
+    ]
     options = {**saturn_options, "devices": 2, "strategies": ["single", "ddp"], "solver": "list"}
     SaturnExecutor(**options).profile(objectives.mixed_sizes, params=params)
-    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.sqlite3'}", study_name="parity",
-                                pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=10))
+    study = optuna.create_study(
+        storage=f"sqlite:///{tmp_path / 'study.sqlite3'}",
+        study_name="parity",
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=10),
+    )
     for p in params:
         study.enqueue_trial(p)
     SaturnExecutor(**options).optimize(study, objectives.mixed_sizes, n_trials=len(params))
@@ -41,8 +54,9 @@ def test_simulate_replays_a_real_sweep_with_the_same_options_order_and_wall_cloc
     real = {t.number: t.user_attrs for t in study.trials}
     replay = replay_of(study)
     assert replay.known_ahead and len(replay.jobs) == len(params)
-    result = run_simulation(replay.jobs, replay.cluster(), solver="list", known_ahead=replay.known_ahead,
-                            workers_ready=replay.workers_ready)
+    result = run_simulation(
+        replay.jobs, replay.cluster(), solver="list", known_ahead=replay.known_ahead, workers_ready=replay.workers_ready
+    )
     simulated = {int(a.job): a for a in result.executed}
     assert sorted(simulated) == sorted(real)
     chosen = {n: (a["saturn:strategy"], a["saturn:num_devices"]) for n, a in real.items()}
@@ -51,10 +65,16 @@ def test_simulate_replays_a_real_sweep_with_the_same_options_order_and_wall_cloc
     # the same order, except between trials that really started at once (on the two devices, within a moment:
     # which comes first there is a race of the machine's, not a decision of the scheduler's)
     started = {n: real[n]["saturn:actual_start"] for n in real}
-    swapped = [(a, b) for a in real for b in real
-               if started[a] + AT_ONCE < started[b] and simulated[a].start > simulated[b].start + 1e-6]
+    swapped = [
+        (a, b)
+        for a in real
+        for b in real
+        if started[a] + AT_ONCE < started[b] and simulated[a].start > simulated[b].start + 1e-6
+    ]
     assert not swapped, (real_order, sorted(simulated, key=lambda n: simulated[n].start))
     wall = study.user_attrs["saturn:last_sweep"]["wall_seconds"]
     assert result.info["wall_seconds"] == pytest.approx(wall, rel=0.05)
-    print(f"options {sorted(chosen.items())}; order {real_order}; wall clock: real {wall:.2f} s, simulated "
-          f"{result.info['wall_seconds']:.2f} s ({100 * (result.info['wall_seconds'] / wall - 1):+.1f}%)")
+    print(
+        f"options {sorted(chosen.items())}; order {real_order}; wall clock: real {wall:.2f} s, simulated "
+        f"{result.info['wall_seconds']:.2f} s ({100 * (result.info['wall_seconds'] / wall - 1):+.1f}%)"
+    )

@@ -11,6 +11,7 @@ import logging
 import random
 
 import pytest
+from support import require
 
 from optuna_saturn.planner import (
     SOLVERS,
@@ -30,7 +31,6 @@ from optuna_saturn.planner import (
 from optuna_saturn.planner._cpsat import solve_cpsat
 from optuna_saturn.planner._greedy import greedy
 from optuna_saturn.planner._milp import solve_block_milp
-from support import require
 
 STRATEGIES = {1: "single", 2: "ddp", 4: "fsdp", 8: "fsdp"}
 
@@ -57,8 +57,11 @@ def random_jobs(n: int, seed: int, *, max_devices: int = 8, integer: bool = Fals
 INSTANCES = {
     "one-node": (random_jobs(14, 1), Cluster([8]), ()),
     "multi-node": (random_jobs(18, 2), Cluster([8, 8, 4]), ()),
-    "busy": (random_jobs(12, 3), Cluster([8, 4]), (Reservation(0, (0, 3, 5), 50.0, "r0"),
-                                                      Reservation(1, (1,), 120.0, "r1"))),
+    "busy": (
+        random_jobs(12, 3),
+        Cluster([8, 4]),
+        (Reservation(0, (0, 3, 5), 50.0, "r0"), Reservation(1, (1,), 120.0, "r1")),
+    ),
 }
 
 
@@ -82,8 +85,7 @@ def test_every_backend_returns_valid_plans(solver: str, instance: str) -> None:
 
 def test_non_power_of_two_nodes_and_options() -> None:
     rng = random.Random(7)
-    jobs = [Job(f"j{i}", [Option("a", d, rng.uniform(5, 50)) for d in rng.sample([1, 3, 5, 6], 2)])
-            for i in range(10)]
+    jobs = [Job(f"j{i}", [Option("a", d, rng.uniform(5, 50)) for d in rng.sample([1, 3, 5, 6], 2)]) for i in range(10)]
     cluster = Cluster([6, 5])
     for solver in ("gurobi", "highs", "cpsat", "auto"):
         validate(solve(jobs, cluster, solver, time_limit=0.3), jobs, cluster)
@@ -92,8 +94,12 @@ def test_non_power_of_two_nodes_and_options() -> None:
 def test_validate_catches_every_kind_of_mistake() -> None:
     jobs = [Job("a", [Option("ddp", 2, 10.0)]), Job("b", [Option("single", 1, 5.0)])]
     cluster = Cluster([4])
-    good = Plan((Assignment("a", jobs[0].options[0], 0, (0, 1), 0.0, 10.0),
-                 Assignment("b", jobs[1].options[0], 0, (2,), 0.0, 5.0)))
+    good = Plan(
+        (
+            Assignment("a", jobs[0].options[0], 0, (0, 1), 0.0, 10.0),
+            Assignment("b", jobs[1].options[0], 0, (2,), 0.0, 5.0),
+        )
+    )
     validate(good, jobs, cluster)
     a, b = good.assignments
     bad_plans = {
@@ -117,8 +123,13 @@ def test_validate_catches_every_kind_of_mistake() -> None:
 
 
 def test_dominated_options_are_pruned() -> None:
-    opts = [Option("fsdp", 4, 10.0), Option("ddp", 4, 12.0), Option("zero3", 8, 11.0), Option("single", 1, 30.0),
-            Option("zero2", 16, 1.0)]
+    opts = [
+        Option("fsdp", 4, 10.0),
+        Option("ddp", 4, 12.0),
+        Option("zero3", 8, 11.0),
+        Option("single", 1, 30.0),
+        Option("zero2", 16, 1.0),
+    ]
     kept = prune_options(opts, max_devices=8)
     assert kept == (Option("single", 1, 30.0), Option("fsdp", 4, 10.0))
 
@@ -177,12 +188,13 @@ def brute_force_optimum(jobs: list[Job], cluster: Cluster) -> float:
         for pick in itertools.product(*(choices[j] for j in order)):
             placed: list[list[tuple[float, float, int]]] = [[] for _ in cluster.nodes]
             ms = 0.0
-            for (o, n) in pick:
+            for o, n in pick:
                 cands = sorted({0.0} | {e for _, e, _ in placed[n]})
                 for t in cands:
                     points = [t] + [s for s, _, _ in placed[n] if t < s < t + o.runtime]
-                    if all(sum(d for s, e, d in placed[n] if s <= p < e) + o.devices <= cluster.nodes[n]
-                           for p in points):
+                    if all(
+                        sum(d for s, e, d in placed[n] if s <= p < e) + o.devices <= cluster.nodes[n] for p in points
+                    ):
                         break
                 placed[n].append((t, t + o.runtime, o.devices))
                 ms = max(ms, t + o.runtime)
@@ -210,8 +222,10 @@ def test_lower_bound_never_exceeds_the_exact_optimum(seed: int) -> None:
     lb = lower_bound(jobs, cluster)
     assert lb <= optimum + 1e-9
     # The bound is at least the classic one from DESIGN.md.
-    classic = max(max(min(o.runtime for o in j.options) for j in jobs),
-                  sum(min(o.devices * o.runtime for o in j.options) for j in jobs) / cluster.total_devices)
+    classic = max(
+        max(min(o.runtime for o in j.options) for j in jobs),
+        sum(min(o.devices * o.runtime for o in j.options) for j in jobs) / cluster.total_devices,
+    )
     assert lb >= classic - 1e-9
     plan = solve(jobs, cluster, "cpsat", time_limit=5.0)
     assert plan.makespan == pytest.approx(optimum)  # integer runtimes: CP-SAT is exact here
@@ -256,8 +270,11 @@ def _gurobi_is_size_limited() -> bool:
 
 
 def test_gurobi_size_limit_falls_back_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
-    require(_gurobi_is_size_limited(), "Gurobi's bundled, size-limited licence (this one solves any size)",
-            fix="run the test where gurobipy has its pip-installed licence")
+    require(
+        _gurobi_is_size_limited(),
+        "Gurobi's bundled, size-limited licence (this one solves any size)",
+        fix="run the test where gurobipy has its pip-installed licence",
+    )
     jobs = random_jobs(240, 11)  # ~240 jobs x pruned options x blocks: over 2000 variables
     cluster = Cluster([8])
     assert solve(jobs, cluster, "list").makespan > lower_bound(jobs, cluster) * (1 + 1e-6)  # backend must run
@@ -305,8 +322,10 @@ def test_solver_beats_baselines_on_moldable_jobs() -> None:
 
 
 def test_baselines_do_what_they_say() -> None:
-    jobs = [Job("a", [Option("single", 1, 40.0), Option("fsdp", 8, 8.0), Option("zero3", 8, 7.0)]),
-            Job("b", [Option("ddp", 2, 30.0), Option("fsdp", 4, 20.0)])]
+    jobs = [
+        Job("a", [Option("single", 1, 40.0), Option("fsdp", 8, 8.0), Option("zero3", 8, 7.0)]),
+        Job("b", [Option("ddp", 2, 30.0), Option("fsdp", 4, 20.0)]),
+    ]
     cluster = Cluster([8])
     seq = solve(jobs, cluster, "sequential-max")
     assert seq.for_job("a").option.strategy == "fsdp" and seq.for_job("a").option.devices == 8
@@ -326,8 +345,9 @@ def test_replan_keeps_the_previous_plan_when_gain_is_small() -> None:
     previous = solve(jobs, cluster, "auto", time_limit=1.0)
     again = replan(previous, jobs, cluster, time_limit=1.0, min_improvement=0.05)
     assert again.info["replan"] == "kept"
-    assert [(a.job, a.option, a.node, a.devices) for a in again.assignments] == \
-        [(a.job, a.option, a.node, a.devices) for a in previous.assignments]
+    assert [(a.job, a.option, a.node, a.devices) for a in again.assignments] == [
+        (a.job, a.option, a.node, a.devices) for a in previous.assignments
+    ]
     assert again.makespan == pytest.approx(previous.makespan)
 
 
@@ -348,8 +368,14 @@ def test_replan_with_running_trials_corrected_runtimes_and_new_arrivals() -> Non
     first = sorted(previous.assignments, key=lambda a: a.start)[:2]
     busy = [Reservation(a.node, a.devices, a.option.runtime * 0.5, a.job) for a in first]
     running = {a.job for a in first}
-    pending = [Job(j.name, [Option(o.strategy, o.devices, o.runtime * (1.5 if j.name == jobs[-1].name else 1.0))
-                            for o in j.options]) for j in jobs if j.name not in running]
+    pending = [
+        Job(
+            j.name,
+            [Option(o.strategy, o.devices, o.runtime * (1.5 if j.name == jobs[-1].name else 1.0)) for o in j.options],
+        )
+        for j in jobs
+        if j.name not in running
+    ]
     pending.append(Job("new", [Option("single", 1, 30.0), Option("ddp", 2, 18.0)]))
     for margin in (0.0, 0.5):
         plan = replan(previous, pending, cluster, busy=busy, time_limit=0.5, min_improvement=margin)

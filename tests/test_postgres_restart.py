@@ -6,13 +6,13 @@ from __future__ import annotations
 import threading
 import time
 
+import objectives
 import optuna
 import pytest
 from optuna.trial import TrialState
-
-import objectives
-from optuna_saturn import SaturnExecutor
 from postgres import postgres_server
+
+from optuna_saturn import SaturnExecutor
 
 
 @pytest.mark.launch
@@ -25,8 +25,9 @@ def test_a_sweep_outlives_a_restart_of_its_postgres_server(saturn_options, monke
         downtime = []
 
         def restart() -> None:
-            while not [t for t in optuna.load_study(study_name="restarted", storage=url).trials
-                       if t.intermediate_values]:
+            while not [
+                t for t in optuna.load_study(study_name="restarted", storage=url).trials if t.intermediate_values
+            ]:
                 time.sleep(0.2)
             server.stop()  # while trials run and report
             stopped = time.monotonic()
@@ -37,7 +38,8 @@ def test_a_sweep_outlives_a_restart_of_its_postgres_server(saturn_options, monke
         restarter = threading.Thread(target=restart)
         restarter.start()
         SaturnExecutor(devices=2, strategies=["single"], **saturn_options).optimize(
-            study, objectives.sleepy, n_trials=4)
+            study, objectives.sleepy, n_trials=4
+        )
         restarter.join(timeout=60)
         trials = optuna.load_study(study_name="restarted", storage=url).trials
     assert downtime and downtime[0] >= 4.0

@@ -5,16 +5,17 @@ from __future__ import annotations
 import os
 import threading
 
+import objectives
 import optuna
 import pytest
 import torch
 from optuna.trial import TrialState
 
-import objectives
 from optuna_saturn import SaturnExecutor
-from optuna_saturn.pricing.pricer import PricedOption, computes_plainly, no_better_than_linear_scaling
 from optuna_saturn.events import SweepListener
 from optuna_saturn.planner import Option
+from optuna_saturn.pricing.floors import computes_plainly, no_better_than_linear_scaling
+from optuna_saturn.pricing.prices import PricedOption
 from optuna_saturn.profiler import ProfileRecord, ProfileStore, model_state_bytes, probe_workload, profile_key
 from optuna_saturn.strategy import load_strategies
 
@@ -72,8 +73,9 @@ def test_description_leaves_the_executors_global_state_as_it_was(tmp_path):
         os.environ["SATURN_TEST_SET_BY_OBJECTIVE"] = "1"
         os.chdir(tmp_path)
         model = torch.nn.Linear(2, 1)
-        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(8, 2)), batch_size=2,
-                                             shuffle=True)
+        loader = torch.utils.data.DataLoader(
+            torch.utils.data.TensorDataset(torch.zeros(8, 2)), batch_size=2, shuffle=True
+        )
         model, loader = trial.prepare(model, loader)
         for _ in trial.steps(3):
             pass
@@ -102,13 +104,22 @@ def _truncating_collate(samples):
 @pytest.mark.parametrize(
     ("make_loader", "signature"),
     [
-        (lambda: torch.utils.data.DataLoader(_Stream(), batch_size=4),
-         ".input_ids:(4, 12):torch.int64;.label:(4,):torch.int64"),
-        (lambda: torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(40, 20)), batch_size=8,
-                                             collate_fn=_truncating_collate), ":(8, 6):torch.float32"),
-        (lambda: torch.utils.data.DataLoader(
-            [{"ids": torch.zeros(16, dtype=torch.long)} for _ in range(9)], batch_size=3, shuffle=True),
-         ".ids:(3, 16):torch.int64"),
+        (
+            lambda: torch.utils.data.DataLoader(_Stream(), batch_size=4),
+            ".input_ids:(4, 12):torch.int64;.label:(4,):torch.int64",
+        ),
+        (
+            lambda: torch.utils.data.DataLoader(
+                torch.utils.data.TensorDataset(torch.zeros(40, 20)), batch_size=8, collate_fn=_truncating_collate
+            ),
+            ":(8, 6):torch.float32",
+        ),
+        (
+            lambda: torch.utils.data.DataLoader(
+                [{"ids": torch.zeros(16, dtype=torch.long)} for _ in range(9)], batch_size=3, shuffle=True
+            ),
+            ".ids:(3, 16):torch.int64",
+        ),
     ],
     ids=["iterable-dataset-of-dicts", "collate-truncates", "dict-samples"],
 )
@@ -116,7 +127,7 @@ def test_batch_signature_is_read_from_a_collated_batch(make_loader, signature):
     """The profile key must see the sequence length the model gets, wherever it is decided."""
 
     def objective(trial):
-        model, loader = trial.prepare(torch.nn.Linear(2, 1), make_loader())
+        _model, _loader = trial.prepare(torch.nn.Linear(2, 1), make_loader())
         for _ in trial.steps(5):
             pass
         return 0.0
@@ -180,7 +191,7 @@ def test_an_objective_that_takes_a_batch_before_its_loop_is_described():
         seen["out"] = model(x.to(trial.device)).shape  # a first forward pass
         seen["evaluated"] = sum(1 for _ in loader)  # an evaluation pass before training: it ends
         for _ in trial.steps(12):
-            x, y = next(iter(loader))
+            x, _y = next(iter(loader))
         return 0.0
 
     workload = _describe(objective)
@@ -194,7 +205,7 @@ def test_an_objective_that_loops_over_its_loader_without_trial_steps_is_reported
         loader = torch.utils.data.DataLoader(objectives.regression_data(64), batch_size=16)
         model, loader = trial.prepare(torch.nn.Linear(8, 1), loader)
         while True:  # (it would never end, were the batches not limited)
-            for x, y in loader:
+            for x, _y in loader:
                 model(x.to(trial.device))
 
     with pytest.raises(RuntimeError, match=r"trial.steps\(n\).*it took 64 batches from its DataLoaders"):
@@ -212,8 +223,17 @@ def test_analytic_model_state_shrinks_as_each_strategy_shards():
 
 def test_store_round_trip_and_whole_trial_runtime(tmp_path):
     store = ProfileStore(tmp_path)
-    record = ProfileRecord(key="k", strategy="ddp", devices=2, hardware="hw", feasible=True, step_seconds=0.05,
-                           startup_seconds=4.0, peak_memory_bytes=1, timed_steps=5)
+    record = ProfileRecord(
+        key="k",
+        strategy="ddp",
+        devices=2,
+        hardware="hw",
+        feasible=True,
+        step_seconds=0.05,
+        startup_seconds=4.0,
+        peak_memory_bytes=1,
+        timed_steps=5,
+    )
     store.put(record)
     assert store.get("k") == record and len(store) == 1 and store.get("missing") is None
     assert record.whole_trial_seconds(100) == pytest.approx(9.0)
@@ -307,8 +327,9 @@ def test_a_real_run_out_of_memory_plans_the_trial_again_with_more_micro_batches(
     trial = study.trials[0]
     assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
     assert trial.user_attrs["saturn:gradient_accumulation"] == trial.user_attrs["gradient_accumulation_seen"] == 4
-    tried = {(p["strategy"], p.get("gradient_accumulation", 1)): p["feasible"]
-             for p in trial.user_attrs["saturn:profiles"]}
+    tried = {
+        (p["strategy"], p.get("gradient_accumulation", 1)): p["feasible"] for p in trial.user_attrs["saturn:profiles"]
+    }
     assert tried == {("single", 1): False, ("single", 2): False}  # as priced for its last run
     records = {r.gradient_accumulation: r.feasible for r in ProfileStore(saturn_options["profile_store"]).records()}
     assert records == {1: False, 2: False, 4: True}  # the last run is the profile of 4 micro-batches
@@ -338,8 +359,7 @@ def test_nested_epoch_loops_are_priced_as_the_whole_trial(saturn_options):
     and times the evaluation between epochs; a real run reports every loop. Priced as its first epoch alone,
     the trial was 1/6 of its length."""
     executor = SaturnExecutor(devices=1, strategies=["single"], **saturn_options)
-    (profile,) = executor.profile(objectives.epochs_with_evaluation, n_trials=1).trials[0].user_attrs[
-        "saturn:profiles"]
+    (profile,) = executor.profile(objectives.epochs_with_evaluation, n_trials=1).trials[0].user_attrs["saturn:profiles"]
     assert profile["loops"] == 6 and 0.25 < profile["between_seconds"] < 0.6
     study = optuna.create_study()
     executor.optimize(study, objectives.epochs_with_evaluation, n_trials=2)
@@ -392,7 +412,8 @@ def test_cpu_peak_memory_is_per_strategy_not_cumulative():
     """One launch times several strategies: each one's peak must not include an earlier one's."""
     import torch
 
-    from optuna_saturn.worker.rank import peak_memory as _peak_memory, release_memory as _release_memory
+    from optuna_saturn.worker.rank import peak_memory as _peak_memory
+    from optuna_saturn.worker.rank import release_memory as _release_memory
 
     cpu = torch.device("cpu")
     _release_memory(cpu)
@@ -408,8 +429,17 @@ def test_a_predicted_option_is_never_faster_than_linear_scaling_of_a_measured_pl
     strategies = load_strategies()
 
     def measured(strategy: str, devices: int, runtime: float) -> PricedOption:
-        record = ProfileRecord(key=strategy, strategy=strategy, devices=devices, hardware="hw", feasible=True,
-                               step_seconds=0.1, startup_seconds=0.0, peak_memory_bytes=1, timed_steps=5)
+        record = ProfileRecord(
+            key=strategy,
+            strategy=strategy,
+            devices=devices,
+            hardware="hw",
+            feasible=True,
+            step_seconds=0.1,
+            startup_seconds=0.0,
+            peak_memory_bytes=1,
+            timed_steps=5,
+        )
         return PricedOption(Option(strategy, devices, runtime), strategy, record)
 
     def predicted(strategy: str, devices: int, runtime: float) -> PricedOption:

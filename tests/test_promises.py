@@ -4,14 +4,15 @@ a callback that raises."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
+import objectives
 import optuna
 import pytest
 from optuna.trial import TrialState
 
-import objectives
 from optuna_saturn import SaturnExecutor
 
 pytestmark = pytest.mark.launch
@@ -45,14 +46,13 @@ def test_a_live_sweep_writes_its_heartbeat_every_5_s(saturn_options, tmp_path, m
     assert listed == {0}  # each beat lists the trials its sweep runs
     ended = [v for k, v in study.user_attrs.items() if k.startswith("saturn:heartbeat:")]
     assert ended == [None]  # the sweep ended: its beat is null
-    gaps = [b - a for a, b in zip(beats, beats[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(beats)]
     assert all(4.0 <= gap <= 7.0 for gap in gaps[:-1]), gaps
 
 
 def test_a_segfaulting_rank_fails_its_trial_which_runs_again_once(saturn_options, monkeypatch):
     study = optuna.create_study()
-    SaturnExecutor(devices=1, strategies=["single"], **saturn_options).optimize(study, objectives.segfaults,
-                                                                                n_trials=1)
+    SaturnExecutor(devices=1, strategies=["single"], **saturn_options).optimize(study, objectives.segfaults, n_trials=1)
     first, retry = study.trials
     assert first.state == TrialState.FAIL and "died" in first.user_attrs["saturn:fail_reason"]
     assert retry.user_attrs["saturn:retry_of"] == 0 and retry.state == TrialState.COMPLETE
@@ -61,7 +61,8 @@ def test_a_segfaulting_rank_fails_its_trial_which_runs_again_once(saturn_options
     monkeypatch.setenv("SATURN_TEST_SEGFAULT_ALWAYS", "1")
     again = optuna.create_study()
     SaturnExecutor(devices=1, strategies=["single"], max_retries=1, **saturn_options).optimize(
-        again, objectives.segfaults, n_trials=1)
+        again, objectives.segfaults, n_trials=1
+    )
     assert [t.state for t in again.trials] == [TrialState.FAIL, TrialState.FAIL]  # run again once, not twice
     assert "max_retries" not in again.trials[0].user_attrs.get("saturn:fail_reason", "")
     assert again.trials[1].user_attrs["saturn:retries"] == 1
@@ -69,12 +70,13 @@ def test_a_segfaulting_rank_fails_its_trial_which_runs_again_once(saturn_options
 
 def test_a_multi_objective_study_gets_every_value(saturn_options):
     study = optuna.create_study(directions=["minimize", "maximize"])
-    SaturnExecutor(devices=2, strategies=["single"], **saturn_options).optimize(study, objectives.two_values,
-                                                                                n_trials=4)
+    SaturnExecutor(devices=2, strategies=["single"], **saturn_options).optimize(
+        study, objectives.two_values, n_trials=4
+    )
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 4
     for trial in study.trials:
         x = trial.params["x"]
-        assert trial.values == pytest.approx([x ** 2, 1.0 - x])
+        assert trial.values == pytest.approx([x**2, 1.0 - x])
     assert study.best_trials
 
 
@@ -85,13 +87,15 @@ def test_a_callback_that_raises_ends_the_sweep_as_in_optuna_and_leaves_nothing_r
     study = optuna.create_study()
     with pytest.raises(RuntimeError, match="a callback's own error"):
         SaturnExecutor(devices=2, strategies=["single"], **saturn_options).optimize(
-            study, objectives.quadratic, n_trials=6, callbacks=[fails])
+            study, objectives.quadratic, n_trials=6, callbacks=[fails]
+        )
     assert study.trials and not [t for t in study.trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     assert study.trials[0].state == TrialState.COMPLETE  # told before its callback ran
 
 
 def test_a_storage_down_longer_than_the_retries_stops_the_sweep_and_the_next_records_the_kept_result(
-        saturn_options, tmp_path, monkeypatch):
+    saturn_options, tmp_path, monkeypatch
+):
     """The README: telling is retried for 2 minutes (here 3 s); if the storage stays down longer, the sweep stops,
     and the next ``optimize`` on the study (in the same session, here) records the result the outbox kept, instead
     of ending the trial FAIL and running it again."""

@@ -6,6 +6,7 @@ listens outside them (DESIGN decision 9). ``tests/ray_cluster_sweep.py`` runs ea
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -16,25 +17,28 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import psutil
 import pytest
+from support import require
 
 from optuna_saturn import SaturnExecutor
-from optuna_saturn.worker.objective_recipe import describe_objective, load_objective, localized, portable
-from optuna_saturn.sweep.topology import Topology
-from optuna_saturn.channel import AuthenticationFailed, ChannelClient, ChannelServer, RemoteError
+from optuna_saturn.channel import AuthenticationFailed, ChannelClient, ChannelServer
 from optuna_saturn.devices import Device
 from optuna_saturn.planner import Assignment, Option
 from optuna_saturn.pools.launch_commands import network_isolation_prefix
 from optuna_saturn.pools.ray_cluster import _kind_and_count
-from support import require
+from optuna_saturn.sweep.topology import Topology
+from optuna_saturn.worker.objective_recipe import describe_objective, load_objective, localized, portable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _two_nodes() -> list[Device]:
-    return [Device("cpu", i, (i,), node=node) for node in ("a", "b") for i in range(2)] + [Device("cpu", 0, (0,), node="c")]
+    return [Device("cpu", i, (i,), node=node) for node in ("a", "b") for i in range(2)] + [
+        Device("cpu", 0, (0,), node="c")
+    ]
 
 
 # -- the parts ---------------------------------------------------------------------------------------------------------
@@ -131,23 +135,28 @@ def test_the_runner_options_say_what_is_wrong():
         SaturnExecutor(devices=1, runner="ray", isolate_network=True)
 
 
-# -- real sweeps on a two-node cluster -----------------------------------------------------------------------------------
+# -- real sweeps on a two-node cluster ---------------------------------------------------------------------------------
 def _sweep_on_a_ray_cluster(mode: str, tmp_path) -> dict:
     require(importlib.util.find_spec("ray") is not None, "Ray", fix="pip install 'optuna-saturn[ray]'")
-    require(bool(shutil.which("unshare") and shutil.which("ip")), "unshare or ip (util-linux, iproute2)",
-            fix="install util-linux and iproute2")
+    require(
+        bool(shutil.which("unshare") and shutil.which("ip")),
+        "unshare or ip (util-linux, iproute2)",
+        fix="install util-linux and iproute2",
+    )
     out = tmp_path / f"{mode}.json"
     done = _run_in_its_own_group(
-        network_isolation_prefix() + [sys.executable, os.path.join(HERE, "ray_cluster_sweep.py"), mode, str(out)],
-        timeout=280)
+        [*network_isolation_prefix(), sys.executable, os.path.join(HERE, "ray_cluster_sweep.py"), mode, str(out)],
+        timeout=280,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return json.loads(out.read_text())
 
 
 def _run_in_its_own_group(command: list[str], *, timeout: float) -> subprocess.CompletedProcess:
     """Run ``command``; past ``timeout``, kill it with everything it started (Ray's processes too)."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -222,7 +231,7 @@ class NamespaceHosts:
         self._veth = [f"sv{tag}a", f"sv{tag}b"]
         self.temp = [tempfile.mkdtemp(prefix="sr"), tempfile.mkdtemp(prefix="sr")]  # short: socket paths
 
-    def __enter__(self) -> "NamespaceHosts":
+    def __enter__(self) -> NamespaceHosts:
         try:
             _ip("link", "add", self._veth[0], "type", "veth", "peer", "name", self._veth[1])
             for name, veth, ip in zip(self.names, self._veth, self.ips):
@@ -238,8 +247,12 @@ class NamespaceHosts:
 
     def start(self, host: int, command: list[str], log: str) -> subprocess.Popen:
         with open(log, "ab") as out:
-            return subprocess.Popen(["ip", "netns", "exec", self.names[host], *command], stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            return subprocess.Popen(
+                ["ip", "netns", "exec", self.names[host], *command],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def run(self, host: int, command: list[str], timeout: float) -> subprocess.CompletedProcess:
         return _run_in_its_own_group(["ip", "netns", "exec", self.names[host], *command], timeout=timeout)
@@ -252,10 +265,8 @@ class NamespaceHosts:
         subprocess.run(["ip", "link", "del", self._veth[0]], capture_output=True, check=False)  # (if never moved)
         for host, name in enumerate(self.names):
             for pid in self.pids(host):
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             subprocess.run(["ip", "netns", "del", name], check=False)
         for folder in self.temp:
             shutil.rmtree(folder, ignore_errors=True)
@@ -284,7 +295,7 @@ def _listening_ray() -> set[tuple[str, int]]:
 def _raylet(hosts: NamespaceHosts, host: int) -> int:
     for pid in hosts.pids(host):
         try:
-            if open(f"/proc/{pid}/comm", encoding="ascii").read().strip() == "raylet":
+            if Path(f"/proc/{pid}/comm").read_text(encoding="ascii").strip() == "raylet":
                 return pid
         except OSError:
             pass
@@ -304,12 +315,29 @@ def test_two_network_namespace_hosts_run_a_sweep_and_survive_the_kill_of_one_ray
     with NamespaceHosts() as hosts:
         head = f"{hosts.ips[0]}:6379"
         common = ["--num-cpus=2", "--disable-usage-stats", "--block"]
-        hosts.start(0, [ray_bin, "start", "--head", f"--node-ip-address={hosts.ips[0]}", "--port=6379",
-                        "--include-dashboard=false", f"--temp-dir={hosts.temp[0]}", *common],
-                    str(tmp_path / "head.log"))
+        hosts.start(
+            0,
+            [
+                ray_bin,
+                "start",
+                "--head",
+                f"--node-ip-address={hosts.ips[0]}",
+                "--port=6379",
+                "--include-dashboard=false",
+                f"--temp-dir={hosts.temp[0]}",
+                *common,
+            ],
+            str(tmp_path / "head.log"),
+        )
         time.sleep(1)
-        worker_start = [ray_bin, "start", f"--address={head}", f"--node-ip-address={hosts.ips[1]}",
-                        f"--temp-dir={hosts.temp[1]}", *common]
+        worker_start = [
+            ray_bin,
+            "start",
+            f"--address={head}",
+            f"--node-ip-address={hosts.ips[1]}",
+            f"--temp-dir={hosts.temp[1]}",
+            *common,
+        ]
         hosts.start(1, worker_start, str(tmp_path / "worker.log"))
         _wait_for_nodes(hosts, head, 2)
         assert _listening_ray() <= before, "a Ray process listens outside the namespaces"
@@ -319,8 +347,9 @@ def test_two_network_namespace_hosts_run_a_sweep_and_survive_the_kill_of_one_ray
             if mode == "node-death" and len(_alive_ips(hosts, head)) < 2:
                 pytest.fail("the worker host's node is gone before its raylet was killed")
             extra = {"address": head, "raylet_pid": _raylet(hosts, 1), "worker_ip": hosts.ips[1]}
-            done = hosts.run(0, [sys.executable, script, mode, str(tmp_path / f"{mode}.json"), json.dumps(extra)],
-                             timeout=240)
+            done = hosts.run(
+                0, [sys.executable, script, mode, str(tmp_path / f"{mode}.json"), json.dumps(extra)], timeout=240
+            )
             assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
             results[mode] = json.loads((tmp_path / f"{mode}.json").read_text())
         _check_spread(results["spread"], set(hosts.ips))
@@ -330,8 +359,10 @@ def test_two_network_namespace_hosts_run_a_sweep_and_survive_the_kill_of_one_ray
 
 
 def _alive_ips(hosts: NamespaceHosts, head: str) -> set[str]:
-    probe = ("import ray, json; ray.init(address=%r, log_to_driver=False); "
-             "print(json.dumps([n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']]))" % head)
+    probe = (
+        f"import ray, json; ray.init(address={head!r}, log_to_driver=False); "
+        "print(json.dumps([n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']]))"
+    )
     done = hosts.run(0, [sys.executable, "-c", probe], timeout=60)
     return set(json.loads(done.stdout.strip().splitlines()[-1])) if done.returncode == 0 else set()
 

@@ -8,26 +8,38 @@ test_dashboard_browser.py.
 from __future__ import annotations
 
 import importlib.util
-
 import io
 import sys
 import time
 
 import optuna
 import pytest
-from support import require
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 from rich.console import Console
+from support import require
 
 from optuna_saturn.events import TrialProgress, TrialStart
 from optuna_saturn.planner import Assignment, Option, Plan
 from optuna_saturn.progress import (
-    PlainProgress, QuietProgress, RichProgress, SweepTracker, format_duration, make_progress,
+    PlainProgress,
+    QuietProgress,
+    RichProgress,
+    SweepTracker,
+    format_duration,
+    make_progress,
 )
 from optuna_saturn.report import (
-    GRAPH_OBJECT_ID, DashboardPublisher, format_summary, plan_note, publish, read_study, schedule_figure,
-    summarize, write_html, write_png,
+    GRAPH_OBJECT_ID,
+    DashboardPublisher,
+    format_summary,
+    plan_note,
+    publish,
+    read_study,
+    schedule_figure,
+    summarize,
+    write_html,
+    write_png,
 )
 from optuna_saturn.report.chart import PLANNED_NAME, STATE_COLOURS
 
@@ -36,21 +48,39 @@ OPTIONS = [{"strategy": "single", "devices": 1, "runtime": 10.0}, {"strategy": "
 
 
 def saturn_trial(
-    number: int, state: TrialState, strategy: str, device_ids: list[int], planned: tuple[float, float],
-    actual: tuple[float, float], *, started: float = T0, options: list[dict] = OPTIONS, value: float | None = 1.0,
+    number: int,
+    state: TrialState,
+    strategy: str,
+    device_ids: list[int],
+    planned: tuple[float, float],
+    actual: tuple[float, float],
+    *,
+    started: float = T0,
+    options: list[dict] = OPTIONS,
+    value: float | None = 1.0,
     profiling: list[dict] | None = None,
 ) -> optuna.trial.FrozenTrial:
     """A finished trial as the sweep records it (times in seconds since the sweep started)."""
     attrs = {
-        "strategy": strategy, "num_devices": len(device_ids), "devices": [f"cpu:{i}" for i in device_ids],
-        "device_ids": device_ids, "planned_start": planned[0], "planned_end": planned[1],
-        "planned_runtime": planned[1] - planned[0], "actual_start": actual[0], "actual_end": actual[1],
-        "actual_runtime": actual[1] - actual[0], "sweep_started_at": started, "options": options,
+        "strategy": strategy,
+        "num_devices": len(device_ids),
+        "devices": [f"cpu:{i}" for i in device_ids],
+        "device_ids": device_ids,
+        "planned_start": planned[0],
+        "planned_end": planned[1],
+        "planned_runtime": planned[1] - planned[0],
+        "actual_start": actual[0],
+        "actual_end": actual[1],
+        "actual_runtime": actual[1] - actual[0],
+        "sweep_started_at": started,
+        "options": options,
     }
     if profiling is not None:
         attrs["profiling"] = profiling
     trial = optuna.trial.create_trial(
-        state=state, value=value if state == TrialState.COMPLETE else None, params={"lr": 0.01 * (number + 1)},
+        state=state,
+        value=value if state == TrialState.COMPLETE else None,
+        params={"lr": 0.01 * (number + 1)},
         distributions={"lr": FloatDistribution(1e-4, 1.0)},
         user_attrs={"saturn:" + k: v for k, v in attrs.items()},
     )
@@ -68,12 +98,14 @@ def make_study(trials: list[optuna.trial.FrozenTrial]) -> optuna.Study:
 @pytest.fixture
 def study() -> optuna.Study:
     """Four trials on a pool of 4 CPU devices (cpu:2 never used): one on two devices, one pruned, one failed."""
-    return make_study([
-        saturn_trial(0, TrialState.COMPLETE, "single", [0], (0.0, 10.0), (0.5, 12.0)),
-        saturn_trial(1, TrialState.COMPLETE, "ddp", [1, 3], (0.0, 6.0), (0.4, 7.0)),
-        saturn_trial(2, TrialState.PRUNED, "single", [1], (6.0, 16.0), (7.2, 9.0)),
-        saturn_trial(3, TrialState.FAIL, "single", [0], (10.0, 20.0), (12.1, 12.5)),
-    ])
+    return make_study(
+        [
+            saturn_trial(0, TrialState.COMPLETE, "single", [0], (0.0, 10.0), (0.5, 12.0)),
+            saturn_trial(1, TrialState.COMPLETE, "ddp", [1, 3], (0.0, 6.0), (0.4, 7.0)),
+            saturn_trial(2, TrialState.PRUNED, "single", [1], (6.0, 16.0), (7.2, 9.0)),
+            saturn_trial(3, TrialState.FAIL, "single", [0], (10.0, 20.0), (12.1, 12.5)),
+        ]
+    )
 
 
 def bars(fig, name: str) -> list[tuple[str, float, float]]:
@@ -99,12 +131,22 @@ def test_one_row_per_device_used(study: optuna.Study) -> None:
 
 
 def test_profiling_launches_are_drawn_on_the_devices_they_used() -> None:
-    profiled = make_study([
-        saturn_trial(0, TrialState.COMPLETE, "single", [0], (9.0, 19.0), (9.5, 20.0), profiling=[
-            {"option": "fsdp+ddpx2", "devices": ["cpu:0", "cpu:1"], "start": 0.0, "end": 4.5},
-            {"option": "singlex1", "devices": ["cpu:0"], "start": 4.6, "end": 8.0},
-        ]),
-    ])
+    profiled = make_study(
+        [
+            saturn_trial(
+                0,
+                TrialState.COMPLETE,
+                "single",
+                [0],
+                (9.0, 19.0),
+                (9.5, 20.0),
+                profiling=[
+                    {"option": "fsdp+ddpx2", "devices": ["cpu:0", "cpu:1"], "start": 0.0, "end": 4.5},
+                    {"option": "singlex1", "devices": ["cpu:0"], "start": 4.6, "end": 8.0},
+                ],
+            )
+        ]
+    )
     (record,) = read_study(profiled)
     fig = schedule_figure([record])
     assert bars(fig, "profiling") == [("cpu:0", 0.0, 4.5), ("cpu:0", 4.6, 3.4), ("cpu:1", 0.0, 4.5)]
@@ -113,15 +155,21 @@ def test_profiling_launches_are_drawn_on_the_devices_they_used() -> None:
     assert summarize(record).utilisation == pytest.approx(10.5 / (2 * 20.0))
     assert "31% profiled them" in format_summary([record])
     assert list(fig.layout.yaxis.categoryarray) == ["cpu:0", "cpu:1"]  # a device used only for profiling has a row
-    assert not [t for t in schedule_figure(read_study(make_study([
-        saturn_trial(0, TrialState.COMPLETE, "single", [0], (0.0, 10.0), (0.5, 12.0)),
-    ]))).data if t.name == "profiling"]
+    assert not [
+        t
+        for t in schedule_figure(
+            read_study(make_study([saturn_trial(0, TrialState.COMPLETE, "single", [0], (0.0, 10.0), (0.5, 12.0))]))
+        ).data
+        if t.name == "profiling"
+    ]
 
 
 def test_bars_match_actual_times_and_are_coloured_by_state(study: optuna.Study) -> None:
     fig = schedule_figure(read_study(study))
     assert bars(fig, "COMPLETE") == [
-        ("cpu:0", 0.5, 11.5), ("cpu:1", 0.4, 6.6), ("cpu:3", 0.4, 6.6),  # trial 1 has a bar on both its devices
+        ("cpu:0", 0.5, 11.5),
+        ("cpu:1", 0.4, 6.6),
+        ("cpu:3", 0.4, 6.6),  # trial 1 has a bar on both its devices
     ]
     assert bars(fig, "PRUNED") == [("cpu:1", 7.2, 1.8)]
     assert bars(fig, "FAIL") == [("cpu:0", 12.1, 0.4)]
@@ -136,7 +184,11 @@ def test_bars_match_actual_times_and_are_coloured_by_state(study: optuna.Study) 
 def test_planned_bars_are_transparent_outlines(study: optuna.Study) -> None:
     fig = schedule_figure(read_study(study))
     assert bars(fig, PLANNED_NAME) == [
-        ("cpu:0", 0.0, 10.0), ("cpu:0", 10.0, 10.0), ("cpu:1", 0.0, 6.0), ("cpu:1", 6.0, 10.0), ("cpu:3", 0.0, 6.0),
+        ("cpu:0", 0.0, 10.0),
+        ("cpu:0", 10.0, 10.0),
+        ("cpu:1", 0.0, 6.0),
+        ("cpu:1", 6.0, 10.0),
+        ("cpu:3", 0.0, 6.0),
     ]
     (planned,) = [t for t in fig.data if t.name == PLANNED_NAME]
     assert planned.marker.color == "rgba(0,0,0,0)" and planned.marker.line.width > 0
@@ -145,10 +197,12 @@ def test_planned_bars_are_transparent_outlines(study: optuna.Study) -> None:
 def test_makespan_and_lower_bound_lines() -> None:
     # Two single-device trials of 10 s and 20 s on 2 devices: no plan beats 20 s, and this one took 21 s.
     only_single = [{"strategy": "single", "devices": 1, "runtime": 10.0}]
-    study = make_study([
-        saturn_trial(0, TrialState.COMPLETE, "single", [0], (0.0, 10.0), (0.0, 10.0), options=only_single),
-        saturn_trial(1, TrialState.COMPLETE, "single", [1], (0.0, 10.0), (1.0, 21.0), options=only_single),
-    ])
+    study = make_study(
+        [
+            saturn_trial(0, TrialState.COMPLETE, "single", [0], (0.0, 10.0), (0.0, 10.0), options=only_single),
+            saturn_trial(1, TrialState.COMPLETE, "single", [1], (0.0, 10.0), (1.0, 21.0), options=only_single),
+        ]
+    )
     lines = shapes(schedule_figure(read_study(study)))
     assert lines["makespan"] == pytest.approx([21.0])
     assert lines["planned makespan"] == pytest.approx([10.0])
@@ -165,10 +219,12 @@ def test_recorded_pool_is_used_over_the_inferred_one(study: optuna.Study) -> Non
 
 
 def test_later_sweeps_are_drawn_at_their_offset() -> None:
-    study = make_study([
-        saturn_trial(0, TrialState.COMPLETE, "single", [0], (0.0, 10.0), (0.0, 10.0)),
-        saturn_trial(1, TrialState.COMPLETE, "single", [0], (0.0, 10.0), (0.0, 5.0), started=T0 + 100.0),
-    ])
+    study = make_study(
+        [
+            saturn_trial(0, TrialState.COMPLETE, "single", [0], (0.0, 10.0), (0.0, 10.0)),
+            saturn_trial(1, TrialState.COMPLETE, "single", [0], (0.0, 10.0), (0.0, 5.0), started=T0 + 100.0),
+        ]
+    )
     fig = schedule_figure(read_study(study))
     assert bars(fig, "COMPLETE") == [("cpu:0", 0.0, 10.0), ("cpu:0", 100.0, 5.0)]
     assert sorted(shapes(fig)["makespan"]) == pytest.approx([10.0, 105.0])
@@ -200,8 +256,9 @@ def test_plan_note_lists_every_trial(study: optuna.Study) -> None:
 def graph_json(study: optuna.Study) -> str:
     attrs = study._storage.get_study_system_attrs(study._study_id)
     prefix = f"dashboard:plot_data:{GRAPH_OBJECT_ID}:"
-    return "".join(attrs[k] for k in sorted((k for k in attrs if k.startswith(prefix)),
-                                            key=lambda k: int(k.rsplit(":", 1)[1])))
+    return "".join(
+        attrs[k] for k in sorted((k for k in attrs if k.startswith(prefix)), key=lambda k: int(k.rsplit(":", 1)[1]))
+    )
 
 
 def test_publish_saves_the_chart_and_note(study: optuna.Study) -> None:
@@ -221,14 +278,20 @@ def test_publisher_draws_waiting_and_running_trials_and_throttles() -> None:
         trial.set_user_attr("saturn:options", OPTIONS)
     started = time.time()
     publisher.on_sweep_start(study, ["cpu:0", "cpu:1"], started)
-    plan = Plan((Assignment("0", Option("single", 1, 10.0), 0, (0,), 0.0, 10.0),
-                 Assignment("1", Option("ddp", 2, 6.0), 0, (0, 1), 10.0, 16.0)))
+    plan = Plan(
+        (
+            Assignment("0", Option("single", 1, 10.0), 0, (0,), 0.0, 10.0),
+            Assignment("1", Option("ddp", 2, 6.0), 0, (0, 1), 10.0, 16.0),
+        )
+    )
     publisher.on_plan(study, plan, [0, 1], 0.0)
     assert publisher.published == 1
     (record,) = publisher.records(study)
     assert record.pool == ("cpu:0", "cpu:1") and not record.pool_inferred
     assert [(r.number, r.state, r.devices) for r in record.runs] == [
-        (0, "WAITING", ("cpu:0",)), (1, "WAITING", ("cpu:0", "cpu:1"))]
+        (0, "WAITING", ("cpu:0",)),
+        (1, "WAITING", ("cpu:0", "cpu:1")),
+    ]
     assert record.runs[0].options[0] == Option("single", 1, 10.0)  # read from the stored trial
 
     clock[0] = 1.0  # inside the interval: remembered, not written
@@ -259,7 +322,7 @@ def need_chromium() -> None:
 def test_html_is_self_contained(study: optuna.Study, tmp_path) -> None:
     path = write_html(schedule_figure(read_study(study)), tmp_path / "chart.html")
     html = path.read_text()
-    assert "<script src=\"http" not in html and "Plotly.newPlot" in html and "cpu:3" in html
+    assert '<script src="http' not in html and "Plotly.newPlot" in html and "cpu:3" in html
 
 
 @pytest.mark.parametrize("exporter", ["kaleido", "chromium"])
@@ -278,8 +341,15 @@ def test_png_export(study: optuna.Study, tmp_path, monkeypatch, exporter: str) -
 def tracker_with_two_trials() -> SweepTracker:
     tracker = SweepTracker()
     tracker.sweep_start(["cpu:0", "cpu:1"], time.time())
-    tracker.plan(Plan((Assignment("0", Option("single", 1, 10.0), 0, (0,), 0.0, 10.0),
-                       Assignment("1", Option("single", 1, 10.0), 0, (0,), 10.0, 20.0))), 0.0)
+    tracker.plan(
+        Plan(
+            (
+                Assignment("0", Option("single", 1, 10.0), 0, (0,), 0.0, 10.0),
+                Assignment("1", Option("single", 1, 10.0), 0, (0,), 10.0, 20.0),
+            )
+        ),
+        0.0,
+    )
     return tracker
 
 

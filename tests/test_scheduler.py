@@ -16,12 +16,23 @@ from optuna_saturn.pricing.known import JOB_PARAMETER, SimulatedJob
 from optuna_saturn.simulator import run_simulation
 
 
-def job(name: str, *options: tuple[str, int, float], prune_at: float = 1.0, describe: float = 0.0,
-        measured: bool = True, uncertainty: float = 0.0, checkpoint_every: int | None = None) -> SimulatedJob:
+def job(
+    name: str,
+    *options: tuple[str, int, float],
+    prune_at: float = 1.0,
+    describe: float = 0.0,
+    measured: bool = True,
+    uncertainty: float = 0.0,
+    checkpoint_every: int | None = None,
+) -> SimulatedJob:
     opts = [Option(strategy, devices, runtime) for strategy, devices, runtime in options]
-    return SimulatedJob(Job(name, opts), Behaviour({o.choice: o.runtime for o in opts}, prune_at=prune_at,
-                                                   checkpoint_every=checkpoint_every),
-                        measured=measured, uncertainty=uncertainty, describe_seconds=describe)
+    return SimulatedJob(
+        Job(name, opts),
+        Behaviour({o.choice: o.runtime for o in opts}, prune_at=prune_at, checkpoint_every=checkpoint_every),
+        measured=measured,
+        uncertainty=uncertainty,
+        describe_seconds=describe,
+    )
 
 
 def single(name: str, runtime: float, **kwargs) -> SimulatedJob:
@@ -71,8 +82,9 @@ def test_study_stop_from_a_callback_stops_asking_and_the_asked_trials_finish():
     def stop_after_the_first(study, trial):
         study.stop()
 
-    result = run_simulation(jobs, Cluster([2]), study=study, known_ahead=False, callbacks=[stop_after_the_first],
-                            solver="list")
+    result = run_simulation(
+        jobs, Cluster([2]), study=study, known_ahead=False, callbacks=[stop_after_the_first], solver="list"
+    )
     states = [t.state for t in study.trials]
     assert states.count(TrialState.RUNNING) == 0
     asked = [t for t in study.trials if t.state != TrialState.WAITING]
@@ -85,9 +97,13 @@ def test_study_stop_from_a_callback_stops_asking_and_the_asked_trials_finish():
 # -- dispatch: backfilling and early starts --------------------------------------------------------------------------
 def test_a_short_trial_planned_after_a_blocked_one_backfills_the_free_device():
     a, b, c = single("A", 10.0), job("B", ("ddp", 2, 10.0)), single("C", 4.0)
-    plan = Plan((Assignment("A", a.job.options[0], 0, (0,), 0.0, 10.0),
-                 Assignment("B", b.job.options[0], 0, (0, 1), 10.0, 20.0),
-                 Assignment("C", c.job.options[0], 0, (1,), 20.0, 24.0)))
+    plan = Plan(
+        (
+            Assignment("A", a.job.options[0], 0, (0,), 0.0, 10.0),
+            Assignment("B", b.job.options[0], 0, (0, 1), 10.0, 20.0),
+            Assignment("C", c.job.options[0], 0, (1,), 20.0, 24.0),
+        )
+    )
     result = run_simulation([a, b, c], Cluster([2]), mode="static", plan=plan, solver="list")
     (ran,) = runs(result)["C"]
     assert (ran.devices, ran.start, ran.end) == ((1,), 0.0, 4.0)  # it ends before B may start: it goes first
@@ -97,9 +113,13 @@ def test_a_short_trial_planned_after_a_blocked_one_backfills_the_free_device():
 def test_a_trial_planned_for_later_starts_at_once_under_another_option_that_ends_it_no_later():
     a, e = single("A", 10.0), single("E", 10.0)
     d = job("D", ("single", 1, 10.0), ("ddp", 2, 6.0))
-    plan = Plan((Assignment("A", a.job.options[0], 0, (0,), 0.0, 10.0),
-                 Assignment("E", e.job.options[0], 0, (1,), 0.0, 10.0),
-                 Assignment("D", d.job.options[1], 0, (0, 1), 10.0, 16.0)))
+    plan = Plan(
+        (
+            Assignment("A", a.job.options[0], 0, (0,), 0.0, 10.0),
+            Assignment("E", e.job.options[0], 0, (1,), 0.0, 10.0),
+            Assignment("D", d.job.options[1], 0, (0, 1), 10.0, 16.0),
+        )
+    )
     result = run_simulation([a, e, d], Cluster([3]), mode="static", plan=plan, solver="list")
     (ran,) = runs(result)["D"]
     assert (ran.option.choice, ran.devices, ran.start) == (("single", 1, 1), (2,), 0.0)
@@ -108,8 +128,7 @@ def test_a_trial_planned_for_later_starts_at_once_under_another_option_that_ends
 
 # -- profiling: the value of information ----------------------------------------------------------------------------
 @pytest.mark.parametrize("single_runtime, measured", [(200.0, True), (500.0, False)])
-def test_an_uncertain_option_is_measured_on_the_idle_device_only_if_it_could_shorten_the_plan(single_runtime,
-                                                                                               measured):
+def test_an_uncertain_option_is_measured_on_the_idle_device_only_if_it_could_shorten_the_plan(single_runtime, measured):
     """B waits for A's device to run on both (its 2-device option is priced at 40 s), so device 1 idles. B's
     one-device option, predicted with a 60% uncertainty, could start there at once: at 200 s, optimistically
     125 s, it would end B before 152 s, so it is worth 7 s of profiling; at 500 s (312 s at best) it would not."""
@@ -126,8 +145,9 @@ def test_an_uncertain_option_is_measured_on_the_idle_device_only_if_it_could_sho
 def test_a_trial_whose_rank_hangs_is_stopped_at_its_stall_limit_and_run_again():
     jobs = [single("t0", 100.0), single("t1", 100.0)]
     study = study_of(jobs)
-    result = run_simulation(jobs, Cluster([2]), study=study, stall_timeout=30.0, faults=[Fault(20.0, "hang", 0)],
-                            solver="list")
+    result = run_simulation(
+        jobs, Cluster([2]), study=study, stall_timeout=30.0, faults=[Fault(20.0, "hang", 0)], solver="list"
+    )
     hung = next(t for t in study.trials if t.state == TrialState.FAIL)
     assert "reported no progress for" in hung.user_attrs["saturn:fail_reason"]
     assert hung.user_attrs["saturn:actual_end"] == pytest.approx(50.0, abs=0.5)  # 20 s of steps + the 30 s limit
@@ -162,12 +182,19 @@ def test_a_lost_node_fails_its_trials_which_run_again_on_the_node_left_and_a_joi
     jobs = [single(f"t{i}", 20.0) for i in range(8)]
     study = study_of(jobs)
     joined = [Device("cuda", i, node="node2") for i in range(2)]
-    result = run_simulation(jobs, Cluster([2, 2]), study=study,
-                            faults=[Fault(5.0, "lose", "node1"), Fault(30.0, "join", joined)], solver="list")
+    result = run_simulation(
+        jobs,
+        Cluster([2, 2]),
+        study=study,
+        faults=[Fault(5.0, "lose", "node1"), Fault(30.0, "join", joined)],
+        solver="list",
+    )
     lost = [t for t in study.trials if t.state == TrialState.FAIL]
     assert len(lost) == 2 and all("node node1 died" in t.user_attrs["saturn:fail_reason"] for t in lost)
-    assert all(any(r.user_attrs.get("saturn:retry_of") == t.number and r.state == TrialState.COMPLETE
-                   for r in study.trials) for t in lost)
+    assert all(
+        any(r.user_attrs.get("saturn:retry_of") == t.number and r.state == TrialState.COMPLETE for r in study.trials)
+        for t in lost
+    )
     assert not any(a.node == 1 and a.start >= 5.0 for a in result.executed)  # nothing runs on the lost node
     assert any(a.node == 2 and a.start >= 30.0 for a in result.executed)  # the joined one runs later trials
 
@@ -181,8 +208,9 @@ def test_the_devices_of_a_pruned_trial_go_to_the_next_trial_at_once():
 
 
 def test_a_trial_left_alone_moves_to_the_devices_its_pruned_neighbours_freed_at_its_next_checkpoint():
-    jobs = [job("long", ("single", 1, 100.0), ("ddp", 4, 30.0), checkpoint_every=10)] + \
-        [single(f"p{i}", 100.0, prune_at=0.1) for i in range(3)]
+    jobs = [job("long", ("single", 1, 100.0), ("ddp", 4, 30.0), checkpoint_every=10)] + [
+        single(f"p{i}", 100.0, prune_at=0.1) for i in range(3)
+    ]
     result = run_simulation(jobs, Cluster([4]), elastic=True, solver="list")
     first, then = sorted(runs(result)["long"], key=lambda a: a.start)
     assert (first.option.devices, first.end) == (1, pytest.approx(20.0))  # asked at 10 s, stops at step 20

@@ -8,13 +8,13 @@ import random
 import traceback
 
 import numpy
+import objectives
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-import objectives
 from optuna_saturn.sharding import ShardedDataLoader, ShardingError
 
 WORLD = 2
@@ -59,13 +59,18 @@ def _collate_with_names(samples):
 
 
 def _workers_and_collate() -> DataLoader:
-    return DataLoader(_rows(), batch_size=4, shuffle=True, num_workers=2, collate_fn=_collate_with_names,
-                      persistent_workers=True)
+    return DataLoader(
+        _rows(), batch_size=4, shuffle=True, num_workers=2, collate_fn=_collate_with_names, persistent_workers=True
+    )
 
 
 LOADERS = {
-    "random": _map_random, "weighted-generator": _weighted_generator, "subset": _subset_random,
-    "numpy-sampler": _custom_numpy_sampler, "iterable": _iterable_dicts, "workers-collate": _workers_and_collate,
+    "random": _map_random,
+    "weighted-generator": _weighted_generator,
+    "subset": _subset_random,
+    "numpy-sampler": _custom_numpy_sampler,
+    "iterable": _iterable_dicts,
+    "workers-collate": _workers_and_collate,
 }
 
 
@@ -94,11 +99,18 @@ def _rank_main(rank: int, init_file: str, name: str, results) -> None:
         numpy.random.seed(100 + rank)
         random.seed(100 + rank)
         seen = []
-        loader = ShardedDataLoader(LOADERS[name](), rank=rank, world_size=WORLD, group=dist.group.WORLD,
-                                   on_batch=seen.append)
+        loader = ShardedDataLoader(
+            LOADERS[name](), rank=rank, world_size=WORLD, group=dist.group.WORLD, on_batch=seen.append
+        )
         batches = _epochs(loader)
-        results.put((rank, len(loader) if name != "iterable" else None, batches,
-                     [(s.start, s.stop, s.rows, s.weight, s.repeated) for s in seen]))
+        results.put(
+            (
+                rank,
+                len(loader) if name != "iterable" else None,
+                batches,
+                [(s.start, s.stop, s.rows, s.weight, s.repeated) for s in seen],
+            )
+        )
         dist.barrier()
         dist.destroy_process_group()
     except BaseException:
@@ -114,7 +126,7 @@ def _sharded(name: str, tmp_path):
     got = sorted((results.get(timeout=120) for _ in procs), key=lambda r: r[0])
     for p in procs:
         p.join(timeout=60)
-    for rank, length, batches, _ in got:
+    for _rank, length, batches, _ in got:
         assert length != "error", batches
     return got
 
@@ -131,7 +143,7 @@ def test_ranks_split_exactly_the_batches_one_process_would_get(name, tmp_path):
         assert length0 == len(LOADERS[name]())  # len() counts global batches, as the user's loader does
     for epoch, (whole, part0, part1) in enumerate(zip(single, batches0, batches1)):
         assert len(part0) == len(part1) == len(whole), f"epoch {epoch}: every rank takes part in every batch"
-        for b, (rows, mine0, mine1) in enumerate(zip(whole, part0, part1)):
+        for _b, (rows, mine0, mine1) in enumerate(zip(whole, part0, part1)):
             if isinstance(rows, tuple):  # ids and names from a collate_fn
                 rows, mine0, mine1 = rows[0], mine0[0], mine1[0]
             n = len(rows)
@@ -149,10 +161,20 @@ def test_ranks_split_exactly_the_batches_one_process_would_get(name, tmp_path):
 def test_a_distributed_sampler_and_unbatched_loaders_are_refused_with_the_fix():
     data = _rows()
     with pytest.raises(ShardingError, match="build the DataLoader as for one process"):
-        ShardedDataLoader(DataLoader(data, batch_size=4, sampler=DistributedSampler(data, num_replicas=2, rank=0)),
-                          rank=0, world_size=2, group=None, on_batch=print)
+        ShardedDataLoader(
+            DataLoader(data, batch_size=4, sampler=DistributedSampler(data, num_replicas=2, rank=0)),
+            rank=0,
+            world_size=2,
+            group=None,
+            on_batch=print,
+        )
     with pytest.raises(ShardingError, match="Give it a batch_size"):
         ShardedDataLoader(DataLoader(data, batch_size=None), rank=0, world_size=2, group=None, on_batch=print)
     with pytest.raises(ShardingError, match="in_order=True"):
-        ShardedDataLoader(DataLoader(data, batch_size=2, num_workers=1, in_order=False), rank=0, world_size=2,
-                          group=None, on_batch=print)
+        ShardedDataLoader(
+            DataLoader(data, batch_size=2, num_workers=1, in_order=False),
+            rank=0,
+            world_size=2,
+            group=None,
+            on_batch=print,
+        )

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from optuna_saturn.planner import Assignment, Cluster, Job, Option, Plan, solve, validate
+from optuna_saturn.planner import Cluster, Job, Option, Plan, solve, validate
 from optuna_saturn.simulator import simulate
 
 try:
@@ -46,8 +46,9 @@ def test_without_noise_a_static_replay_of_a_plan_ends_no_later_than_the_plan(clu
         replayed, truth = executed_as_plan(result, jobs)
         validate(replayed, truth, cluster)
         if solver in ("auto", "list"):  # a plan with no idle device to fill is replayed as it is
-            assert {(a.job, a.node, a.devices, round(a.start, 6)) for a in result.executed} >= \
-                {(a.job, a.node, a.devices, round(a.start, 6)) for a in plan.assignments if a.start == 0.0}
+            assert {(a.job, a.node, a.devices, round(a.start, 6)) for a in result.executed} >= {
+                (a.job, a.node, a.devices, round(a.start, 6)) for a in plan.assignments if a.start == 0.0
+            }
 
 
 @pytest.mark.parametrize("mode", ["static", "replan", "clairvoyant"])
@@ -99,12 +100,18 @@ def test_replanning_holds_a_slow_running_trial_for_its_observed_remaining_time()
     """Trial A runs twice as slow as estimated. At 10 s it is still running: assumed on time it would look done,
     so D (two devices) is planned to start then and F, planned after D, may not start on the free device before
     it; at A's observed step rate D is planned after A, and F fills the free device meanwhile."""
-    jobs = [Job("A", [Option("single", 1, 10.0)]), Job("E", [Option("single", 1, 10.0)]),
-            Job("D", [Option("ddp", 2, 10.0)]), Job("F", [Option("single", 1, 10.0)])]
-    runs = {observed: simulate(jobs, Cluster([2]), noise={"A": 2.0}, mode="replan", solver="list",
-                               observe_step_rate=observed) for observed in (False, True)}
+    jobs = [
+        Job("A", [Option("single", 1, 10.0)]),
+        Job("E", [Option("single", 1, 10.0)]),
+        Job("D", [Option("ddp", 2, 10.0)]),
+        Job("F", [Option("single", 1, 10.0)]),
+    ]
+    runs = {
+        observed: simulate(
+            jobs, Cluster([2]), noise={"A": 2.0}, mode="replan", solver="list", observe_step_rate=observed
+        )
+        for observed in (False, True)
+    }
     assert runs[False].makespan == pytest.approx(40.0)  # device 1 idled from 10 s to 20 s
     assert runs[True].makespan == pytest.approx(30.0)
     assert {a.job: (a.devices, a.start) for a in runs[True].executed}["F"] == ((1,), 10.0)
-
-

@@ -11,12 +11,12 @@ import sys
 import threading
 import time
 
+import objectives
 import optuna
 import pytest
 import sqlalchemy.exc
 from optuna.trial import TrialState
 
-import objectives
 from optuna_saturn import SaturnExecutor
 from optuna_saturn.study.folders import study_folder
 from optuna_saturn.study.gateway import StudyGateway
@@ -82,11 +82,9 @@ def test_a_result_a_dead_sweep_kept_on_disk_is_told_by_the_next_sweep(saturn_opt
     study._storage.set_trial_user_attr(trial._trial_id, "saturn:owner", dead.to_json())
     # The dead sweep had the result, but the storage never got it.
     outbox = saturn_options["log_dir"] / "outbox" / study_folder(study)  # (the study's own, not its name's)
-    Outbox(outbox).keep(Outgoing(
-        trial._trial_id, trial.number, "COMPLETE", [0.25], {"saturn:strategy": "ddp"}))
+    Outbox(outbox).keep(Outgoing(trial._trial_id, trial.number, "COMPLETE", [0.25], {"saturn:strategy": "ddp"}))
 
-    SaturnExecutor(devices=1, strategies=["single"], **saturn_options).optimize(study, objectives.quadratic,
-                                                                                 n_trials=0)
+    SaturnExecutor(devices=1, strategies=["single"], **saturn_options).optimize(study, objectives.quadratic, n_trials=0)
     trials = optuna.load_study(study_name="kept", storage=storage).trials
     assert len(trials) == 1  # told, not ended FAIL and run again
     assert trials[0].state == TrialState.COMPLETE and trials[0].value == 0.25
@@ -116,8 +114,14 @@ def test_an_ask_whose_reply_is_lost_creates_one_trial_and_it_is_owned(tmp_path):
 
 
 # every write a take makes, in order: the claim, the move to RUNNING, the owner, the params, the attributes
-_TAKE_WRITES = [("set_trial_user_attr", 1), ("set_trial_state_values", 1), ("set_trial_user_attr", 2),
-                ("set_trial_param", 1), ("set_trial_param", 2), ("set_trial_user_attr", 3)]
+_TAKE_WRITES = [
+    ("set_trial_user_attr", 1),
+    ("set_trial_state_values", 1),
+    ("set_trial_user_attr", 2),
+    ("set_trial_param", 1),
+    ("set_trial_param", 2),
+    ("set_trial_user_attr", 3),
+]
 
 
 def _lose_replies(storage, method: str, *, nth: int, before=None) -> list[str]:
@@ -159,7 +163,8 @@ def test_a_take_whose_reply_is_lost_at_any_write_takes_the_trial_once_and_owns_i
 
 
 def test_two_sweeps_that_claim_one_trial_while_a_reply_is_lost_never_both_run_it_and_it_is_not_left_running(
-        tmp_path, caplog):
+    tmp_path, caplog
+):
     """Sweep A's move to RUNNING commits but its reply is lost, just after sweep B claimed the trial too. A
     cannot tell whose move it was, so it steps back, and B finds it taken: neither runs it. No sweep's heartbeat
     lists it, so a live sweep's recovery ends it and queues it again, once."""
@@ -202,8 +207,10 @@ def test_two_sweeps_racing_for_each_queued_trial_take_each_one_once(storage):
         study.enqueue_trial({"x": i / 20})
     queued = [t._trial_id for t in study.get_trials()]
     sweeps = [Owner(f"sweep-{i}", "h", i, 0.0) for i in range(2)]
-    gateways = [StudyGateway(optuna.load_study(study_name="race", storage=optuna.storages.RDBStorage(url)),
-                             owner=s.to_json()) for s in sweeps]
+    gateways = [
+        StudyGateway(optuna.load_study(study_name="race", storage=optuna.storages.RDBStorage(url)), owner=s.to_json())
+        for s in sweeps
+    ]
     taken: dict[int, list[str]] = {trial_id: [] for trial_id in queued}
     start = threading.Barrier(2)
 
@@ -223,4 +230,5 @@ def test_two_sweeps_racing_for_each_queued_trial_take_each_one_once(storage):
     assert all(t.state == TrialState.RUNNING for t in trials)
     assert [t.user_attrs["saturn:owner"]["sweep"] for t in trials] == [taken[t._trial_id][0] for t in trials]
     assert {s: len(g.held_trials()) for s, g in zip(("sweep-0", "sweep-1"), gateways)} == {
-        s: sum(w == [s] for w in taken.values()) for s in ("sweep-0", "sweep-1")}
+        s: sum(w == [s] for w in taken.values()) for s in ("sweep-0", "sweep-1")
+    }

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 
+import objectives
 import optuna
 import pytest
 from optuna.trial import TrialState
 
-import objectives
 from optuna_saturn import SaturnExecutor
 from optuna_saturn.strategy import load_strategies
 
@@ -20,8 +20,13 @@ LOSS_TOLERANCE = 1e-4
 
 #: Shipped strategies forced to accumulate gradients (a user folder may do this; the planner otherwise
 #: accumulates only where the whole batch runs out of memory): name -> (base strategy, micro-batches).
-ACCUMULATING = {"single-accum4": ("single", 4), "ddp-accum2": ("ddp", 2), "fsdp-accum2": ("fsdp", 2),
-                "zero2-accum2": ("zero2", 2), "zero3-accum2": ("zero3", 2)}
+ACCUMULATING = {
+    "single-accum4": ("single", 4),
+    "ddp-accum2": ("ddp", 2),
+    "fsdp-accum2": ("fsdp", 2),
+    "zero2-accum2": ("zero2", 2),
+    "zero3-accum2": ("zero3", 2),
+}
 
 
 def _accumulating_folder(folder):
@@ -30,8 +35,8 @@ def _accumulating_folder(folder):
         template = shipped[base].to_json()
         text = (
             f'name = "{name}"\nlauncher = "{template["launcher"]}"\nengine = "{template["engine"]}"\n'
-            f'min_devices = {template["min_devices"]}\n'
-            + (f'max_devices = {template["max_devices"]}\n' if template["max_devices"] else "")
+            f"min_devices = {template['min_devices']}\n"
+            + (f"max_devices = {template['max_devices']}\n" if template["max_devices"] else "")
             + f"[knobs]\ngradient_accumulation = [{micro_batches}]\n"
         )
         stage = template["launcher_config"].get("zero_optimization", {}).get("stage")
@@ -47,17 +52,32 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("strategies")
     folder = _accumulating_folder(tmp_path_factory.mktemp("accumulating"))
     results = {}
-    names = ["single", "single-ckpt", "threads", "ddp", "fsdp", "fsdp-ckpt", "fsdp-offload", "zero1", "zero2", "zero3",
-             "zero3-offload", *ACCUMULATING]
+    names = [
+        "single",
+        "single-ckpt",
+        "threads",
+        "ddp",
+        "fsdp",
+        "fsdp-ckpt",
+        "fsdp-offload",
+        "zero1",
+        "zero2",
+        "zero3",
+        "zero3-offload",
+        *ACCUMULATING,
+    ]
     for name in names:
         study = optuna.create_study()
         devices = 1 if name.startswith("single") else 2
         SaturnExecutor(
-            devices=devices, strategies=[name], strategy_folders=[folder], isolate_network=True, log_dir=tmp,
-            grace_period=5, profile=False,
-        ).optimize(
-            study, objectives.same_curve, n_trials=1
-        )
+            devices=devices,
+            strategies=[name],
+            strategy_folders=[folder],
+            isolate_network=True,
+            log_dir=tmp,
+            grace_period=5,
+            profile=False,
+        ).optimize(study, objectives.same_curve, n_trials=1)
         results[name] = study.trials[0]
     return results
 
@@ -67,8 +87,22 @@ def _complete(trial):
     return trial.user_attrs
 
 
-@pytest.mark.parametrize("name", ["single-ckpt", "threads", "ddp", "fsdp", "fsdp-ckpt", "fsdp-offload", "zero1", "zero2",
-                                  "zero3", "zero3-offload", *ACCUMULATING])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "single-ckpt",
+        "threads",
+        "ddp",
+        "fsdp",
+        "fsdp-ckpt",
+        "fsdp-offload",
+        "zero1",
+        "zero2",
+        "zero3",
+        "zero3-offload",
+        *ACCUMULATING,
+    ],
+)
 def test_loss_curve_matches_single(runs, name):
     reference = _complete(runs["single"])["losses"]
     losses = _complete(runs[name])["losses"]
@@ -107,8 +141,12 @@ def test_fsdp_parameters_are_sharded_dtensors(runs, name):
 
 @pytest.mark.parametrize(
     ("name", "stage", "optimizer"),
-    [("zero1", 1, "DeepSpeedZeroOptimizer"), ("zero2", 2, "DeepSpeedZeroOptimizer"),
-     ("zero3", 3, "DeepSpeedZeroOptimizer_Stage3"), ("zero3-offload", 3, "DeepSpeedZeroOptimizer_Stage3")],
+    [
+        ("zero1", 1, "DeepSpeedZeroOptimizer"),
+        ("zero2", 2, "DeepSpeedZeroOptimizer"),
+        ("zero3", 3, "DeepSpeedZeroOptimizer_Stage3"),
+        ("zero3-offload", 3, "DeepSpeedZeroOptimizer_Stage3"),
+    ],
 )
 def test_deepspeed_optimizer_is_the_zero_stage_optimizer(runs, name, stage, optimizer):
     facts = _complete(runs[name])["facts"]

@@ -7,11 +7,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import objectives
 import optuna
 import pytest
 from optuna.trial import TrialState
 
-import objectives
 from optuna_saturn import SaturnExecutor, checkpoint
 from optuna_saturn.devices import Device
 from optuna_saturn.study.folders import FOLDER_ATTR, safe, study_folder
@@ -89,7 +89,8 @@ def test_two_studies_of_one_name_never_touch_each_others_checkpoints(saturn_opti
         study = optuna.create_study(study_name="saturn", storage=f"sqlite:///{tmp_path / storage}.sqlite3")
         study.enqueue_trial({"lr": 0.02})
         SaturnExecutor(devices=1, strategies=["single"], keep_checkpoints=True, **saturn_options).optimize(
-            study, objectives.resumable, n_trials=1)
+            study, objectives.resumable, n_trials=1
+        )
         (trial,) = study.trials
         assert trial.state == TrialState.COMPLETE
         kept[storage] = checkpoint.CheckpointRecord.from_json(trial.user_attrs["saturn:checkpoint"])
@@ -101,8 +102,10 @@ def test_two_studies_of_one_name_never_touch_each_others_checkpoints(saturn_opti
 def test_a_storage_url_is_printed_without_its_password():
     from optuna_saturn.study.urls import without_password
 
-    assert without_password("postgresql+psycopg2://saturn:s3cret@127.0.0.1:5432/db") == \
-        "postgresql+psycopg2://saturn:***@127.0.0.1:5432/db"
+    assert (
+        without_password("postgresql+psycopg2://saturn:s3cret@127.0.0.1:5432/db")
+        == "postgresql+psycopg2://saturn:***@127.0.0.1:5432/db"
+    )
     assert without_password("sqlite:///sweep.sqlite3") == "sqlite:///sweep.sqlite3"
     assert without_password("not a url") == "not a url"
 

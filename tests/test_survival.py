@@ -6,11 +6,11 @@ from __future__ import annotations
 import optuna
 import pytest
 from optuna.trial import TrialState
+from test_scheduler import single, study_of
 
 from optuna_saturn.planner import Cluster
 from optuna_saturn.pricing.survival import PRIOR_TRIALS, Survival
 from optuna_saturn.simulator import run_simulation
-from test_scheduler import single, study_of
 
 
 def test_no_pruner_or_blind_planning_prices_every_trial_whole():
@@ -64,16 +64,16 @@ def test_a_trial_is_planned_at_what_the_pruned_trials_before_it_say_it_will_run(
     jobs = [single("c0", 10.0), *(single(f"p{i}", 100.0, prune_at=0.1) for i in range(3)), single("z", 100.0)]
     study = study_of(jobs)
     study.pruner = optuna.pruners.MedianPruner(n_startup_trials=1)
-    run_simulation(jobs, Cluster([1]), mode="replan", study=study, plan_for_pruning=plan_for_pruning,
-                   known_ahead=False)
+    run_simulation(jobs, Cluster([1]), mode="replan", study=study, plan_for_pruning=plan_for_pruning, known_ahead=False)
     last = study.trials[-1]
     expected = (1.0 + 3 * 0.1 + PRIOR_TRIALS) / (4 + PRIOR_TRIALS)
     assert last.state == TrialState.COMPLETE
     if plan_for_pruning:
         assert last.user_attrs["saturn:planned_runtime"] == pytest.approx(100.0 * expected, rel=0.02)
-        assert "priced at 61% of their steps: 4 finished trials under the MedianPruner, 3 pruned" in \
-            last.user_attrs["saturn:pruning_assumed"]
+        assert (
+            "priced at 61% of their steps: 4 finished trials under the MedianPruner, 3 pruned"
+            in last.user_attrs["saturn:pruning_assumed"]
+        )
     else:
         assert last.user_attrs["saturn:planned_runtime"] == pytest.approx(100.0, rel=0.02)
         assert "saturn:pruning_assumed" not in last.user_attrs
-

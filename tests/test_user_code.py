@@ -9,11 +9,11 @@ Each strategy runs all its cases in one launch.
 
 from __future__ import annotations
 
+import objectives
 import optuna
 import pytest
 from optuna.trial import TrialState
 
-import objectives
 from optuna_saturn import SaturnExecutor
 from optuna_saturn.strategy import load_strategies
 
@@ -38,16 +38,29 @@ def matrix(tmp_path_factory):
     for name, devices in RUNS:
         study = optuna.create_study()
         SaturnExecutor(
-            devices=devices, strategies=[name], isolate_network=True, log_dir=logs,
-            grace_period=5, profile=False, progress=None, dashboard=False,
+            devices=devices,
+            strategies=[name],
+            isolate_network=True,
+            log_dir=logs,
+            grace_period=5,
+            profile=False,
+            progress=None,
+            dashboard=False,
         ).optimize(study, objectives.user_code_matrix, n_trials=1)
         trial = study.trials[0]
         assert trial.state == TrialState.COMPLETE, (name, devices, trial.user_attrs.get("saturn:fail_reason"))
         assert trial.user_attrs["saturn:num_devices"] == devices
         results[f"{name}x{devices}"] = trial.user_attrs["results"]
     for run, cases in results.items():  # (shown with -s: how far each run is from single's loss curves)
-        worst = max((abs(a - b) / abs(b) for case, r in cases.items() if "curve" in r
-                     for a, b in zip(r["curve"], results["singlex1"][case]["curve"])), default=float("nan"))
+        worst = max(
+            (
+                abs(a - b) / abs(b)
+                for case, r in cases.items()
+                if "curve" in r
+                for a, b in zip(r["curve"], results["singlex1"][case]["curve"])
+            ),
+            default=float("nan"),
+        )
         print(f"{run}: worst relative loss-curve difference to singlex1 {worst:.1e}")
     return results
 

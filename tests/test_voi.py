@@ -3,11 +3,11 @@ than the measurement costs."""
 
 from __future__ import annotations
 
-from optuna_saturn.pricing.pricer import PricedOption
-from optuna_saturn.sweep.options import weighed
-from optuna_saturn.pricing.value_of_information import profile_gain, worth_measuring
 from optuna_saturn.planner import Cluster, Job, Option, solve
+from optuna_saturn.pricing.prices import PricedOption
+from optuna_saturn.pricing.value_of_information import profile_gain, worth_measuring
 from optuna_saturn.profiler import ProfileRecord
+from optuna_saturn.sweep.weighing import weighed
 
 CLUSTER = Cluster([2])
 
@@ -41,16 +41,31 @@ def test_an_unmeasured_option_wins_only_by_more_than_its_uncertainty():
     """A warm sweep's four trials: single measured on each, ddp x2 predicted by the prior (uncertainty 0.6) at a
     little more than half. Taken at face value the plan runs all four on both devices (ddp really took 1.35x the
     device-seconds, and the sweep lost 25%); weighed by their uncertainty, the measured option stays."""
-    record = ProfileRecord(key="k", strategy="single", devices=1, hardware="hw", feasible=True, step_seconds=0.1,
-                           startup_seconds=0.0, peak_memory_bytes=1, timed_steps=5)
+    record = ProfileRecord(
+        key="k",
+        strategy="single",
+        devices=1,
+        hardware="hw",
+        feasible=True,
+        step_seconds=0.1,
+        startup_seconds=0.0,
+        peak_memory_bytes=1,
+        timed_steps=5,
+    )
     trials = []
     for single, ddp in [(8.3, 4.42), (6.0, 3.15), (4.9, 2.3), (3.2, 1.48)]:
-        trials.append([PricedOption(Option("single", 1, single), "s", record),
-                       PricedOption(Option("ddp", 2, ddp), "d", None, 0.6, "prior")])
+        trials.append(
+            [
+                PricedOption(Option("single", 1, single), "s", record),
+                PricedOption(Option("ddp", 2, ddp), "d", None, 0.6, "prior"),
+            ]
+        )
 
     def chosen(weigh: bool) -> set[str]:
-        jobs = [Job(str(i), weighed([p.option for p in priced], priced) if weigh else [p.option for p in priced])
-                for i, priced in enumerate(trials)]
+        jobs = [
+            Job(str(i), weighed([p.option for p in priced], priced) if weigh else [p.option for p in priced])
+            for i, priced in enumerate(trials)
+        ]
         return {a.option.strategy for a in solve(jobs, Cluster([2]), "cpsat", 2.0).assignments}
 
     assert "ddp" in chosen(weigh=False)

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import statistics
 
+import objectives
 import optuna
 import psutil
 import pytest
 import torch
 from optuna.trial import TrialState
+from support import require
 
-import objectives
 from optuna_saturn import SaturnExecutor
 from optuna_saturn.devices import Device, available_cores
 from optuna_saturn.pools.forked_host import why_not_fork
-from support import require
 
 pytestmark = pytest.mark.launch
 
@@ -41,9 +42,7 @@ def test_a_reused_worker_starts_every_trial_clean(saturn_options):
 
 def test_a_worker_is_replaced_after_an_out_of_memory(saturn_options):
     study = optuna.create_study()
-    SaturnExecutor(devices=1, strategies=["single"], **saturn_options).optimize(
-        study, objectives.oom_first, n_trials=3
-    )
+    SaturnExecutor(devices=1, strategies=["single"], **saturn_options).optimize(study, objectives.oom_first, n_trials=3)
     states = [t.state for t in study.trials]
     assert states == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
     assert "OutOfMemoryError" in study.trials[0].user_attrs["saturn:fail_reason"]
@@ -80,18 +79,17 @@ def test_no_device_idles_while_a_trial_could_be_asked(saturn_options):
     study = optuna.create_study()
     for seconds in (6.0, 1.0, 1.0, 1.0, 1.0, 1.0):
         study.enqueue_trial({"seconds": seconds})
-    SaturnExecutor(devices=2, strategies=["single"], **saturn_options).optimize(
-        study, objectives.sleeps, n_trials=6
-    )
+    SaturnExecutor(devices=2, strategies=["single"], **saturn_options).optimize(study, objectives.sleeps, n_trials=6)
     assert all(t.state == TrialState.COMPLETE for t in study.trials)
     by_device: dict[str, list] = {}
     for t in study.trials:
         by_device.setdefault(t.user_attrs["saturn:devices"][0], []).append(t.user_attrs)
     long_device = next(d for d, runs in by_device.items() if any(r["saturn:actual_runtime"] > 5 for r in runs))
-    short = sorted((r for d, rs in by_device.items() if d != long_device for r in rs),
-                   key=lambda r: r["saturn:actual_start"])
+    short = sorted(
+        (r for d, rs in by_device.items() if d != long_device for r in rs), key=lambda r: r["saturn:actual_start"]
+    )
     assert len(short) >= 3  # the short trials went to the free device, one after another
-    gaps = [b["saturn:objective_start"] - a["saturn:actual_end"] for a, b in zip(short, short[1:])]
+    gaps = [b["saturn:objective_start"] - a["saturn:actual_end"] for a, b in itertools.pairwise(short)]
     # hand-overs take milliseconds (benchmarks/dispatch_overhead.py); the bounds leave room for a loaded CI machine
     assert statistics.median(gaps) < 0.5 and max(gaps) < 2.0, gaps
 

@@ -27,42 +27,86 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-StorageOption = Annotated[str, typer.Option(
-    "--storage", envvar="OPTUNA_SATURN_STORAGE", show_envvar=True,
-    help="Optuna storage URL, e.g. sqlite:///sweep.sqlite3 or postgresql://user@host/db.",
-)]
-StudyOption = Annotated[str | None, typer.Option(
-    "--study", help="Study name. May be left out when the storage holds exactly one study.",
-)]
-SolverOption = Annotated[str, typer.Option(
-    "--solver", help="Planner backend: auto, gurobi, highs, cpsat, list, greedy, sequential-max, task-parallel.",
-)]
-DevicesOption = Annotated[str, typer.Option(
-    "--devices", help="'auto' (every GPU, else one CPU device per core), 'cpu', 'cuda', a number, or "
-    "comma-separated CUDA indices such as 0,1,3.")]
-StrategiesOption = Annotated[str | None, typer.Option(
-    "--strategies", help="Comma-separated strategy names, e.g. single,ddp (default: every known one).",
-    show_default=False)]
-StrategyFolderOption = Annotated[list[Path] | None, typer.Option(
-    "--strategy-folder", help="A folder of extra strategy templates (TOML); may be repeated.")]
-IsolateOption = Annotated[bool, typer.Option(
-    "--isolate-network", help="Run each trial in its own loopback-only network namespace (Linux; root or "
-    "user namespaces). Launchers listen on every interface; use this on shared hosts.")]
-RunnerOption = Annotated[str, typer.Option(
-    "--runner", help="local: this machine's devices. ray: the alive nodes of a Ray cluster (each trial inside one "
-    "node; --devices is then read per node).")]
-RayAddressOption = Annotated[str | None, typer.Option(
-    "--ray-address", envvar="RAY_ADDRESS", show_envvar=True,
-    help="With --runner ray: the cluster's address, HEAD_IP:6379 (default: the one `ray start` runs here).")]
+StorageOption = Annotated[
+    str,
+    typer.Option(
+        "--storage",
+        envvar="OPTUNA_SATURN_STORAGE",
+        show_envvar=True,
+        help="Optuna storage URL, e.g. sqlite:///sweep.sqlite3 or postgresql://user@host/db.",
+    ),
+]
+StudyOption = Annotated[
+    str | None, typer.Option("--study", help="Study name. May be left out when the storage holds exactly one study.")
+]
+SolverOption = Annotated[
+    str,
+    typer.Option(
+        "--solver", help="Planner backend: auto, gurobi, highs, cpsat, list, greedy, sequential-max, task-parallel."
+    ),
+]
+DevicesOption = Annotated[
+    str,
+    typer.Option(
+        "--devices",
+        help="'auto' (every GPU, else one CPU device per core), 'cpu', 'cuda', a number, or "
+        "comma-separated CUDA indices such as 0,1,3.",
+    ),
+]
+StrategiesOption = Annotated[
+    str | None,
+    typer.Option(
+        "--strategies",
+        help="Comma-separated strategy names, e.g. single,ddp (default: every known one).",
+        show_default=False,
+    ),
+]
+StrategyFolderOption = Annotated[
+    list[Path] | None,
+    typer.Option("--strategy-folder", help="A folder of extra strategy templates (TOML); may be repeated."),
+]
+IsolateOption = Annotated[
+    bool,
+    typer.Option(
+        "--isolate-network",
+        help="Run each trial in its own loopback-only network namespace (Linux; root or "
+        "user namespaces). Launchers listen on every interface; use this on shared hosts.",
+    ),
+]
+RunnerOption = Annotated[
+    str,
+    typer.Option(
+        "--runner",
+        help="local: this machine's devices. ray: the alive nodes of a Ray cluster (each trial inside one "
+        "node; --devices is then read per node).",
+    ),
+]
+RayAddressOption = Annotated[
+    str | None,
+    typer.Option(
+        "--ray-address",
+        envvar="RAY_ADDRESS",
+        show_envvar=True,
+        help="With --runner ray: the cluster's address, HEAD_IP:6379 (default: the one `ray start` runs here).",
+    ),
+]
 LogDirOption = Annotated[Path, typer.Option("--log-dir", help="Where each trial's log is written.")]
-ProfileStoreOption = Annotated[Path, typer.Option(
-    "--profile-store", help="Folder of cached profiles, keyed by what affects speed (model shape, batch, "
-    "strategy, device count, hardware).")]
-RuntimesOption = Annotated[str, typer.Option(
-    "--runtimes",
-    help="'observed': each trial's options rescaled by its actual / planned runtime (what really happened); "
-    "'estimated': the estimates the sweep planned with.",
-)]
+ProfileStoreOption = Annotated[
+    Path,
+    typer.Option(
+        "--profile-store",
+        help="Folder of cached profiles, keyed by what affects speed (model shape, batch, "
+        "strategy, device count, hardware).",
+    ),
+]
+RuntimesOption = Annotated[
+    str,
+    typer.Option(
+        "--runtimes",
+        help="'observed': each trial's options rescaled by its actual / planned runtime (what really happened); "
+        "'estimated': the estimates the sweep planned with.",
+    ),
+]
 
 
 def fail(message: str) -> NoReturn:
@@ -79,19 +123,23 @@ def open_storage(url: str, *, must_exist: bool = False) -> optuna.storages.BaseS
     if "://" not in url:
         fail(f"Malformed storage URL {without_password(url)!r}: use a database URL such as {example}.")
     if must_exist and url.startswith("sqlite:///"):
-        path = url[len("sqlite:///"):]
+        path = url[len("sqlite:///") :]
         if path and path != ":memory:" and not os.path.exists(path):
-            fail(f"No database file at {path!r} (from --storage {without_password(url)!r}). Check the path; run a sweep with "
-                 "`optuna-saturn run` to create one.")
+            fail(
+                f"No database file at {path!r} (from --storage {without_password(url)!r}). Check the path; "
+                "run a sweep with `optuna-saturn run` to create one."
+            )
     try:
         return optuna.storages.get_storage(url)
     except sqlalchemy.exc.ArgumentError:
         fail(f"Malformed storage URL {without_password(url)!r}: use a database URL such as {example}.")
     except sqlalchemy.exc.SQLAlchemyError as exc:
-        fail(f"Cannot open storage {without_password(url)!r}: {str(exc).splitlines()[0]}. Check the path or server, e.g. {example}.")
+        fail(
+            f"Cannot open storage {without_password(url)!r}: {str(exc).splitlines()[0]}. "
+            f"Check the path or server, e.g. {example}."
+        )
     except ImportError as exc:
         fail(f"Cannot open storage {without_password(url)!r}: {exc} (e.g. pip install psycopg2-binary for PostgreSQL).")
-
 
 
 def open_study(url: str, name: str | None) -> optuna.Study:
@@ -103,10 +151,11 @@ def open_study(url: str, name: str | None) -> optuna.Study:
             fail(f"The storage holds {len(names)} studies; pick one with --study: {', '.join(names) or 'none'}.")
         name = names[0]
     if name not in names:
-        fail(f"Study {name!r} does not exist in {without_password(url)!r}. Studies there: {', '.join(names) or 'none'}. "
-             "Check --study, or create it with `optuna-saturn run ... --study NAME`.")
+        fail(
+            f"Study {name!r} does not exist in {without_password(url)!r}. Studies there: {', '.join(names) or 'none'}. "
+            "Check --study, or create it with `optuna-saturn run ... --study NAME`."
+        )
     return optuna.load_study(study_name=name, storage=storage)
-
 
 
 def ints(text: str, option: str) -> list[int]:
@@ -119,23 +168,18 @@ def ints(text: str, option: str) -> list[int]:
     return values
 
 
-
 def split(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
-
 
 
 def gap(makespan: float, bound: float) -> str:
     return f"+{100 * (makespan / bound - 1):.1f}%" if bound > 0 else "-"
 
 
-
 def console() -> Any:
     from rich.console import Console
 
     return Console(width=max(100, Console().width))
-
-
 
 
 def main() -> None:

@@ -9,7 +9,16 @@ import optuna
 import typer
 
 from optuna_saturn.cli.app import (
-    RuntimesOption, SolverOption, StorageOption, StudyOption, app, console, fail, gap, ints, open_study,
+    RuntimesOption,
+    SolverOption,
+    StorageOption,
+    StudyOption,
+    app,
+    console,
+    fail,
+    gap,
+    ints,
+    open_study,
 )
 from optuna_saturn.study.urls import without_password
 
@@ -18,11 +27,19 @@ from optuna_saturn.study.urls import without_password
 def plan(
     storage: StorageOption,
     study: StudyOption = None,
-    devices: Annotated[int | None, typer.Option(
-        "--devices", min=1, help="Plan on one node with this many devices (default: the recorded sweep's pool).",
-        show_default=False)] = None,
-    nodes: Annotated[str | None, typer.Option(
-        "--nodes", help="Plan on several nodes, devices per node, e.g. 8,8.", show_default=False)] = None,
+    devices: Annotated[
+        int | None,
+        typer.Option(
+            "--devices",
+            min=1,
+            help="Plan on one node with this many devices (default: the recorded sweep's pool).",
+            show_default=False,
+        ),
+    ] = None,
+    nodes: Annotated[
+        str | None,
+        typer.Option("--nodes", help="Plan on several nodes, devices per node, e.g. 8,8.", show_default=False),
+    ] = None,
     solver: SolverOption = "auto",
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.0, help="Seconds the planner may use.")] = 10.0,
     runtimes: RuntimesOption = "observed",
@@ -38,39 +55,73 @@ def plan(
         result = solve(jobs, cluster, solver=solver, time_limit=time_limit)
     except ValueError as exc:  # unknown solver, options that fit no node
         fail(str(exc))
-    table = Table(title=f"Plan for {len(jobs)} trial(s) of {the_study.study_name!r} on nodes "
-                  f"{list(cluster.nodes)} ({runtimes} runtimes, solver {result.solver})", title_justify="left")
+    table = Table(
+        title=f"Plan for {len(jobs)} trial(s) of {the_study.study_name!r} on nodes "
+        f"{list(cluster.nodes)} ({runtimes} runtimes, solver {result.solver})",
+        title_justify="left",
+    )
     for column in ("trial", "strategy", "devices", "micro-batches", "node", "device ids", "start (s)", "end (s)"):
         table.add_column(column, justify="left" if column in ("strategy", "device ids") else "right")
     for a in sorted(result.assignments, key=lambda a: (a.start, a.node, a.devices)):
-        table.add_row(a.job, a.option.strategy, str(a.option.devices), str(a.option.gradient_accumulation), str(a.node),
-                      ",".join(map(str, a.devices)), f"{a.start:.1f}", f"{a.end:.1f}")
+        table.add_row(
+            a.job,
+            a.option.strategy,
+            str(a.option.devices),
+            str(a.option.gradient_accumulation),
+            str(a.node),
+            ",".join(map(str, a.devices)),
+            f"{a.start:.1f}",
+            f"{a.end:.1f}",
+        )
     console().print(table)
     bound = lower_bound(jobs, cluster)
-    typer.echo(f"makespan {result.makespan:.1f} s, lower bound {bound:.1f} s "
-               f"({gap(result.makespan, bound)} over the bound{', optimal' if result.optimal else ''})")
+    typer.echo(
+        f"makespan {result.makespan:.1f} s, lower bound {bound:.1f} s "
+        f"({gap(result.makespan, bound)} over the bound{', optimal' if result.optimal else ''})"
+    )
 
 
 @app.command()
 def simulate(
     storage: StorageOption,
     study: StudyOption = None,
-    devices: Annotated[str | None, typer.Option(
-        "--devices", help="Device counts to compare, comma-separated, e.g. 2,4,8 (each one node). Default: the "
-        "recorded sweep's.", show_default=False)] = None,
-    nodes: Annotated[list[str] | None, typer.Option(
-        "--nodes", help="A cluster as devices per node, e.g. 8,8; may be repeated to compare clusters.",
-        show_default=False)] = None,
-    mode: Annotated[str, typer.Option(
-        "--mode", help="replan: the executor as it ships; static: every trial keeps its first plan's place; "
-        "clairvoyant: planned with the true runtimes.")] = "replan",
+    devices: Annotated[
+        str | None,
+        typer.Option(
+            "--devices",
+            help="Device counts to compare, comma-separated, e.g. 2,4,8 (each one node). Default: the "
+            "recorded sweep's.",
+            show_default=False,
+        ),
+    ] = None,
+    nodes: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--nodes",
+            help="A cluster as devices per node, e.g. 8,8; may be repeated to compare clusters.",
+            show_default=False,
+        ),
+    ] = None,
+    mode: Annotated[
+        str,
+        typer.Option(
+            "--mode",
+            help="replan: the executor as it ships; static: every trial keeps its first plan's place; "
+            "clairvoyant: planned with the true runtimes.",
+        ),
+    ] = "replan",
     solver: SolverOption = "auto",
-    time_limit: Annotated[float, typer.Option(
-        "--time-limit", min=0.0, help="Seconds the planner may use per plan (the sweep caps it at 0.1).")] = 2.0,
+    time_limit: Annotated[
+        float,
+        typer.Option("--time-limit", min=0.0, help="Seconds the planner may use per plan (the sweep caps it at 0.1)."),
+    ] = 2.0,
     runtimes: RuntimesOption = "observed",
-    sweep: Annotated[int, typer.Option(
-        "--sweep", help="Which of the study's sweeps: 1 the first, -1 the latest (one per run or optimize call).")]
-    = -1,
+    sweep: Annotated[
+        int,
+        typer.Option(
+            "--sweep", help="Which of the study's sweeps: 1 the first, -1 the latest (one per run or optimize call)."
+        ),
+    ] = -1,
 ) -> None:
     """What if: the study's latest sweep run again by the real scheduler, in virtual time, on other device counts
     or clusters (and on its own devices: how far the simulation is from what really happened)."""
@@ -93,8 +144,11 @@ def simulate(
     clusters += [Cluster(ints(spec, "--nodes")) for spec in nodes or ()]
     recorded = replay.wall_seconds
     which = "The latest sweep" if sweep == -1 else f"Sweep {sweep}"
-    table = Table(title=f"{which} of {the_study.study_name!r}: {len(replay.jobs)} trial(s), simulated "
-                  f"({mode}, {runtimes} runtimes)", title_justify="left")
+    table = Table(
+        title=f"{which} of {the_study.study_name!r}: {len(replay.jobs)} trial(s), simulated "
+        f"({mode}, {runtimes} runtimes)",
+        title_justify="left",
+    )
     for column in ("per node", "devices", "wall clock (s)", "lower bound (s)", "gap", "vs recorded sweep"):
         table.add_column(column, justify="right", no_wrap=column == "vs recorded sweep")
     jobs = [_as_run(j) for j in replay.jobs]  # (the bound of the work the trials really did)
@@ -102,19 +156,33 @@ def simulate(
         same = cluster.nodes == (replay.devices,)
         try:
             result = run_simulation(
-                replay.jobs, cluster, mode=mode, solver=solver, time_limit=time_limit, known_ahead=replay.known_ahead,
-                workers_ready=replay.workers_ready if same else sorted(replay.workers_ready)[len(
-                    replay.workers_ready) // 2],
+                replay.jobs,
+                cluster,
+                mode=mode,
+                solver=solver,
+                time_limit=time_limit,
+                known_ahead=replay.known_ahead,
+                workers_ready=replay.workers_ready
+                if same
+                else sorted(replay.workers_ready)[len(replay.workers_ready) // 2],
             )
         except ValueError as exc:
             fail(f"On nodes {list(cluster.nodes)}: {exc}")
         wall, bound = result.info["wall_seconds"], lower_bound(jobs, cluster)
-        table.add_row(",".join(map(str, cluster.nodes)), str(cluster.total_devices), f"{wall:.1f}", f"{bound:.1f}",
-                      gap(wall, bound), _versus(recorded, wall, same))
+        table.add_row(
+            ",".join(map(str, cluster.nodes)),
+            str(cluster.total_devices),
+            f"{wall:.1f}",
+            f"{bound:.1f}",
+            gap(wall, bound),
+            _versus(recorded, wall, same),
+        )
     console().print(table)
     if recorded:
-        typer.echo(f"The recorded sweep took {recorded:.1f} s on {replay.devices} device(s), start-up, describing "
-                   "and profiling included.")
+        typer.echo(
+            f"The recorded sweep took {recorded:.1f} s on {replay.devices} device(s), start-up, describing "
+            "and profiling included."
+        )
 
 
 def _as_run(simulated: Any) -> Any:
@@ -123,10 +191,18 @@ def _as_run(simulated: Any) -> Any:
     from optuna_saturn.planner import Job, Option
 
     behaviour = simulated.behaviour
-    return Job(simulated.job.name, [
-        Option(choice[0], choice[1], behaviour.startup + max(runtime - behaviour.startup, 0.0) * behaviour.prune_at,
-               choice[2])
-        for choice, runtime in behaviour.runtimes.items()])
+    return Job(
+        simulated.job.name,
+        [
+            Option(
+                choice[0],
+                choice[1],
+                behaviour.startup + max(runtime - behaviour.startup, 0.0) * behaviour.prune_at,
+                choice[2],
+            )
+            for choice, runtime in behaviour.runtimes.items()
+        ],
+    )
 
 
 def _versus(recorded: float | None, simulated: float, same: bool) -> str:
@@ -143,14 +219,18 @@ def _versus(recorded: float | None, simulated: float, same: bool) -> str:
 def report(
     storage: StorageOption,
     study: StudyOption = None,
-    out: Annotated[Path, typer.Option("--out", help="Folder for schedule.html, schedule.png and summary.txt.")]
-    = Path("saturn-report"),
-    png: Annotated[bool, typer.Option("--png/--no-png", help="Also write the chart as PNG (kaleido or Chromium).")]
-    = True,
-    publish: Annotated[bool, typer.Option(
-        "--publish", help="Also save the chart and a plan note to the study, for optuna-dashboard.")] = False,
-    last_sweep: Annotated[bool, typer.Option(
-        "--last-sweep", help="Only the latest sweep (one `run`/optimize call) of the study.")] = False,
+    out: Annotated[Path, typer.Option("--out", help="Folder for schedule.html, schedule.png and summary.txt.")] = Path(
+        "saturn-report"
+    ),
+    png: Annotated[
+        bool, typer.Option("--png/--no-png", help="Also write the chart as PNG (kaleido or Chromium).")
+    ] = True,
+    publish: Annotated[
+        bool, typer.Option("--publish", help="Also save the chart and a plan note to the study, for optuna-dashboard.")
+    ] = False,
+    last_sweep: Annotated[
+        bool, typer.Option("--last-sweep", help="Only the latest sweep (one `run`/optimize call) of the study.")
+    ] = False,
 ) -> None:
     """Write the schedule chart (HTML, PNG) and a text summary of a study's sweeps."""
     from optuna_saturn.report import ExportError, format_summary, read_study, schedule_figure, write_html, write_png
@@ -162,8 +242,12 @@ def report(
     states: dict[str, int] = {}
     for trial in the_study.get_trials(deepcopy=False):
         states[trial.state.name] = states.get(trial.state.name, 0) + 1
-    text = (f"Study {the_study.study_name!r}: {sum(states.values())} trial(s): "
-            + (", ".join(f"{k} {v}" for k, v in sorted(states.items())) or "none") + "\n\n" + format_summary(sweeps))
+    text = (
+        f"Study {the_study.study_name!r}: {sum(states.values())} trial(s): "
+        + (", ".join(f"{k} {v}" for k, v in sorted(states.items())) or "none")
+        + "\n\n"
+        + format_summary(sweeps)
+    )
     typer.echo(text)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.txt").write_text(text + "\n", encoding="utf-8")
@@ -198,8 +282,10 @@ def _jobs_and_cluster(study: optuna.Study, runtimes: str, cluster: Any) -> tuple
     runs = [run_from_trial(t) for t in study.get_trials(deepcopy=False)]
     jobs = jobs_from_runs(runs, observed=runtimes == "observed")
     if not jobs:
-        fail(f"No trial of study {study.study_name!r} recorded planner options (saturn:options); run a sweep "
-             "with `optuna-saturn run` or SaturnExecutor first.")
+        fail(
+            f"No trial of study {study.study_name!r} recorded planner options (saturn:options); run a sweep "
+            "with `optuna-saturn run` or SaturnExecutor first."
+        )
     if cluster is None:
         sweeps = read_study(study)
         pool = sweeps[-1].pool if sweeps else ()
@@ -207,7 +293,6 @@ def _jobs_and_cluster(study: optuna.Study, runtimes: str, cluster: Any) -> tuple
             fail("Cannot tell how many devices the sweep had; pass --devices N or --nodes 8,8.")
         cluster = Cluster([len(pool)])
     return jobs, cluster
-
 
 
 def _one_cluster(devices: int | None, nodes: str | None) -> Any:

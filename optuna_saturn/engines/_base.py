@@ -68,7 +68,10 @@ class Engine:
         if self.context.world_size == 1:
             return loader
         return ShardedDataLoader(
-            loader, rank=self.context.rank, world_size=self.context.world_size, group=self.context.control_group,
+            loader,
+            rank=self.context.rank,
+            world_size=self.context.world_size,
+            group=self.context.control_group,
             on_batch=on_batch,
         )
 
@@ -100,7 +103,11 @@ class Engine:
         return self.unwrap(model).state_dict() if self.context.rank == 0 else {}
 
     def clip_grad_norm(
-        self, model: torch.nn.Module, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float,
+        self,
+        model: torch.nn.Module,
+        parameters: Iterable[torch.nn.Parameter],
+        max_norm: float,
+        norm_type: float,
         **kwargs: Any,
     ) -> torch.Tensor:
         """``torch.nn.utils.clip_grad_norm_`` over the whole model's gradients, however they are laid out."""

@@ -23,7 +23,7 @@ original_clip_grad_norm = torch.nn.utils.clip_grad.clip_grad_norm_
 original_clip_grad_value = torch.nn.utils.clip_grad.clip_grad_value_
 
 #: id(parameter) -> (the engine that owns its gradients, the prepared model), for this trial's models.
-_owners: dict[int, tuple["Engine", torch.nn.Module]] = {}
+_owners: dict[int, tuple[Engine, torch.nn.Module]] = {}
 
 
 def install() -> None:
@@ -33,7 +33,7 @@ def install() -> None:
         module.clip_grad_value_ = clip_grad_value_
 
 
-def register(engine: "Engine", model: torch.nn.Module, parameters: list[torch.nn.Parameter]) -> None:
+def register(engine: Engine, model: torch.nn.Module, parameters: list[torch.nn.Parameter]) -> None:
     """Clipping these parameters' gradients is ``engine``'s job."""
     for p in parameters:
         _owners[id(p)] = (engine, model)
@@ -44,7 +44,7 @@ def forget_all() -> None:
     _owners.clear()
 
 
-def _owner(parameters: list[torch.Tensor]) -> tuple["Engine", torch.nn.Module] | None:
+def _owner(parameters: list[torch.Tensor]) -> tuple[Engine, torch.nn.Module] | None:
     owners = {id(_owners[id(p)][0]): _owners[id(p)] for p in parameters if id(p) in _owners}
     if len(owners) > 1:
         raise ValueError("clip_grad_norm_ got the parameters of several prepared models; clip each model alone.")
@@ -52,7 +52,10 @@ def _owner(parameters: list[torch.Tensor]) -> tuple["Engine", torch.nn.Module] |
 
 
 def clip_grad_norm_(
-    parameters: torch.Tensor | Any, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
+    parameters: torch.Tensor | Any,
+    max_norm: float,
+    norm_type: float = 2.0,
+    error_if_nonfinite: bool = False,
     foreach: bool | None = None,
 ) -> torch.Tensor:
     params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
@@ -62,9 +65,7 @@ def clip_grad_norm_(
         return engine.clip_grad_norm(
             model, params, float(max_norm), float(norm_type), error_if_nonfinite=error_if_nonfinite, foreach=foreach
         )
-    total = original_clip_grad_norm(
-        params, max_norm, norm_type, error_if_nonfinite=error_if_nonfinite, foreach=foreach
-    )
+    total = original_clip_grad_norm(params, max_norm, norm_type, error_if_nonfinite=error_if_nonfinite, foreach=foreach)
     full_tensor = getattr(total, "full_tensor", None)  # FSDP2: the norm over every rank's shards, as a tensor
     return full_tensor() if full_tensor is not None else total
 

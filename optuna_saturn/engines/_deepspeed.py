@@ -13,10 +13,26 @@ from optuna_saturn.engines._base import Engine, StrategyMismatch
 
 #: Optimizers whose update of each element depends only on that element's gradient and state. ZeRO flattens each
 #: parameter group into one vector per rank, so only these compute the same update as in one process.
-ELEMENTWISE_OPTIMIZERS = frozenset({
-    "SGD", "Adam", "AdamW", "Adamax", "Adagrad", "Adadelta", "RMSprop", "NAdam", "RAdam", "ASGD", "Rprop",
-    "DeepSpeedCPUAdam", "FusedAdam", "DeepSpeedCPUAdagrad", "FusedLion", "DeepSpeedCPULion",
-})
+ELEMENTWISE_OPTIMIZERS = frozenset(
+    {
+        "SGD",
+        "Adam",
+        "AdamW",
+        "Adamax",
+        "Adagrad",
+        "Adadelta",
+        "RMSprop",
+        "NAdam",
+        "RAdam",
+        "ASGD",
+        "Rprop",
+        "DeepSpeedCPUAdam",
+        "FusedAdam",
+        "DeepSpeedCPUAdagrad",
+        "FusedLion",
+        "DeepSpeedCPULion",
+    }
+)
 
 
 class _EngineOptimizer(torch.optim.Optimizer):
@@ -108,7 +124,7 @@ class DeepSpeedEngine(Engine):
         config.setdefault("steps_per_print", 10**9)
         config["gradient_clipping"] = 0.0  # clipping is the user's call: clip_grad_norm_ sets it per step
         engine, _, _, _ = deepspeed.initialize(
-            model=model.to(self.context.device), optimizer=optimizer, config=config, dist_init_required=False,
+            model=model.to(self.context.device), optimizer=optimizer, config=config, dist_init_required=False
         )
         _clipping.register(self, engine, list(engine.module.parameters()))
         return engine, (None if optimizer is None else _EngineOptimizer(engine, optimizer.defaults))
@@ -147,7 +163,11 @@ class DeepSpeedEngine(Engine):
         return dict(state) if self.context.rank == 0 and state else {}
 
     def clip_grad_norm(
-        self, model: torch.nn.Module, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float,
+        self,
+        model: torch.nn.Module,
+        parameters: Iterable[torch.nn.Parameter],
+        max_norm: float,
+        norm_type: float,
         **kwargs: Any,
     ) -> torch.Tensor:
         """ZeRO clips inside its step, over every partition: set the limit for the step that follows, and

@@ -30,8 +30,14 @@ if TYPE_CHECKING:
     from optuna_saturn.trial import SaturnTrial
 
 #: Accelerator arguments that would pick a strategy (or precision handling) behind optuna-saturn's back.
-_STRATEGY_ARGUMENTS = ("fsdp_plugin", "deepspeed_plugin", "deepspeed_plugins", "megatron_lm_plugin",
-                       "torch_tp_plugin", "parallelism_config")
+_STRATEGY_ARGUMENTS = (
+    "fsdp_plugin",
+    "deepspeed_plugin",
+    "deepspeed_plugins",
+    "megatron_lm_plugin",
+    "torch_tp_plugin",
+    "parallelism_config",
+)
 _STRATEGY_ENVIRONMENT = ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_MEGATRON_LM")
 
 
@@ -91,8 +97,12 @@ class SaturnAccelerator(Accelerator):
         if device_placement is not None:
             raise ValueError("prepare(device_placement=...) is not supported: the trial's strategy places the model.")
         trial = self._saturn_trial
-        strategy_objects = [a for a in args if isinstance(a, (torch.nn.Module, torch.optim.Optimizer, DataLoader))
-                            and not isinstance(a, AcceleratedOptimizer)]
+        strategy_objects = [
+            a
+            for a in args
+            if isinstance(a, (torch.nn.Module, torch.optim.Optimizer, DataLoader))
+            and not isinstance(a, AcceleratedOptimizer)
+        ]
         if any(isinstance(a, torch.optim.Optimizer) for a in strategy_objects) and not any(
             isinstance(a, torch.nn.Module) for a in strategy_objects
         ):
@@ -117,14 +127,15 @@ class SaturnAccelerator(Accelerator):
                 self._dataloaders.append(result)
             elif isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
                 result = AcceleratedScheduler(
-                    obj, self._optimizers, step_with_optimizer=self.step_scheduler_with_optimizer, split_batches=True,
+                    obj, self._optimizers, step_with_optimizer=self.step_scheduler_with_optimizer, split_batches=True
                 )
                 self._schedulers.append(result)
             results.append(result)
         return results[0] if len(results) == 1 else tuple(results)
 
-    def prepare_model(self, model: torch.nn.Module, device_placement: Any = None,
-                      evaluation_mode: bool = False) -> torch.nn.Module:
+    def prepare_model(
+        self, model: torch.nn.Module, device_placement: Any = None, evaluation_mode: bool = False
+    ) -> torch.nn.Module:
         if evaluation_mode:  # inference only: on the trial's device, no wrapping (as Accelerate does)
             return model if any(m is model for m in self._models) else model.to(self.device)
         return self.prepare(model)
@@ -132,8 +143,9 @@ class SaturnAccelerator(Accelerator):
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: Any = None) -> Any:
         raise ValueError("Prepare the optimizer together with its model: accelerator.prepare(model, optimizer).")
 
-    def prepare_data_loader(self, data_loader: DataLoader, device_placement: Any = None,
-                            slice_fn_for_dispatch: Any = None) -> Any:
+    def prepare_data_loader(
+        self, data_loader: DataLoader, device_placement: Any = None, slice_fn_for_dispatch: Any = None
+    ) -> Any:
         return self.prepare(data_loader)
 
     def prepare_scheduler(self, scheduler: Any) -> Any:
@@ -193,8 +205,9 @@ class SaturnAccelerator(Accelerator):
         whole = gather(tensor[:1].expand(rows.stop - rows.start))
         return whole.mean().expand(tensor.shape[0]).to(tensor.dtype)
 
-    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True,
-                     keep_torch_compile: bool = True) -> torch.nn.Module:
+    def unwrap_model(
+        self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    ) -> torch.nn.Module:
         """The user's module out of a DDP or DeepSpeed wrapper; a module whose parameters are sharded comes back
         as it is (no rank holds it whole: use ``get_state_dict`` to save it)."""
         return self._saturn_trial._engine.user_module(model)

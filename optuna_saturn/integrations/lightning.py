@@ -35,8 +35,13 @@ if TYPE_CHECKING:
     from optuna_saturn.trial import SaturnTrial
 
 #: Trainer arguments the trial decides; the user may pass only these values, which mean "as the trial says".
-_FOLLOWS_THE_TRIAL = {"strategy": ("auto",), "devices": ("auto", 1, "1", [0]), "num_nodes": (1,),
-                      "precision": (None, 32, "32", "32-true"), "plugins": (None, [], ())}
+_FOLLOWS_THE_TRIAL = {
+    "strategy": ("auto",),
+    "devices": ("auto", 1, "1", [0]),
+    "num_nodes": (1,),
+    "precision": (None, 32, "32", "32-true"),
+    "plugins": (None, [], ()),
+}
 
 #: What ``lightning_trainer`` passes itself (the values above, checked, stand for these).
 _SET_HERE = {*_FOLLOWS_THE_TRIAL, "accelerator", "use_distributed_sampler"}
@@ -74,7 +79,11 @@ def lightning_trainer(trial: SaturnTrial, *, metric: str = "val_loss", **kwargs:
     strategy = SaturnStrategy(trial)
     return pl.Trainer(
         **{k: v for k, v in kwargs.items() if k not in _SET_HERE},
-        strategy=strategy, accelerator=accelerator, devices=1, num_nodes=1, plugins=[_ModelPrecision(strategy)],
+        strategy=strategy,
+        accelerator=accelerator,
+        devices=1,
+        num_nodes=1,
+        plugins=[_ModelPrecision(strategy)],
         use_distributed_sampler=False,
     )
 
@@ -86,8 +95,11 @@ def _as_list(callbacks: Any) -> list:
 
 
 def _refuse_conflicts(trial: SaturnTrial, kwargs: dict[str, Any]) -> None:
-    refuse_conflicts(kwargs, runs_as=f"this trial runs '{trial.strategy.name}' on {trial.world_size} device(s)",
-                     device_type=trial.device.type)
+    refuse_conflicts(
+        kwargs,
+        runs_as=f"this trial runs '{trial.strategy.name}' on {trial.world_size} device(s)",
+        device_type=trial.device.type,
+    )
 
 
 def refuse_conflicts(kwargs: dict[str, Any], *, runs_as: str, device_type: str | None) -> None:
@@ -101,17 +113,19 @@ def refuse_conflicts(kwargs: dict[str, Any], *, runs_as: str, device_type: str |
                 "devices": "each of the trial's processes drives one device; the sweep picks how many",
                 "num_nodes": "the sweep places the trial's processes",
                 "precision": "optuna-saturn's strategies do not apply autocast yet: train in float32, or cast the "
-                             "model yourself (model.to(torch.bfloat16))",
+                "model yourself (model.to(torch.bfloat16))",
                 "plugins": "the trial's strategy sets up the process group and the devices",
             }[name]
             raise ValueError(f"trial.lightning_trainer({name}={kwargs[name]!r}): {runs_as}. Remove it: {fix}.")
     accelerator = kwargs.get("accelerator", "auto")
-    wanted = {"cuda": ("auto", "gpu", "cuda"), "cpu": ("auto", "cpu")}.get(device_type or "", ("auto", "cpu", "gpu",
-                                                                                              "cuda"))
+    wanted = {"cuda": ("auto", "gpu", "cuda"), "cpu": ("auto", "cpu")}.get(
+        device_type or "", ("auto", "cpu", "gpu", "cuda")
+    )
     if accelerator not in wanted:
         raise ValueError(
             f"trial.lightning_trainer(accelerator={accelerator!r}): {runs_as}"
-            + (f", on {device_type}" if device_type else "") + ". Remove it: the trial's devices decide."
+            + (f", on {device_type}" if device_type else "")
+            + ". Remove it: the trial's devices decide."
         )
     if kwargs.get("use_distributed_sampler"):
         raise ValueError(
@@ -235,8 +249,11 @@ class SaturnStrategy(Strategy):
             return tensor
         op = str(getattr(reduce_op, "name", reduce_op) or "mean").lower().replace("redop", "").lstrip(".")
         result = tensor.detach().clone().to(self.root_device)
-        dist.all_reduce(result, op={"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}.get(op, dist.ReduceOp.SUM),
-                        group=self._group())
+        dist.all_reduce(
+            result,
+            op={"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}.get(op, dist.ReduceOp.SUM),
+            group=self._group(),
+        )
         return result / self.world_size if op in ("mean", "avg") else result
 
     def barrier(self, name: str | None = None) -> None:

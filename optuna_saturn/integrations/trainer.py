@@ -53,7 +53,9 @@ def prepare_trainer(trial: SaturnTrial, trainer: Trainer, *, metric: str = "eval
             "gradient_accumulation_steps > 1; the planner leaves it out for this trial."
         )
     accelerator = SaturnAccelerator(
-        trial, count_steps=False, mixed_precision=trainer.accelerator.mixed_precision,
+        trial,
+        count_steps=False,
+        mixed_precision=trainer.accelerator.mixed_precision,
         dataloader_config=trainer.accelerator.dataloader_config,
         gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=1),  # Trainer accumulates itself
     )
@@ -98,8 +100,9 @@ def _refuse_own_strategy(trainer: Trainer) -> None:
         )
 
 
-def _save_gathered(trial: SaturnTrial, trainer: Trainer, output_dir: str | None = None,
-                   _internal_call: bool = False) -> None:
+def _save_gathered(
+    trial: SaturnTrial, trainer: Trainer, output_dir: str | None = None, _internal_call: bool = False
+) -> None:
     """``trainer.save_model`` under a sharding strategy: every rank gives its shard, rank 0 saves the whole."""
     state = trial.state_dict(trainer.model_wrapped)
     if trainer.args.should_save:

@@ -15,6 +15,7 @@ from optuna_saturn.planner._types import Assignment, Cluster, Job, Option, Plan,
 from optuna_saturn.planner._validate import plan_problems, validate
 
 __all__ = [
+    "SOLVERS",
     "Assignment",
     "Cluster",
     "Job",
@@ -22,7 +23,6 @@ __all__ = [
     "Plan",
     "Reservation",
     "Resize",
-    "SOLVERS",
     "best_resize",
     "lower_bound",
     "plan_problems",

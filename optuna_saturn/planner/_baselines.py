@@ -31,9 +31,7 @@ def sequential_max(
         free[r.node] = max(free[r.node], float(r.until))
     out = []
     for job, (option,) in seq:
-        node = min(
-            (i for i, n in enumerate(cluster.nodes) if n >= option.devices), key=lambda i: (free[i], i)
-        )
+        node = min((i for i, n in enumerate(cluster.nodes) if n >= option.devices), key=lambda i: (free[i], i))
         start, end = free[node], free[node] + option.runtime
         out.append(Assignment(job.name, option, node, tuple(range(option.devices)), start, end))
         free[node] = end

@@ -50,7 +50,7 @@ def lower_bound(jobs: Sequence[Job], cluster: Cluster, *, busy: Sequence[Reserva
     fastest = [r[0] for r in runtimes]
     reservations = _merge_busy(busy)
     sizes = sorted(set(cluster.nodes))
-    size_classes = [0] + sizes[:-1]
+    size_classes = [0, *sizes[:-1]]
     thresholds = sorted({largest // (k + 1) for k in range(1, largest)}, reverse=True)  # d > M/(k+1) <=> d > floor.
     count_caps = {t: min(k for k in range(1, largest) if largest // (k + 1) == t) for t in thresholds}
 

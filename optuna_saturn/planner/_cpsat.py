@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from optuna_saturn.planner._devices import assign_devices, compact
 from optuna_saturn.planner._types import Cluster, Job, Option, Plan, Reservation
@@ -43,7 +44,7 @@ def solve_cpsat(
     unit = _unit(jobs, busy, hint.makespan)
 
     def ticks(t: float) -> int:
-        return int(math.ceil(t / unit - 1e-9))
+        return math.ceil(t / unit - 1e-9)
 
     # Hint on the grid: keep the hint's devices and per-device order, start each job when its devices free up.
     hint_start: dict[str, int] = {}
@@ -60,16 +61,16 @@ def solve_cpsat(
     hint_choice = {a.job: (a.option, a.node) for a in hint.assignments}
 
     m = cp_model.CpModel()
-    makespan = m.NewIntVar(min(int(math.floor(lower_bound / unit)), horizon), horizon, "makespan")
+    makespan = m.new_int_var(min(math.floor(lower_bound / unit), horizon), horizon, "makespan")
     per_node: list[tuple[list, list]] = [([], []) for _ in cluster.nodes]
     for r in busy:
         if r.until > 0 and r.devices:
-            per_node[r.node][0].append(m.NewFixedSizeIntervalVar(0, ticks(r.until), f"busy_{r.job}"))
+            per_node[r.node][0].append(m.new_fixed_size_interval_var(0, ticks(r.until), f"busy_{r.job}"))
             per_node[r.node][1].append(len(r.devices))
-    choices: list[tuple[str, Option, int, object, object]] = []
+    choices: list[tuple[str, Option, int, Any, Any]] = []  # (job, option, node, its literal, the job's start)
     for j, job in enumerate(jobs):
-        start = m.NewIntVar(0, horizon, f"s{j}")
-        m.AddHint(start, hint_start[job.name])
+        start = m.new_int_var(0, horizon, f"s{j}")
+        m.add_hint(start, hint_start[job.name])
         lits = []
         for option in job.options:
             dur = ticks(option.runtime)
@@ -78,19 +79,19 @@ def solve_cpsat(
             for node, size in enumerate(cluster.nodes):
                 if option.devices > size:
                     continue
-                lit = m.NewBoolVar(f"p{j}_{option.strategy}_{option.devices}_{node}")
-                iv = m.NewOptionalFixedSizeIntervalVar(start, dur, lit, f"i{j}")
+                lit = m.new_bool_var(f"p{j}_{option.strategy}_{option.devices}_{node}")
+                iv = m.new_optional_fixed_size_interval_var(start, dur, lit, f"i{j}")
                 per_node[node][0].append(iv)
                 per_node[node][1].append(option.devices)
-                m.Add(makespan >= start + dur).OnlyEnforceIf(lit)
-                m.AddHint(lit, hint_choice[job.name] == (option, node))
+                m.add(makespan >= start + dur).only_enforce_if(lit)
+                m.add_hint(lit, hint_choice[job.name] == (option, node))
                 lits.append(lit)
                 choices.append((job.name, option, node, lit, start))
-        m.AddExactlyOne(lits)
+        m.add_exactly_one(lits)
     for node, (intervals, demands) in enumerate(per_node):
         if intervals:
-            m.AddCumulative(intervals, demands, cluster.nodes[node])
-    m.Minimize(makespan)
+            m.add_cumulative(intervals, demands, cluster.nodes[node])
+    m.minimize(makespan)
 
     solver = cp_model.CpSolver()
     p = solver.parameters
@@ -98,15 +99,22 @@ def solve_cpsat(
     p.num_workers = workers
     p.random_seed = seed
     p.log_search_progress = False
-    status = solver.Solve(m)
+    status = solver.solve(m)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
-    items = [(name, option, node, solver.Value(start) * unit)
-             for name, option, node, lit, start in choices if solver.BooleanValue(lit)]
+    items = [
+        (name, option, node, solver.value(start) * unit)
+        for name, option, node, lit, start in choices
+        if solver.boolean_value(lit)
+    ]
     assignments = compact(assign_devices(items, cluster, busy=busy), cluster, busy=busy)
     plan = Plan(tuple(sorted(assignments, key=lambda a: (a.start, a.job))), solver="cpsat")
-    plan.info.update(cpsat_optimal=status == cp_model.OPTIMAL, exact_grid=unit == 1.0,
-                     cpsat_bound=solver.BestObjectiveBound() * unit, grid=unit)
+    plan.info.update(
+        cpsat_optimal=status == cp_model.OPTIMAL,
+        exact_grid=unit == 1.0,
+        cpsat_bound=solver.best_objective_bound * unit,
+        grid=unit,
+    )
     return plan
 
 

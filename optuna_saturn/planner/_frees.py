@@ -17,8 +17,9 @@ from optuna_saturn.planner._types import Cluster, Reservation
 
 
 class NodeFrees:
-    def __init__(self, cluster: Cluster, busy: Sequence[Reservation] = (), *, sizes: Iterable[int] = (),
-                 by_idle: bool = True) -> None:
+    def __init__(
+        self, cluster: Cluster, busy: Sequence[Reservation] = (), *, sizes: Iterable[int] = (), by_idle: bool = True
+    ) -> None:
         """``sizes``: the device counts asked for. ``by_idle``: among nodes free as soon, prefer the one a job
         leaves least idle (else the lowest node)."""
         self._by_idle = by_idle
@@ -26,7 +27,7 @@ class NodeFrees:
         for r in busy:
             for d in r.devices:
                 self.free[r.node][d] = max(self.free[r.node][d], float(r.until))
-        self.order = [sorted(range(n), key=lambda d, f=self.free[i]: (f[d], d)) for i, n in enumerate(cluster.nodes)]
+        self.order = [sorted(range(n), key=self.free[i].__getitem__) for i, n in enumerate(cluster.nodes)]
         self._sizes = sorted({k for k in sizes if k <= max(cluster.nodes)})
         self._stamp = [0] * len(cluster.nodes)
         self._heaps: dict[int, list[tuple[float, float, int, int]]] = {k: [] for k in self._sizes}

@@ -102,9 +102,18 @@ def list_schedule(
             if ms < best_ms - 1e-9:
                 best, best_ms = plan, ms
             # Repair the tail: let jobs also take any faster option (earliest finish decides).
-            widened = [(j, tuple(sorted(set(opts) | {o for o in j.options if o.runtime < opts[0].runtime},
-                                        key=lambda o: (o.devices, o.runtime, o.choice))))
-                       for j, opts in seq]
+            widened = [
+                (
+                    j,
+                    tuple(
+                        sorted(
+                            set(opts) | {o for o in j.options if o.runtime < opts[0].runtime},
+                            key=lambda o: (o.devices, o.runtime, o.choice),
+                        )
+                    ),
+                )
+                for j, opts in seq
+            ]
             plan = schedule_in_order(widened, cluster, busy=busy)
             ms = max(a.end for a in plan)
             if ms < best_ms - 1e-9:

@@ -24,6 +24,7 @@ improve it with CP-SAT.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -143,22 +144,27 @@ def build_block_model(
     for bi, b in enumerate(blocks):
         if not b.children:
             coefs = {comp[bi]: 1.0}
-            for v, r in load[bi].items():
-                coefs[v] = -r
+            for v, runtime in load[bi].items():
+                coefs[v] = -runtime
             m.add_row(coefs, busy_until.get((b.node, b.offset), 0.0), math.inf)
         for c in b.children:
             coefs = {comp[bi]: 1.0, comp[c]: -1.0}
-            for v, r in load[bi].items():
-                coefs[v] = -r
+            for v, runtime in load[bi].items():
+                coefs[v] = -runtime
             m.add_row(coefs, 0.0, math.inf)
     for node in range(len(cluster.nodes)):
         root = max((bi for bi, b in enumerate(blocks) if b.node == node), key=lambda bi: blocks[bi].size)
         m.add_row({cmax: 1.0, comp[root]: -1.0}, 0.0, math.inf)
     # Symmetry: identical sibling subtrees (same size, no reservation inside) are interchangeable.
     for b in blocks:
-        kids = [c for c in b.children if not any(
-            (blocks[c].node, d) in busy_until for d in range(blocks[c].offset, blocks[c].offset + blocks[c].size))]
-        for c1, c2 in zip(kids, kids[1:]):
+        kids = [
+            c
+            for c in b.children
+            if not any(
+                (blocks[c].node, d) in busy_until for d in range(blocks[c].offset, blocks[c].offset + blocks[c].size)
+            )
+        ]
+        for c1, c2 in itertools.pairwise(kids):
             if blocks[c1].size == blocks[c2].size:
                 m.add_row({comp[c1]: 1.0, comp[c2]: -1.0}, 0.0, math.inf)
     return BlockModel(m, choices, blocks, cmax)
@@ -249,8 +255,9 @@ def _has_busy(b: Block, busy_until: dict) -> bool:
     return any((b.node, d) in busy_until for d in range(b.offset, b.offset + b.size))
 
 
-def decode(bm: BlockModel, jobs: Sequence[Job], values: Sequence[float], cluster: Cluster,
-           busy: Sequence[Reservation]) -> list[Assignment]:
+def decode(
+    bm: BlockModel, jobs: Sequence[Job], values: Sequence[float], cluster: Cluster, busy: Sequence[Reservation]
+) -> list[Assignment]:
     """Bottom-up stacked schedule of the chosen (option, block) pairs, then compacted."""
     on_block: dict[int, list[tuple[int, Option]]] = {}
     for v, j, option, bi in bm.choices:
@@ -265,7 +272,9 @@ def decode(bm: BlockModel, jobs: Sequence[Job], values: Sequence[float], cluster
         devices = list(range(b.offset, b.offset + b.size))
         t = max(free.get((b.node, d), 0.0) for d in devices)
         for j, option in sorted(on_block.get(bi, []), key=lambda x: (-x[1].runtime, jobs[x[0]].name)):
-            out.append(Assignment(jobs[j].name, option, b.node, tuple(devices[: option.devices]), t, t + option.runtime))
+            out.append(
+                Assignment(jobs[j].name, option, b.node, tuple(devices[: option.devices]), t, t + option.runtime)
+            )
             t += option.runtime
         for d in devices:
             free[(b.node, d)] = t
@@ -283,6 +292,7 @@ def solve_gurobi(model: LinearModel, *, time_limit: float, seed: int, start: lis
     """Solve with gurobipy (one thread). Raises ``SolverUnavailable`` on import, licence or size-limit errors."""
     try:
         import gurobipy as gp
+        import numpy
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise SolverUnavailable(f"gurobipy is not installed ({e})") from e
     try:
@@ -296,7 +306,13 @@ def solve_gurobi(model: LinearModel, *, time_limit: float, seed: int, start: lis
         g.Params.MIPGap = 1e-6
         vtypes = [gp.GRB.INTEGER if i else gp.GRB.CONTINUOUS for i in model.integer]
         upper = [u if math.isfinite(u) else gp.GRB.INFINITY for u in model.upper]
-        x = g.addMVar(model.num_vars, lb=model.lower, ub=upper, obj=model.cost, vtype=vtypes)
+        x = g.addMVar(
+            model.num_vars,
+            lb=numpy.array(model.lower),
+            ub=numpy.array(upper),
+            obj=numpy.array(model.cost),
+            vtype=numpy.array(vtypes),
+        )
         xs = x.tolist()
         for idx, coefs, lo, hi in model.rows:
             expr = gp.LinExpr(coefs, [xs[i] for i in idx])
@@ -313,7 +329,7 @@ def solve_gurobi(model: LinearModel, *, time_limit: float, seed: int, start: lis
         g.optimize()
         if g.SolCount == 0:
             return MilpResult(None, False, g.ObjBound if g.Status == gp.GRB.OPTIMAL else -math.inf)
-        return MilpResult(list(x.X), g.Status == gp.GRB.OPTIMAL, g.ObjBound)
+        return MilpResult([v.X for v in xs], g.Status == gp.GRB.OPTIMAL, g.ObjBound)
     except gp.GurobiError as e:
         if getattr(e, "errno", None) == 10010:
             raise SolverUnavailable(
@@ -331,8 +347,13 @@ def solve_highs(model: LinearModel, *, time_limit: float, seed: int, start: list
         raise SolverUnavailable(f"highspy is not installed ({e})") from e
     # The core class: the Python wrapper prints a banner on construction even before options can silence it.
     h = highspy._core._Highs() if hasattr(highspy, "_core") else highspy.Highs()
-    for k, v in {"output_flag": False, "random_seed": seed, "time_limit": max(time_limit, 0.01),
-                 "mip_rel_gap": 1e-6, "threads": 1}.items():
+    for k, v in {
+        "output_flag": False,
+        "random_seed": seed,
+        "time_limit": max(time_limit, 0.01),
+        "mip_rel_gap": 1e-6,
+        "threads": 1,
+    }.items():
         h.setOptionValue(k, v)
     inf = highspy.kHighsInf
     lp = highspy.HighsLp()
@@ -393,6 +414,10 @@ def solve_block_milp(
         return None
     assignments = decode(bm, jobs, result.values, cluster, busy)
     plan = Plan(tuple(sorted(assignments, key=lambda a: (a.start, a.job))), solver=backend)
-    plan.info.update(model_vars=bm.model.num_vars, model_rows=len(bm.model.rows), block_optimal=result.optimal,
-                     milp_bound=result.bound)
+    plan.info.update(
+        model_vars=bm.model.num_vars,
+        model_rows=len(bm.model.rows),
+        block_optimal=result.optimal,
+        milp_bound=result.bound,
+    )
     return plan

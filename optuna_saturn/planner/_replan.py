@@ -46,10 +46,16 @@ def replan(
         return fresh
     threshold = min(kept.makespan * (1.0 - min_improvement), kept.makespan - min_gain)
     winner = fresh if fresh.makespan < threshold - 1e-9 else kept
-    out = Plan(winner.assignments, solver=winner.solver if winner is fresh else "kept", lower_bound=fresh.lower_bound,
-               solve_seconds=fresh.solve_seconds, optimal=winner.makespan <= fresh.lower_bound * (1 + 1e-9))
-    out.info.update(replan="replaced" if winner is fresh else "kept", kept_makespan=kept.makespan,
-                    fresh_makespan=fresh.makespan)
+    out = Plan(
+        winner.assignments,
+        solver=winner.solver if winner is fresh else "kept",
+        lower_bound=fresh.lower_bound,
+        solve_seconds=fresh.solve_seconds,
+        optimal=winner.makespan <= fresh.lower_bound * (1 + 1e-9),
+    )
+    out.info.update(
+        replan="replaced" if winner is fresh else "kept", kept_makespan=kept.makespan, fresh_makespan=fresh.makespan
+    )
     return out
 
 
@@ -108,7 +114,7 @@ def reflow(previous: Plan, jobs: Sequence[Job], cluster: Cluster, *, busy: Seque
     for a in sorted(previous.assignments, key=lambda a: (a.start, a.end, a.job)):
         job = by_name.get(a.job)
         option = _same_option(job, a.option) if job is not None else None
-        if option is not None and option.devices <= max(cluster.nodes):
+        if job is not None and option is not None and option.devices <= max(cluster.nodes):
             order.append((job, (option,)))
     placed = {job.name for job, _ in order}
 
@@ -123,6 +129,7 @@ def reflow(previous: Plan, jobs: Sequence[Job], cluster: Cluster, *, busy: Seque
         at = bisect.bisect_right(shortest_so_far, -length(job))
         joining.setdefault(at, []).append((job, allot(job, makespan)))
     if joining:
-        order = [entry for at in range(len(order) + 1) for entry in (*joining.get(at, ()), *order[at:at + 1])]
-    return Plan(tuple(sorted(schedule_in_order(order, cluster, busy=busy), key=lambda a: (a.start, a.job))),
-                solver="kept")
+        order = [entry for at in range(len(order) + 1) for entry in (*joining.get(at, ()), *order[at : at + 1])]
+    return Plan(
+        tuple(sorted(schedule_in_order(order, cluster, busy=busy), key=lambda a: (a.start, a.job))), solver="kept"
+    )

@@ -30,7 +30,7 @@ class Resize:
 
 
 def remaining_job(
-    name: str, options: Sequence[Option], *, current: tuple, left: float, rate: float = 1.0, restart: float = 0.0,
+    name: str, options: Sequence[Option], *, current: tuple, left: float, rate: float = 1.0, restart: float = 0.0
 ) -> Job | None:
     """The rest of a running job as a job to plan: every option but the ``current`` one (its ``choice``), taking
     ``left`` (the fraction of its steps still to run) of its whole runtime, times ``rate`` (its observed step time

@@ -35,8 +35,9 @@ def iterated_list(
     t0 = time.perf_counter()
     rng = random.Random(seed)
     by_name = {j.name: j for j in jobs}
-    best_seq: _Sequence = [(by_name[a.job], (a.option,))
-                           for a in sorted(start.assignments, key=lambda a: (a.start, a.job))]
+    best_seq: _Sequence = [
+        (by_name[a.job], (a.option,)) for a in sorted(start.assignments, key=lambda a: (a.start, a.job))
+    ]
     best_plan, best = None, start.makespan
     while time.perf_counter() - t0 < time_limit and best > lower_bound * (1 + 1e-9):
         seq = _fresh(jobs, best, rng) if rng.random() < 0.5 else _swapped(best_seq, rng)
@@ -58,8 +59,9 @@ def _fresh(jobs: Sequence[Job], best: float, rng: random.Random) -> _Sequence:
     keyed = []
     for job in jobs:
         options = allot(job, target)
-        keyed.append((-options[0].runtime * options[0].devices ** width * rng.uniform(0.7, 1.3), job.name, job,
-                      options))
+        keyed.append(
+            (-options[0].runtime * options[0].devices ** width * rng.uniform(0.7, 1.3), job.name, job, options)
+        )
     keyed.sort(key=lambda k: (k[0], k[1]))
     return [(job, options) for _, _, job, options in keyed]
 

@@ -61,8 +61,9 @@ def solve(
     plain = greedy(pruned, cluster, busy=busy)
     if solver == "greedy":
         return _finish(plain, jobs, cluster, busy, lb, t0)
-    listed = list_schedule(pruned, cluster, busy=busy, lower=lb, upper=plain.makespan,
-                           time_limit=max(0.05, 0.25 * time_limit))
+    listed = list_schedule(
+        pruned, cluster, busy=busy, lower=lb, upper=plain.makespan, time_limit=max(0.05, 0.25 * time_limit)
+    )
     candidates = [plain, listed]
     if hint is not None and not plan_problems(hint, jobs, cluster, busy=busy):
         candidates.append(hint)
@@ -87,8 +88,18 @@ def solve(
     for name, share in stages:
         if best.makespan <= lb * (1 + 1e-9) or left() <= 0.02:
             break
-        candidate = _run_backend(name, pruned, cluster, busy, left() * share, seed, best, lb, notes,
-                                 level=logging.WARNING if solver == name else logging.INFO)
+        candidate = _run_backend(
+            name,
+            pruned,
+            cluster,
+            busy,
+            left() * share,
+            seed,
+            best,
+            lb,
+            notes,
+            level=logging.WARNING if solver == name else logging.INFO,
+        )
         if candidate is not None and candidate.makespan < best.makespan - 1e-9:
             best = candidate
     return _finish(best, jobs, cluster, busy, lb, t0, notes)
@@ -124,8 +135,9 @@ def _run_backend(
     if name == "cpsat":
         return solve_cpsat(jobs, cluster, busy=busy, time_limit=time_limit, seed=seed, hint=hint, lower_bound=lb)
     try:
-        return solve_block_milp(jobs, cluster, backend=name, busy=busy, time_limit=time_limit, seed=seed,
-                                hint=hint, lower_bound=lb)
+        return solve_block_milp(
+            jobs, cluster, backend=name, busy=busy, time_limit=time_limit, seed=seed, hint=hint, lower_bound=lb
+        )
     except SolverUnavailable as e:
         if name != "gurobi":
             _logger.log(level, "%s backend unavailable: %s; keeping the heuristic plan.", name, e)
@@ -142,15 +154,27 @@ def _block_vars(jobs: Sequence[Job], cluster: Cluster) -> int:
     return sum(len(j.options) for j in jobs) * sum(cluster.nodes)
 
 
-def _finish(plan: Plan, jobs: Sequence[Job], cluster: Cluster, busy: Sequence[Reservation], lb: float,
-            t0: float, notes: dict | None = None) -> Plan:
+def _finish(
+    plan: Plan,
+    jobs: Sequence[Job],
+    cluster: Cluster,
+    busy: Sequence[Reservation],
+    lb: float,
+    t0: float,
+    notes: dict | None = None,
+) -> Plan:
     problems = plan_problems(plan, jobs, cluster, busy=busy)
     if problems:  # a bug in a backend: never hand out an invalid plan silently
         raise RuntimeError(f"Planner produced an invalid plan ({plan.solver}): {problems[:5]}")
     info = dict(plan.info)
     info.update(notes or {})
     optimal = plan.makespan <= lb * (1 + 1e-9) or bool(info.get("cpsat_optimal") and info.get("exact_grid"))
-    out = Plan(tuple(sorted(plan.assignments, key=lambda a: (a.start, a.job))), solver=plan.solver,
-               lower_bound=lb, solve_seconds=time.perf_counter() - t0, optimal=optimal)
+    out = Plan(
+        tuple(sorted(plan.assignments, key=lambda a: (a.start, a.job))),
+        solver=plan.solver,
+        lower_bound=lb,
+        solve_seconds=time.perf_counter() - t0,
+        optimal=optimal,
+    )
     out.info.update(info)
     return out

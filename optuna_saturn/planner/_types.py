@@ -53,9 +53,11 @@ class Option:
         return data
 
     @classmethod
-    def from_json(cls, data: dict) -> "Option":
+    def from_json(cls, data: dict) -> Option:
         return cls(
-            str(data["strategy"]), int(data["devices"]), float(data["runtime"]),
+            str(data["strategy"]),
+            int(data["devices"]),
+            float(data["runtime"]),
             int(data.get("gradient_accumulation", 1)),
         )
 

@@ -10,9 +10,7 @@ from optuna_saturn.planner._types import Cluster, Job, Plan, Reservation
 _TOL = 1e-6
 
 
-def plan_problems(
-    plan: Plan, jobs: Sequence[Job], cluster: Cluster, *, busy: Sequence[Reservation] = ()
-) -> list[str]:
+def plan_problems(plan: Plan, jobs: Sequence[Job], cluster: Cluster, *, busy: Sequence[Reservation] = ()) -> list[str]:
     """Every way ``plan`` breaks the rules, as human-readable lines (empty when the plan is valid)."""
     problems: list[str] = []
     by_name = {j.name: j for j in jobs}

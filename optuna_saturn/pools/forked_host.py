@@ -21,6 +21,7 @@ database connections, its channel) are pointed at ``/dev/null`` in it, so nothin
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -42,15 +43,22 @@ def why_not_fork(devices: Sequence[Device]) -> str | None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return "this process has initialised CUDA, which a fork cannot use"
-    others = [t.name for t in threading.enumerate()
-              if t is not threading.current_thread() and not t.name.startswith("saturn-")]
+    others = [
+        t.name
+        for t in threading.enumerate()
+        if t is not threading.current_thread() and not t.name.startswith("saturn-")
+    ]
     if others:
-        return (f"this process runs other threads ({', '.join(sorted(others)[:3])}), whose locks a fork would keep "
-                "locked for ever")
+        return (
+            f"this process runs other threads ({', '.join(sorted(others)[:3])}), whose locks a fork would keep "
+            "locked for ever"
+        )
     multi_threaded = [str(d) for d in devices if d.kind == "cpu" and len(d.cores) > 1]
     if multi_threaded:
-        return (f"the workers of {', '.join(multi_threaded)} run several OpenMP threads, which a fork of a process "
-                "that may have used OpenMP cannot")
+        return (
+            f"the workers of {', '.join(multi_threaded)} run several OpenMP threads, which a fork of a process "
+            "that may have used OpenMP cannot"
+        )
     return None
 
 
@@ -62,8 +70,9 @@ class ForkedHost:
         self.returncode: int | None = None
 
     @classmethod
-    def start(cls, main: str, config_path: str, *, env: Mapping[str, str], log: Path,
-              enter_namespace: bool) -> ForkedHost:
+    def start(
+        cls, main: str, config_path: str, *, env: Mapping[str, str], log: Path, enter_namespace: bool
+    ) -> ForkedHost:
         """Fork; the child sets ``env``, writes to ``log``, enters a loopback-only network namespace if asked,
         and runs ``main(config_path)`` (a ``module:function``) as the host, in a session of its own."""
         sys.stdout.flush()
@@ -86,7 +95,7 @@ class ForkedHost:
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
-        except BaseException:  # noqa: BLE001 (the host's log says why; the pool reports its exit code)
+        except BaseException:
             import traceback
 
             traceback.print_exc()
@@ -116,10 +125,8 @@ class ForkedHost:
 
     def send_signal(self, signum: int) -> None:
         if self.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signum)
-            except ProcessLookupError:
-                pass
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
@@ -135,14 +142,23 @@ def _redirect_output(log: Path) -> None:
     os.dup2(out, 1)
     os.dup2(out, 2)
     os.close(out)
-    old = {id(sys.stdout): "stdout", id(sys.stderr): "stderr", id(sys.__stdout__): "stdout",
-           id(sys.__stderr__): "stderr"}
-    streams = {"stdout": open(1, "w", buffering=1, closefd=False),  # noqa: SIM115 (lives as long as the process)
-               "stderr": open(2, "w", buffering=1, closefd=False)}  # noqa: SIM115
+    old = {
+        id(sys.stdout): "stdout",
+        id(sys.stderr): "stderr",
+        id(sys.__stdout__): "stdout",
+        id(sys.__stderr__): "stderr",
+    }
+    streams = {
+        # (they live as long as the process: no context manager)
+        "stdout": open(1, "w", buffering=1, closefd=False),  # noqa: SIM115
+        "stderr": open(2, "w", buffering=1, closefd=False),  # noqa: SIM115
+    }
     sys.stdout = sys.__stdout__ = streams["stdout"]
     sys.stderr = sys.__stderr__ = streams["stderr"]
-    loggers = [logging.getLogger(), *(v for v in logging.Logger.manager.loggerDict.values()
-                                      if isinstance(v, logging.Logger))]
+    loggers = [
+        logging.getLogger(),
+        *(v for v in logging.Logger.manager.loggerDict.values() if isinstance(v, logging.Logger)),
+    ]
     for logger in loggers:
         for handler in logger.handlers:
             if isinstance(handler, logging.StreamHandler) and id(handler.stream) in old:

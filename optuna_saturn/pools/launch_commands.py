@@ -76,8 +76,16 @@ def free_port() -> int:
 def _torchrun(devices: Sequence[Device]) -> tuple[list[str], dict[str, str]]:
     # --standalone: a private c10d rendezvous on a free port, so concurrent trials never share one.
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-        f"--nproc-per-node={len(devices)}", "--max-restarts=0", "--monitor-interval=0.1", "-m", WORKER_MODULE,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes=1",
+        f"--nproc-per-node={len(devices)}",
+        "--max-restarts=0",
+        "--monitor-interval=0.1",
+        "-m",
+        WORKER_MODULE,
     ]
     return command, _visible_devices(devices)
 
@@ -86,8 +94,13 @@ def _deepspeed(devices: Sequence[Device]) -> tuple[list[str], dict[str, str]]:
     # The deepspeed launcher rewrites CUDA_VISIBLE_DEVICES itself from --include, which names physical GPUs: it
     # must see every GPU (no mask), and get the physical indices behind this process's own mask.
     command = [
-        sys.executable, "-m", "deepspeed.launcher.runner", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
-        "--no_local_rank", "--module",
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.runner",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        "--no_local_rank",
+        "--module",
     ]
     env: dict[str, str] = {}
     if devices[0].kind == "cuda":
@@ -103,21 +116,27 @@ def _deepspeed(devices: Sequence[Device]) -> tuple[list[str], dict[str, str]]:
     else:
         command[3:3] = [f"--num_gpus={len(devices)}"]
         env.update(_visible_devices(devices))
-    return command + [WORKER_MODULE], env
+    return [*command, WORKER_MODULE], env
 
 
 def _accelerate(devices: Sequence[Device]) -> tuple[list[str], dict[str, str]]:
     # On CPU, only ACCELERATE_USE_CPU=1 with --multi_gpu starts N synchronised processes (notes/cpu-facts.md).
     command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--num_machines=1", f"--num_processes={len(devices)}",
-        f"--main_process_port={free_port()}", "--mixed_precision=no", "--dynamo_backend=no",
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--num_machines=1",
+        f"--num_processes={len(devices)}",
+        f"--main_process_port={free_port()}",
+        "--mixed_precision=no",
+        "--dynamo_backend=no",
     ]
     env = _visible_devices(devices)
     if len(devices) > 1:
         command.append("--multi_gpu")
     if devices[0].kind == "cpu":
         env["ACCELERATE_USE_CPU"] = "1"
-    return command + ["-m", WORKER_MODULE], env
+    return [*command, "-m", WORKER_MODULE], env
 
 
 def physical_gpus(devices: Sequence[Device]) -> list[str]:
@@ -159,11 +178,13 @@ def build_launch(
     """The command and environment that start ``len(devices)`` workers of one trial."""
     command, extra_env = _LAUNCHERS[strategy.launcher](devices)
     env = {
-        **os.environ, "PYTHONUNBUFFERED": "1",
-        "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(extensions_cache())), **extra_env,
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(extensions_cache())),
+        **extra_env,
     }
     env = {k: v for k, v in env.items() if v is not None}
-    command = command + [spec_path]
+    command = [*command, spec_path]
     if isolate_network:
         command = network_isolation_prefix() + command
         env["GLOO_SOCKET_IFNAME"] = "lo"  # the host name may resolve to an address this namespace lacks

@@ -7,6 +7,7 @@ warm workers. Part of :class:`~optuna_saturn.pools.processes.ProcessPool`, behin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -62,7 +63,11 @@ class LaunchedJobs:
         launch = build_launch(strategy, chosen, spec_path, isolate_network=self._isolate)
         with open_log(log) as out:
             process = subprocess.Popen(
-                launch.command, env=launch.env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                launch.command,
+                env=launch.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 start_new_session=True,  # Ctrl-C reaches the executor only; it stops each trial as a whole
             )
         self._running[key] = _Launched(key, tuple(devices), process)
@@ -101,17 +106,13 @@ class LaunchedJobs:
             _kill_group(t.process.pid, signal.SIGTERM)
         deadline = time.monotonic() + self.grace_period
         for t in launched:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 t.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
         for t in launched:
             _kill_group(t.process.pid, signal.SIGKILL)
             for proc in members[t.key]:  # processes that left the group (setsid) are still ours
-                try:
+                with contextlib.suppress(psutil.Error):
                     proc.kill()
-                except psutil.Error:
-                    pass
             t.process.wait()
         return [t.process.returncode for t in launched]
 
@@ -124,7 +125,5 @@ def _group_members(pid: int) -> list[psutil.Process]:
 
 
 def _kill_group(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -17,8 +17,10 @@ def private_folder(path: str) -> None:
     os.makedirs(path, mode=0o700, exist_ok=True)
     info = os.lstat(path)
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise PermissionError(f"{path} must be a folder of this user's that no one else can read or write (it is "
-                              f"{oct(info.st_mode & 0o7777)}, owned by uid {info.st_uid}); remove it and run again.")
+        raise PermissionError(
+            f"{path} must be a folder of this user's that no one else can read or write (it is "
+            f"{oct(info.st_mode & 0o7777)}, owned by uid {info.st_uid}); remove it and run again."
+        )
 
 
 def tail(path: Path, limit: int = 1024 * 1024) -> str:
@@ -30,8 +32,9 @@ def tail(path: Path, limit: int = 1024 * 1024) -> str:
             text = f.read().decode("utf-8", errors="replace")
     except FileNotFoundError:
         return ""
-    return (f"[... the first {size - limit} bytes of this log were left on the node ...]\n" + text
-            if size > limit else text)
+    return (
+        f"[... the first {size - limit} bytes of this log were left on the node ...]\n" + text if size > limit else text
+    )
 
 
 def open_log(path: Path) -> BinaryIO:

@@ -83,7 +83,9 @@ class ProcessPool:
         self._recipe = describe_objective(self._objective, self._server.folder)
         largest = max(len(n.devices) for n in self._ray.nodes) if self._ray is not None else len(self._devices)
         common = dict(
-            memory_limit=self._memory_limit, log_dir=self._log_dir / "workers", grace_period=self._grace,
+            memory_limit=self._memory_limit,
+            log_dir=self._log_dir / "workers",
+            grace_period=self._grace,
             engines={s.engine for s in self._strategies},
             multi_device=any(n > 1 for s in self._strategies for n in s.device_counts(largest)),
         )
@@ -95,7 +97,6 @@ class ProcessPool:
 
     def ready(self) -> set[int]:
         return self._warm.ready() if self._warm is not None else set()
-
 
     def joined(self) -> list[Device]:
         joined = self._warm.joined() if self._warm is not None else []
@@ -112,11 +113,18 @@ class ProcessPool:
         for task in job.tasks:
             token = self._server.register(task.session.handle)
             self._tokens.setdefault(job.key, []).append(token)
-            specs.append({
-                "channel": self._server.address, "token": token, "objective": self._recipe,
-                "trial_number": task.session.trial.number, "strategy": task.strategy.to_json(),
-                "profile": task.profile, "gradient_accumulation": job.gradient_accumulation, "errors": errors,
-            })
+            specs.append(
+                {
+                    "channel": self._server.address,
+                    "token": token,
+                    "objective": self._recipe,
+                    "trial_number": task.session.trial.number,
+                    "strategy": task.strategy.to_json(),
+                    "profile": task.profile,
+                    "gradient_accumulation": job.gradient_accumulation,
+                    "errors": errors,
+                }
+            )
         spec = {**specs[0], "checkpoint": job.checkpoint}
         if job.profiling:
             spec["entries"] = specs

@@ -24,6 +24,7 @@ It offers what :class:`~optuna_saturn.pools.warm.WorkerPool` offers the sweep (`
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import os
 import secrets
@@ -35,24 +36,18 @@ from typing import Any
 
 import optuna
 
-from optuna_saturn.worker.objective_recipe import portable
 from optuna_saturn.devices import Device
 from optuna_saturn.pools.protocol import JobEnd, JobRanks
 from optuna_saturn.pools.ray_actor import DeviceActor, remove_sweep_folder
+from optuna_saturn.pools.ray_cluster import RayCluster, RayNode, import_ray
+from optuna_saturn.pools.ray_nodes import NodeMembership, bundle, first_line
 from optuna_saturn.pools.warm import RENDEZVOUS_TIMEOUT_SECONDS
-from optuna_saturn.pools.ray_cluster import RayCluster, RayNode, import_ray, node_from, probe, usable_nodes
+from optuna_saturn.worker.objective_recipe import portable
 
 _logger = optuna.logging.get_logger("optuna.saturn.runner")
 
 #: Failed starts in a row after which a device's actor is not started again.
 START_ATTEMPTS = 3
-#: Seconds a node's placement group may take to be placed before its devices are given up.
-RESERVE_SECONDS = 300.0
-#: Seconds between two looks at which nodes are alive.
-NODE_CHECK_SECONDS = 2.0
-#: How long a device whose actor Ray could not reach waits for Ray to say whether its node died (Ray's health
-#: check fails a node after several missed checks, 15 s or so by default) before the actor alone is replaced.
-NODE_DEATH_SECONDS = 30.0
 
 
 @dataclass
@@ -69,7 +64,7 @@ class _RayJob(JobRanks):
     stop_peers_at: float | None = None  # a rank failed: its peers still running then are stopped
 
 
-class RayPool:
+class RayPool(NodeMembership):
     """Warm workers on ``cluster``'s devices; see the module's docstring. Used from the sweep's thread only."""
 
     def __init__(
@@ -88,8 +83,13 @@ class RayPool:
         self._bundle_of = [b for n in cluster.nodes for b in range(len(n.devices))]
         self._log_dir = log_dir
         self._grace = grace_period
-        self._config = {"memory_limit": memory_limit, "multi_device": multi_device, "engines": sorted(engines),
-                        "sweep": secrets.token_hex(8), "extensions": os.environ.get("TORCH_EXTENSIONS_DIR")}
+        self._config = {
+            "memory_limit": memory_limit,
+            "multi_device": multi_device,
+            "engines": sorted(engines),
+            "sweep": secrets.token_hex(8),
+            "extensions": os.environ.get("TORCH_EXTENSIONS_DIR"),
+        }
         self._ray: Any = None
         self._actor_class: Any = None
         self._groups: dict[str, Any] = {}  # node name -> its placement group
@@ -101,9 +101,9 @@ class RayPool:
         self._killed: dict[int, bool] = {}  # devices whose actor this pool killed (its death is no news)
         self._suspect: dict[int, float] = {}  # devices whose actor Ray could not reach, since when
         self._start_failures: dict[int, int] = {}  # device -> failed starts in a row
-        self._probes: dict[Any, dict] = {}
+        self._probes: dict[Any, dict] = {}  # a node that joined: the reference of its measurement -> its info
         self._ignored: set[str] = set()  # nodes that joined but cannot be used
-        self._reserved_at: dict[str, float] = {}  # node name -> when its placement group was asked for  # a node that joined: the reference of its measurement -> its info
+        self._reserved_at: dict[str, float] = {}  # node name -> when its placement group was asked for
         self._joined: list[Device] = []  # devices of nodes that joined, not yet told to the sweep
         self._recipes: dict[str, dict] = {}
         self._rendezvous_ids = itertools.count()
@@ -130,7 +130,9 @@ class RayPool:
 
         self._reserved_at[node.name] = time.monotonic()
         self._groups[node.name] = placement_group(
-            [_bundle(node)] * len(node.devices), strategy="STRICT_PACK", name=f"optuna-saturn-{node.name}",
+            [bundle(node)] * len(node.devices),
+            strategy="STRICT_PACK",
+            name=f"optuna-saturn-{node.name}",
             bundle_label_selector=[{"ray.io/node-id": node.node_id}] * len(node.devices),
         )
 
@@ -144,25 +146,27 @@ class RayPool:
             self._kill(device)
         cleanup = self._ray.remote(remove_sweep_folder)
         alive = self._alive_nodes() or set()
-        removals = [cleanup.options(num_cpus=0, label_selector={"ray.io/node-id": n.node_id}).remote(
-            self._config["sweep"]) for n in self.cluster.nodes if n.node_id in alive]
-        try:
+        removals = [
+            cleanup.options(num_cpus=0, label_selector={"ray.io/node-id": n.node_id}).remote(self._config["sweep"])
+            for n in self.cluster.nodes
+            if n.node_id in alive
+        ]
+        with contextlib.suppress(Exception):
             self._ray.get(removals, timeout=30)
-        except Exception:  # noqa: BLE001 (a node that went away meanwhile keeps its temporary folder)
-            pass
         for group in self._groups.values():
-            try:
+            with contextlib.suppress(Exception):
                 remove_placement_group(group)
-            except Exception:  # noqa: BLE001 (its node may be gone; Ray frees it then)
-                pass
         self._actors.clear()
         self._calls.clear()
 
     # -- jobs -----------------------------------------------------------------------------------------------------
     def ready(self) -> set[int]:
         """Devices whose actor is up and idle."""
-        return {i for i, a in self._actors.items()
-                if a.starting is None and a.job is None and i not in self._lost and i not in self._suspect}
+        return {
+            i
+            for i, a in self._actors.items()
+            if a.starting is None and a.job is None and i not in self._lost and i not in self._suspect
+        }
 
     def joined(self) -> list[Device]:
         """Devices of nodes that joined the cluster since the last call, in the pool's order (they follow the
@@ -196,10 +200,17 @@ class RayPool:
         for rank, device in enumerate(devices):
             actor = self._actors[device]
             actor.job = key
-            call = actor.handle.run.remote({
-                **job, "name": str(key), "rank": rank, "world_size": len(devices), "rendezvous": rendezvous,
-                "timeout": RENDEZVOUS_TIMEOUT_SECONDS, "worker": str(self.devices[device]),
-            })
+            call = actor.handle.run.remote(
+                {
+                    **job,
+                    "name": str(key),
+                    "rank": rank,
+                    "world_size": len(devices),
+                    "rendezvous": rendezvous,
+                    "timeout": RENDEZVOUS_TIMEOUT_SECONDS,
+                    "worker": str(self.devices[device]),
+                }
+            )
             self._calls[call] = ("run", device)
 
     def wait(self, timeout: float) -> list[JobEnd]:
@@ -267,7 +278,7 @@ class RayPool:
         :data:`START_ATTEMPTS` times in a row; then the device is lost, with the reason in the log."""
         failures = self._start_failures[device] = self._start_failures.get(device, 0) + 1
         if failures >= START_ATTEMPTS:
-            self._lost[device] = f"its worker failed to start {failures} times ({_first_line(error)})"
+            self._lost[device] = f"its worker failed to start {failures} times ({first_line(error)})"
             _logger.error(f"Device {self.devices[device]} is left out: {self._lost[device]}.")
             return
         _logger.warning(f"The worker of device {self.devices[device]} failed to start ({error}); starting it again.")
@@ -297,73 +308,6 @@ class RayPool:
                 for device in job.unfinished():
                     self._kill(device)
 
-    def _check_nodes(self) -> None:
-        """Which nodes died since the last look: their devices are lost and their jobs end unclean now (Ray may
-        take much longer to fail the calls)."""
-        if time.monotonic() - self._nodes_checked < NODE_CHECK_SECONDS:
-            return
-        self._nodes_checked = time.monotonic()
-        try:
-            nodes = self._ray.nodes()
-        except Exception:  # noqa: BLE001 (the GCS is briefly unreachable: look again next time)
-            return
-        alive = {n["NodeID"] for n in nodes if n.get("Alive")}
-        for node in self.cluster.nodes:
-            if node.node_id not in alive:
-                self._lose_node(node, f"Ray node {node.name} died")
-            elif node.name in self._reserved_at and self._groups[node.name].wait(0):
-                del self._reserved_at[node.name]
-            elif node.name in self._reserved_at and time.monotonic() - self._reserved_at[node.name] > RESERVE_SECONDS:
-                del self._reserved_at[node.name]
-                self._lose_node(node, f"Ray node {node.name}'s devices could not be reserved in "
-                                      f"{RESERVE_SECONDS:.0f} s ({_bundle(node)} each: other work holds them?)")
-        known = ({n.node_id for n in self.cluster.nodes} | {info["NodeID"] for info in self._probes.values()}
-                 | self._ignored)
-        for info in usable_nodes(nodes):
-            if info["NodeID"] not in known:
-                self._probes[probe(info)] = info
-        for device, since in list(self._suspect.items()):
-            if device in self._lost:
-                del self._suspect[device]
-            elif time.monotonic() - since > NODE_DEATH_SECONDS:  # its node lives: the actor alone was lost
-                del self._suspect[device]
-                self._replace(device)
-
-    def _welcome(self, info: dict, measured: Any) -> None:
-        """A node joined: its devices join the pool, and their actors start."""
-        try:
-            hardware = self._ray.get(measured)
-        except self._ray.exceptions.RayError as exc:
-            _logger.warning(f"A Ray node that joined ({info['NodeManagerAddress']}) could not be measured: {exc}")
-            self._ignored.add(info["NodeID"])
-            return
-        ips = [n.ip for n in self.cluster.nodes] + [info["NodeManagerAddress"]]
-        try:
-            node = node_from(info, hardware, self.cluster.spec, ips)
-        except ValueError as exc:  # it does not have what devices= asks of every node
-            _logger.warning(f"A Ray node that joined is not used: {exc}")
-            self._ignored.add(info["NodeID"])
-            return
-        if node.hardware != self.cluster.nodes[0].hardware:
-            _logger.warning(f"Ray node {node.name} ({node.hardware}) differs from the others "
-                            f"({self.cluster.nodes[0].hardware}); its trials are planned as if it did not.")
-        self.cluster = RayCluster((*self.cluster.nodes, node), self.cluster.driver_ip, self.cluster.spec)
-        first = len(self.devices)
-        self.devices.extend(node.devices)
-        self._node_of.extend([node] * len(node.devices))
-        self._bundle_of.extend(range(len(node.devices)))
-        self._reserve(node)
-        for index in range(first, len(self.devices)):
-            self._spawn(index)
-        self._joined.extend(node.devices)
-        _logger.info(f"Ray node {node.name} joined with {len(node.devices)} device(s); the sweep plans on them.")
-
-    def _alive_nodes(self) -> set[str] | None:
-        try:
-            return {n["NodeID"] for n in self._ray.nodes() if n.get("Alive")}
-        except Exception:  # noqa: BLE001 (the GCS is briefly unreachable: look again next time)
-            return None
-
     def _actor_died(self, device: int, error: BaseException) -> None:
         """The actor of ``device`` died in a call: this pool killed it (a stopped job, a job's failed peer), its
         node died, or it crashed; or Ray cannot reach it, and whether its node died is known only once Ray's
@@ -374,42 +318,35 @@ class RayPool:
         if not killed and alive is not None and node.node_id not in alive:
             self._lose_node(node, f"Ray node {node.name} died")
             return
-        unreachable = not killed and (isinstance(error, self._ray.exceptions.ActorUnavailableError)
-                                      or "node" in str(error).lower())
+        unreachable = not killed and (
+            isinstance(error, self._ray.exceptions.ActorUnavailableError) or "node" in str(error).lower()
+        )
         if unreachable:
-            reason = (f"the worker of device {self.devices[device]} became unreachable: Ray node {node.name} died "
-                      f"or left the cluster ({_first_line(error)})")
+            reason = (
+                f"the worker of device {self.devices[device]} became unreachable: Ray node {node.name} died "
+                f"or left the cluster ({first_line(error)})"
+            )
             self._suspect[device] = time.monotonic()
         else:
-            reason = f"the worker of device {self.devices[device]} died ({_first_line(error)})"
+            reason = f"the worker of device {self.devices[device]} died ({first_line(error)})"
         self._rank_ended(device, False, reason)
         if not unreachable:
             self._replace(device)
-
-    def _lose_node(self, node: RayNode, reason: str) -> None:
-        """``node`` is gone: so are its devices; the jobs that ran there end unclean with ``reason``."""
-        devices = [d for d, n in enumerate(self._node_of) if n is node and d not in self._lost]
-        for device in devices:
-            self._lost[device] = reason
-        for call, (_, d) in list(self._calls.items()):
-            if d in devices:
-                del self._calls[call]
-        for device in devices:
-            self._actors[device].starting = None
-            self._rank_ended(device, False, reason)
-        if devices:
-            _logger.warning(f"{reason}: its {len(devices)} device(s) are gone; the sweep goes on with the nodes left.")
 
     # -- actors ---------------------------------------------------------------------------------------------------
     def _spawn(self, device: int) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         node = self._node_of[device]
-        bundle = _bundle(node)
+        resources = bundle(node)
         handle = self._actor_class.options(
-            num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), max_restarts=0, max_concurrency=1,
+            num_cpus=resources["CPU"],
+            num_gpus=resources.get("GPU", 0),
+            max_restarts=0,
+            max_concurrency=1,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
-                self._groups[node.name], placement_group_bundle_index=self._bundle_of[device]),
+                self._groups[node.name], placement_group_bundle_index=self._bundle_of[device]
+            ),
         ).remote(self._config, self.devices[device].to_json())
         starting = handle.ready.remote()
         self._actors[device] = _Actor(handle, starting)
@@ -424,26 +361,11 @@ class RayPool:
 
     def _kill(self, device: int) -> None:
         self._killed[device] = True
-        try:
+        with contextlib.suppress(Exception):
             self._ray.kill(self._actors[device].handle, no_restart=True)
-        except Exception:  # noqa: BLE001 (already dead)
-            pass
 
     def _portable(self, recipe: dict) -> dict:
         key = repr(sorted(recipe.items()))
         if key not in self._recipes:
             self._recipes[key] = portable(recipe)
         return self._recipes[key]
-
-
-def _first_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return f"{type(error).__name__}: {lines[0][:160]}" if lines else type(error).__name__
-
-
-def _bundle(node: RayNode) -> dict[str, float]:
-    """What one device of ``node`` holds in its placement group."""
-    bundle = {"CPU": node.cpus_per_device}
-    if node.devices[0].kind == "cuda":
-        bundle["GPU"] = 1
-    return bundle

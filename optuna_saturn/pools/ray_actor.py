@@ -29,8 +29,14 @@ class DeviceActor:
     one rank of each job's process group (:class:`~optuna_saturn.worker.warm.JobRunner`)."""
 
     def __init__(self, config: dict, device: dict) -> None:
-        os.environ.update({"PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo",
-                           "TORCH_EXTENSIONS_DIR": config.get("extensions") or str(extensions_cache())})
+        os.environ.update(
+            {
+                "PYTHONUNBUFFERED": "1",
+                "GLOO_SOCKET_IFNAME": "lo",
+                "NCCL_SOCKET_IFNAME": "lo",
+                "TORCH_EXTENSIONS_DIR": config.get("extensions") or str(extensions_cache()),
+            }
+        )
         if device["kind"] == "cpu":
             os.environ["CUDA_VISIBLE_DEVICES"] = ""
         # one folder per sweep on this node: the objective's copy, jobs' logs and errors, and the rendezvous of
@@ -51,17 +57,20 @@ class DeviceActor:
 
     def run(self, job: dict) -> dict:
         here = os.path.join
-        job = {**job, "objective": localized(job["objective"], self._folder),
-               "errors": here(self._folder, os.path.basename(job["errors"])),
-               "log": here(self._folder, f"{job['name']}.rank{job['rank']}.log"),
-               "rendezvous": "file://" + here(self._rendezvous, job["rendezvous"])}
+        job = {
+            **job,
+            "objective": localized(job["objective"], self._folder),
+            "errors": here(self._folder, os.path.basename(job["errors"])),
+            "log": here(self._folder, f"{job['name']}.rank{job['rank']}.log"),
+            "rendezvous": "file://" + here(self._rendezvous, job["rendezvous"]),
+        }
         if "entries" in job:
             job["entries"] = [{**e, "objective": job["objective"], "errors": job["errors"]} for e in job["entries"]]
         try:
             clean, recycle = self._runner.run(job, worker=job["worker"])
         finally:
             if job["rank"] == 0:
-                Path(job["rendezvous"][len("file://"):]).unlink(missing_ok=True)
+                Path(job["rendezvous"][len("file://") :]).unlink(missing_ok=True)
         errors = {}
         for path in glob.glob(glob.escape(job["errors"]) + ".rank*.error.json"):
             errors[os.path.basename(path)] = Path(path).read_text(encoding="utf-8")

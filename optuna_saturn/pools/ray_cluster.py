@@ -178,8 +178,13 @@ def _probe() -> dict:
 
     out: dict = {"cpu": _cpu_model(), "memory": psutil.virtual_memory().total}
     try:
-        query = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-                               capture_output=True, text=True, timeout=30, check=True)
+        query = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
         name, mebibytes = query.stdout.splitlines()[0].rsplit(",", 1)
         total = int(float(mebibytes)) * 2**20
         out.update(gpu=f"cuda:{name.strip()}:{total // 2**30}GiB", gpu_memory=total)

@@ -74,10 +74,16 @@ class SimulatedPool:
     """See the module's docstring. ``behaviour`` says what trial ``number`` does."""
 
     def __init__(
-        self, devices: Sequence[Device], clock: VirtualClock, behaviour: Callable[[int], Behaviour], *,
-        ready_after: float | Sequence[float] = 0.0, profile_steps: tuple[int, int] = (2, 5),
+        self,
+        devices: Sequence[Device],
+        clock: VirtualClock,
+        behaviour: Callable[[int], Behaviour],
+        *,
+        ready_after: float | Sequence[float] = 0.0,
+        profile_steps: tuple[int, int] = (2, 5),
         faults: Sequence[Fault] = (),
-        tick: float = 0.0, progress_rates: bool = True,
+        tick: float = 0.0,
+        progress_rates: bool = True,
     ) -> None:
         self.devices = list(devices)
         self._clock = clock
@@ -197,9 +203,18 @@ class SimulatedPool:
                 step = behaviour.step_seconds(choice)
                 first_step = t + behaviour.startup + step
                 t = t + behaviour.startup + step * self._profile_steps
-                run.profiles.append((index, {"strategy": strategy["name"], "step_seconds": [step],
-                                             "objective_started_at": run.started, "first_step_at": first_step,
-                                             "tail_seconds": 0.0}))
+                run.profiles.append(
+                    (
+                        index,
+                        {
+                            "strategy": strategy["name"],
+                            "step_seconds": [step],
+                            "objective_started_at": run.started,
+                            "first_step_at": first_step,
+                            "tail_seconds": 0.0,
+                        },
+                    )
+                )
         return t
 
     def _step_time(self, run: _Run, step: float) -> float:
@@ -228,8 +243,14 @@ class SimulatedPool:
         self._progress(run, self._clock.now())
         path = str(Path(run.job.checkpoint["dir"]).resolve() / f"step-{step}")  # (as a real save records it)
         self._saved.add(path)
-        record = {"path": path, "step": step, "format": checkpoint.DCP,
-                  "strategy": run.job.strategy.name, "world_size": len(run.job.devices), "saved_at": self._clock.now()}
+        record = {
+            "path": path,
+            "step": step,
+            "format": checkpoint.DCP,
+            "strategy": run.job.strategy.name,
+            "world_size": len(run.job.devices),
+            "saved_at": self._clock.now(),
+        }
         if session.handle("checkpointed", {"record": record, "seconds": seconds}):
             run.outcome = ("moved", {"step": step})
             return self._end(key)
@@ -288,10 +309,15 @@ class SimulatedPool:
         if step > run.resumed and step != run.reported:
             run.reported = step
             total = self._behaviour(run.job.tasks[0].session.trial.number).steps
-            run.job.tasks[0].session.handle("progress", {
-                "step": step, "total": total, "resumed": run.resumed,
-                "elapsed": (step - run.resumed) * run.step_time if self._rates else None,
-            })
+            run.job.tasks[0].session.handle(
+                "progress",
+                {
+                    "step": step,
+                    "total": total,
+                    "resumed": run.resumed,
+                    "elapsed": (step - run.resumed) * run.step_time if self._rates else None,
+                },
+            )
 
     def _at(self, t: float, kind: str, what: object) -> None:
         heapq.heappush(self._events, (t, next(self._order), kind, what))

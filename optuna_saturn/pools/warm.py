@@ -10,6 +10,7 @@ the pool host (:mod:`optuna_saturn.pools.warm_host`); the pool sees its connecti
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -27,11 +28,11 @@ from typing import Any
 import optuna
 
 from optuna_saturn.channel import ChannelServer
-from optuna_saturn.pools.protocol import JobEnd, JobRanks
 from optuna_saturn.devices import Device, pin_cores
 from optuna_saturn.pools.forked_host import ForkedHost, why_not_fork
-from optuna_saturn.pools.logs import open_log
 from optuna_saturn.pools.launch_commands import extensions_cache, network_isolation_prefix, physical_gpus
+from optuna_saturn.pools.logs import open_log
+from optuna_saturn.pools.protocol import JobEnd, JobRanks
 
 _logger = optuna.logging.get_logger("optuna.saturn.runner")
 
@@ -103,16 +104,23 @@ class WorkerPool:
         self._token = self._server.register(self._handle)
         self._log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         config = {
-            "devices": [d.to_json() for d in self.devices], "channel": self._server.address, "token": self._token,
-            "folder": str(self._log_dir), "memory_limit": self._memory_limit, "preload": preload,
-            "multi_device": self._multi_device, "engines": self._engines, "pin_cores": pin_cores(self.devices),
+            "devices": [d.to_json() for d in self.devices],
+            "channel": self._server.address,
+            "token": self._token,
+            "folder": str(self._log_dir),
+            "memory_limit": self._memory_limit,
+            "preload": preload,
+            "multi_device": self._multi_device,
+            "engines": self._engines,
+            "pin_cores": pin_cores(self.devices),
             "executor_pid": os.getpid(),  # the host's parent: it dies with it
         }
         config_path = self._folder / "pool.json"
         config_path.write_text(json.dumps(config), encoding="utf-8")
         os.chmod(config_path, 0o600)
         env = {
-            "PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "lo",
+            "PYTHONUNBUFFERED": "1",
+            "GLOO_SOCKET_IFNAME": "lo",
             "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(extensions_cache())),
         }
         if self.devices[0].kind == "cuda":  # every worker sees the pool's GPUs; worker i uses the i-th
@@ -124,7 +132,7 @@ class WorkerPool:
         why_not = why_not_fork(self.devices) if self._fork else "forking the executor was turned off"
         if why_not is None:
             self._host = ForkedHost.start(
-                "optuna_saturn.pools.warm_host:main", str(config_path), env=env, log=log, enter_namespace=self._isolate,
+                "optuna_saturn.pools.warm_host:main", str(config_path), env=env, log=log, enter_namespace=self._isolate
             )
             return
         _logger.debug(f"The worker pool's host is a fresh interpreter: {why_not}.")
@@ -133,7 +141,11 @@ class WorkerPool:
             command = network_isolation_prefix() + command
         with open_log(log) as out:
             self._host = subprocess.Popen(
-                command, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                command,
+                env={**os.environ, **env},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 start_new_session=True,  # Ctrl-C reaches the executor only; it stops the pool as a whole
             )
 
@@ -180,8 +192,11 @@ class WorkerPool:
         if self._host is not None and self._host.poll() is not None:
             said = _last_unindented_line(self._host_log)
             said = said if len(said) <= 300 else said[:300] + "..."
-            return (f"the worker pool's host exited with code {self._host.returncode}"
-                    + (f"; its log ends: {said}" if said else "") + f" (the whole log: {self._host_log})")
+            return (
+                f"the worker pool's host exited with code {self._host.returncode}"
+                + (f"; its log ends: {said}" if said else "")
+                + f" (the whole log: {self._host_log})"
+            )
         return None
 
     def submit(self, key: Any, job: dict, devices: Sequence[int], *, log: Path) -> None:
@@ -196,10 +211,19 @@ class WorkerPool:
             self._jobs[key] = _Job(key, tuple(devices), rendezvous, pids={d: self._workers[d].pid for d in devices})
             for rank, worker in enumerate(workers):
                 worker.job = key
-                worker.orders.put({"job": {
-                    **job, "name": str(key), "rank": rank, "world_size": len(workers), "log": str(log),
-                    "rendezvous": f"file://{rendezvous}", "timeout": RENDEZVOUS_TIMEOUT_SECONDS,
-                }})
+                worker.orders.put(
+                    {
+                        "job": {
+                            **job,
+                            "name": str(key),
+                            "rank": rank,
+                            "world_size": len(workers),
+                            "log": str(log),
+                            "rendezvous": f"file://{rendezvous}",
+                            "timeout": RENDEZVOUS_TIMEOUT_SECONDS,
+                        }
+                    }
+                )
 
     def wait(self, timeout: float) -> list[JobEnd]:
         """Jobs that ended since the last call; waits up to ``timeout`` seconds for the first one."""
@@ -244,8 +268,12 @@ class WorkerPool:
             for device in job.unfinished():
                 pid = job.pids.get(device)
                 if overdue or pid is None or not _alive(pid):
-                    why = (f"the rank on device {device} did not end {self._grace + STOP_DEADLINE_SECONDS:.0f} s "
-                           "after it was stopped" if overdue else f"the worker of device {device} died")
+                    why = (
+                        f"the rank on device {device} did not end {self._grace + STOP_DEADLINE_SECONDS:.0f} s "
+                        "after it was stopped"
+                        if overdue
+                        else f"the worker of device {device} died"
+                    )
                     self._rank_gone(job, device, why)
 
     def _rank_gone(self, job: _Job, device: int, reason: str) -> None:
@@ -275,8 +303,12 @@ class WorkerPool:
         if op == "next":
             return self._next_order(self._workers[index])
         if op == "done":
-            self._finished(index, bool(message.get("clean")), "" if message.get("clean") else "a rank failed",
-                           still_up=not message.get("recycle"))
+            self._finished(
+                index,
+                bool(message.get("clean")),
+                "" if message.get("clean") else "a rank failed",
+                still_up=not message.get("recycle"),
+            )
             return None
         if op == "closed":
             self._closed(index, int(message.get("pid", -1)))
@@ -350,10 +382,8 @@ def _alive(pid: int) -> bool:
 
 
 def _kill(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _last_unindented_line(log: Path) -> str:

@@ -18,6 +18,7 @@ its workers; so does the executor's death.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -47,8 +48,9 @@ def main(config_path: str) -> None:
         pid = os.fork()
         if pid == 0:  # the worker
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            log = os.open(os.path.join(config["folder"], f"worker-{index}.log"),
-                          os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            log = os.open(
+                os.path.join(config["folder"], f"worker-{index}.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600
+            )
             os.dup2(log, 1)
             os.dup2(log, 2)
             os.close(log)
@@ -60,10 +62,8 @@ def main(config_path: str) -> None:
 
     def stop(signum: int, frame: object) -> None:
         for pid in workers:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         os._exit(0)
 
     signal.signal(signal.SIGTERM, stop)

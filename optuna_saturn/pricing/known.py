@@ -47,8 +47,15 @@ class SimulatedJob:
 
 
 class KnownPrices:
-    def __init__(self, jobs: Sequence[SimulatedJob], strategies: Sequence[Strategy], clock: VirtualClock, *,
-                 known_ahead: bool = True, clairvoyant: bool = False) -> None:
+    def __init__(
+        self,
+        jobs: Sequence[SimulatedJob],
+        strategies: Sequence[Strategy],
+        clock: VirtualClock,
+        *,
+        known_ahead: bool = True,
+        clairvoyant: bool = False,
+    ) -> None:
         self.jobs = list(jobs)
         self._strategies = {s.name: s for s in strategies}
         self._clock = clock
@@ -91,8 +98,15 @@ class KnownPrices:
                 option = Option(option.strategy, option.devices, runtime, option.gradient_accumulation)
             measured = known.measured or learned or self._clairvoyant
             record = self._record(known, option) if measured else None
-            price.options.append(PricedOption(option, f"{known.job.name}:{option.label}", record,
-                                              0.0 if measured else known.uncertainty, "simulated"))
+            price.options.append(
+                PricedOption(
+                    option,
+                    f"{known.job.name}:{option.label}",
+                    record,
+                    0.0 if measured else known.uncertainty,
+                    "simulated",
+                )
+            )
         return price
 
     def profile_jobs(self, wanted: Sequence[tuple[optuna.Trial, tuple[str, int, int]]]) -> list[ProfileJob]:
@@ -102,12 +116,18 @@ class KnownPrices:
         for trial, (name, devices, accumulation) in wanted:
             trials[trial.number] = trial
             groups.setdefault((trial.number, devices, accumulation), []).append(self._strategies[name])
-        return [ProfileJob((ProfileEntry(trials[n], self._workload(self._job_of[n]), tuple(s),
-                                         tuple(x.name for x in s)),), devices, accumulation)
-                for (n, devices, accumulation), s in groups.items()]
+        return [
+            ProfileJob(
+                (ProfileEntry(trials[n], self._workload(self._job_of[n]), tuple(s), tuple(x.name for x in s)),),
+                devices,
+                accumulation,
+            )
+            for (n, devices, accumulation), s in groups.items()
+        ]
 
-    def record(self, job: ProfileJob, results: dict[int, list[dict]], started_at: float,
-               launch_error: str | None = None) -> list[tuple[ProfileEntry, Strategy, ProfileRecord | None]]:
+    def record(
+        self, job: ProfileJob, results: dict[int, list[dict]], started_at: float, launch_error: str | None = None
+    ) -> list[tuple[ProfileEntry, Strategy, ProfileRecord | None]]:
         out = []
         for entry in job.entries:
             index = self._job_of[entry.trial.number]
@@ -118,8 +138,10 @@ class KnownPrices:
                 record = None
                 if strategy.name in measured and choice in known.behaviour.runtimes:
                     self._measured.add((known.key, choice))
-                    record = self._record(known, Option(strategy.name, job.devices, known.behaviour.runtimes[choice],
-                                                        job.gradient_accumulation))
+                    record = self._record(
+                        known,
+                        Option(strategy.name, job.devices, known.behaviour.runtimes[choice], job.gradient_accumulation),
+                    )
                 out.append((entry, strategy, record))
         return out
 
@@ -152,9 +174,20 @@ class KnownPrices:
         steps = max(known.behaviour.steps, 1)
         step = option.runtime / steps
         return ProfileRecord(
-            key=f"{known.job.name}:{option.label}", strategy=option.strategy, devices=option.devices,
-            hardware="simulated", feasible=True, step_seconds=step, startup_seconds=0.0, tail_seconds=0.0,
-            exit_seconds=0.0, observed_step_seconds=step, observed_runs=1, timed_steps=steps,
-            gradient_accumulation=option.gradient_accumulation, loop_steps=[steps], peak_memory_bytes=0,
+            key=f"{known.job.name}:{option.label}",
+            strategy=option.strategy,
+            devices=option.devices,
+            hardware="simulated",
+            feasible=True,
+            step_seconds=step,
+            startup_seconds=0.0,
+            tail_seconds=0.0,
+            exit_seconds=0.0,
+            observed_step_seconds=step,
+            observed_runs=1,
+            timed_steps=steps,
+            gradient_accumulation=option.gradient_accumulation,
+            loop_steps=[steps],
+            peak_memory_bytes=0,
             measured_at=0.0,
         )

@@ -12,27 +12,28 @@ from __future__ import annotations
 
 import statistics
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
 
-from optuna_saturn.pricing.step_time_model import CostModel, Prediction
-from optuna_saturn.profiler import Work
 from optuna_saturn.devices import Device
-from optuna_saturn.pricing.unprofiled import NOMINAL_TRIAL_SECONDS
 from optuna_saturn.planner import Option
+from optuna_saturn.pricing.floors import no_better_than_linear_scaling
+from optuna_saturn.pricing.prices import PricedOption, ProfileEntry, ProfileJob, TrialPrice, summary
+from optuna_saturn.pricing.step_time_model import CostModel, Prediction
+from optuna_saturn.pricing.unprofiled import NOMINAL_TRIAL_SECONDS
 from optuna_saturn.profiler import (
     ProfileRecord,
     ProfileStore,
+    Work,
     Workload,
     hardware_fingerprint,
     model_state_bytes,
     probe_workload,
     profile_key,
 )
-from optuna_saturn.pricing.prices import PricedOption, ProfileEntry, ProfileJob, TrialPrice
 from optuna_saturn.profiler._hardware import device_memory_bytes
 from optuna_saturn.strategy import Strategy
 
@@ -128,20 +129,28 @@ class Pricer:
                 runtime = resolved.record.whole_trial_seconds(workload.total_steps)
                 if runtime is not None:
                     measured_here.append(resolved.record)
-                    price.options.append(PricedOption(
-                        Option(strategy.name, devices, runtime, resolved.gradient_accumulation), resolved.key,
-                        resolved.record,
-                    ))
+                    price.options.append(
+                        PricedOption(
+                            Option(strategy.name, devices, runtime, resolved.gradient_accumulation),
+                            resolved.key,
+                            resolved.record,
+                        )
+                    )
                 continue
             pending.append((strategy, devices, resolved))
         for strategy, devices, resolved in pending:  # predicted, with what this trial's measurements say
             family = (strategy.name, devices, resolved.gradient_accumulation)
             prediction = self.cost_model.predict(family, workload.work)
             runtime = self._predicted_runtime(workload, prediction, measured_here)
-            price.options.append(PricedOption(
-                Option(strategy.name, devices, runtime, resolved.gradient_accumulation), resolved.key, None,
-                prediction.uncertainty, prediction.basis,
-            ))
+            price.options.append(
+                PricedOption(
+                    Option(strategy.name, devices, runtime, resolved.gradient_accumulation),
+                    resolved.key,
+                    None,
+                    prediction.uncertainty,
+                    prediction.basis,
+                )
+            )
         price.options = no_better_than_linear_scaling(price.options, self._strategies)
         return price
 
@@ -151,15 +160,19 @@ class Pricer:
         """A whole trial at a predicted step time: its loops, start-up and end as measured for this workload under
         other options (or, with none, as measured for any workload; with nothing measured at all, steps only)."""
         basis = measured or self._learned
-        steps = statistics.median(r.trial_steps(workload.total_steps) for r in basis) if measured else float(
-            workload.total_steps)
+        steps = (
+            statistics.median(r.trial_steps(workload.total_steps) for r in basis)
+            if measured
+            else float(workload.total_steps)
+        )
         if not basis and not any(True for _ in self.cost_model.families()):
             # Nothing measured on this hardware yet: the prior knows sizes, not seconds. Trials are priced by their
             # work relative to the first one described, which is given the placeholder length of a trial.
             work = workload.work.flops * steps
             self._reference_work = self._reference_work or work
-            return NOMINAL_TRIAL_SECONDS * work / self._reference_work * prediction.seconds / self._prior_single(
-                workload)
+            return (
+                NOMINAL_TRIAL_SECONDS * work / self._reference_work * prediction.seconds / self._prior_single(workload)
+            )
         startup = statistics.median(r.startup_seconds or 0.0 for r in basis) if basis else 0.0
         after = statistics.median(r.after_loop_seconds for r in basis) if basis else 0.0
         return startup + steps * prediction.seconds + after
@@ -189,22 +202,25 @@ class Pricer:
             self._queued.add(key)
             trials[trial.number] = trial
             # a one-process strategy runs without its peers' process group: never in the same job as those
-            groups.setdefault((devices, accumulation, strategy.one_process), {}).setdefault(
-                trial.number, []).append((strategy, key))
+            groups.setdefault((devices, accumulation, strategy.one_process), {}).setdefault(trial.number, []).append(
+                (strategy, key)
+            )
         jobs = []
         for (devices, accumulation, _), by_trial in groups.items():
             entries = []
             for number, members in by_trial.items():
                 workload = self._workloads[number]
-                members.sort(key=lambda m: model_state_bytes(
-                    workload.n_params, workload.bytes_per_param, m[0], devices))
-                entries.append(ProfileEntry(trials[number], workload, tuple(m[0] for m in members),
-                                            tuple(m[1] for m in members)))
+                members.sort(
+                    key=lambda m: model_state_bytes(workload.n_params, workload.bytes_per_param, m[0], devices)
+                )
+                entries.append(
+                    ProfileEntry(trials[number], workload, tuple(m[0] for m in members), tuple(m[1] for m in members))
+                )
             jobs.append(ProfileJob(tuple(entries), devices, accumulation))
         return sorted(jobs, key=lambda j: (-j.devices, j.name))
 
     def record(
-        self, job: ProfileJob, results: dict[int, list[dict]], started_at: float, launch_error: str | None = None,
+        self, job: ProfileJob, results: dict[int, list[dict]], started_at: float, launch_error: str | None = None
     ) -> list[tuple[ProfileEntry, Strategy, ProfileRecord | None]]:
         """Store what a profiling job measured: one record per (trial, strategy) it reached (None: not reached).
 
@@ -224,8 +240,11 @@ class Pricer:
                 outcome = by_name.get(strategy.name)
                 if outcome is None and launch_error is not None:
                     outcome, launch_error = {"failed": True, "error": launch_error}, None
-                record = None if outcome is None else self._record_from(
-                    outcome, key, strategy, job, entry.workload, overhead)
+                record = (
+                    None
+                    if outcome is None
+                    else self._record_from(outcome, key, strategy, job, entry.workload, overhead)
+                )
                 out.append((entry, strategy, record))
         return out
 
@@ -239,17 +258,24 @@ class Pricer:
             return record
         if outcome.get("infeasible"):
             record = ProfileRecord(
-                **common, feasible=False, more_micro_batches_may_fit=bool(outcome.get("oom_in_steps")),
+                **common,
+                feasible=False,
+                more_micro_batches_may_fit=bool(outcome.get("oom_in_steps")),
                 error=outcome.get("error", "out of memory"),
             )
         else:
             steps = sorted(outcome["step_seconds"])
             record = ProfileRecord(
-                **common, feasible=True, step_seconds=steps[len(steps) // 2],
+                **common,
+                feasible=True,
+                step_seconds=steps[len(steps) // 2],
                 startup_seconds=overhead + outcome["first_step_at"] - outcome["objective_started_at"],
-                tail_seconds=outcome.get("tail_seconds"), exit_seconds=0.0,
-                peak_memory_bytes=int(outcome.get("peak_memory_bytes") or 0), timed_steps=len(steps),
-                loop_steps=list(outcome.get("loop_steps") or []), between_seconds=outcome.get("between_seconds"),
+                tail_seconds=outcome.get("tail_seconds"),
+                exit_seconds=0.0,
+                peak_memory_bytes=int(outcome.get("peak_memory_bytes") or 0),
+                timed_steps=len(steps),
+                loop_steps=list(outcome.get("loop_steps") or []),
+                between_seconds=outcome.get("between_seconds"),
             )
         self._store.put(record)
         self._learn(record)
@@ -272,8 +298,15 @@ class Pricer:
 
     # -- real runs ------------------------------------------------------------------------------------------------
     def learn_from_run(
-        self, number: int, option: Option, *, step_seconds: float, steps: int, startup_seconds: float | None,
-        tail_seconds: float | None, loop_steps: list[int],
+        self,
+        number: int,
+        option: Option,
+        *,
+        step_seconds: float,
+        steps: int,
+        startup_seconds: float | None,
+        tail_seconds: float | None,
+        loop_steps: list[int],
     ) -> bool:
         """A trial ran ``steps`` steps under ``option`` at ``step_seconds`` each (its whole loop's real rate,
         evaluation passes and the time between loops included). With no profile for its key, the run becomes
@@ -288,9 +321,15 @@ class Pricer:
         if record is None:
             record = ProfileRecord(
                 **self._common(key, option.strategy, option.devices, option.gradient_accumulation, workload),
-                feasible=True, step_seconds=step_seconds, startup_seconds=startup_seconds,
-                tail_seconds=tail_seconds, exit_seconds=0.0, timed_steps=steps, loop_steps=loop_steps,
-                observed_step_seconds=step_seconds, observed_runs=1,
+                feasible=True,
+                step_seconds=step_seconds,
+                startup_seconds=startup_seconds,
+                tail_seconds=tail_seconds,
+                exit_seconds=0.0,
+                timed_steps=steps,
+                loop_steps=loop_steps,
+                observed_step_seconds=step_seconds,
+                observed_runs=1,
             )
         elif record.feasible:
             runs = record.observed_runs
@@ -311,7 +350,9 @@ class Pricer:
         key = self._key(workload, self._strategies[option.strategy], option.devices, option.gradient_accumulation)
         self._failed[key] = ProfileRecord(
             **self._common(key, option.strategy, option.devices, option.gradient_accumulation, workload),
-            feasible=False, failed=True, error=error[:2000],
+            feasible=False,
+            failed=True,
+            error=error[:2000],
         )
 
     def mark_out_of_memory(self, number: int, option: Option, error: str) -> None:
@@ -321,10 +362,14 @@ class Pricer:
         if workload is None:
             return
         key = self._key(workload, self._strategies[option.strategy], option.devices, option.gradient_accumulation)
-        self._store.put(ProfileRecord(
-            **self._common(key, option.strategy, option.devices, option.gradient_accumulation, workload),
-            feasible=False, more_micro_batches_may_fit=True, error=error[:500],
-        ))
+        self._store.put(
+            ProfileRecord(
+                **self._common(key, option.strategy, option.devices, option.gradient_accumulation, workload),
+                feasible=False,
+                more_micro_batches_may_fit=True,
+                error=error[:500],
+            )
+        )
 
     # -- the store --------------------------------------------------------------------------------------------------
     def _learn(self, record: ProfileRecord) -> None:
@@ -338,9 +383,17 @@ class Pricer:
 
     def _common(self, key: str, strategy: str, devices: int, accumulation: int, workload: Workload) -> dict:
         work = workload.work
-        return {"key": key, "strategy": strategy, "devices": devices, "hardware": self._hardware,
-                "n_params": workload.n_params, "batch_signature": workload.batch_signature,
-                "gradient_accumulation": accumulation, "work_flops": work.flops, "work_param_bytes": work.param_bytes}
+        return {
+            "key": key,
+            "strategy": strategy,
+            "devices": devices,
+            "hardware": self._hardware,
+            "n_params": workload.n_params,
+            "batch_signature": workload.batch_signature,
+            "gradient_accumulation": accumulation,
+            "work_flops": work.flops,
+            "work_param_bytes": work.param_bytes,
+        }
 
     def _resolve(self, workload: Workload, strategy: Strategy, devices: int) -> _Resolved | None:
         """Walk the strategy's accumulation factors, fewest micro-batches first, past those that ran out of
@@ -375,57 +428,5 @@ class Pricer:
 
     def _key(self, workload: Workload, strategy: Strategy, devices: int, gradient_accumulation: int) -> str:
         return profile_key(
-            workload.model_signature, workload.batch_signature, strategy, devices, self._hardware,
-            gradient_accumulation,
+            workload.model_signature, workload.batch_signature, strategy, devices, self._hardware, gradient_accumulation
         )
-
-
-def summary(record: ProfileRecord) -> dict:
-    """A profile as a trial's user attributes show it."""
-    out = {
-        "strategy": record.strategy, "devices": record.devices, "feasible": record.feasible,
-        "step_seconds": record.step_seconds, "startup_seconds": record.startup_seconds,
-        "tail_seconds": record.tail_seconds, "exit_seconds": record.exit_seconds,
-        "observed_step_seconds": record.observed_step_seconds,
-        "peak_memory_bytes": record.peak_memory_bytes, "key": record.key,
-    }
-    if record.gradient_accumulation > 1:
-        out["gradient_accumulation"] = record.gradient_accumulation
-    if not record.feasible:
-        out["error"] = record.error
-    if record.failed:
-        out["failed"] = True
-    if len(record.loop_steps) > 1:
-        out["loops"] = len(record.loop_steps)
-        out["between_seconds"] = record.between_seconds
-    return out
-
-
-def no_better_than_linear_scaling(
-    options: Sequence[PricedOption], strategies: Mapping[str, Strategy]
-) -> list[PricedOption]:
-    """Predicted options raised to what linear scaling of this trial's measured ones allows: ``k`` devices at best
-    divide the device-seconds of the same training by ``k``. A cost model extrapolating from a few small workloads
-    can predict more (2.6x on 2 devices was seen, which the plan then chose and lost time on); the floor is taken
-    only from strategies that compute plainly (no recomputation, no offload), which memory savings cannot beat."""
-    plain = [p.option.runtime * p.option.devices for p in options
-             if p.measured and computes_plainly(strategies[p.option.strategy])]
-    if not plain:
-        return list(options)
-    least = min(plain)
-    return [
-        p if p.measured or p.option.runtime * p.option.devices >= least
-        else replace(p, option=replace(p.option, runtime=least / p.option.devices), basis=f"{p.basis}, floored")
-        for p in options
-    ]
-
-
-def computes_plainly(strategy: Strategy) -> bool:
-    """Whether the strategy does the step's compute with nothing traded for memory (activation recomputation,
-    offload to CPU), so that no other strategy's step can beat it by more than its device count."""
-    knobs = strategy.knobs
-    if knobs.get("activation_checkpointing") or knobs.get("cpu_offload"):
-        return False
-    zero = strategy.launcher_config.get("zero_optimization", {})
-    return not any(str(zero.get(part, {}).get("device", "none")) != "none"
-                   for part in ("offload_optimizer", "offload_param"))

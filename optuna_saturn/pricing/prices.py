@@ -65,3 +65,29 @@ class TrialPrice:
 
     def option(self, choice: tuple[str, int, int]) -> PricedOption | None:
         return next((p for p in self.options if p.option.choice == choice), None)
+
+
+def summary(record: ProfileRecord) -> dict:
+    """A profile as a trial's user attributes show it."""
+    out = {
+        "strategy": record.strategy,
+        "devices": record.devices,
+        "feasible": record.feasible,
+        "step_seconds": record.step_seconds,
+        "startup_seconds": record.startup_seconds,
+        "tail_seconds": record.tail_seconds,
+        "exit_seconds": record.exit_seconds,
+        "observed_step_seconds": record.observed_step_seconds,
+        "peak_memory_bytes": record.peak_memory_bytes,
+        "key": record.key,
+    }
+    if record.gradient_accumulation > 1:
+        out["gradient_accumulation"] = record.gradient_accumulation
+    if not record.feasible:
+        out["error"] = record.error
+    if record.failed:
+        out["failed"] = True
+    if len(record.loop_steps) > 1:
+        out["loops"] = len(record.loop_steps)
+        out["between_seconds"] = record.between_seconds
+    return out

@@ -133,7 +133,8 @@ class CostModel:
         single = statistics.median(estimates) if estimates else work.flops / 1e12
         return Prediction(
             single / prior_speedup(devices) * _accumulation_cost(accumulation),
-            PRIOR_UNCERTAINTY if estimates else 1.0, "prior",
+            PRIOR_UNCERTAINTY if estimates else 1.0,
+            "prior",
         )
 
 

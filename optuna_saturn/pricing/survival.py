@@ -70,7 +70,7 @@ class Survival:
         (1: all of them)."""
         if self._blind or self._completed < self._startup:
             return 1.0
-        past = self._shares[bisect.bisect_right(self._shares, reached):]
+        past = self._shares[bisect.bisect_right(self._shares, reached) :]
         left = 1.0 - reached
         if left <= 0:
             return 1.0
@@ -82,8 +82,12 @@ class Survival:
         if self._blind:
             return "priced at their full length (no pruner, or pruning-blind planning)"
         if self._completed < self._startup:
-            return (f"priced at their full length: the {self._pruner_name} prunes nothing before "
-                    f"{self._startup} trials complete ({self._completed} have)")
+            return (
+                f"priced at their full length: the {self._pruner_name} prunes nothing before "
+                f"{self._startup} trials complete ({self._completed} have)"
+            )
         pruned = len(self._shares) - self._completed
-        return (f"priced at {self.expected_share():.0%} of their steps: {len(self._shares)} finished trials under "
-                f"the {self._pruner_name}, {pruned} pruned")
+        return (
+            f"priced at {self.expected_share():.0%} of their steps: {len(self._shares)} finished trials under "
+            f"the {self._pruner_name}, {pruned} pruned"
+        )

@@ -30,9 +30,7 @@ class RuntimeEstimator:
 
     def __init__(self, strategies: Sequence[Strategy], pool_size: int) -> None:
         # Unprofiled options use the fewest micro-batches a strategy allows (no evidence that more are needed).
-        self._choices = [
-            (s.name, n, s.accumulation_factors[0]) for s in strategies for n in s.device_counts(pool_size)
-        ]
+        self._choices = [(s.name, n, s.accumulation_factors[0]) for s in strategies for n in s.device_counts(pool_size)]
         self._observed: dict[tuple[str, int, int], list[float]] = defaultdict(list)
         self._ratios: list[float] = []  # sorted
         self._median_ratio = 1.0
@@ -47,8 +45,9 @@ class RuntimeEstimator:
         if profiled > 0 and actual > 0:
             bisect.insort(self._ratios, actual / profiled)
             middle = len(self._ratios) // 2
-            median = self._ratios[middle] if len(self._ratios) % 2 else (
-                self._ratios[middle - 1] + self._ratios[middle]) / 2
+            median = (
+                self._ratios[middle] if len(self._ratios) % 2 else (self._ratios[middle - 1] + self._ratios[middle]) / 2
+            )
             if median != self._median_ratio:  # (a large sweep re-prices every waiting trial when it changes)
                 self._median_ratio = median
                 self.version += 1
@@ -62,9 +61,7 @@ class RuntimeEstimator:
         own = self._observed.get((strategy, devices, gradient_accumulation))
         if own:
             return sum(own) / len(own)
-        single_device_equivalents = [
-            sum(v) / len(v) * prior_speedup(n) for (_, n, _), v in self._observed.items() if v
-        ]
+        single_device_equivalents = [sum(v) / len(v) * prior_speedup(n) for (_, n, _), v in self._observed.items() if v]
         base = (
             sum(single_device_equivalents) / len(single_device_equivalents)
             if single_device_equivalents
@@ -73,8 +70,10 @@ class RuntimeEstimator:
         return base / prior_speedup(devices)
 
     def options(self) -> list[Option]:
-        return [Option(strategy, n, self.estimate(strategy, n, accumulation), accumulation)
-                for strategy, n, accumulation in self._choices]
+        return [
+            Option(strategy, n, self.estimate(strategy, n, accumulation), accumulation)
+            for strategy, n, accumulation in self._choices
+        ]
 
     def priced(self) -> list[PricedOption]:
         """Every option priced by these estimates alone: a trial that cannot be described (or a sweep with no

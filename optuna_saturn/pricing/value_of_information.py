@@ -38,7 +38,8 @@ def profile_gain(
     without = [Job(j.name, others) if j.name == job else j for j in jobs]
     optimistic = [
         Job(j.name, [replace(o, runtime=optimistic_runtime) if o.choice == choice else o for o in j.options])
-        if j.name == job else j
+        if j.name == job
+        else j
         for j in jobs
     ]
     plain = solve(without, cluster, _SOLVER, _TIME_LIMIT, busy=busy).makespan

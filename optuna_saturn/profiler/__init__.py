@@ -7,6 +7,12 @@ from optuna_saturn.profiler._probe import Work, Workload, probe_workload
 from optuna_saturn.profiler._store import ProfileRecord, ProfileStore, profile_key
 
 __all__ = [
-    "ProfileRecord", "ProfileStore", "Work", "Workload", "hardware_fingerprint", "model_state_bytes", "probe_workload",
+    "ProfileRecord",
+    "ProfileStore",
+    "Work",
+    "Workload",
+    "hardware_fingerprint",
+    "model_state_bytes",
+    "probe_workload",
     "profile_key",
 ]

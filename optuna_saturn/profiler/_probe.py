@@ -21,16 +21,16 @@ import itertools
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import optuna
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from optuna_saturn.worker.process_state import restored_process_state
 from optuna_saturn.microbatch import AccumulationError, batch_rows, tensors_of
 from optuna_saturn.profiler._probe_hf import ProbeAccelerator, describe_trainer
 from optuna_saturn.profiler._probe_stop import ProbeDone
+from optuna_saturn.worker.process_state import restored_process_state
 
 _logger = optuna.logging.get_logger("optuna.saturn.profiler")
 
@@ -43,7 +43,7 @@ class Work:
     param_bytes: float
 
     @classmethod
-    def of(cls, n_params: int, bytes_per_param: int, tokens_per_step: float) -> "Work":
+    def of(cls, n_params: int, bytes_per_param: int, tokens_per_step: float) -> Work:
         return cls(6.0 * n_params * max(tokens_per_step, 1.0), float(n_params * bytes_per_param))
 
 
@@ -80,7 +80,7 @@ class _ProbeLoader:
     loop is a pass over the loader (an Accelerate script), iterating it first is that loop: ``loop_of`` records
     its length, and its first batch ends the probe."""
 
-    def __init__(self, loader: DataLoader, probe: "_ProbeTrial", *, is_the_loop: bool = False) -> None:
+    def __init__(self, loader: DataLoader, probe: _ProbeTrial, *, is_the_loop: bool = False) -> None:
         self._loader = loader
         self._probe = probe
         self._loop_of = probe if is_the_loop else None
@@ -250,8 +250,9 @@ def _shapes(batch: Any, path: str = "") -> list[str]:
     if isinstance(batch, Mapping):
         return [s for k in sorted(batch, key=str) for s in _shapes(batch[k], f"{path}.{k}")]
     if isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)):
-        if batch and all(not isinstance(v, (torch.Tensor, Mapping, Sequence)) or isinstance(v, (str, bytes))
-                         for v in batch):
+        if batch and all(
+            not isinstance(v, (torch.Tensor, Mapping, Sequence)) or isinstance(v, (str, bytes)) for v in batch
+        ):
             return [f"{path}:list[{len(batch)}]"]
         return [s for i, v in enumerate(batch) for s in _shapes(v, f"{path}[{i}]")]
     return [f"{path}:{type(batch).__name__}"]
@@ -304,8 +305,14 @@ def probe_workload(objective: Any, trial: optuna.Trial, lock: threading.Lock) ->
                 f"describing it before its first trial.steps() loop raised {type(exc).__name__}: {exc}"
             ) from exc
         if probe.model is None or probe.loader is None or probe.total_steps is None:
-            took = (f" (it took {probe.batches_before_the_loop} batches from its DataLoaders without reaching a "
-                    "trial.steps() loop)") if probe.batches_before_the_loop >= BATCHES_BEFORE_THE_LOOP else ""
+            took = (
+                (
+                    f" (it took {probe.batches_before_the_loop} batches from its DataLoaders without reaching a "
+                    "trial.steps() loop)"
+                )
+                if probe.batches_before_the_loop >= BATCHES_BEFORE_THE_LOOP
+                else ""
+            )
             raise RuntimeError(
                 "the objective must call trial.prepare(model, ..., dataloader) and then iterate trial.steps(n), "
                 "or train through trial.prepare_trainer(trainer) or trial.accelerator(), for its runtime to be "
@@ -314,13 +321,16 @@ def probe_workload(objective: Any, trial: optuna.Trial, lock: threading.Lock) ->
         try:
             signature, rows, tokens = _batch_signature(first_batch(probe.loader))
         except Exception as exc:
-            raise RuntimeError(
-                f"reading one batch of its DataLoader raised {type(exc).__name__}: {exc}"
-            ) from exc
+            raise RuntimeError(f"reading one batch of its DataLoader raised {type(exc).__name__}: {exc}") from exc
     model_sig, n_params, bytes_per_param = _model_signature(probe.model, probe.optimizer)
     return Workload(
-        model_sig, n_params, bytes_per_param, signature, probe.total_steps,
-        probe.loader.batch_size if probe.loader.batch_size is not None else rows, tokens,
+        model_sig,
+        n_params,
+        bytes_per_param,
+        signature,
+        probe.total_steps,
+        probe.loader.batch_size if probe.loader.batch_size is not None else rows,
+        tokens,
     )
 
 
@@ -328,7 +338,7 @@ class _FirstValues:
     """Stands in for an Optuna trial with placeholder hyperparameters: each search space's first value."""
 
     number = -1
-    params: dict = {}
+    params: ClassVar[dict] = {}  # (read only: nothing is ever suggested into it)
 
     def suggest_float(self, name: str, low: float, high: float, *, step: float | None = None, log: bool = False):
         return low
@@ -337,7 +347,7 @@ class _FirstValues:
         return low
 
     def suggest_categorical(self, name: str, choices: Any):
-        return list(choices)[0]
+        return next(iter(choices))
 
 
 def warm_up(objective: Any) -> None:
@@ -350,5 +360,5 @@ def warm_up(objective: Any) -> None:
         try:
             with init_empty_weights(include_buffers=False), meta_models_stay_put():
                 objective(_ProbeTrial(_FirstValues(), threading.Lock()))  # type: ignore[arg-type]
-        except BaseException:  # noqa: BLE001 (a warm-up never fails the sweep)
+        except BaseException:
             pass

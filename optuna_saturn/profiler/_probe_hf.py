@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from optuna_saturn.profiler._probe import _ProbeTrial
 
 
-def describe_trainer(probe: "_ProbeTrial", trainer: Any) -> None:
+def describe_trainer(probe: _ProbeTrial, trainer: Any) -> None:
     """The trainer's model, its training DataLoader and its number of optimizer steps (its one loop)."""
     args = trainer.args
     loader = trainer.get_train_dataloader()
@@ -45,7 +45,7 @@ class ProbeAccelerator:
     gradient_accumulation_steps = 1
     sync_gradients = True
 
-    def __init__(self, probe: "_ProbeTrial") -> None:
+    def __init__(self, probe: _ProbeTrial) -> None:
         self._probe = probe
 
     @property

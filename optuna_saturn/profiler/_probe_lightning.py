@@ -23,15 +23,21 @@ class ProbeLightningTrainer:
     and its training DataLoader, counts the optimizer steps the fit would take, and ends the description. The
     arguments are checked as the real one checks them, so a conflict is reported before anything is launched."""
 
-    def __init__(self, probe: "_ProbeTrial", kwargs: dict[str, Any]) -> None:
+    def __init__(self, probe: _ProbeTrial, kwargs: dict[str, Any]) -> None:
         from optuna_saturn.integrations.lightning import refuse_conflicts
 
         refuse_conflicts(kwargs, runs_as="the sweep picks each trial's strategy and devices", device_type=None)
         self._probe = probe
         self._kwargs = kwargs
 
-    def fit(self, model: Any, train_dataloaders: Any = None, val_dataloaders: Any = None, datamodule: Any = None,
-            ckpt_path: Any = None) -> None:
+    def fit(
+        self,
+        model: Any,
+        train_dataloaders: Any = None,
+        val_dataloaders: Any = None,
+        datamodule: Any = None,
+        ckpt_path: Any = None,
+    ) -> None:
         loader = _training_loader(model, train_dataloaders, datamodule)
         optimizer = None
         with contextlib.suppress(Exception):  # its class is part of the description (it may need a trainer)

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from optuna_saturn.strategy import Strategy
 
-
 #: Bumped when a profile measures something new; older profiles are then measured again, not trusted as they are
 #: (2: the objective after its loop, the launch's exit, and out-of-memory answers that allow more micro-batches;
 #: 3: batch shapes from a collated batch, library versions, later loops counted; 4: warm workers (no process start
@@ -22,7 +21,7 @@ from optuna_saturn.strategy import Strategy
 PROFILE_FORMAT = 4
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _version(distribution: str) -> str:
     try:
         return importlib.metadata.version(distribution)
@@ -39,16 +38,27 @@ def library_versions(engine: str) -> dict[str, str]:
 
 
 def profile_key(
-    model_signature: str, batch_signature: str, strategy: Strategy, devices: int, hardware: str,
+    model_signature: str,
+    batch_signature: str,
+    strategy: Strategy,
+    devices: int,
+    hardware: str,
     gradient_accumulation: int = 1,
 ) -> str:
     """What affects speed, and nothing else (never the learning rate). The list of accumulation factors a
     strategy may try is not part of it: only the factor this measurement ran with."""
     knobs = {k: v for k, v in strategy.knobs.items() if k != "gradient_accumulation"}
     parts = {
-        "format": PROFILE_FORMAT, "model": model_signature, "batch": batch_signature, "strategy": strategy.name,
-        "engine": strategy.engine, "knobs": knobs, "config": dict(strategy.launcher_config),
-        "devices": devices, "hardware": hardware, "versions": library_versions(strategy.engine),
+        "format": PROFILE_FORMAT,
+        "model": model_signature,
+        "batch": batch_signature,
+        "strategy": strategy.name,
+        "engine": strategy.engine,
+        "knobs": knobs,
+        "config": dict(strategy.launcher_config),
+        "devices": devices,
+        "hardware": hardware,
+        "versions": library_versions(strategy.engine),
     }
     if gradient_accumulation > 1:
         parts["gradient_accumulation"] = gradient_accumulation

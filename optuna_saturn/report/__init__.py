@@ -12,9 +12,9 @@ from optuna_saturn.report.schedule import SweepRecord, TrialRun, jobs_from_runs,
 from optuna_saturn.report.summary import SweepSummary, format_summary, plan_note, summarize
 
 __all__ = [
+    "GRAPH_OBJECT_ID",
     "DashboardPublisher",
     "ExportError",
-    "GRAPH_OBJECT_ID",
     "SweepRecord",
     "SweepSummary",
     "TrialRun",

@@ -16,12 +16,7 @@ import plotly.graph_objects as go
 from optuna_saturn.report.schedule import SweepRecord, TrialRun, device_sort_key, read_study
 
 TITLE = "Saturn schedule: trials per device, planned vs actual"
-STATE_COLOURS = {
-    "COMPLETE": "#2e9e5b",
-    "PRUNED": "#f0a030",
-    "FAIL": "#d64545",
-    "RUNNING": "#3b7dd8",
-}
+STATE_COLOURS = {"COMPLETE": "#2e9e5b", "PRUNED": "#f0a030", "FAIL": "#d64545", "RUNNING": "#3b7dd8"}
 PLANNED_NAME = "planned"
 PROFILING_NAME = "profiling"
 PROFILING_COLOUR = "#b8b8b8"
@@ -55,15 +50,21 @@ def schedule_figure(sweeps: Sequence[SweepRecord], *, title: str = TITLE) -> go.
         if ran:
             fig.add_trace(_bars(state, ran, start="actual", colour=colour))
     for index, sweep in enumerate(sweeps):
-        _mark_sweep(fig, sweep, offset=sweep.started_at - origin, label=f"sweep {index + 1}: " if len(sweeps) > 1
-                    else "")
+        _mark_sweep(
+            fig, sweep, offset=sweep.started_at - origin, label=f"sweep {index + 1}: " if len(sweeps) > 1 else ""
+        )
     fig.update_layout(
         title={"text": title, "x": 0.01, "y": 0.99, "yanchor": "top", "yref": "container", "font": {"size": 15}},
         barmode="overlay",
         bargap=0.25,
         xaxis={"title": "seconds since the sweep started", "rangemode": "tozero", "zeroline": True},
-        yaxis={"title": None, "categoryorder": "array", "categoryarray": rows, "autorange": "reversed",
-               "type": "category"},
+        yaxis={
+            "title": None,
+            "categoryorder": "array",
+            "categoryarray": rows,
+            "autorange": "reversed",
+            "type": "category",
+        },
         legend={"orientation": "h", "yanchor": "top", "y": -0.22, "xanchor": "left", "x": 0.0},
         margin={"l": 70, "r": 60, "t": 105, "b": 90},
         height=max(360, 200 + 48 * len(rows)),
@@ -99,13 +100,25 @@ def _bars(
             hovers.append(_hover(run))
     marker: dict[str, Any] = (
         {"color": "rgba(0,0,0,0)", "line": {"color": "#8a8a8a", "width": 1.2}}
-        if outline else {"color": colour, "line": {"color": "white", "width": 0.5}}
+        if outline
+        else {"color": colour, "line": {"color": "white", "width": 0.5}}
     )
     return go.Bar(
-        name=name, y=ys, x=lengths, base=bases, orientation="h", marker=marker, width=0.8 if outline else 0.5,
-        text=texts, textposition="inside", insidetextanchor="start", textangle=0,
+        name=name,
+        y=ys,
+        x=lengths,
+        base=bases,
+        orientation="h",
+        marker=marker,
+        width=0.8 if outline else 0.5,
+        text=texts,
+        textposition="inside",
+        insidetextanchor="start",
+        textangle=0,
         textfont={"color": "white", "size": 11},
-        hovertext=hovers, hoverinfo="text", cliponaxis=False,
+        hovertext=hovers,
+        hoverinfo="text",
+        cliponaxis=False,
     )
 
 
@@ -121,10 +134,21 @@ def _profiling_bars(runs: Sequence[tuple[float, TrialRun]]) -> go.Bar:
                 texts.append(f"profile #{run.number}")
                 hovers.append(f"profiling for trial {run.number}: {p.option}<br>{p.start:.1f} s to {p.end:.1f} s")
     return go.Bar(
-        name=PROFILING_NAME, y=ys, x=lengths, base=bases, orientation="h", width=0.5,
+        name=PROFILING_NAME,
+        y=ys,
+        x=lengths,
+        base=bases,
+        orientation="h",
+        width=0.5,
         marker={"color": PROFILING_COLOUR, "line": {"color": "white", "width": 0.5}},
-        text=texts, textposition="inside", insidetextanchor="start", textangle=0,
-        textfont={"color": "#333333", "size": 10}, hovertext=hovers, hoverinfo="text", cliponaxis=False,
+        text=texts,
+        textposition="inside",
+        insidetextanchor="start",
+        textangle=0,
+        textfont={"color": "#333333", "size": 10},
+        hovertext=hovers,
+        hoverinfo="text",
+        cliponaxis=False,
     )
 
 
@@ -150,19 +174,37 @@ def _hover(run: TrialRun) -> str:
 
 
 def _mark_sweep(fig: go.Figure, sweep: SweepRecord, *, offset: float, label: str) -> None:
-    marks = {"makespan": sweep.makespan if any(r.ran for r in sweep.runs) else None,
-             "planned makespan": sweep.planned_makespan or None,
-             "lower bound": sweep.lower_bound()}
+    marks = {
+        "makespan": sweep.makespan if any(r.ran for r in sweep.runs) else None,
+        "planned makespan": sweep.planned_makespan or None,
+        "lower bound": sweep.lower_bound(),
+    }
     for level, (name, value) in enumerate(marks.items()):
         if value is None:
             continue
         colour, dash, text = LINE_STYLES[name]
         x = offset + value
-        fig.add_shape(type="line", name=name, x0=x, x1=x, y0=0, y1=1, yref="paper",
-                      line={"color": colour, "dash": dash, "width": 2})
-        fig.add_annotation(x=x, y=1.0, yref="paper", yanchor="bottom", yshift=2 + 16 * level, showarrow=False,
-                           text=f"{label}{text} {value:.1f} s", font={"color": colour, "size": 11},
-                           bgcolor="rgba(255,255,255,0.85)")
+        fig.add_shape(
+            type="line",
+            name=name,
+            x0=x,
+            x1=x,
+            y0=0,
+            y1=1,
+            yref="paper",
+            line={"color": colour, "dash": dash, "width": 2},
+        )
+        fig.add_annotation(
+            x=x,
+            y=1.0,
+            yref="paper",
+            yanchor="bottom",
+            yshift=2 + 16 * level,
+            showarrow=False,
+            text=f"{label}{text} {value:.1f} s",
+            font={"color": colour, "size": 11},
+            bgcolor="rgba(255,255,255,0.85)",
+        )
 
 
 def _fmt(value: Any) -> str:

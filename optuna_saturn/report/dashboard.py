@@ -91,16 +91,24 @@ class DashboardPublisher(SweepListener):
         for a in plan.assignments:
             number = int(a.job)
             self._live[number] = TrialRun(
-                number=number, state=WAITING, strategy=a.option.strategy,
-                devices=tuple(self._label(i) for i in a.devices), planned_start=now + a.start,
+                number=number,
+                state=WAITING,
+                strategy=a.option.strategy,
+                devices=tuple(self._label(i) for i in a.devices),
+                planned_start=now + a.start,
                 planned_end=now + a.end,
             )
         self._update(study)
 
     def on_trial_start(self, study: optuna.Study, start: TrialStart) -> None:
         self._live[start.number] = TrialRun(
-            number=start.number, state="RUNNING", strategy=start.strategy, devices=tuple(start.devices),
-            planned_start=start.planned_start, planned_end=start.planned_end, actual_start=start.start,
+            number=start.number,
+            state="RUNNING",
+            strategy=start.strategy,
+            devices=tuple(start.devices),
+            planned_start=start.planned_start,
+            planned_end=start.planned_end,
+            actual_start=start.start,
         )
         self._update(study)
 

@@ -18,8 +18,15 @@ import plotly.graph_objects as go
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "chrome")
 # Flags for a headless Chromium that talks to nobody: no sandbox (root in containers), no background traffic.
 CHROMIUM_FLAGS = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
 )
 
 
@@ -72,8 +79,12 @@ def _chromium_screenshot(browser: str, fig: go.Figure, path: Path, *, width: int
     with tempfile.TemporaryDirectory(prefix="saturn-png-") as tmp:
         page = write_html(go.Figure(fig).update_layout(width=width, height=height), Path(tmp) / "chart.html")
         command = [
-            browser, *CHROMIUM_FLAGS, f"--user-data-dir={tmp}/profile", f"--window-size={width},{height}",
-            f"--screenshot={path.resolve()}", page.resolve().as_uri(),
+            browser,
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={tmp}/profile",
+            f"--window-size={width},{height}",
+            f"--screenshot={path.resolve()}",
+            page.resolve().as_uri(),
         ]
         result = subprocess.run(command, capture_output=True, text=True, timeout=120)
         if result.returncode != 0 or not path.exists():

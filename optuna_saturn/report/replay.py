@@ -40,17 +40,21 @@ class Replay:
 def replay_of(study: optuna.Study, *, sweep: int = -1, observed: bool = True) -> Replay:
     """The study's sweep number ``sweep`` (as a list index: -1, the latest) as simulated jobs; ``observed=False``
     makes every trial take what it was priced."""
-    trials = [t for t in study.get_trials(deepcopy=False) if isinstance(t.user_attrs.get(ATTR + "actual_start"),
-                                                                        (int, float))]
+    trials = [
+        t for t in study.get_trials(deepcopy=False) if isinstance(t.user_attrs.get(ATTR + "actual_start"), (int, float))
+    ]
     if not trials:
-        raise ValueError(f"No trial of study {study.study_name!r} recorded a run (saturn:actual_start); run a sweep "
-                         "with `optuna-saturn run` or SaturnExecutor first.")
+        raise ValueError(
+            f"No trial of study {study.study_name!r} recorded a run (saturn:actual_start); run a sweep "
+            "with `optuna-saturn run` or SaturnExecutor first."
+        )
     sweeps = sorted({t.user_attrs.get(ATTR + "sweep_started_at", 0.0) for t in trials})
     if not -len(sweeps) <= sweep < len(sweeps):
         raise ValueError(f"Study {study.study_name!r} recorded {len(sweeps)} sweep(s); there is no sweep {sweep}.")
     started = sweeps[sweep]
-    trials = sorted((t for t in trials if t.user_attrs.get(ATTR + "sweep_started_at", 0.0) == started),
-                    key=lambda t: t.number)
+    trials = sorted(
+        (t for t in trials if t.user_attrs.get(ATTR + "sweep_started_at", 0.0) == started), key=lambda t: t.number
+    )
     summary = study.user_attrs.get(ATTR + "last_sweep") or {}
     if summary.get("started_at") != started:  # (an earlier sweep: its own summary was overwritten)
         summary = {}
@@ -68,12 +72,14 @@ def replay_of(study: optuna.Study, *, sweep: int = -1, observed: bool = True) ->
 
 
 def _job(trial: FrozenTrial, observed: bool, index: dict[int, int]) -> SimulatedJob:
-    attrs = {k[len(ATTR):]: v for k, v in trial.user_attrs.items() if k.startswith(ATTR)}
+    attrs = {k[len(ATTR) :]: v for k, v in trial.user_attrs.items() if k.startswith(ATTR)}
     options = [Option.from_json(o) for o in attrs.get("options") or []]
     history = attrs.get("prices") or []  # its price as first given, then after each run that changed it
     first = [Option.from_json(o) for o in history[0][1]] if history else options
-    changes = tuple((index.get(taught, -1) if taught is not None else -1, tuple(Option.from_json(o) for o in opts))
-                    for taught, opts in history[1:])
+    changes = tuple(
+        (index.get(taught, -1) if taught is not None else -1, tuple(Option.from_json(o) for o in opts))
+        for taught, opts in history[1:]
+    )
     chosen = (attrs["strategy"], int(attrs["num_devices"]), int(attrs.get("gradient_accumulation", 1)))
     if not any(o.choice == chosen for o in options):  # (priced again after it started: its run is the truth)
         options.append(Option(*chosen[:2], float(attrs.get("planned_runtime", attrs["actual_runtime"])), chosen[2]))
@@ -93,8 +99,13 @@ def _job(trial: FrozenTrial, observed: bool, index: dict[int, int]) -> Simulated
         truth[chosen] = full
     return SimulatedJob(
         Job(str(trial.number), first),
-        Behaviour(truth, steps=total, prune_at=share if observed else 1.0, startup=startup,
-                  values=tuple(trial.values or (0.0,))),
+        Behaviour(
+            truth,
+            steps=total,
+            prune_at=share if observed else 1.0,
+            startup=startup,
+            values=tuple(trial.values or (0.0,)),
+        ),
         measured=attrs.get("priced_by", "measured") == "measured",
         uncertainty=0.0 if attrs.get("priced_by", "measured") == "measured" else 0.3,
         describe_seconds=float(attrs.get("describe_seconds") or 0.0),

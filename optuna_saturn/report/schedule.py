@@ -146,11 +146,7 @@ def run_from_trial(trial: FrozenTrial) -> TrialRun:
         value = attrs.get(ATTR + key)
         return float(value) if isinstance(value, (int, float)) else None
 
-    options = tuple(
-        Option.from_json(o)
-        for o in attrs.get(ATTR + "options", ()) or ()
-        if isinstance(o, Mapping)
-    )
+    options = tuple(Option.from_json(o) for o in attrs.get(ATTR + "options", ()) or () if isinstance(o, Mapping))
     return TrialRun(
         number=trial.number,
         state=trial.state.name,
@@ -200,9 +196,9 @@ def read_sweeps(
     for started, runs in sorted(by_sweep.items()):
         ordered = tuple(runs[n] for n in sorted(runs))
         known = tuple(pool) if pool is not None and started == live_started_at else recorded_pools.get(started)
-        records.append(SweepRecord(
-            started_at=started, runs=ordered, pool=known or infer_pool(ordered), pool_inferred=not known,
-        ))
+        records.append(
+            SweepRecord(started_at=started, runs=ordered, pool=known or infer_pool(ordered), pool_inferred=not known)
+        )
     return records
 
 
@@ -243,4 +239,3 @@ def jobs_from_runs(runs: Iterable[TrialRun], *, observed: bool = False) -> list[
             scale = run.actual_runtime / run.planned_runtime
         jobs.append(Job(str(run.number), [replace(o, runtime=o.runtime * scale) for o in run.options]))
     return jobs
-

@@ -61,21 +61,28 @@ def format_summary(records: Sequence[SweepRecord]) -> str:
     for index, record in enumerate(records, 1):
         s = summarize(record)
         pool = f"{len(s.pool)} device(s)" + (" (inferred from the devices used)" if s.pool_inferred else "")
-        blocks.append("\n".join([
-            f"Sweep {index}, started {_clock(s.started_at)}: {s.trials} trial(s) on {pool}",
-            f"  states:      {_counts(s.states)}",
-            f"  strategies:  {_counts(s.strategies) or '-'}",
-            f"  makespan:    {makespan_sentence(s)}",
-            f"  utilisation: {_percent(s.utilisation)} of the pool's device-time over the makespan ran trials, "
-            f"{_percent(s.profiling_share)} profiled them",
-        ]))
+        blocks.append(
+            "\n".join(
+                [
+                    f"Sweep {index}, started {_clock(s.started_at)}: {s.trials} trial(s) on {pool}",
+                    f"  states:      {_counts(s.states)}",
+                    f"  strategies:  {_counts(s.strategies) or '-'}",
+                    f"  makespan:    {makespan_sentence(s)}",
+                    f"  utilisation: {_percent(s.utilisation)} of the pool's device-time over the makespan ran trials, "
+                    f"{_percent(s.profiling_share)} profiled them",
+                ]
+            )
+        )
     return "\n\n".join(blocks)
 
 
 def makespan_sentence(s: SweepSummary) -> str:
-    """"actual 52.2 s, planned 55.0 s, lower bound 40.1 s (actual 1.30x the bound)"."""
-    parts = [f"actual {_seconds(s.makespan)}", f"planned {_seconds(s.planned_makespan)}",
-             f"lower bound {_seconds(s.lower_bound)}"]
+    """ "actual 52.2 s, planned 55.0 s, lower bound 40.1 s (actual 1.30x the bound)"."""
+    parts = [
+        f"actual {_seconds(s.makespan)}",
+        f"planned {_seconds(s.planned_makespan)}",
+        f"lower bound {_seconds(s.lower_bound)}",
+    ]
     if s.makespan and s.lower_bound:
         parts[-1] += f" (actual {s.makespan / s.lower_bound:.2f}x the bound)"
     return ", ".join(parts)
@@ -85,12 +92,13 @@ def plan_note(records: Sequence[SweepRecord]) -> str:
     """A markdown note for optuna-dashboard: per trial, strategy and devices, plan and actual; the makespans."""
     lines = ["# Saturn schedule", ""]
     if not records:
-        return "\n".join(lines + ["No optuna-saturn sweep recorded yet."])
+        return "\n".join([*lines, "No optuna-saturn sweep recorded yet."])
     for index, record in enumerate(records, 1):
         s = summarize(record)
         lines += [
             f"## Sweep {index} (started {_clock(s.started_at)}, pool of {len(s.pool)} device(s)"
-            + (", inferred" if s.pool_inferred else "") + ")",
+            + (", inferred" if s.pool_inferred else "")
+            + ")",
             "",
             f"**Makespan**: {makespan_sentence(s)}. **Utilisation**: {_percent(s.utilisation)} trials, "
             f"{_percent(s.profiling_share)} profiling. "
@@ -108,9 +116,11 @@ def plan_note(records: Sequence[SweepRecord]) -> str:
                 f"{_span(r.planned_start, r.planned_end)} | {_span(r.actual_start, r.actual_end)} |"
             )
         lines.append("")
-    lines.append("_Times are seconds since each sweep started. The lower bound holds for any plan of these trials "
-                 "on this pool; it uses the options the planner chose from (`saturn:options`), each trial's "
-                 "rescaled by its actual / planned runtime._")
+    lines.append(
+        "_Times are seconds since each sweep started. The lower bound holds for any plan of these trials "
+        "on this pool; it uses the options the planner chose from (`saturn:options`), each trial's "
+        "rescaled by its actual / planned runtime._"
+    )
     return "\n".join(lines)
 
 

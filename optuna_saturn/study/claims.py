@@ -55,7 +55,7 @@ class Claimant:
 
 def claimants(trial: FrozenTrial) -> list[str]:
     """The sweeps that claimed ``trial`` when it was queued."""
-    return [key[len(CLAIM_PREFIX):] for key in trial.user_attrs if key.startswith(CLAIM_PREFIX)]
+    return [key[len(CLAIM_PREFIX) :] for key in trial.user_attrs if key.startswith(CLAIM_PREFIX)]
 
 
 def take(storage: BaseStorage, trial_id: int, claimant: Claimant | None, *, retried: bool) -> bool:

@@ -27,6 +27,7 @@ def safe(name: str) -> str:
 
 def study_folder(study: optuna.Study) -> str:
     """The name of ``study``'s own folders: its name, cleaned, and its id (created and stored on first use)."""
+
     def read() -> str | None:
         return study.user_attrs.get(FOLDER_ATTR)
 
@@ -36,7 +37,9 @@ def study_folder(study: optuna.Study) -> str:
         retrying(lambda: study.set_user_attr(FOLDER_ATTR, folder), what="store the study's folder name")
         folder = retrying(read, what="read the study's folder name")  # (a sweep that started at once wrote last)
     if not isinstance(folder, str) or safe(folder) != folder:
-        raise ValueError(f"The study's {FOLDER_ATTR!r} attribute is {folder!r}: it must be one folder name (letters, "
-                         f"digits and -_.+, only, not '.' or '..'). Set it to one with "
-                         f"study.set_user_attr({FOLDER_ATTR!r}, NAME), or leave it to optuna-saturn.")
+        raise ValueError(
+            f"The study's {FOLDER_ATTR!r} attribute is {folder!r}: it must be one folder name (letters, "
+            f"digits and -_.+, only, not '.' or '..'). Set it to one with "
+            f"study.set_user_attr({FOLDER_ATTR!r}, NAME), or leave it to optuna-saturn."
+        )
     return folder

@@ -29,8 +29,14 @@ class StudyGateway:
     """``owner``: the record (:class:`~optuna_saturn.study.ownership.Owner`) that the trials this gateway asks or
     takes are owned by; None for a sweep that owns none (a simulation's)."""
 
-    def __init__(self, study: optuna.Study, *, artifact_store: Any = None, outbox: Outbox | None = None,
-                 owner: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        study: optuna.Study,
+        *,
+        artifact_store: Any = None,
+        outbox: Outbox | None = None,
+        owner: dict[str, Any] | None = None,
+    ) -> None:
         self.study = study
         self.lock = threading.Lock()
         self._outbox = outbox
@@ -63,19 +69,30 @@ class StudyGateway:
                         if trial.user_attrs.get(ATTR + "claim") == claim:
                             return self._hold(trial._trial_id)
                 template = FrozenTrial(
-                    number=-1, state=TrialState.RUNNING, value=None, datetime_start=datetime.datetime.now(),
-                    datetime_complete=None, params={}, distributions={}, user_attrs=attrs, system_attrs={},
-                    intermediate_values={}, trial_id=-1)
+                    number=-1,
+                    state=TrialState.RUNNING,
+                    value=None,
+                    datetime_start=datetime.datetime.now(),
+                    datetime_complete=None,
+                    params={},
+                    distributions={},
+                    user_attrs=attrs,
+                    system_attrs={},
+                    intermediate_values={},
+                    trial_id=-1,
+                )
                 return self._hold(storage.create_new_trial(study_id, template_trial=template))
 
         return retrying(create, what="ask for a trial")
 
     def queued(self) -> list[FrozenTrial]:
         """The study's queue: its WAITING trials (``study.enqueue_trial``), oldest first."""
+
         def look() -> list[FrozenTrial]:
             with self.lock:
                 return self.study._storage.get_all_trials(
-                    self.study._study_id, deepcopy=False, states=(TrialState.WAITING,))
+                    self.study._study_id, deepcopy=False, states=(TrialState.WAITING,)
+                )
 
         return retrying(look, what="look at the study's queue")
 
@@ -114,6 +131,7 @@ class StudyGateway:
 
     def set_attrs(self, trial: optuna.Trial, attrs: dict[str, Any]) -> None:
         """``saturn:``-prefixed user attributes of a trial that is still running."""
+
         def set_them() -> None:
             with self.lock:
                 for key, value in attrs.items():
@@ -134,10 +152,14 @@ class StudyGateway:
         result the study refuses (say, a value of the wrong shape) fails the trial instead: the sweep goes on.
         The result is in the outbox until the storage has it; while the storage fails, telling is retried."""
         attrs = {ATTR + key: value for key, value in (attrs or {}).items()}
-        kept = None if self._outbox is None else self._outbox.keep(
-            Outgoing(trial._trial_id, trial.number, state.name, values, attrs))
-        frozen = retrying(lambda: self._tell_now(trial, state, values, attrs, log),
-                          what=f"record trial {trial.number}'s result")
+        kept = (
+            None
+            if self._outbox is None
+            else self._outbox.keep(Outgoing(trial._trial_id, trial.number, state.name, values, attrs))
+        )
+        frozen = retrying(
+            lambda: self._tell_now(trial, state, values, attrs, log), what=f"record trial {trial.number}'s result"
+        )
         with self.lock:
             self._held.discard(trial.number)
         if ended_by_another(frozen):
@@ -158,8 +180,14 @@ class StudyGateway:
         )
         self.set_study_attr(f"late_result:{stored.number}", {"state": state.name, "values": values, "sweep": owner})
 
-    def _tell_now(self, trial: optuna.Trial, state: TrialState, values: list[float] | None, attrs: dict[str, Any],
-                  log: Path | None) -> FrozenTrial:
+    def _tell_now(
+        self,
+        trial: optuna.Trial,
+        state: TrialState,
+        values: list[float] | None,
+        attrs: dict[str, Any],
+        log: Path | None,
+    ) -> FrozenTrial:
         with self.lock:
             stored = self.study._storage.get_trial(trial._trial_id)
             if stored.state.is_finished():  # an attempt the storage took, though its answer was lost
@@ -195,13 +223,14 @@ class StudyGateway:
                     for key, value in result.attrs.items():
                         self.study._storage.set_trial_user_attr(result.trial_id, key, value)
                     state = TrialState[result.state]
-                    self.study.tell(result.number, result.values if state == TrialState.COMPLETE else None,
-                                    state=state)
+                    self.study.tell(result.number, result.values if state == TrialState.COMPLETE else None, state=state)
                     told.append(result.number)
             Outbox.done(path)
         if told:
-            _logger.warning(f"Recorded the results of trial(s) {told} that an earlier sweep kept on disk "
-                            f"({self._outbox.folder}) while the storage was down.")
+            _logger.warning(
+                f"Recorded the results of trial(s) {told} that an earlier sweep kept on disk "
+                f"({self._outbox.folder}) while the storage was down."
+            )
         return told
 
     def call_back(self, callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]], trial: FrozenTrial) -> None:
@@ -227,6 +256,7 @@ class StudyGateway:
     def set_study_attr(self, key: str, value: Any, *, budget: float | None = None) -> None:
         """``budget``: seconds to retry for while the storage fails (default:
         :data:`~optuna_saturn.study.outbox.RETRY_SECONDS`)."""
+
         def set_it() -> None:
             with self.lock:
                 self.study.set_user_attr(ATTR + key, value)
@@ -239,7 +269,7 @@ class StudyGateway:
         from optuna.artifacts import upload_artifact
 
         artifact_id = upload_artifact(
-            artifact_store=self._artifact_store, file_path=str(log), study_or_trial=trial, mimetype="text/plain",
+            artifact_store=self._artifact_store, file_path=str(log), study_or_trial=trial, mimetype="text/plain"
         )
         trial.set_user_attr(ATTR + "log_artifact_id", artifact_id)
 

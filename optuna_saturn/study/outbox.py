@@ -32,8 +32,11 @@ T = TypeVar("T")
 #: Errors of a storage that may answer again: a database restarting or unreachable, a locked SQLite file, a
 #: journal file on a flaky file system. (Optuna's RDB storage raises StorageInternalError for a failed commit.)
 STORAGE_ERRORS: tuple[type[BaseException], ...] = (
-    optuna.exceptions.StorageInternalError, sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError,
-    sqlalchemy.exc.TimeoutError, OSError,
+    optuna.exceptions.StorageInternalError,
+    sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.InterfaceError,
+    sqlalchemy.exc.TimeoutError,
+    OSError,
 )
 #: How long a storage call is retried before the sweep gives up on the storage (results stay in the outbox).
 RETRY_SECONDS = 120.0
@@ -53,8 +56,10 @@ def retrying(call: Callable[[], T], *, what: str, budget: float | None = None) -
             if time.monotonic() + wait > deadline:
                 raise
             cause = exc.__cause__ or exc  # (Optuna wraps the database's own error, which says what happened)
-            _logger.warning(f"The storage failed to {what} ({type(cause).__name__}: {str(cause).splitlines()[0]}); "
-                            f"trying again in {wait:.1f} s.")
+            _logger.warning(
+                f"The storage failed to {what} ({type(cause).__name__}: {str(cause).splitlines()[0]}); "
+                f"trying again in {wait:.1f} s."
+            )
             time.sleep(wait)
             wait = min(2 * wait, _LONGEST_WAIT)
 

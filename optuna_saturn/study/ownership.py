@@ -51,13 +51,18 @@ class Owner:
     @classmethod
     def of_this_process(cls) -> Owner:
         me = psutil.Process()
-        return cls(uuid.uuid4().hex[:12], socket.gethostname(), me.pid, me.create_time(), _boot_id(),
-                   _pid_namespace())
+        return cls(uuid.uuid4().hex[:12], socket.gethostname(), me.pid, me.create_time(), _boot_id(), _pid_namespace())
 
     @classmethod
     def from_json(cls, data: dict) -> Owner:
-        return cls(str(data["sweep"]), str(data["host"]), int(data["pid"]), float(data["started"]),
-                   str(data.get("boot", "")), str(data.get("pid_namespace", "")))
+        return cls(
+            str(data["sweep"]),
+            str(data["host"]),
+            int(data["pid"]),
+            float(data["started"]),
+            str(data.get("boot", "")),
+            str(data.get("pid_namespace", "")),
+        )
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,8 +73,13 @@ class Owner:
 
     def same_machine_as(self, judge: Owner) -> bool:
         """Whether this owner's pid means the same process to ``judge``: the same host, boot and PID namespace."""
-        return self.host == judge.host and bool(self.boot) and self.boot == judge.boot and \
-            bool(self.pid_namespace) and self.pid_namespace == judge.pid_namespace
+        return (
+            self.host == judge.host
+            and bool(self.boot)
+            and self.boot == judge.boot
+            and bool(self.pid_namespace)
+            and self.pid_namespace == judge.pid_namespace
+        )
 
     def gone(self, beat: Any, watch: HeartbeatWatch, *, judge: Owner) -> str | None:
         """Why this owner is gone, as ``judge`` (the sweep that asks, in this process) sees it, or None while it
@@ -108,8 +118,9 @@ def _pid_namespace() -> str:
         return ""
 
 
-def recover_orphans(bridge: StudyGateway, me: Owner, *, max_retries: int,
-                    watch: HeartbeatWatch | None = None) -> list[int]:
+def recover_orphans(
+    bridge: StudyGateway, me: Owner, *, max_retries: int, watch: HeartbeatWatch | None = None
+) -> list[int]:
     """End every RUNNING trial that is an orphan (see the module's docstring) as FAIL, with the reason, and
     enqueue its params again (``saturn:retry_of``) unless it was retried ``max_retries`` times already. Trials of
     live sweeps, and trials no sweep owns or claimed (a plain ``study.optimize``'s), are left alone. ``watch``:

@@ -13,10 +13,10 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from optuna_saturn import checkpoint
+from optuna_saturn.clock import Clock
 from optuna_saturn.events import Broadcast, ProfileEvent, TrialMove, TrialProgress, TrialStart
 from optuna_saturn.pools.protocol import JobEnd, Pool
 from optuna_saturn.pricing.prices import TrialPrice
-from optuna_saturn.clock import Clock
 from optuna_saturn.study.folders import study_folder
 from optuna_saturn.study.gateway import ATTR, StudyGateway, ended_by_another
 from optuna_saturn.study.outbox import Outbox
@@ -36,9 +36,19 @@ _logger = optuna.logging.get_logger("optuna.saturn")
 
 class Actions:
     def __init__(
-        self, state: SweepState, *, pool: Pool, gateway: StudyGateway, queue: StudyQueue, requests: JobRequests,
-        resumes: Resumes, events: Broadcast, owner: Owner, keep_checkpoints: bool,
-        callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]], gc_after_trial: bool,
+        self,
+        state: SweepState,
+        *,
+        pool: Pool,
+        gateway: StudyGateway,
+        queue: StudyQueue,
+        requests: JobRequests,
+        resumes: Resumes,
+        events: Broadcast,
+        owner: Owner,
+        keep_checkpoints: bool,
+        callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]],
+        gc_after_trial: bool,
     ) -> None:
         self._state, self._pool, self.gateway, self.queue = state, pool, gateway, queue
         self._requests, self.resumes, self.events, self.owner = requests, resumes, events, owner
@@ -50,27 +60,59 @@ class Actions:
 
     @classmethod
     def for_sweep(
-        cls, settings: SweepSettings, study: optuna.Study, state: SweepState, *, pool: Pool, clock: Clock,
-        run_dir: Path | None, callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]], gc_after_trial: bool,
+        cls,
+        settings: SweepSettings,
+        study: optuna.Study,
+        state: SweepState,
+        *,
+        pool: Pool,
+        clock: Clock,
+        run_dir: Path | None,
+        callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]],
+        gc_after_trial: bool,
     ) -> Actions:
         """The sweep's mechanisms: its study gateway (with an outbox where the storage is shared), the study's
         queue, the job requests and where trials resume from."""
         folder = study_folder(study)  # (not the study's name: two storages may hold studies of one name)
         outbox = Outbox(settings.log_dir / "outbox" / folder) if settings.owned else None
         owner = Owner.of_this_process()
-        gateway = StudyGateway(study, artifact_store=settings.artifact_store, outbox=outbox,
-                               owner=owner.to_json() if settings.owned else None)
+        gateway = StudyGateway(
+            study,
+            artifact_store=settings.artifact_store,
+            outbox=outbox,
+            owner=owner.to_json() if settings.owned else None,
+        )
         strategies = {s.name: s for s in settings.strategies}
         root = (settings.checkpoint_dir or settings.log_dir / "checkpoints") / folder
-        requests = JobRequests(run_dir=run_dir or run_folder(settings.log_dir, study.study_name), checkpoint_root=root,
-                               strategies=strategies, profile_steps=settings.profile_steps, lock=gateway.lock,
-                               clock=clock)
+        requests = JobRequests(
+            run_dir=run_dir or run_folder(settings.log_dir, study.study_name),
+            checkpoint_root=root,
+            strategies=strategies,
+            profile_steps=settings.profile_steps,
+            lock=gateway.lock,
+            clock=clock,
+        )
         # whether every device reads a checkpoint another wrote: on one machine, or in a folder the user named
-        resumes = Resumes(state, strategies, root=root, exists=pool.has_checkpoint, shared=settings.ray is None or settings.checkpoint_dir is not None)
-        return cls(state, pool=pool, gateway=gateway, queue=StudyQueue(gateway, clock), requests=requests,
-                   resumes=resumes, events=Broadcast(settings.listeners, study), owner=owner,
-                   keep_checkpoints=settings.keep_checkpoints, callbacks=callbacks,
-                   gc_after_trial=gc_after_trial)
+        resumes = Resumes(
+            state,
+            strategies,
+            root=root,
+            exists=pool.has_checkpoint,
+            shared=settings.ray is None or settings.checkpoint_dir is not None,
+        )
+        return cls(
+            state,
+            pool=pool,
+            gateway=gateway,
+            queue=StudyQueue(gateway, clock),
+            requests=requests,
+            resumes=resumes,
+            events=Broadcast(settings.listeners, study),
+            owner=owner,
+            keep_checkpoints=settings.keep_checkpoints,
+            callbacks=callbacks,
+            gc_after_trial=gc_after_trial,
+        )
 
     def use(self, *, pricer: Any, view: OptionsView, profiling: Profiling) -> None:
         """What prices trials, the planner's view of them, and the profiling policy (follow-up jobs go there)."""
@@ -101,14 +143,24 @@ class Actions:
             self.gateway.set_attrs(trial, {"options": options, "profiles": price.profiles, **assumed})
         return price
 
-    def admit(self, trial: optuna.Trial, price: TrialPrice, asked_at: float, now: float, *,
-              profile_everything: bool = False) -> None:
+    def admit(
+        self, trial: optuna.Trial, price: TrialPrice, asked_at: float, now: float, *, profile_everything: bool = False
+    ) -> None:
         """A trial described and priced: it waits to be planned, or fails if no option fits it."""
-        waiting = Waiting(trial, price, asked_at=asked_at, describe_seconds=now - asked_at,
-                          prices=[[-1, [p.option.to_json() for p in price.options]]])
+        waiting = Waiting(
+            trial,
+            price,
+            asked_at=asked_at,
+            describe_seconds=now - asked_at,
+            prices=[[-1, [p.option.to_json() for p in price.options]]],
+        )
         if not price.options:
-            self.fail(Fail(waiting, "no strategy fits this trial on these devices (every option ran out of memory "
-                                    "or failed)"), now)
+            self.fail(
+                Fail(
+                    waiting, "no strategy fits this trial on these devices (every option ran out of memory or failed)"
+                ),
+                now,
+            )
             return
         self._state.admit(waiting)
         self._view.saw(waiting)
@@ -150,8 +202,14 @@ class Actions:
                 return
             self.own(trial)
             waiting.trial = trial
-        waiting.assignment = replace(waiting.assignment, option=option, devices=devices, start=0.0,
-                                     end=option.runtime, node=self._state.topology.node_of(devices[0]))
+        waiting.assignment = replace(
+            waiting.assignment,
+            option=option,
+            devices=devices,
+            start=0.0,
+            end=option.runtime,
+            node=self._state.topology.node_of(devices[0]),
+        )
         waiting.planned_start = min(waiting.planned_start, now)  # no later than planned, as long as it takes
         waiting.planned_end = waiting.planned_start + option.runtime
         request = self._requests.trial(waiting.trial, option, devices, self._state.resumes.get(number))
@@ -160,14 +218,19 @@ class Actions:
         self._pool.submit(request)
         names = [self._state.devices[i] for i in devices]
         _logger.info(reporting.started(number, option, names, waiting.price.option(option.choice), run.log))
-        self.events.send("on_trial_start", TrialStart(number, option.strategy, tuple(map(str, names)),
-                                                       waiting.planned_start, waiting.planned_end, now))
+        self.events.send(
+            "on_trial_start",
+            TrialStart(
+                number, option.strategy, tuple(map(str, names)), waiting.planned_start, waiting.planned_end, now
+            ),
+        )
 
     def measure(self, measure: Measure, now: float) -> None:
         request = self._requests.profiling(measure.job, measure.devices)
         sessions = {t.session.trial.number: t.session for t in request.tasks}
-        self._state.launched(ProfileRun(request.key, measure.devices, now, request.log, job=measure.job,
-                                        sessions=sessions))
+        self._state.launched(
+            ProfileRun(request.key, measure.devices, now, request.log, job=measure.job, sessions=sessions)
+        )
         self._pool.submit(request)
         for entry in measure.job.entries:
             for s in entry.strategies:
@@ -183,8 +246,16 @@ class Actions:
         if move is None:
             return
         move.run.session.move_requested = True
-        self.events.send("on_trial_move", TrialMove(move.run.number, move.run.waiting.assignment.option.label,
-                                                     move.target.label, "asked", summary=move.summary))
+        self.events.send(
+            "on_trial_move",
+            TrialMove(
+                move.run.number,
+                move.run.waiting.assignment.option.label,
+                move.target.label,
+                "asked",
+                summary=move.summary,
+            ),
+        )
 
     def fail(self, fail: Fail, now: float) -> None:
         """End a waiting trial FAIL with the reason (one still in the study's queue stays there)."""
@@ -216,8 +287,9 @@ class Actions:
         session = run.session
         if session.step != run.reported_step:
             run.reported_step = session.step
-            self.events.send("on_trial_progress", TrialProgress(run.number, session.step, session.total_steps,
-                                                                 session.step_seconds))
+            self.events.send(
+                "on_trial_progress", TrialProgress(run.number, session.step, session.total_steps, session.step_seconds)
+            )
 
     # -- ends -------------------------------------------------------------------------------------------------------
     def leave_out(self, left: LeaveOut) -> bool:
@@ -233,8 +305,10 @@ class Actions:
         price = self.price(waiting.trial, leaving=waiting.left)
         if not price.options:
             return False
-        _logger.warning(f"Trial {run.number} failed under {option.label}, the first run of that option for its "
-                        f"workload ({left.error}); the option is left out and the trial is planned again.")
+        _logger.warning(
+            f"Trial {run.number} failed under {option.label}, the first run of that option for its "
+            f"workload ({left.error}); the option is left out and the trial is planned again."
+        )
         self._state.admit(replace(waiting, price=price, assignment=None, attempts=waiting.attempts + 1))
         return True
 
@@ -245,13 +319,23 @@ class Actions:
         self.resumes.from_run(run, moved=True)
         price = self.price(session.trial, leaving=left.choice)
         first_step = session.first_step_at
-        moves = [*waiting.moves, {"from": left.label, "device_ids": list(run.devices), "started": round(run.started, 3),
-                                  "at": round(now, 3), "at_step": int(session.checkpoint["step"]),
-                                  "setup": round(first_step - self._state.started_at - run.started, 3)
-                                  if first_step is not None else None}]
+        moves = [
+            *waiting.moves,
+            {
+                "from": left.label,
+                "device_ids": list(run.devices),
+                "started": round(run.started, 3),
+                "at": round(now, 3),
+                "at_step": int(session.checkpoint["step"]),
+                "setup": round(first_step - self._state.started_at - run.started, 3)
+                if first_step is not None
+                else None,
+            },
+        ]
         self.gateway.set_attrs(session.trial, {"moves": moves})
-        self._state.admit(replace(waiting, trial=session.trial, price=price, assignment=None, moves=moves,
-                                  left=left.choice))
+        self._state.admit(
+            replace(waiting, trial=session.trial, price=price, assignment=None, moves=moves, left=left.choice)
+        )
         self.events.send("on_trial_move", TrialMove(run.number, left.label, "", "stopped", step=moves[-1]["at_step"]))
 
     def tell(self, tell: Tell, *, call_back: bool = True) -> bool:
@@ -266,11 +350,18 @@ class Actions:
             self._view.estimator.observe(option, seconds)
         if frozen.state in (TrialState.COMPLETE, TrialState.PRUNED):
             self._learn_survival(run, frozen.state)
-        if frozen.state != TrialState.FAIL and priced is not None and priced.record is not None and \
-                run.session.step_seconds is not None:
+        if (
+            frozen.state != TrialState.FAIL
+            and priced is not None
+            and priced.record is not None
+            and run.session.step_seconds is not None
+        ):
             self._view.estimator.observe_step_rate(priced.record.step_seconds, run.session.step_seconds)
-        learned = tell.learn is not None and self._pricer is not None and \
-            self._pricer.learn_from_run(run.number, option, **tell.learn)
+        learned = (
+            tell.learn is not None
+            and self._pricer is not None
+            and self._pricer.learn_from_run(run.number, option, **tell.learn)
+        )
         if tell.run_again and frozen.state == TrialState.FAIL and not ended_by_another(frozen):
             self._run_again(frozen)  # (one another sweep ended has been run again by it)
         reporting.log_finished(frozen, seconds, tell.reason, run.log)
@@ -284,8 +375,10 @@ class Actions:
         if survival.blind or (state == TrialState.PRUNED and not session.total_steps):
             return
         before = survival.expected_share()
-        survival.saw(1.0 if state == TrialState.COMPLETE else session.step / session.total_steps,
-                     complete=state == TrialState.COMPLETE)
+        survival.saw(
+            1.0 if state == TrialState.COMPLETE else session.step / session.total_steps,
+            complete=state == TrialState.COMPLETE,
+        )
         if abs(survival.expected_share() - before) >= 0.1:
             _logger.info(f"Trials are now {survival.describe()}.")
 
@@ -327,8 +420,10 @@ class Actions:
         run_again(self.gateway, frozen)
         if self._state.n_trials is not None:
             self._state.n_trials += 1
-        _logger.warning(f"Trial {frozen.number}'s params run again as a new trial"
-                        + (" from its checkpoint." if ATTR + "checkpoint" in frozen.user_attrs else "."))
+        _logger.warning(
+            f"Trial {frozen.number}'s params run again as a new trial"
+            + (" from its checkpoint." if ATTR + "checkpoint" in frozen.user_attrs else ".")
+        )
 
     def _remove_checkpoints(self, run: TrialRun) -> None:
         """A trial that ended needs no checkpoint: neither its own nor the one it resumed from."""

@@ -87,8 +87,10 @@ class Asking:
         if self._owed_a_start is None:
             self._owed_a_start = set()
             waiting_for_workers = state.free() - ready
-            planned = sorted((w for w in state.waiting.values() if w.queued and w.assignment is not None),
-                             key=lambda w: (w.planned_start, w.number))
+            planned = sorted(
+                (w for w in state.waiting.values() if w.queued and w.assignment is not None),
+                key=lambda w: (w.planned_start, w.number),
+            )
             for waiting in planned:
                 devices = set(waiting.assignment.devices)
                 if waiting.planned_start <= now and devices <= waiting_for_workers:

@@ -19,10 +19,12 @@ from optuna_saturn.sweep.state import ProfileRun, SweepState, Waiting
 def starts(state: SweepState, ready: set[int], view: OptionsView, now: float) -> list[Start]:
     """The trials to start now (see the module's docstring)."""
     free = state.free() & ready
-    measuring = {e.trial.number for r in state.running.values() if isinstance(r, ProfileRun)
-                 for e in r.job.entries}
-    planned = [state.waiting[n] for n in state.plan_order  # (in plan order: by planned start)
-               if n in state.waiting and state.waiting[n].assignment is not None and n not in measuring]
+    measuring = {e.trial.number for r in state.running.values() if isinstance(r, ProfileRun) for e in r.job.entries}
+    planned = [
+        state.waiting[n]
+        for n in state.plan_order  # (in plan order: by planned start)
+        if n in state.waiting and state.waiting[n].assignment is not None and n not in measuring
+    ]
     decided: list[Start] = []
     blocked_until: float | None = None
     later: list[Waiting] = []
@@ -50,8 +52,9 @@ def starts(state: SweepState, ready: set[int], view: OptionsView, now: float) ->
     # no early start can end past the latest time a free device is needed by another trial (an upper bound: the
     # second earliest need of a device, the earliest being perhaps the trial's own)
     horizon = max(needs[d][1][0] if len(needs.get(d, ())) == 2 else float("inf") for d in free)
-    widest = max(len([d for d in free if state.topology.node_of(d) == n]) for n in {state.topology.node_of(d)
-                                                                                     for d in free})
+    widest = max(
+        len([d for d in free if state.topology.node_of(d) == n]) for n in {state.topology.node_of(d) for d in free}
+    )
     for waiting in later:
         if not free:
             break
@@ -76,8 +79,14 @@ def _earliest_needs(later: list[Waiting]) -> dict[int, list[tuple[float, int]]]:
 
 
 def _early_start(
-    waiting: Waiting, needs: dict[int, list[tuple[float, int]]], free: set[int], state: SweepState,
-    view: OptionsView, now: float, deadline: float, widest: int,
+    waiting: Waiting,
+    needs: dict[int, list[tuple[float, int]]],
+    free: set[int],
+    state: SweepState,
+    view: OptionsView,
+    now: float,
+    deadline: float,
+    widest: int,
 ) -> Start | None:
     """``waiting`` now under whichever option ends it soonest on free devices, if that is no later than its
     planned end and no other waiting trial is planned on those devices before then (``deadline`` and ``widest``

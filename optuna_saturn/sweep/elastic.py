@@ -67,31 +67,46 @@ class Elastic:
             first_step = run.session.first_step_at
             startup = (first_step - state.started_at - run.started) if first_step else 0.0
             costs[run.key] = move_cost_seconds(run.session, startup)
-            rest = rest_of_run(run.key, run.session, options, current, view.remaining(run, state, now),
-                               engines=self._engines, cost=costs[run.key])
+            rest = rest_of_run(
+                run.key,
+                run.session,
+                options,
+                current,
+                view.remaining(run, state, now),
+                engines=self._engines,
+                cost=costs[run.key],
+            )
             if rest is not None:
                 movable[run.key] = rest
         if not movable:
             return None
         jobs, busy = view.jobs_and_busy(state, now)
         previous = [state.topology.to_local(w.assignment) for w in state.waiting.values() if w.assignment]
-        move = best_resize(jobs, state.cluster, busy=busy, movable=movable, previous=Plan(tuple(previous)) if
-                           previous else None, solver=URGENT_SOLVER, time_limit=REPLAN_SECONDS, min_gain=costs)
+        move = best_resize(
+            jobs,
+            state.cluster,
+            busy=busy,
+            movable=movable,
+            previous=Plan(tuple(previous)) if previous else None,
+            solver=URGENT_SOLVER,
+            time_limit=REPLAN_SECONDS,
+            min_gain=costs,
+        )
         if move is None:
             return None
         run = state.running[move.job]
-        return RequestMove(run, move.plan.for_job(move.job).option,
-                           f"the plan then ends in {move.makespan:.0f} s instead of {move.kept_makespan:.0f} s "
-                           f"(the move costs about {costs[move.job]:.1f} s)")
+        return RequestMove(
+            run,
+            move.plan.for_job(move.job).option,
+            f"the plan then ends in {move.makespan:.0f} s instead of {move.kept_makespan:.0f} s "
+            f"(the move costs about {costs[move.job]:.1f} s)",
+        )
 
 
 def move_cost_seconds(session: TrialSession, startup_seconds: float) -> float:
     """Seconds a move costs this run (see the module's docstring)."""
     steps = session.checkpoint_steps
-    if len(steps) >= 2:
-        interval_steps = steps[-1] - steps[-2]
-    else:
-        interval_steps = steps[-1] - session.resumed_from if steps else 0
+    interval_steps = steps[-1] - steps[-2] if len(steps) >= 2 else steps[-1] - session.resumed_from if steps else 0
     wait = 0.5 * max(interval_steps, 0) * (session.step_seconds or 0.0)
     return wait + 2 * session.checkpoint_seconds + max(startup_seconds, 0.0)
 
@@ -116,5 +131,6 @@ def rest_of_run(
     if record.format != checkpoint.DCP:  # DeepSpeed's reshards only into its own ZeRO stage, by a conversion: kept
         return None
     able = [o for o in options if checkpoint.can_resume(record, engines[o.strategy], o.devices)]
-    return remaining_job(name, able, current=current.choice, left=1.0, rate=remaining_seconds / current.runtime,
-                         restart=cost)
+    return remaining_job(
+        name, able, current=current.choice, left=1.0, rate=remaining_seconds / current.runtime, restart=cost
+    )

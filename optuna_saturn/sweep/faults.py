@@ -49,13 +49,15 @@ class Faults:
                 option = run.waiting.assignment.option
                 priced = run.waiting.price.option(option.choice)
                 setups = [m["setup"] for m in run.waiting.moves if m.get("setup") is not None]
-                limit += max(option.runtime, priced.option.runtime if priced is not None else 0.0) + \
-                    2 * max(setups, default=0.0)  # (a moved run sets up again, and loads its checkpoint)
+                limit += max(option.runtime, priced.option.runtime if priced is not None else 0.0) + 2 * max(
+                    setups, default=0.0
+                )  # (a moved run sets up again, and loads its checkpoint)
             else:
                 silent = now - (run.session.last_progress_at - state.started_at)
             if silent > limit:
-                stops.append(Stop(run, f"its ranks reported no progress for {silent:.0f} s (the limit is "
-                                       f"{limit:.0f} s)"))
+                stops.append(
+                    Stop(run, f"its ranks reported no progress for {silent:.0f} s (the limit is {limit:.0f} s)")
+                )
         return stops
 
     def stall_limit(self, run: TrialRun) -> float:
@@ -73,8 +75,10 @@ class Faults:
         waiting, option = run.waiting, run.waiting.assignment.option
         priced = waiting.price.option(option.choice)
         first_run_crash = (priced is None or not priced.measured) and run.session.step == 0
-        if waiting.price.workload is None or waiting.attempts >= MAX_ATTEMPTS or not (
-            outcome.get("out_of_memory") or outcome.get("mismatch") or first_run_crash
+        if (
+            waiting.price.workload is None
+            or waiting.attempts >= MAX_ATTEMPTS
+            or not (outcome.get("out_of_memory") or outcome.get("mismatch") or first_run_crash)
         ):
             return None
         return LeaveOut(run, end.error or outcome.get("error", "failed"), bool(outcome.get("out_of_memory")))
@@ -91,6 +95,12 @@ class Faults:
     def without_a_node(self, state: SweepState) -> list[Fail]:
         """Waiting trials that no node left can hold, once nodes were lost."""
         largest = state.largest_node
-        return [Fail(w, f"no option of it fits the nodes left (the largest has {largest} device(s)) once "
-                        f"{len(state.lost)} device(s) were lost with their node")
-                for w in state.waiting.values() if not any(p.option.devices <= largest for p in w.price.options)]
+        return [
+            Fail(
+                w,
+                f"no option of it fits the nodes left (the largest has {largest} device(s)) once "
+                f"{len(state.lost)} device(s) were lost with their node",
+            )
+            for w in state.waiting.values()
+            if not any(p.option.devices <= largest for p in w.price.options)
+        ]

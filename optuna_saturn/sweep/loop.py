@@ -20,13 +20,13 @@ from optuna.trial import FrozenTrial
 
 from optuna_saturn.clock import Clock
 from optuna_saturn.pools.protocol import JobEnd, Pool
-from optuna_saturn.study.outbox import STORAGE_ERRORS
 from optuna_saturn.study.liveness import Heartbeat, HeartbeatWatch
-from optuna_saturn.study.ownership import RECOVER_SECONDS, inherit_intermediate_values, take_over
-from optuna_saturn.study.queue import ParameterNotFixed, QueuedTrial
+from optuna_saturn.study.outbox import STORAGE_ERRORS
+from optuna_saturn.study.ownership import RECOVER_SECONDS, take_over
 from optuna_saturn.sweep import dispatch, reporting
 from optuna_saturn.sweep.actions import Actions
-from optuna_saturn.sweep.asking import Asking, Next
+from optuna_saturn.sweep.admission import Admission
+from optuna_saturn.sweep.asking import Asking
 from optuna_saturn.sweep.elastic import Elastic
 from optuna_saturn.sweep.faults import Faults
 from optuna_saturn.sweep.options import OptionsView
@@ -41,33 +41,57 @@ _logger = optuna.logging.get_logger("optuna.saturn")
 
 class Sweep:
     def __init__(
-        self, settings: SweepSettings, study: optuna.Study, *, pool: Pool, clock: Clock,
+        self,
+        settings: SweepSettings,
+        study: optuna.Study,
+        *,
+        pool: Pool,
+        clock: Clock,
         pricing: Callable[[threading.Lock], Any] | None,
-        n_trials: int | None, timeout: float | None, batch_size: int,
-        callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = (), gc_after_trial: bool = False,
+        n_trials: int | None,
+        timeout: float | None,
+        batch_size: int,
+        callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = (),
+        gc_after_trial: bool = False,
         run_dir: Path | None = None,
     ) -> None:
         self.settings, self.study, self._pool, self._clock = settings, study, pool, clock
         self._state = state = SweepState(clock.now(), list(settings.devices), n_trials=n_trials)
-        self._do = Actions.for_sweep(settings, study, state, pool=pool, clock=clock, run_dir=run_dir,
-                                     callbacks=callbacks, gc_after_trial=gc_after_trial)
+        self._do = Actions.for_sweep(
+            settings,
+            study,
+            state,
+            pool=pool,
+            clock=clock,
+            run_dir=run_dir,
+            callbacks=callbacks,
+            gc_after_trial=gc_after_trial,
+        )
         self._gateway, self._queue = self._do.gateway, self._do.queue
         # what prices trials (describes them under the study's lock); None: runtime estimates alone
         pricer = pricing(self._gateway.lock) if pricing is not None else None
         self._view = OptionsView.for_sweep(settings, study, state.largest_node)
-        self._asking = Asking(timeout=timeout, lookahead=batch_size, profile_only=settings.profile_only,
-                              describe_ahead=pricer is not None)
+        self._asking = Asking(
+            timeout=timeout, lookahead=batch_size, profile_only=settings.profile_only, describe_ahead=pricer is not None
+        )
         self._planning = Planning(settings)
         self._profiling = Profiling(pricer, budget=settings.profile_budget, profile_only=settings.profile_only)
-        self._faults = Faults(stall_timeout=settings.stall_timeout, max_retries=settings.max_retries,
-                              may_leave_out=pricer is not None)
-        self._elastic = Elastic(enabled=settings.elastic and not settings.profile_only, max_moves=settings.max_moves,
-                                engines={s.name: s.engine for s in settings.strategies})
+        self._faults = Faults(
+            stall_timeout=settings.stall_timeout, max_retries=settings.max_retries, may_leave_out=pricer is not None
+        )
+        self._elastic = Elastic(
+            enabled=settings.elastic and not settings.profile_only,
+            max_moves=settings.max_moves,
+            engines={s.name: s.engine for s in settings.strategies},
+        )
         self._outcomes = Outcomes(node_of=pool.node_of)
         self._do.use(pricer=pricer, view=self._view, profiling=self._profiling)
         self._planning_seconds = 0.0
         self._next_recovery = float("-inf")
         self._watch = HeartbeatWatch()  # (on the machine's clock: other sweeps' heartbeats change in real time)
+        self._admission = Admission(
+            state, self._asking, self._view, self._do, now=self._now, plan=self._plan, measure_all=settings.profile_only
+        )
 
     def _now(self) -> float:
         """Seconds since the sweep started, on its clock."""
@@ -89,8 +113,12 @@ class Sweep:
                 raise
             finally:
                 self._pool.close()
-        self._gateway.set_study_attr("last_sweep", reporting.summary(
-            self._state, self._now(), self._asking, self._planning_seconds, self._planning, self._profiling))
+        self._gateway.set_study_attr(
+            "last_sweep",
+            reporting.summary(
+                self._state, self._now(), self._asking, self._planning_seconds, self._planning, self._profiling
+            ),
+        )
         _logger.info(f"Sweep finished in {self._now():.1f} s; logs in {self._do.run_dir}.")
         self._do.events.send("on_sweep_end", self._now(), False)
 
@@ -105,15 +133,16 @@ class Sweep:
         self._nodes()
         for start in dispatch.starts(state, ready, self._view, self._now()):
             do.start(start, self._now())
-        self._ask()
+        self._admission.ask()
         if self._planning.due(state, self._pool.ready()):
             self._plan()
             for start in dispatch.starts(state, self._pool.ready(), self._view, self._now()):
                 do.start(start, self._now())
         self._asking.note_the_first_round(state)
         do.request_move(self._elastic.move(state, self._view, self._now()))
-        for measure in self._profiling.measurements(state, self._pool.ready(), self._view, self._planning.version,
-                                                    self._now()):
+        for measure in self._profiling.measurements(
+            state, self._pool.ready(), self._view, self._planning.version, self._now()
+        ):
             do.measure(measure, self._now())
         for run in state.trial_runs():
             do.relay_progress(run)
@@ -123,8 +152,9 @@ class Sweep:
         if self._asking.stopped(state, self._now(), self._gateway.stop_requested):
             for number in self._asking.not_to_start(state, self._pool.ready(), self._now()):
                 state.forget(number)
-                _logger.info(f"Trial {number} was not started before the sweep stopped asking: it stays in the "
-                             "study's queue.")
+                _logger.info(
+                    f"Trial {number} was not started before the sweep stopped asking: it stays in the study's queue."
+                )
         more = self._profiling.pending if self.settings.profile_only else bool(state.waiting)
         return bool(more or state.running or self._may_ask())
 
@@ -148,52 +178,9 @@ class Sweep:
         self._do.planned(self._planning.plan(self._state, self._view, self._now()))
         self._planning_seconds += self._clock.now() - began
 
-    # -- asking -----------------------------------------------------------------------------------------------------
-    def _ask(self) -> None:
-        while self._may_ask():
-            if self._asking.room_to_describe(self._state) and self._describe_queued():
-                continue
-            step = self._asking.next(self._state, self._now(), self._view)
-            if step is None:
-                return
-            if step is Next.PLAN_FIRST:
-                self._plan()
-                continue
-            asked_at, queued = self._now(), self._queue.next_unseen(set(self._state.waiting))
-            trial = self._gateway.ask_new() if queued is None else self._queue.take(queued)
-            if trial is None:
-                continue  # another sweep took it from the queue first
-            self._do.own(trial)
-            inherit_intermediate_values(self._gateway, trial)
-            self._state.resumes[trial.number] = self._do.resumes.inherited(trial)
-            price = self._do.price(trial)
-            self._asking.asked(self._now() - asked_at)
-            self._do.admit(trial, price, asked_at, self._now(), profile_everything=self.settings.profile_only)
-
-    def _describe_queued(self) -> bool:
-        """Describe the queue's next trial from its fixed parameters, leaving it in the queue; False if there is
-        none to describe (it samples, or it is a retry: it is asked instead)."""
-        queued = self._queue.next_unseen(set(self._state.waiting))
-        if queued is None or not self._queue.may_describe(queued):
-            return False
-        started, known = self._now(), QueuedTrial(queued)
-        self._state.resumes[known.number] = None
-        try:
-            price = self._do.price(known)
-        except ParameterNotFixed as exc:
-            self._queue.samples(queued.number, str(exc))
-            return False
-        self._asking.asked(self._now() - started)
-        trial = known if price.options else self._queue.take(known)  # (taken to fail it, as an asked one)
-        if trial is not None and not price.options:
-            self._do.own(trial)
-        if trial is not None:
-            self._do.admit(trial, price, started, self._now())
-        return True
-
     # -- ends -------------------------------------------------------------------------------------------------------
     def _ended(self, ends: Sequence[JobEnd]) -> None:
-        taught: int | None | bool = False  # the trial whose run taught the pricing (None: a profiling job)
+        taught: int | bool | None = False  # the trial whose run taught the pricing (None: a profiling job)
         for end in ends:
             run = self._state.ended(end.key, self._now())
             if run is None:
@@ -219,8 +206,15 @@ class Sweep:
                 self._do.continue_moved(run, self._now())
                 return True
         run_again = not reason and self._faults.run_again(run, end)
-        tell = self._outcomes.tell(run, end, self._state, self._now(), run_again=run_again, reason=reason,
-                                   profiling=self._profiling.where.get(run.number))
+        tell = self._outcomes.tell(
+            run,
+            end,
+            self._state,
+            self._now(),
+            run_again=run_again,
+            reason=reason,
+            profiling=self._profiling.where.get(run.number),
+        )
         return self._do.tell(tell, call_back=call_back)
 
     def _nodes(self) -> None:
@@ -237,8 +231,12 @@ class Sweep:
         self._pool.close()
         try:
             for run in runs:
-                self._trial_ended(run, JobEnd(run.key, run.devices, False, "stopped"),
-                                  reason=f"sweep stopped: {reason}", call_back=False)
+                self._trial_ended(
+                    run,
+                    JobEnd(run.key, run.devices, False, "stopped"),
+                    reason=f"sweep stopped: {reason}",
+                    call_back=False,
+                )
             for waiting in self._state.waiting.values():
                 if not waiting.queued:  # (a queued one is still in the queue: the next optimize runs it)
                     self._gateway.fail(waiting.trial, f"not started: sweep stopped: {reason}")

@@ -20,7 +20,6 @@ device when the trials still to come would use them better.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
 from dataclasses import replace
 
 import optuna
@@ -31,13 +30,8 @@ from optuna_saturn.pricing.survival import Survival
 from optuna_saturn.pricing.unprofiled import RuntimeEstimator
 from optuna_saturn.sweep.settings import SweepSettings
 from optuna_saturn.sweep.state import ProfileRun, SweepState, TrialRun, Waiting
+from optuna_saturn.sweep.weighing import fitting, tie_broken, weighed
 
-#: Among options that finish the plan equally soon, prefer the one that spends fewer device-seconds: each option
-#: is priced to the planner this much longer per unit of area beyond the trial's most efficient option.
-EFFICIENCY_TIE_BREAK = 0.02
-#: An option nobody measured for the trial is weighed as if it took this share of its relative uncertainty longer
-#: (a prior's 1.8x on 2 devices was chosen for 4 trials and ran at 1.35x).
-CAUTION = 0.5
 #: How many trials not asked yet the planner expects (per device, at most): enough to see that more work comes.
 FUTURE_TRIALS = 4
 FUTURE = "future-"
@@ -50,11 +44,15 @@ class OptionsView:
 
     @classmethod
     def for_sweep(cls, settings: SweepSettings, study: optuna.Study, largest_node: int) -> OptionsView:
-        return cls(RuntimeEstimator(settings.strategies, largest_node), profile_steps=settings.profile_steps,
-                   survival=Survival.of_study(study, blind=not settings.plan_for_pruning))
+        return cls(
+            RuntimeEstimator(settings.strategies, largest_node),
+            profile_steps=settings.profile_steps,
+            survival=Survival.of_study(study, blind=not settings.plan_for_pruning),
+        )
 
-    def __init__(self, estimator: RuntimeEstimator, *, profile_steps: tuple[int, int],
-                 survival: Survival | None = None) -> None:
+    def __init__(
+        self, estimator: RuntimeEstimator, *, profile_steps: tuple[int, int], survival: Survival | None = None
+    ) -> None:
         self.estimator = estimator
         self.survival = survival if survival is not None else Survival(None)
         self._profile_steps = profile_steps
@@ -89,15 +87,23 @@ class OptionsView:
         nodes): a large sweep asks for them at every event, for hundreds of trials."""
         resume = state.resumes.get(waiting.number)
         workload = waiting.price.workload
-        reached = resume.step / workload.total_steps if resume is not None and workload is not None and \
-            workload.total_steps else 0.0
+        reached = (
+            resume.step / workload.total_steps
+            if resume is not None and workload is not None and workload.total_steps
+            else 0.0
+        )
         expected = round(self.survival.expected_share(reached), 2)  # (rounded: views change when it does)
         cached = self._views.get(waiting.number)
         if cached is not None:
             (price, resumed, corrects, version, largest, share), *views = cached
             views = tuple(views)
-            if price is waiting.price and resumed is resume and largest == state.largest_node and \
-                    share == expected and (not corrects or version == self.estimator.version):
+            if (
+                price is waiting.price
+                and resumed is resume
+                and largest == state.largest_node
+                and share == expected
+                and (not corrects or version == self.estimator.version)
+            ):
                 return views
         corrects = any(p.record is not None and not p.record.observed for p in waiting.price.options)
         key = (waiting.price, resume, corrects, self.estimator.version, state.largest_node, expected)
@@ -116,18 +122,24 @@ class OptionsView:
         self._views[waiting.number] = (key, corrected, weighed_, job, quickest)
         return corrected, weighed_, job, quickest
 
-    def jobs_and_busy(self, state: SweepState, now: float, *, future: bool = True) -> tuple[list[Job], list[Reservation]]:
+    def jobs_and_busy(
+        self, state: SweepState, now: float, *, future: bool = True
+    ) -> tuple[list[Job], list[Reservation]]:
         """The waiting trials (and the future ones) as planner jobs, and the running jobs as reservations."""
         jobs = [self.planned_job(w, state) for w in state.waiting.values()]
-        busy = [state.topology.reservation(r.devices, self.remaining(r, state, now), r.key)
-                for r in state.running.values() if not set(r.devices) & state.lost]
+        busy = [
+            state.topology.reservation(r.devices, self.remaining(r, state, now), r.key)
+            for r in state.running.values()
+            if not set(r.devices) & state.lost
+        ]
         return (jobs + self.future_jobs(state) if future else jobs), busy
 
     def future_jobs(self, state: SweepState) -> list[Job]:
         """The trials not asked yet, each like an asked trial of median size: as many as make the trials planned
         ``FUTURE_TRIALS`` per device in all (none once ``n_trials`` are in, or when that many are known)."""
-        remaining = (state.n_trials - state.asked - state.queued_waiting()) if state.n_trials is not None \
-            else FUTURE_TRIALS
+        remaining = (
+            (state.n_trials - state.asked - state.queued_waiting()) if state.n_trials is not None else FUTURE_TRIALS
+        )
         count = min(remaining, FUTURE_TRIALS * len(state.devices) - len(state.waiting))
         if not self._seen or count <= 0:
             return []
@@ -173,24 +185,3 @@ class OptionsView:
         workload = waiting.price.workload
         steps = max(workload.total_steps, 1) if workload is not None else 1
         return priced.option.runtime / steps * (warmup + timed) + 1.0
-
-
-def weighed(options: Sequence[Option], priced: Sequence[PricedOption]) -> list[Option]:
-    """``options`` (one per ``priced``) as the planner weighs them: an option nobody measured for the trial is
-    lengthened by :data:`CAUTION` times its relative uncertainty."""
-    return [o if p.measured else replace(o, runtime=o.runtime * (1 + CAUTION * p.uncertainty))
-            for o, p in zip(options, priced, strict=True)]
-
-
-def tie_broken(options: Sequence[Option]) -> list[Option]:
-    """``options`` each a little longer the more device-seconds it spends beyond the most efficient one."""
-    if not options:
-        return []
-    least = min(o.runtime * o.devices for o in options) or 1.0
-    return [replace(o, runtime=o.runtime * (1 + EFFICIENCY_TIE_BREAK * (o.runtime * o.devices / least - 1)))
-            for o in options]
-
-
-def fitting(options: Sequence[Option], largest_node: int) -> list[Option]:
-    """The options that fit a node (all, unless nodes were lost)."""
-    return [o for o in options if o.devices <= largest_node]

@@ -23,8 +23,17 @@ class Outcomes:
     def __init__(self, *, node_of: Callable[[Device], dict[str, Any]]) -> None:
         self._node_of = node_of
 
-    def tell(self, run: TrialRun, end: JobEnd, state: SweepState, now: float, *, run_again: bool,
-             reason: str = "", profiling: list[dict] | None = None) -> Tell:
+    def tell(
+        self,
+        run: TrialRun,
+        end: JobEnd,
+        state: SweepState,
+        now: float,
+        *,
+        run_again: bool,
+        reason: str = "",
+        profiling: list[dict] | None = None,
+    ) -> Tell:
         """How ``run``'s trial ends: ``reason`` (the sweep's) fails it whatever it said; ``run_again``: a rank
         died or hung, and the trial runs again."""
         outcome = run.session.outcome or {}
@@ -105,7 +114,13 @@ class Outcomes:
         if session.step < min(session.total_steps or 0, 10):
             return None
         startup = session.first_step_at - state.started_at - run.started - session.step_seconds
-        tail = (session.outcome_at - session.last_progress_at) if session.outcome_at and session.last_progress_at \
-            else None
-        return {"step_seconds": session.step_seconds, "steps": session.step, "startup_seconds": max(0.0, startup),
-                "tail_seconds": tail, "loop_steps": session.loop_steps}
+        tail = (
+            (session.outcome_at - session.last_progress_at) if session.outcome_at and session.last_progress_at else None
+        )
+        return {
+            "step_seconds": session.step_seconds,
+            "steps": session.step,
+            "startup_seconds": max(0.0, startup),
+            "tail_seconds": tail,
+            "loop_steps": session.loop_steps,
+        }

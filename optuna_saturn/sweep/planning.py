@@ -82,12 +82,22 @@ class Planning:
         if plan is None:
             urgent = self._solver == "auto" and bool(state.free())
             plan = replan(
-                previous, jobs, state.cluster, busy=busy, solver=URGENT_SOLVER if urgent else self._solver,
-                time_limit=self._time_limit, seed=self._seed, min_improvement=min_improvement,
+                previous,
+                jobs,
+                state.cluster,
+                busy=busy,
+                solver=URGENT_SOLVER if urgent else self._solver,
+                time_limit=self._time_limit,
+                seed=self._seed,
+                min_improvement=min_improvement,
             )
             self._refine = urgent and plan.makespan > plan.lower_bound * (1 + REFINE_GAP)
-            self._fresh = ({j.name for j in jobs if not j.name.startswith(FUTURE)}, state.changes,
-                           now + plan.makespan, plan.makespan)
+            self._fresh = (
+                {j.name for j in jobs if not j.name.startswith(FUTURE)},
+                state.changes,
+                now + plan.makespan,
+                plan.makespan,
+            )
         places: dict[int, Assignment] = {}
         for a in plan.assignments:
             if a.job.startswith(FUTURE):
@@ -95,8 +105,9 @@ class Planning:
             waiting = state.waiting[int(a.job)]
             option = next(o for o in view.options(waiting, state) if o.choice == a.option.choice)  # its own runtime
             places[waiting.number] = state.topology.to_global(replace(a, option=option, end=a.start + option.runtime))
-        shown = Plan(tuple(places.values()), solver=plan.solver, lower_bound=plan.lower_bound,
-                     solve_seconds=plan.solve_seconds)
+        shown = Plan(
+            tuple(places.values()), solver=plan.solver, lower_bound=plan.lower_bound, solve_seconds=plan.solve_seconds
+        )
         if self.first_makespan is None:
             self.first_makespan = now + shown.makespan
         return Planned(places, shown, now)
@@ -115,7 +126,8 @@ class Planning:
         arrived = sum(min(o.runtime * o.devices for o in j.options) for j in jobs if j.name in names - fresh_names)
         allowed = fresh_end + arrived / state.cluster.total_devices + DRIFT * span
         if now + kept.makespan <= allowed or kept.makespan <= (1 + CLOSE_ENOUGH) * lower_bound(
-                jobs, state.cluster, busy=busy):
+            jobs, state.cluster, busy=busy
+        ):
             return kept
         return None
 

@@ -91,9 +91,9 @@ class Profiling:
         self.device_seconds += (now - run.started) * len(run.devices)
         self.runs += 1
         for entry in run.job.entries:
-            self.where.setdefault(entry.trial.number, []).append({
-                "option": run.job.name, "devices": device_names, "start": round(run.started, 3), "end": round(now, 3),
-            })
+            self.where.setdefault(entry.trial.number, []).append(
+                {"option": run.job.name, "devices": device_names, "start": round(run.started, 3), "end": round(now, 3)}
+            )
         return {e.trial.number: self.where[e.trial.number] for e in run.job.entries}
 
     def _idle_devices(self, state: SweepState, ready: set[int], now: float) -> set[int]:
@@ -101,16 +101,22 @@ class Profiling:
         free = state.free() & ready
         if self._profile_only or not free:
             return free
-        soon = {d for w in state.waiting.values() if w.assignment is not None and w.planned_start < now + 0.5
-                for d in w.assignment.devices}
+        soon = {
+            d
+            for w in state.waiting.values()
+            if w.assignment is not None and w.planned_start < now + 0.5
+            for d in w.assignment.devices
+        }
         return free - soon
 
     def _worth_measuring(self, state: SweepState, view: OptionsView, now: float) -> list[ProfileJob]:
         """Options of waiting trials whose measurement could shorten the plan by more than it costs."""
-        candidates = [(number, waiting, priced) for number, waiting in state.waiting.items()
-                      for priced in waiting.price.options
-                      if not priced.measured and priced.uncertainty > 0
-                      and (number, priced.option.choice) not in self._profiled]
+        candidates = [
+            (number, waiting, priced)
+            for number, waiting in state.waiting.items()
+            for priced in waiting.price.options
+            if not priced.measured and priced.uncertainty > 0 and (number, priced.option.choice) not in self._profiled
+        ]
         if not candidates:
             return []
         jobs, busy = view.jobs_and_busy(state, now)

@@ -22,8 +22,7 @@ def started(number: int, option: Option, devices: Sequence[Device], priced: Pric
     measured = "" if priced is None or priced.measured else " (not measured yet: its first steps are its profile)"
     accumulation = option.gradient_accumulation
     micro = f", {accumulation} micro-batches per step" if accumulation > 1 else ""
-    return (f"Trial {number} started: {option.strategy} on {', '.join(map(str, devices))}{micro}{measured} "
-            f"(log: {log})")
+    return f"Trial {number} started: {option.strategy} on {', '.join(map(str, devices))}{micro}{measured} (log: {log})"
 
 
 def option_name(strategy: str, job: ProfileJob) -> str:
@@ -31,9 +30,11 @@ def option_name(strategy: str, job: ProfileJob) -> str:
 
 
 def devices_lost(lost: set[int], state: SweepState) -> str:
-    return (f"Devices {', '.join(str(state.devices[d]) for d in sorted(lost))} are gone (their node died, or their "
-            "worker could not start: the log above says which); "
-            f"the sweep goes on with the {len(state.devices) - len(state.lost)} others.")
+    return (
+        f"Devices {', '.join(str(state.devices[d]) for d in sorted(lost))} are gone (their node died, or their "
+        "worker could not start: the log above says which); "
+        f"the sweep goes on with the {len(state.devices) - len(state.lost)} others."
+    )
 
 
 def profiled(record: Any, followed_up: bool) -> str:
@@ -45,9 +46,11 @@ def profiled(record: Any, followed_up: bool) -> str:
     if not record.feasible:
         return f"does not fit ({record.error})"
     loops = f", {len(record.loop_steps)} loops" if len(record.loop_steps) > 1 else ""
-    return (f"{record.step_seconds * 1e3:.1f} ms/step, set-up {record.startup_seconds:.1f} s, "
-            f"after the loop {record.tail_seconds or 0.0:.1f} s{loops}, "
-            f"peak {record.peak_memory_bytes / 2**20:.0f} MiB")
+    return (
+        f"{record.step_seconds * 1e3:.1f} ms/step, set-up {record.startup_seconds:.1f} s, "
+        f"after the loop {record.tail_seconds or 0.0:.1f} s{loops}, "
+        f"peak {record.peak_memory_bytes / 2**20:.0f} MiB"
+    )
 
 
 def log_finished(frozen: FrozenTrial, seconds: float, reason: str, log: Path) -> None:
@@ -61,14 +64,19 @@ def log_finished(frozen: FrozenTrial, seconds: float, reason: str, log: Path) ->
         logger.warning(f"Trial {frozen.number} failed after {seconds:.1f} s: {reason}\n{_tail(log)}")
 
 
-def summary(state: SweepState, wall: float, asking: Any, planning_seconds: float, planning: Any,
-            profiling: Any) -> dict[str, Any]:
+def summary(
+    state: SweepState, wall: float, asking: Any, planning_seconds: float, planning: Any, profiling: Any
+) -> dict[str, Any]:
     """``saturn:last_sweep``: what the sweep spent its time on (the simulator replays a sweep from it)."""
     return {
-        "started_at": state.started_at, "wall_seconds": round(wall, 3), "trials": state.asked,
-        "profiling_runs": profiling.runs, "profiling_device_seconds": round(profiling.device_seconds, 3),
+        "started_at": state.started_at,
+        "wall_seconds": round(wall, 3),
+        "trials": state.asked,
+        "profiling_runs": profiling.runs,
+        "profiling_device_seconds": round(profiling.device_seconds, 3),
         "idle_device_seconds": {str(state.devices[d]): round(s, 3) for d, s in state.idle_seconds.items()},
-        "planning_seconds": round(planning_seconds, 3), "plans": planning.version,
+        "planning_seconds": round(planning_seconds, 3),
+        "plans": planning.version,
         "describing_seconds": round(sum(asking.ask_seconds), 3),
         "ask_seconds": [round(s, 3) for s in asking.ask_seconds],
         "workers_ready": {str(state.devices[d]): round(t, 3) for d, t in sorted(state.ready_at.items())},

@@ -23,8 +23,16 @@ from optuna_saturn.study.trial_session import TrialSession
 
 
 class JobRequests:
-    def __init__(self, *, run_dir: Path, checkpoint_root: Path, strategies: dict[str, Strategy],
-                 profile_steps: tuple[int, int], lock: threading.Lock, clock: Clock) -> None:
+    def __init__(
+        self,
+        *,
+        run_dir: Path,
+        checkpoint_root: Path,
+        strategies: dict[str, Strategy],
+        profile_steps: tuple[int, int],
+        lock: threading.Lock,
+        clock: Clock,
+    ) -> None:
         self.run_dir = run_dir
         self._checkpoint_root = checkpoint_root
         self._strategies = strategies
@@ -34,31 +42,47 @@ class JobRequests:
         self._runs = itertools.count()
         self._trial_runs: collections.Counter[int] = collections.Counter()
 
-    def trial(self, trial: optuna.Trial, option: Option, devices: tuple[int, ...],
-              resume: checkpoint.CheckpointRecord | None) -> JobRequest:
+    def trial(
+        self, trial: optuna.Trial, option: Option, devices: tuple[int, ...], resume: checkpoint.CheckpointRecord | None
+    ) -> JobRequest:
         session = TrialSession(trial, self._lock, self._clock)
         earlier = self._trial_runs[trial.number]
         self._trial_runs[trial.number] += 1
         return JobRequest(
-            f"trial-{trial.number}" + (f".{earlier}" if earlier else ""), devices,
-            (Task(session, self._strategies[option.strategy]),), self.run_dir / f"trial-{trial.number}.log",
+            f"trial-{trial.number}" + (f".{earlier}" if earlier else ""),
+            devices,
+            (Task(session, self._strategies[option.strategy]),),
+            self.run_dir / f"trial-{trial.number}.log",
             gradient_accumulation=option.gradient_accumulation,
-            checkpoint={"dir": str(self.checkpoint_folder(trial.number)),
-                        "resume": None if resume is None else resume.to_json()},
+            checkpoint={
+                "dir": str(self.checkpoint_folder(trial.number)),
+                "resume": None if resume is None else resume.to_json(),
+            },
         )
 
     def profiling(self, job: ProfileJob, devices: tuple[int, ...]) -> JobRequest:
         warmup, timed = self._profile_steps
         tasks = tuple(
-            Task(TrialSession(entry.trial, self._lock, self._clock), entry.strategies[0], profile={
-                "warmup": warmup, "timed": timed, "strategies": [s.to_json() for s in entry.strategies],
-                "gradient_accumulation": job.gradient_accumulation,
-            })
+            Task(
+                TrialSession(entry.trial, self._lock, self._clock),
+                entry.strategies[0],
+                profile={
+                    "warmup": warmup,
+                    "timed": timed,
+                    "strategies": [s.to_json() for s in entry.strategies],
+                    "gradient_accumulation": job.gradient_accumulation,
+                },
+            )
             for entry in job.entries
         )
         key = f"profile-{job.name}.{next(self._runs)}"
-        return JobRequest(key, devices, tasks, self.run_dir / f"{safe(f'profile-{job.name}')}.log",
-                          gradient_accumulation=job.gradient_accumulation)
+        return JobRequest(
+            key,
+            devices,
+            tasks,
+            self.run_dir / f"{safe(f'profile-{job.name}')}.log",
+            gradient_accumulation=job.gradient_accumulation,
+        )
 
     def checkpoint_folder(self, number: int) -> Path:
         return self._checkpoint_root / f"trial-{number}"

@@ -31,8 +31,15 @@ _logger = optuna.logging.get_logger("optuna.saturn")
 
 
 class Resumes:
-    def __init__(self, state: SweepState, strategies: dict[str, Strategy], *, root: Path, shared: bool,
-                 exists: Callable[[str], bool]) -> None:
+    def __init__(
+        self,
+        state: SweepState,
+        strategies: dict[str, Strategy],
+        *,
+        root: Path,
+        shared: bool,
+        exists: Callable[[str], bool],
+    ) -> None:
         self._state = state
         self._exists = exists  # whether the pool's jobs can load a checkpoint at a path
         self._root = root  # the study's checkpoint folder in this sweep (its name is the study's folder id)
@@ -47,14 +54,18 @@ class Resumes:
         record = checkpoint.CheckpointRecord.from_json(data)
         refused = self.refused(record)
         if refused:
-            _logger.warning(f"Trial {trial.number} runs again from the start: its checkpoint {record.path} is "
-                            f"not loaded ({refused}).")
+            _logger.warning(
+                f"Trial {trial.number} runs again from the start: its checkpoint {record.path} is "
+                f"not loaded ({refused})."
+            )
             return None
         if not self._exists(record.path):
             _logger.warning(f"Trial {trial.number} runs again from the start: its checkpoint {record.path} is gone.")
             return None
-        _logger.info(f"Trial {trial.number} resumes from step {record.step} ({record.strategy} x"
-                     f"{record.world_size} checkpoint in {record.path}).")
+        _logger.info(
+            f"Trial {trial.number} resumes from step {record.step} ({record.strategy} x"
+            f"{record.world_size} checkpoint in {record.path})."
+        )
         return record
 
     def refused(self, record: checkpoint.CheckpointRecord) -> str:
@@ -63,8 +74,13 @@ class Resumes:
         used another ``log_dir``), in folders only this user can change."""
         path = Path(record.path)
         trial_folder, study_folder = path.parent, path.parent.parent
-        if study_folder.name != self._root.name or not re.fullmatch(r"trial-\d+", trial_folder.name) or \
-                not re.fullmatch(r"step-\d+", path.name) or not path.is_absolute() or ".." in path.parts:
+        if (
+            study_folder.name != self._root.name
+            or not re.fullmatch(r"trial-\d+", trial_folder.name)
+            or not re.fullmatch(r"step-\d+", path.name)
+            or not path.is_absolute()
+            or ".." in path.parts
+        ):
             return f"it is not a trial's checkpoint in a folder of this study's ({self._root.name})"
         for folder in (path, trial_folder, study_folder):
             try:
@@ -93,13 +109,20 @@ class Resumes:
         if none can), and without the option ``leaving`` (the one a move left) if others remain."""
         record = self._state.resumes.get(number)
         if record is not None:
-            able = [p for p in price.options if checkpoint.can_resume(
-                record, self._strategies[p.option.strategy].engine, p.option.devices, p.option.strategy)]
+            able = [
+                p
+                for p in price.options
+                if checkpoint.can_resume(
+                    record, self._strategies[p.option.strategy].engine, p.option.devices, p.option.strategy
+                )
+            ]
             if able:
                 price.options = able
             else:
-                _logger.warning(f"Trial {number} runs again from the start: none of its options can load its "
-                                f"{record.format} checkpoint of {record.world_size} rank(s).")
+                _logger.warning(
+                    f"Trial {number} runs again from the start: none of its options can load its "
+                    f"{record.format} checkpoint of {record.world_size} rank(s)."
+                )
                 self._state.resumes[number] = None
         others = [p for p in price.options if p.option.choice != leaving]
         if leaving is not None and others:

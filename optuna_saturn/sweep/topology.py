@@ -19,7 +19,7 @@ class Topology:
     members: tuple[tuple[int, ...], ...]
 
     @classmethod
-    def of(cls, devices: Sequence[Device], *, without: Collection[int] = ()) -> "Topology":
+    def of(cls, devices: Sequence[Device], *, without: Collection[int] = ()) -> Topology:
         """``devices`` by node, in order, leaving out the devices ``without`` (a node left with none is gone)."""
         names: list[str] = []
         members: dict[str, list[int]] = {}
@@ -60,8 +60,9 @@ class Topology:
         """The inverse of :meth:`to_global`. The node is found from the (global) devices: node indices shift when
         a node is gone, device indices never do."""
         a = assignment
-        return Assignment(a.job, a.option, self._nodes[a.devices[0]], tuple(self._locals[d] for d in a.devices),
-                          a.start, a.end)
+        return Assignment(
+            a.job, a.option, self._nodes[a.devices[0]], tuple(self._locals[d] for d in a.devices), a.start, a.end
+        )
 
     def reservation(self, devices: Sequence[int], until: float, job: str = "") -> Reservation:
         """Global devices a running job holds, as the planner reserves them."""

@@ -1,4 +1,5 @@
-"""Entry point of a worker process that a launcher started for one job: ``python -m optuna_saturn.worker.launched SPEC``.
+"""Entry point of a worker process that a launcher started for one job:
+``python -m optuna_saturn.worker.launched SPEC``.
 
 Strategies whose launcher must own the processes (a user's template with ``launcher = "deepspeed"`` or
 ``"accelerate"``) run this way; every other job runs in a warm worker (``optuna_saturn.worker.warm``). It pins the
@@ -35,9 +36,9 @@ def main(spec_path: str) -> NoReturn:
 
     import torch
 
-    from optuna_saturn.worker.rank import exit_now, join_process_group, leave_process_group, run_job
-    from optuna_saturn.worker.objective_recipe import load_objective
     from optuna_saturn.engines import _clipping
+    from optuna_saturn.worker.objective_recipe import load_objective
+    from optuna_saturn.worker.rank import exit_now, join_process_group, leave_process_group, run_job
 
     if device["kind"] == "cpu" and device["cores"]:
         torch.set_num_threads(len(device["cores"]))

@@ -22,8 +22,8 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from optuna_saturn.worker.random_state import capture, restore
 from optuna_saturn.sharding import LoaderView
+from optuna_saturn.worker.random_state import capture, restore
 
 
 class PositionedLoader(LoaderView):
@@ -71,8 +71,9 @@ class PositionedLoader(LoaderView):
 
     def position(self) -> dict[str, Any] | None:
         """Its current pass's start and progress; between passes, its own generators' states (or None)."""
-        between = {"states": None, "generators": [g.get_state() for g in self._generators]} \
-            if self._generators else None
+        between = (
+            {"states": None, "generators": [g.get_state() for g in self._generators]} if self._generators else None
+        )
         if self._pass_states is None or self._ended or self._persistent:
             return between
         try:

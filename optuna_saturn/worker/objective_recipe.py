@@ -61,9 +61,12 @@ def load_objective(recipe: dict) -> Callable[..., Any]:
     if kind == "file" and "origin" in recipe:  # (a copy: run as the script it copies, for its __file__)
         with open(recipe["path"], "rb") as f:
             code = compile(f.read(), recipe["origin"], "exec")
-        namespace: dict[str, Any] = {"__name__": "__saturn_main__", "__file__": recipe["origin"],
-                                     "__builtins__": __builtins__}
-        exec(code, namespace)  # noqa: S102 (the objective's own script, as runpy.run_path would run it)
+        namespace: dict[str, Any] = {
+            "__name__": "__saturn_main__",
+            "__file__": recipe["origin"],
+            "__builtins__": __builtins__,
+        }
+        exec(code, namespace)
         return _lookup(namespace, recipe["qualname"])
     if kind == "file":
         namespace = runpy.run_path(recipe["path"], run_name="__saturn_main__")

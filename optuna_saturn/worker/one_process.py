@@ -53,7 +53,7 @@ def membership(job: dict, device: dict) -> Iterator[Membership]:
     import torch
     import torch.distributed as dist
 
-    store = dist.FileStore(job["rendezvous"][len("file://"):] + ".cores", job["world_size"])
+    store = dist.FileStore(job["rendezvous"][len("file://") :] + ".cores", job["world_size"])
     store.set_timeout(timedelta(seconds=job.get("timeout") or 600))
     store.set(f"cores-{job['rank']}", json.dumps(device.get("cores") or []))
     if job["rank"] != 0:

@@ -36,14 +36,20 @@ class ProcessState:
     accelerate: tuple[dict, ...] | None  # Accelerate's per-process states (see _accelerate_states)
 
     @classmethod
-    def capture(cls) -> "ProcessState":
+    def capture(cls) -> ProcessState:
         import numpy
 
         return cls(
-            torch_rng=torch.get_rng_state(), python_rng=random.getstate(), numpy_rng=numpy.random.get_state(),
-            default_dtype=torch.get_default_dtype(), grad_enabled=torch.is_grad_enabled(),
-            num_threads=torch.get_num_threads(), deterministic=torch.are_deterministic_algorithms_enabled(),
-            environ=dict(os.environ), cwd=os.getcwd(), backend_flags=_backend_flags(),
+            torch_rng=torch.get_rng_state(),
+            python_rng=random.getstate(),
+            numpy_rng=numpy.random.get_state(),
+            default_dtype=torch.get_default_dtype(),
+            grad_enabled=torch.is_grad_enabled(),
+            num_threads=torch.get_num_threads(),
+            deterministic=torch.are_deterministic_algorithms_enabled(),
+            environ=dict(os.environ),
+            cwd=os.getcwd(),
+            backend_flags=_backend_flags(),
             accelerate=_accelerate_state(),
         )
 

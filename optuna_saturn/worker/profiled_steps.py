@@ -55,7 +55,9 @@ class StepTimings:
 
     def to_json(self) -> dict:
         return {
-            "first_step_at": self.first_step_at, "loop_steps": self.loop_steps, "between_seconds": self.between_seconds,
+            "first_step_at": self.first_step_at,
+            "loop_steps": self.loop_steps,
+            "between_seconds": self.between_seconds,
         }
 
 
@@ -73,7 +75,6 @@ class ProfilingLoader(LoaderView):
         if timings is None or not timings.fast_forward:
             return batches
         return (batch for _, batch in zip(range(_FAST_FORWARD_BATCHES), batches))
-
 
 
 def profiled_steps(trial: SaturnTrial, total: int) -> Iterator[int]:
@@ -94,6 +95,7 @@ def profiled_steps(trial: SaturnTrial, total: int) -> Iterator[int]:
             durations.append(time.perf_counter() - began)
     ended = time.time()
     trial.profile_timings = StepTimings(first_step_at, durations, ended, [total], None, ended)
+
 
 def _counted_loop(timings: StepTimings, total: int) -> Iterator[int]:
     """A later loop of a profiling run (the next epoch): count it, run one real step."""

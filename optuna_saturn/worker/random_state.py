@@ -17,7 +17,9 @@ import torch
 def capture(generators: Sequence[torch.Generator] = (), *, cuda: bool = False) -> dict[str, Any]:
     """torch's, Python's and NumPy's global states, ``generators``' own, and (``cuda``) this device's CUDA one."""
     states: dict[str, Any] = {
-        "torch": torch.get_rng_state(), "random": random.getstate(), "generators": [g.get_state() for g in generators],
+        "torch": torch.get_rng_state(),
+        "random": random.getstate(),
+        "generators": [g.get_state() for g in generators],
     }
     if cuda and torch.cuda.is_available() and torch.cuda.is_initialized():
         states["cuda"] = torch.cuda.get_rng_state()

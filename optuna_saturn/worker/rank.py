@@ -16,17 +16,17 @@ import resource
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, NoReturn
+from typing import Any, NoReturn
 
 import optuna
 import torch
 import torch.distributed as dist
 
 from optuna_saturn.channel import ChannelClient
-from optuna_saturn.engines import StrategyMismatch, WorkerContext, engine_for
-from optuna_saturn.engines import _clipping
+from optuna_saturn.engines import StrategyMismatch, WorkerContext, _clipping, engine_for
 from optuna_saturn.integrations import _guard as accelerate_guard
 from optuna_saturn.microbatch import AccumulationError
 from optuna_saturn.strategy import Strategy
@@ -46,7 +46,12 @@ class RankPlace:
 
 
 def join_process_group(
-    device_json: dict, rank: int, world_size: int, *, local_rank: int | None = None, init_method: str | None = None,
+    device_json: dict,
+    rank: int,
+    world_size: int,
+    *,
+    local_rank: int | None = None,
+    init_method: str | None = None,
     timeout: float | None = None,
 ) -> RankPlace:
     """Join the job's process group: NCCL on a GPU (with a gloo group beside it), gloo on a CPU device.
@@ -55,10 +60,16 @@ def join_process_group(
     if init_method is not None:
         options["init_method"] = init_method
         # what a launcher would have set; libraries read them (DeepSpeed asserts LOCAL_RANK)
-        os.environ.update({
-            "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
-            "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-        })
+        os.environ.update(
+            {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world_size),
+                "LOCAL_RANK": str(rank),
+                "LOCAL_WORLD_SIZE": str(world_size),
+                "GROUP_RANK": "0",
+                "MASTER_ADDR": "127.0.0.1",
+            }
+        )
     if timeout is not None:
         options["timeout"] = timedelta(seconds=timeout)
     if device_json["kind"] == "cuda":
@@ -121,19 +132,35 @@ def run_job(spec: dict, place: RankPlace, objective: Callable[[Any], Any]) -> bo
 
 
 def _run_once(
-    spec: dict, place: RankPlace, objective: Callable[[Any], Any], strategy: Strategy, accumulation: int,
+    spec: dict,
+    place: RankPlace,
+    objective: Callable[[Any], Any],
+    strategy: Strategy,
+    accumulation: int,
     channel: ChannelClient | None,
 ) -> dict:
     """Run the objective once under one strategy; how it ended, as the message rank 0 sends."""
     profile = spec.get("profile")
     context = WorkerContext(
-        place.rank, place.local_rank, place.world_size, place.device, dict(strategy.knobs),
-        dict(strategy.launcher_config), accumulation, place.control_group, strategy.name,
+        place.rank,
+        place.local_rank,
+        place.world_size,
+        place.device,
+        dict(strategy.knobs),
+        dict(strategy.launcher_config),
+        accumulation,
+        place.control_group,
+        strategy.name,
     )
     _clipping.forget_all()
     trial = SaturnTrial(
-        number=spec["trial_number"], strategy=strategy, engine=engine_for(strategy.engine, context),
-        channel=channel, control_group=place.control_group, profile=profile, checkpoint=spec.get("checkpoint"),
+        number=spec["trial_number"],
+        strategy=strategy,
+        engine=engine_for(strategy.engine, context),
+        channel=channel,
+        control_group=place.control_group,
+        profile=profile,
+        checkpoint=spec.get("checkpoint"),
     )
     started_at = time.time()
     if channel is not None:
@@ -147,7 +174,10 @@ def _run_once(
         tail = time.time() - timings.last_loop_ended_at
         world = place.world_size if agreed else 1
         return {
-            "op": "profile", "strategy": strategy.name, "objective_started_at": started_at, **timings.to_json(),
+            "op": "profile",
+            "strategy": strategy.name,
+            "objective_started_at": started_at,
+            **timings.to_json(),
             "step_seconds": _max_over_ranks(timings.step_seconds, world, place.control_group),
             "tail_seconds": _max_over_ranks([tail], world, place.control_group)[0],
             "peak_memory_bytes": _max_over_ranks([peak_memory(place.device)], world, place.control_group)[0],
@@ -173,8 +203,7 @@ def _run_once(
         if trial.profile_timings is not None and not out_of_memory and not isinstance(exc, KeyboardInterrupt):
             # After a shortened loop, code that expects a full one may fail (e.g. min() of validation losses that
             # were never computed): the steps are still measured; the time after the loop is cut short.
-            print("optuna-saturn: the error above came after the timed steps; the profile keeps them.",
-                  file=sys.stderr)
+            print("optuna-saturn: the error above came after the timed steps; the profile keeps them.", file=sys.stderr)
             outcome = measured(agreed=False)
             if place.world_size > 1:  # peers may wait in a collective this rank left: end the job
                 outcome["stop_launch"] = error
@@ -185,7 +214,10 @@ def _run_once(
                 trial.steps_started and trial.profile_timings is None and not isinstance(exc, AccumulationError)
             )
             return {
-                "op": "profile", "strategy": strategy.name, "infeasible": True, "oom_in_steps": oom_in_steps,
+                "op": "profile",
+                "strategy": strategy.name,
+                "infeasible": True,
+                "oom_in_steps": oom_in_steps,
                 "error": error[:500],
             }
         if profile is not None:
@@ -198,8 +230,11 @@ def _run_once(
             return outcome
         _record_error(spec["errors"], place.rank, error)
         return {
-            "op": "fail", "error": error, "out_of_memory": out_of_memory,
-            "mismatch": isinstance(exc, StrategyMismatch), "traceback": traceback.format_exc(),
+            "op": "fail",
+            "error": error,
+            "out_of_memory": out_of_memory,
+            "mismatch": isinstance(exc, StrategyMismatch),
+            "traceback": traceback.format_exc(),
         }
 
 

@@ -30,8 +30,10 @@ def loads(blob: bytes) -> Any:
     try:
         data = json.loads(blob.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError("this checkpoint's trainer state is not JSON (an older optuna-saturn pickled it, and "
-                         "pickles are no longer loaded): the trial starts from its first step") from exc
+        raise ValueError(
+            "this checkpoint's trainer state is not JSON (an older optuna-saturn pickled it, and "
+            "pickles are no longer loaded): the trial starts from its first step"
+        ) from exc
     return _decode(data)
 
 
@@ -43,8 +45,9 @@ def _encode(value: Any, where: str) -> Any:
     if isinstance(value, tuple):
         return {_TUPLE: [_encode(item, f"{where}[{i}]") for i, item in enumerate(value)]}
     if isinstance(value, dict):
-        return {_DICT: [[_encode(key, f"{where} key"), _encode(item, f"{where}[{key!r}]")]
-                        for key, item in value.items()]}
+        return {
+            _DICT: [[_encode(key, f"{where} key"), _encode(item, f"{where}[{key!r}]")] for key, item in value.items()]
+        }
     if isinstance(value, torch.Tensor):
         flat = value.detach().cpu().contiguous().reshape(-1)
         return {_TENSOR: [str(flat.dtype).removeprefix("torch."), list(value.shape), _bytes_of(flat)]}
@@ -53,12 +56,19 @@ def _encode(value: Any, where: str) -> Any:
     except ImportError:  # pragma: no cover (torch needs NumPy for little; it may be absent)
         numpy = None
     if numpy is not None and isinstance(value, numpy.ndarray):
-        return {_ARRAY: [value.dtype.str, list(value.shape),
-                         base64.b64encode(numpy.ascontiguousarray(value).tobytes()).decode("ascii")]}
+        return {
+            _ARRAY: [
+                value.dtype.str,
+                list(value.shape),
+                base64.b64encode(numpy.ascontiguousarray(value).tobytes()).decode("ascii"),
+            ]
+        }
     if numpy is not None and isinstance(value, numpy.generic):
         return value.item()
-    raise TypeError(f"a checkpoint keeps its trainer state as JSON, and {where} is a {type(value).__name__}: keep "
-                    "numbers, strings, lists, dicts, tensors and NumPy arrays in the LR scheduler's state_dict()")
+    raise TypeError(
+        f"a checkpoint keeps its trainer state as JSON, and {where} is a {type(value).__name__}: keep "
+        "numbers, strings, lists, dicts, tensors and NumPy arrays in the LR scheduler's state_dict()"
+    )
 
 
 def _bytes_of(flat: torch.Tensor) -> str:
@@ -82,8 +92,11 @@ def _decode(data: Any) -> Any:
             raise ValueError(f"this checkpoint's trainer state names no tensor type: {dtype_name!r}")
         raw = bytearray(base64.b64decode(encoded))
         if dtype == torch.bool:
-            return torch.frombuffer(raw, dtype=torch.uint8).to(torch.bool).reshape(shape) if raw else \
-                torch.empty(shape, dtype=torch.bool)
+            return (
+                torch.frombuffer(raw, dtype=torch.uint8).to(torch.bool).reshape(shape)
+                if raw
+                else torch.empty(shape, dtype=torch.bool)
+            )
         return torch.frombuffer(raw, dtype=dtype).reshape(shape).clone() if raw else torch.empty(shape, dtype=dtype)
     if _ARRAY in data:
         import numpy

@@ -28,10 +28,10 @@ def prepare_process(config: dict) -> dict[str, Any]:
     os.environ["OPTUNA_SATURN_WORKER"] = "1"
     import torch
 
-    from optuna_saturn.worker.process_state import reset_library_state
     from optuna_saturn.engines import _clipping
     from optuna_saturn.integrations import _guard as accelerate_guard
     from optuna_saturn.profiler._probe import warm_up
+    from optuna_saturn.worker.process_state import reset_library_state
 
     torch.set_num_threads(1)  # no thread pool before the forks: each worker sizes its own
     _clipping.install()  # before any objective's module imports clip_grad_norm_
@@ -51,7 +51,6 @@ def _freeze_what_is_imported() -> None:
     collects after every job, and Python collects on its own during trials; now both see only what jobs
     create. The warm-up's garbage is collected first, so nothing collectable is frozen; the forks also keep
     sharing these pages, since collections no longer write to them."""
-    import gc
 
     gc.collect()
     gc.freeze()
@@ -68,16 +67,16 @@ def _objective(objectives: dict[str, Any], recipe: dict) -> Any:
 
 def serve(config: dict, index: int, objectives: dict[str, Any]) -> NoReturn:
     """The worker of device ``index`` (a fork of the pool host): runs the jobs the executor sends it."""
-    from optuna_saturn.worker.tied_to_parent import WORKER_NAME, die_with_parent, name_process
     from optuna_saturn.worker.launched import pin_to_device
+    from optuna_saturn.worker.tied_to_parent import WORKER_NAME, die_with_parent, name_process
 
     die_with_parent(config["host_pid"])
     name_process(f"{WORKER_NAME}{index}")
     device = config["devices"][index]
     pin_to_device(device, pin_cores=config.get("pin_cores", True))
 
-    from optuna_saturn.worker.rank import exit_now, resident_memory
     from optuna_saturn.channel import ChannelClient
+    from optuna_saturn.worker.rank import exit_now, resident_memory
 
     size_threads(device)
     pool = ChannelClient(config["channel"], config["token"], hello={"worker": index})
@@ -87,8 +86,9 @@ def serve(config: dict, index: int, objectives: dict[str, Any]) -> NoReturn:
         if order.get("exit"):
             break
         clean, recycle = runner.run(order["job"], worker=index)
-        pool.call("done", worker=index, job=order["job"]["name"], clean=clean, recycle=recycle,
-                  resident=resident_memory())
+        pool.call(
+            "done", worker=index, job=order["job"]["name"], clean=clean, recycle=recycle, resident=resident_memory()
+        )
         if recycle:
             exit_now(0)  # the host starts a fresh worker in this one's place
     pool.close()
@@ -107,8 +107,9 @@ class JobRunner:
     """Runs one warm worker's jobs, one after another, each as one rank of its job's process group; shared by the
     pool host's workers and the Ray runner's actors. Every job starts from the process state the first one saw."""
 
-    def __init__(self, device: dict, *, local_rank: int, objectives: dict[str, Any],
-                 memory_limit: float | None = None) -> None:
+    def __init__(
+        self, device: dict, *, local_rank: int, objectives: dict[str, Any], memory_limit: float | None = None
+    ) -> None:
         self._device = device
         self._local_rank = local_rank  # a GPU worker sees the pool's GPUs and uses this one
         self._objectives = objectives
@@ -118,23 +119,35 @@ class JobRunner:
     def run(self, job: dict, *, worker: Any) -> tuple[bool, bool]:
         """Run ``job``; returns whether every step of it ended clean, and whether this process must be replaced
         (the job failed, so its peers may be stuck and memory may not come back, or the process grew too large)."""
-        from optuna_saturn.worker.rank import join_process_group, leave_process_group, release_memory
-        from optuna_saturn.worker.rank import resident_memory, run_job
-        from optuna_saturn.worker.process_state import ProcessState
         from optuna_saturn.worker.one_process import membership
+        from optuna_saturn.worker.process_state import ProcessState
+        from optuna_saturn.worker.rank import (
+            join_process_group,
+            leave_process_group,
+            release_memory,
+            resident_memory,
+            run_job,
+        )
 
         fn = _objective(self._objectives, job["objective"])
         if self._baseline is None:  # the state every job starts from
             self._baseline = ProcessState.capture()
         with _output_to(job["log"]):
-            print(f"optuna-saturn: worker {worker} (pid {os.getpid()}) runs {job['name']} as rank {job['rank']} "
-                  f"of {job['world_size']}", flush=True)
+            print(
+                f"optuna-saturn: worker {worker} (pid {os.getpid()}) runs {job['name']} as rank {job['rank']} "
+                f"of {job['world_size']}",
+                flush=True,
+            )
             with membership(job, self._device) as part:
                 if not part.joins:  # it lent its cores to the job's first worker, which is done
                     return True, False
                 place = join_process_group(
-                    self._device, part.rank, part.world_size, local_rank=self._local_rank,
-                    init_method=part.rendezvous, timeout=job.get("timeout"),
+                    self._device,
+                    part.rank,
+                    part.world_size,
+                    local_rank=self._local_rank,
+                    init_method=part.rendezvous,
+                    timeout=job.get("timeout"),
                 )
                 clean = run_job(job, place, fn)
                 if clean:
@@ -175,4 +188,3 @@ def _output_to(path: str) -> Iterator[None]:
         os.dup2(saved[1], 2)
         for f in (fd, *saved):
             os.close(f)
-
