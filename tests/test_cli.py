@@ -19,6 +19,7 @@ from support import require
 from typer.testing import CliRunner
 
 from optuna_saturn.cli import app
+from optuna_saturn.planner import SOLVERS
 from optuna_saturn.report import GRAPH_OBJECT_ID
 
 TESTS = Path(__file__).resolve().parent
@@ -184,6 +185,14 @@ def test_help_lists_every_command() -> None:
         assert sub.exit_code == 0 and "--storage" in sub.output
     assert "profile" in result.output
     assert "--profile-store" in invoke("profile", "--help").output
+
+
+@pytest.mark.parametrize("command", ["run", "plan", "simulate"])
+def test_solver_help_names_every_backend(command) -> None:
+    """The help is built from the planner's own list, so a backend added there (``search`` was missing) shows."""
+    words = " ".join(runner.invoke(app, [command, "--help"], terminal_width=200).output.split())
+    for solver in SOLVERS:
+        assert solver in words.split("Planner backend:")[1].split("[default")[0], solver
 
 
 @pytest.mark.parametrize("command", ["run", "profile", "plan", "simulate", "report"])

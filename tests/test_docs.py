@@ -104,3 +104,7 @@ def test_the_site_builds_strictly(tmp_path):
     api = (tmp_path / "site" / "api" / "index.html").read_text(encoding="utf-8")
     for name in optuna_saturn.__all__:
         assert f'id="optuna_saturn.{name}"' in api, f"the API page renders no entry for {name}"
+    # the docstrings' Sphinx roles (:class:`~x.Y`) read as code, not as a role's name before it (docs/_hooks)
+    pages = "".join(p.read_text(encoding="utf-8") for p in (tmp_path / "site").rglob("*.html"))
+    assert not re.findall(r":(?:mod|class|func|meth|data|attr|exc):<code>", pages)
+    assert "<code>SweepListener</code>" in api

@@ -10,6 +10,7 @@ from typing import Annotated, Any, NoReturn
 import optuna
 import typer
 
+from optuna_saturn.planner import SOLVERS
 from optuna_saturn.study.urls import without_password
 
 USAGE_ERROR = 2
@@ -39,12 +40,7 @@ StorageOption = Annotated[
 StudyOption = Annotated[
     str | None, typer.Option("--study", help="Study name. May be left out when the storage holds exactly one study.")
 ]
-SolverOption = Annotated[
-    str,
-    typer.Option(
-        "--solver", help="Planner backend: auto, gurobi, highs, cpsat, list, greedy, sequential-max, task-parallel."
-    ),
-]
+SolverOption = Annotated[str, typer.Option("--solver", help=f"Planner backend: {', '.join(SOLVERS)}.")]
 DevicesOption = Annotated[
     str,
     typer.Option(
