@@ -78,14 +78,25 @@ def find_chromium() -> str | None:
 def _chromium_screenshot(browser: str, fig: go.Figure, path: Path, *, width: int, height: int) -> None:
     with tempfile.TemporaryDirectory(prefix="saturn-png-") as tmp:
         page = write_html(go.Figure(fig).update_layout(width=width, height=height), Path(tmp) / "chart.html")
+        screenshot(page.resolve().as_uri(), path, width=width, height=height, browser=browser)
+
+
+def screenshot(url: str, path: str | os.PathLike, *, width: int, height: int, browser: str | None = None) -> Path:
+    """A PNG of the page at ``url`` as headless Chromium renders it in a ``width`` x ``height`` window."""
+    browser = browser or find_chromium()
+    if browser is None:
+        raise ExportError("Cannot take a screenshot: install Chromium (e.g. apt-get install chromium).")
+    path = Path(path)
+    with tempfile.TemporaryDirectory(prefix="saturn-shot-") as tmp:
         command = [
             browser,
             *CHROMIUM_FLAGS,
             f"--user-data-dir={tmp}/profile",
             f"--window-size={width},{height}",
             f"--screenshot={path.resolve()}",
-            page.resolve().as_uri(),
+            url,
         ]
         result = subprocess.run(command, capture_output=True, text=True, timeout=120)
         if result.returncode != 0 or not path.exists():
             raise ExportError(f"Chromium could not write {path}: {result.stderr.strip()[-500:]}")
+    return path
