@@ -46,26 +46,29 @@ def _accumulating_folder(folder):
     return folder
 
 
+#: Every strategy whose loss curve is compared with single's (on 2 devices; single-ckpt on 1).
+AGAINST_SINGLE = [
+    "single-ckpt",
+    "threads",
+    "ddp",
+    "fsdp",
+    "fsdp-ckpt",
+    "fsdp-offload",
+    "zero1",
+    "zero2",
+    "zero3",
+    "zero3-offload",
+    *ACCUMULATING,
+]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """One sweep runs every strategy on the same objective (single strategies on 1 device, the rest on 2)."""
     tmp = tmp_path_factory.mktemp("strategies")
     folder = _accumulating_folder(tmp_path_factory.mktemp("accumulating"))
     results = {}
-    names = [
-        "single",
-        "single-ckpt",
-        "threads",
-        "ddp",
-        "fsdp",
-        "fsdp-ckpt",
-        "fsdp-offload",
-        "zero1",
-        "zero2",
-        "zero3",
-        "zero3-offload",
-        *ACCUMULATING,
-    ]
+    names = ["single", *AGAINST_SINGLE]
     for name in names:
         study = optuna.create_study()
         devices = 1 if name.startswith("single") else 2
@@ -87,22 +90,7 @@ def _complete(trial):
     return trial.user_attrs
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "single-ckpt",
-        "threads",
-        "ddp",
-        "fsdp",
-        "fsdp-ckpt",
-        "fsdp-offload",
-        "zero1",
-        "zero2",
-        "zero3",
-        "zero3-offload",
-        *ACCUMULATING,
-    ],
-)
+@pytest.mark.parametrize("name", AGAINST_SINGLE)
 def test_loss_curve_matches_single(runs, name):
     reference = _complete(runs["single"])["losses"]
     losses = _complete(runs[name])["losses"]
