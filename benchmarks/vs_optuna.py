@@ -5,8 +5,10 @@ and start-up):
 
 - **plain**: ``study.optimize(objective, n_trials, n_jobs=N)``, the same training loop written for a plain trial
   (``PlainTrial`` below: ``prepare`` moves the model, ``steps`` is ``range``), threads with one torch thread each;
-- **cold**: ``SaturnExecutor(devices=N, strategies=["single", "ddp"])`` with an empty profile store;
-- **warm**: the same executor again, on the store the cold run filled.
+- **cold**: ``SaturnExecutor(devices=N, strategies=["single", "ddp", "threads"])`` with an empty profile store;
+- **warm**: the same executor again, on the store the cold run filled;
+- **cold-ddp** (on request): cold without ``threads`` (one process on the cores of several CPU devices), on an
+  empty store of its own.
 
 Two objectives: the example's tiny GPT-2 (``examples/gpt2_sweep.py``), and a wider GPT-2 whose steps are longer;
 on request (``--objective trainer``) the same GPT-2 sweep written with ``transformers.Trainer``
@@ -228,8 +230,8 @@ def run_arm(arm: str, objective: str, params: list[dict], devices: int, store: s
     cpu_before = _cpu_seconds()
     SaturnExecutor(
         devices=devices,
-        strategies=["single", "ddp"],
-        profile_store=store,
+        strategies=["single", "ddp"] if arm == "cold-ddp" else ["single", "ddp", "threads"],
+        profile_store=store + "-ddp" if arm == "cold-ddp" else store,  # (cold-ddp: a cold arm, on a store of its own)
         log_dir=log_dir,
         isolate_network=True,
         progress="quiet",
@@ -318,6 +320,15 @@ def _subprocess(arm: str, objective: str, params: list[dict], devices: int, stor
     )
 
 
+def _ratio(runs: list[dict], baseline: list[dict] | None) -> str:
+    """The ratio of the medians of two arms' walls, with the range of the rounds' own ratios ("-" without one)."""
+    if not baseline:
+        return "-"
+    ratios = [run["wall"] / b["wall"] for run, b in zip(runs, baseline)]
+    median = statistics.median(r["wall"] for r in runs) / statistics.median(b["wall"] for b in baseline)
+    return f"{median:.2f}" + (f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else "")
+
+
 def compare(
     objective: str, n_trials: int, devices: int, seed: int, arms: list[str], rounds: int = 1
 ) -> list[list[Any]]:
@@ -347,6 +358,7 @@ def compare(
                 arm,
                 f"{wall:.1f}",
                 f"{wall / plain:.2f}" + (f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""),
+                _ratio(runs, results.get("plain1")),
                 f"{r.get('makespan', r['wall']) / r['lower_bound']:.2f}" if r.get("lower_bound") else "-",
                 f"{r.get('first_job_at') or 0.0:.1f}" if arm != "plain" else "-",
                 f"{r.get('makespan', r['wall']) - (r.get('first_job_at') or 0.0) - r['lower_bound']:.1f}"
@@ -384,7 +396,7 @@ def main() -> None:
         "--arms",
         default="plain,cold,warm",
         help="which of plain (n_jobs=devices, a torch thread each), plain1 (n_jobs=1, a thread per "
-        "device), cold, warm; plain first: the ratios are to it",
+        "device), cold, cold-ddp (cold without threads), warm; plain first: the ratios are to it",
     )
     parser.add_argument("--arm", help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
@@ -411,6 +423,7 @@ def main() -> None:
                 "arm",
                 "wall (s)",
                 "/ plain",
+                "/ plain1",
                 "makespan / LB",
                 "first trial at (s)",
                 "tail past LB (s)",
