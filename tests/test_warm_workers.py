@@ -148,3 +148,15 @@ def test_why_not_fork_names_the_reason():
         stop.set()
         theirs.join()
     assert why_not_fork([Device("cpu", 0, (0,))]) is None
+
+
+def test_a_loaded_cuda_driver_is_not_forked(monkeypatch):
+    """On an H200, a script that had called torch.cuda.is_available() (the driver loaded and initialised, torch's
+    CUDA state not) got a forked host whose worker died in its first CUDA call, with no error, trial after trial."""
+    from optuna_saturn.pools import forked_host
+
+    monkeypatch.setattr(forked_host, "cuda_driver_loaded", lambda: True)
+    assert "loaded the CUDA driver" in why_not_fork([Device("cuda", 0)])
+    assert why_not_fork([Device("cpu", 0, (0,))]) is None  # CPU workers never touch CUDA
+    monkeypatch.undo()
+    assert forked_host.cuda_driver_loaded() is False  # (this machine has no GPU: the driver is never loaded)

@@ -5,7 +5,8 @@ from it starts with all of that, where a fresh interpreter pays it again (2 s he
 loaded file system) before the first trial can start. What is not safe to fork is checked first
 (:func:`why_not_fork`), and the pool falls back to a fresh interpreter, saying why in the log:
 
-- **CUDA.** A process that has initialised CUDA cannot use it in a fork.
+- **CUDA.** A process that has initialised CUDA, or only loaded its driver (``torch.cuda.is_available()``
+  does), cannot use it in a fork: its workers would die in their first CUDA call.
 - **Other threads.** A fork keeps only the thread that forks; a lock another thread held at that moment (a
   database driver's, logging's, the import system's) stays held for ever in the child, which then hangs. So the
   executor forks only while no thread but its own (``saturn-*``) runs.
@@ -43,6 +44,10 @@ def why_not_fork(devices: Sequence[Device]) -> str | None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return "this process has initialised CUDA, which a fork cannot use"
+    if any(d.kind == "cuda" for d in devices) and cuda_driver_loaded():
+        # torch.cuda.is_available() (the user's script, or devices="auto") initialises the driver without
+        # initialising torch's CUDA state: a fork's workers then die in their first CUDA call, with no error.
+        return "this process has loaded the CUDA driver (torch.cuda.is_available() does), which a fork cannot use"
     others = [
         t.name
         for t in threading.enumerate()
@@ -60,6 +65,15 @@ def why_not_fork(devices: Sequence[Device]) -> str | None:
             "that may have used OpenMP cannot"
         )
     return None
+
+
+def cuda_driver_loaded() -> bool:
+    """Whether the CUDA driver library is mapped into this process (then it may be initialised); True when this
+    cannot be told."""
+    try:
+        return "libcuda.so" in Path("/proc/self/maps").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return True
 
 
 class ForkedHost:

@@ -13,6 +13,7 @@ not come back.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import gc
 import json
 import os
@@ -72,6 +73,7 @@ def serve(config: dict, index: int, objectives: dict[str, Any]) -> NoReturn:
 
     die_with_parent(config["host_pid"])
     name_process(f"{WORKER_NAME}{index}")
+    faulthandler.enable(all_threads=True)  # a worker killed by a signal (a crash in CUDA, NCCL) leaves its stack
     device = config["devices"][index]
     pin_to_device(device, pin_cores=config.get("pin_cores", True))
 
