@@ -301,6 +301,19 @@ def test_one_profiling_job_times_several_strategies_and_trials(saturn_options, t
 
 
 @pytest.mark.launch
+def test_threads_is_profiled_in_a_job_of_its_own(saturn_options, tmp_path):
+    """One process on both devices' cores runs without the process group of the others' ranks, so it never
+    shares a profiling job with DDP of the same device count; it is measured like any option."""
+    executor = SaturnExecutor(devices=2, strategies=["single", "ddp", "threads"], **saturn_options)
+    study = executor.profile(objectives.two_widths, n_trials=2, seed=0)
+    jobs = _run_dir_logs(tmp_path, "profile-")
+    assert sorted(j.split("-", 2)[2].rsplit(".", 1)[0] for j in jobs) == ["ddpx2", "singlex1", "threadsx2"], jobs
+    for trial in study.trials:
+        profiles = {(p["strategy"], p["devices"]): p for p in trial.user_attrs["saturn:profiles"]}
+        assert profiles[("threads", 2)]["feasible"] and profiles[("threads", 2)]["step_seconds"] > 0
+
+
+@pytest.mark.launch
 def test_out_of_memory_in_profiling_marks_the_option_infeasible(saturn_options, tmp_path):
     executor = SaturnExecutor(devices=2, strategies=["single", "single-ckpt", "ddp"], **saturn_options)
     study = executor.profile(objectives.single_does_not_fit, n_trials=1)
