@@ -150,6 +150,32 @@ def test_why_not_fork_names_the_reason():
     assert why_not_fork([Device("cpu", 0, (0,))]) is None
 
 
+@pytest.mark.launch
+@pytest.mark.timeout(120)
+def test_threads_after_openmp_in_the_executor_does_not_hang(saturn_options):
+    """A CI run hung: its pytest process had run OpenMP regions, the pool host was forked from it (devices of one
+    core each), and ``threads`` widened a forked worker to two threads, whose first parallel region hung (GNU
+    OpenMP's pool does not survive a fork). A sweep that may run one process on several devices' cores now starts
+    its host from a fresh interpreter."""
+    cores = available_cores()
+    require(len(cores) >= 2, "a second core", fix="run it on a machine with 2 cores or more")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        (torch.randn(2_000_000) * 2).exp().sum()  # this process's OpenMP thread pool now exists
+    finally:
+        torch.set_num_threads(threads)
+    devices = [Device("cpu", 0, (cores[0],)), Device("cpu", 1, (cores[1],))]
+    assert "one-process strategy" in why_not_fork(devices, one_process=True)
+    study = optuna.create_study()
+    SaturnExecutor(devices=devices, strategies=["threads"], profile=False, **saturn_options).optimize(
+        study, objectives.same_curve, n_trials=1
+    )
+    facts = study.trials[0].user_attrs.get("facts", {})
+    assert study.trials[0].state == optuna.trial.TrialState.COMPLETE, study.trials[0].user_attrs
+    assert (facts["processes"], facts["threads"]) == (1, 2)
+
+
 def test_a_loaded_cuda_driver_is_not_forked(monkeypatch):
     """On an H200, a script that had called torch.cuda.is_available() (the driver loaded and initialised, torch's
     CUDA state not) got a forked host whose worker died in its first CUDA call, with no error, trial after trial."""

@@ -13,7 +13,8 @@ loaded file system) before the first trial can start. What is not safe to fork i
 - **OpenMP.** PyTorch's intra-op threads come from GNU OpenMP, whose thread pool does not survive a fork: a fork
   of a process that has run a parallel region hangs in its first parallel region of its own. A warm worker that
   runs one intra-op thread (a GPU worker, a CPU device of one core) never enters one, so it is safe whatever the
-  executor's process ran before; workers of several threads are started from a fresh interpreter.
+  executor's process ran before; workers of several threads, and workers that a one-process strategy (``threads``)
+  may widen to several devices' cores, are started from a fresh interpreter (a CI run hung there).
 
 The fork leaves the executor's state alone: it never returns into the executor's code (it ends with ``os._exit``,
 so no ``atexit`` handler or finaliser of the executor runs twice), and the executor's sockets (its storage's
@@ -37,8 +38,9 @@ from pathlib import Path
 from optuna_saturn.devices import Device
 
 
-def why_not_fork(devices: Sequence[Device]) -> str | None:
-    """Why the pool host cannot be a fork of this process (see the module's docstring), or None if it can."""
+def why_not_fork(devices: Sequence[Device], *, one_process: bool = False) -> str | None:
+    """Why the pool host cannot be a fork of this process (see the module's docstring), or None if it can.
+    ``one_process``: the sweep may run one process on the cores of several devices (``threads``)."""
     if not sys.platform.startswith("linux"):
         return "forking the executor is done on Linux only"
     torch = sys.modules.get("torch")
@@ -57,6 +59,11 @@ def why_not_fork(devices: Sequence[Device]) -> str | None:
         return (
             f"this process runs other threads ({', '.join(sorted(others)[:3])}), whose locks a fork would keep "
             "locked for ever"
+        )
+    if one_process and sum(len(d.cores) or 1 for d in devices if d.kind == "cpu") > 1:
+        return (
+            "a one-process strategy (threads) runs a worker on several devices' cores, with several OpenMP threads, "
+            "which a fork of a process that may have used OpenMP cannot"
         )
     multi_threaded = [str(d) for d in devices if d.kind == "cpu" and len(d.cores) > 1]
     if multi_threaded:

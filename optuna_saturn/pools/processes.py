@@ -92,7 +92,13 @@ class ProcessPool:
         if self._ray is not None:
             self._warm = RayPool(self._ray, **common)
         else:
-            self._warm = WorkerPool(self._devices, self._server, isolate_network=self._isolate, **common)
+            self._warm = WorkerPool(
+                self._devices,
+                self._server,
+                isolate_network=self._isolate,
+                one_process=any(s.one_process for s in self._strategies),
+                **common,
+            )
         self._warm.start(preload=self._recipe)
 
     def ready(self) -> set[int]:

@@ -76,6 +76,7 @@ class WorkerPool:
         grace_period: float = 5.0,
         multi_device: bool = True,
         engines: Sequence[str] = (),
+        one_process: bool = False,
         fork: bool = True,
     ) -> None:
         self.devices = list(devices)
@@ -89,6 +90,7 @@ class WorkerPool:
         self._multi_device = multi_device  # jobs may span devices: workers import what process groups need
         self._engines = sorted(engines)  # the engines jobs will use: imported once, before the workers fork
         self._fork = fork  # the host may be a fork of this process (runner._forked_host says when it is safe)
+        self._one_process = one_process  # a worker may run on several devices' cores (see forked_host)
         self._lock = threading.Lock()
         self._workers = [_Worker(i) for i in range(len(devices))]
         self._jobs: dict[Any, _Job] = {}
@@ -129,7 +131,11 @@ class WorkerPool:
         else:
             env["CUDA_VISIBLE_DEVICES"] = ""
         log = self._host_log
-        why_not = why_not_fork(self.devices) if self._fork else "forking the executor was turned off"
+        why_not = (
+            why_not_fork(self.devices, one_process=self._one_process)
+            if self._fork
+            else "forking the executor was turned off"
+        )
         if why_not is None:
             self._host = ForkedHost.start(
                 "optuna_saturn.pools.warm_host:main", str(config_path), env=env, log=log, enter_namespace=self._isolate
