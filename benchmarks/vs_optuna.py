@@ -8,7 +8,9 @@ and start-up):
 - **cold**: ``SaturnExecutor(devices=N, strategies=["single", "ddp", "threads"])`` with an empty profile store;
 - **warm**: the same executor again, on the store the cold run filled;
 - **cold-ddp** (on request): cold without ``threads`` (one process on the cores of several CPU devices), on an
-  empty store of its own.
+  empty store of its own;
+- **profiled** (on request): every option of these trials measured first (``executor.profile``, what
+  ``optuna-saturn profile`` does), on an empty store of its own, then the sweep; both in its wall clock.
 
 Two objectives: the example's tiny GPT-2 (``examples/gpt2_sweep.py``), and a wider GPT-2 whose steps are longer;
 on request (``--objective trainer``) the same GPT-2 sweep written with ``transformers.Trainer``
@@ -228,15 +230,22 @@ def run_arm(arm: str, objective: str, params: list[dict], devices: int, store: s
     from optuna_saturn import SaturnExecutor
 
     cpu_before = _cpu_seconds()
-    SaturnExecutor(
+    # cold-ddp and profiled: cold arms of their own, each on an empty store
+    own_store = {"cold-ddp": store + "-ddp", "profiled": store + "-profiled"}.get(arm, store)
+    executor = SaturnExecutor(
         devices=devices,
         strategies=["single", "ddp"] if arm == "cold-ddp" else ["single", "ddp", "threads"],
-        profile_store=store + "-ddp" if arm == "cold-ddp" else store,  # (cold-ddp: a cold arm, on a store of its own)
+        profile_store=own_store,
         log_dir=log_dir,
         isolate_network=True,
         progress="quiet",
         dashboard=False,
-    ).optimize(study, OBJECTIVES[objective], n_trials=len(params))
+    )
+    profiled_at = None
+    if arm == "profiled":  # every option of these trials measured first (`optuna-saturn profile`), in the wall
+        executor.profile(OBJECTIVES[objective], params=params)
+        profiled_at = time.time() - started
+    executor.optimize(study, OBJECTIVES[objective], n_trials=len(params))
     wall = time.time() - started
     driver_cpu = _cpu_seconds() - cpu_before
     trials = [t for t in study.trials if "saturn:actual_runtime" in t.user_attrs]
@@ -246,6 +255,7 @@ def run_arm(arm: str, objective: str, params: list[dict], devices: int, store: s
     return {
         "wall": wall,
         "driver_cpu_seconds": round(driver_cpu, 2),  # the executor's own process: describing, planning, the loop
+        "profiled_at": profiled_at,
         "states": sorted({t.state.name for t in study.trials}),
         "lower_bound": _lower_bound(runtimes, [a["saturn:num_devices"] for a in attrs], devices),
         "makespan": max(a["saturn:actual_end"] for a in attrs) if attrs else 0.0,
@@ -396,7 +406,8 @@ def main() -> None:
         "--arms",
         default="plain,cold,warm",
         help="which of plain (n_jobs=devices, a torch thread each), plain1 (n_jobs=1, a thread per "
-        "device), cold, cold-ddp (cold without threads), warm; plain first: the ratios are to it",
+        "device), cold, cold-ddp (cold without threads), profiled (every option measured first), warm; plain "
+        "first: the ratios are to it",
     )
     parser.add_argument("--arm", help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
