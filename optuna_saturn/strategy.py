@@ -229,11 +229,14 @@ def select_strategies(
     device_kind: str = "cpu",
     folders: Sequence[str | os.PathLike[str]] = (),
 ) -> list[Strategy]:
-    """The strategies a sweep may use: the named ones (all known if None) that fit a pool of ``pool_size``
-    devices of ``device_kind`` (one-process strategies run on CPU devices only)."""
+    """The strategies a sweep may use: the named ones that fit a pool of ``pool_size`` devices of
+    ``device_kind`` (one-process strategies run on CPU devices only). None: every known one but the one-process
+    ones, which are asked for by name: a cold sweep cannot find them (the prior prices them as data parallelism
+    on as many devices, and they are measured only on idle devices), and offering them costs every sweep a pool
+    host started from a fresh interpreter (see :func:`optuna_saturn.pools.forked_host.why_not_fork`)."""
     known = load_strategies(folders=folders)
     if names is None:
-        chosen = [s for s in known.values() if device_kind == "cpu" or not s.one_process]
+        chosen = [s for s in known.values() if not s.one_process]
     else:
         if isinstance(names, str):
             raise StrategyError(f"strategies must be a list of names, e.g. [{names!r}], not a string.")
