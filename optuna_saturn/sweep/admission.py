@@ -34,7 +34,7 @@ class Admission:
     def ask(self) -> None:
         """Admit trials while the policy asks for more."""
         queue, gateway = self._do.queue, self._do.gateway
-        while self._may_ask():
+        while self.may_ask():
             if self._asking.room_to_describe(self._state) and self._describe_queued():
                 continue
             step = self._asking.next(self._state, self._now(), self._view)
@@ -54,7 +54,8 @@ class Admission:
             self._asking.asked(self._now() - asked_at)
             self._do.admit(trial, price, asked_at, self._now(), profile_everything=self._profile_only)
 
-    def _may_ask(self) -> bool:
+    def may_ask(self) -> bool:
+        """Whether the asking policy takes more trials now."""
         return self._asking.may_ask(self._state, self._now(), self._do.gateway.stop_requested)
 
     def _describe_queued(self) -> bool:

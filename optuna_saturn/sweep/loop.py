@@ -125,7 +125,9 @@ class Sweep:
     def _step(self) -> bool:
         """One round: what ended, what the pool's nodes did, then every policy's decisions. False at the end."""
         state, do = self._state, self._do
-        idle = not (state.waiting or state.running) and self._may_ask()  # (the first trial: the pool starts meanwhile)
+        idle = (
+            not (state.waiting or state.running) and self._admission.may_ask()
+        )  # (the first trial: the pool starts meanwhile)
         self._ended(self._pool.wait(0.0 if idle else 0.05 if state.waiting and not state.running else 0.25))
         ready = self._pool.ready()
         for device in ready:
@@ -156,7 +158,7 @@ class Sweep:
                     f"Trial {number} was not started before the sweep stopped asking: it stays in the study's queue."
                 )
         more = self._profiling.pending if self.settings.profile_only else bool(state.waiting)
-        return bool(more or state.running or self._may_ask())
+        return bool(more or state.running or self._admission.may_ask())
 
     def _recover(self) -> None:
         """At the start, and every :data:`RECOVER_SECONDS` after: the trials of sweeps on the study that died end
@@ -169,9 +171,6 @@ class Sweep:
             self._queue.look_again()
             if self._state.n_trials is not None:
                 self._state.n_trials += len(retried)
-
-    def _may_ask(self) -> bool:
-        return self._asking.may_ask(self._state, self._now(), self._gateway.stop_requested)
 
     def _plan(self) -> None:
         began = self._clock.now()

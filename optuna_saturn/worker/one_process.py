@@ -65,9 +65,9 @@ def membership(job: dict, device: dict) -> Iterator[Membership]:
     cores = sorted({c for r in range(job["world_size"]) for c in json.loads(store.get(f"cores-{r}"))})
     pinned = os.sched_getaffinity(0)
     try:
-        if cores and pinned < set(cores):
-            os.sched_setaffinity(0, cores)  # the worker was pinned to its own device's cores: widen to the job's
         if cores:
+            if pinned < set(cores):  # the worker was pinned to its own device's cores: widen to the job's
+                os.sched_setaffinity(0, cores)
             torch.set_num_threads(len(cores))  # (the worker's own count comes back with its process state)
         yield Membership(True, 0, 1, job["rendezvous"] + ".one")
     finally:
