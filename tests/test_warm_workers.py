@@ -16,6 +16,7 @@ from support import require
 
 from optuna_saturn import SaturnExecutor
 from optuna_saturn.devices import Device, available_cores
+from optuna_saturn.pools import forked_host
 from optuna_saturn.pools.forked_host import why_not_fork
 
 pytestmark = pytest.mark.launch
@@ -94,24 +95,27 @@ def test_no_device_idles_while_a_trial_could_be_asked(saturn_options):
     assert statistics.median(gaps) < 0.5 and max(gaps) < 2.0, gaps
 
 
-@pytest.mark.parametrize("host", ["fork of the executor", "fresh interpreter"])
-def test_the_pool_host_is_a_fork_of_the_executor_only_where_that_is_safe(saturn_options, host):
+@pytest.mark.parametrize("host", ["fork of the executor", "fork, OpenMP released", "fresh interpreter"])
+def test_the_pool_host_is_a_fork_of_the_executor_only_where_that_is_safe(saturn_options, monkeypatch, host):
     """This process runs an OpenMP parallel region first (a fork of it would hang in one of its own): workers of
-    one thread are still forked from it, with no hang; workers of several threads come from a fresh interpreter.
-    Either way the host is inside its own loopback-only namespace and a collective across workers works."""
+    one thread are still forked from it, with no hang; workers of several threads are forked once this process's
+    OpenMP thread pool is released, and come from a fresh interpreter where it cannot be. Either way the host is
+    inside its own loopback-only namespace and a collective across workers works."""
     cores = available_cores()
     require(len(cores) >= 2, "a second core", fix="run it on a machine with 2 cores or more")
     if host == "fork of the executor":  # two devices of one core each
         devices = [Device("cpu", 0, (cores[0],)), Device("cpu", 1, (cores[1],))]
     else:  # one device of several cores
         devices = [Device("cpu", 0, tuple(cores))]
+    if host == "fresh interpreter":  # an OpenMP runtime older than 5.0
+        monkeypatch.setattr(forked_host, "release_openmp_threads", lambda: False)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         (torch.randn(2_000_000) * 2).exp().sum()  # this process's OpenMP thread pool now exists
     finally:
         torch.set_num_threads(threads)
-    assert (why_not_fork(devices) is None) == (host == "fork of the executor")
+    assert (why_not_fork(devices) is None) == (host != "fresh interpreter")
 
     study = optuna.create_study()
     SaturnExecutor(devices=devices, strategies=["single", "ddp"], **saturn_options).optimize(
@@ -125,16 +129,17 @@ def test_the_pool_host_is_a_fork_of_the_executor_only_where_that_is_safe(saturn_
         # What was imported before the fork is out of the collector's sight: a collection between jobs (and
         # Python's own, during a trial) walks only what jobs made, not torch's 150,000 objects again.
         assert found["gc_frozen"] > 100_000 and found["gc_tracked"] < found["gc_frozen"] / 4
-        if host == "fork of the executor":
-            assert found["cmdline"] == psutil.Process().cmdline() and found["threads"] == 1
+        if host == "fresh interpreter":
+            assert "optuna_saturn.pools.warm_host" in found["cmdline"]
         else:
-            assert "optuna_saturn.pools.warm_host" in found["cmdline"] and found["threads"] == len(devices[0].cores)
+            assert found["cmdline"] == psutil.Process().cmdline()
+        assert found["threads"] == len(devices[0].cores)
 
 
 def test_why_not_fork_names_the_reason():
     assert why_not_fork([Device("cpu", 0, (0,)), Device("cpu", 1, (1,))]) is None
     assert why_not_fork([Device("cuda", 0), Device("cuda", 1)]) is None  # CUDA is not initialised here
-    assert "OpenMP" in why_not_fork([Device("cpu", 0, (0, 1))])
+    assert why_not_fork([Device("cpu", 0, (0, 1))]) is None  # (its OpenMP thread pool, if any, released)
     # A thread of the user's (a database poller, say) may hold a lock the fork would keep locked for ever: the host
     # hung before it started a worker (a test that watched the study from a thread met it, once in a full run).
     import threading
@@ -155,18 +160,17 @@ def test_why_not_fork_names_the_reason():
 def test_threads_after_openmp_in_the_executor_does_not_hang(saturn_options):
     """A CI run hung: its pytest process had run OpenMP regions, the pool host was forked from it (devices of one
     core each), and ``threads`` widened a forked worker to two threads, whose first parallel region hung (GNU
-    OpenMP's pool does not survive a fork). A sweep that may run one process on several devices' cores now starts
-    its host from a fresh interpreter."""
+    OpenMP's pool does not survive a fork). The executor now releases its OpenMP thread pool before it forks."""
     cores = available_cores()
     require(len(cores) >= 2, "a second core", fix="run it on a machine with 2 cores or more")
+    devices = [Device("cpu", 0, (cores[0],)), Device("cpu", 1, (cores[1],))]
+    assert why_not_fork(devices, one_process=True) is None  # the host is a fork (the region below comes after)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         (torch.randn(2_000_000) * 2).exp().sum()  # this process's OpenMP thread pool now exists
     finally:
         torch.set_num_threads(threads)
-    devices = [Device("cpu", 0, (cores[0],)), Device("cpu", 1, (cores[1],))]
-    assert "one-process strategy" in why_not_fork(devices, one_process=True)
     study = optuna.create_study()
     SaturnExecutor(devices=devices, strategies=["threads"], profile=False, **saturn_options).optimize(
         study, objectives.same_curve, n_trials=1
@@ -174,6 +178,13 @@ def test_threads_after_openmp_in_the_executor_does_not_hang(saturn_options):
     facts = study.trials[0].user_attrs.get("facts", {})
     assert study.trials[0].state == optuna.trial.TrialState.COMPLETE, study.trials[0].user_attrs
     assert (facts["processes"], facts["threads"]) == (1, 2)
+
+
+def test_an_openmp_pool_that_cannot_be_released_is_not_forked(monkeypatch):
+    monkeypatch.setattr(forked_host, "release_openmp_threads", lambda: False)
+    assert "OpenMP" in why_not_fork([Device("cpu", 0, (0, 1))])
+    assert "OpenMP" in why_not_fork([Device("cpu", 0, (0,)), Device("cpu", 1, (1,))], one_process=True)
+    assert why_not_fork([Device("cpu", 0, (0,)), Device("cpu", 1, (1,))]) is None  # one thread each: no region
 
 
 def test_a_loaded_cuda_driver_is_not_forked(monkeypatch):

@@ -10,11 +10,13 @@ loaded file system) before the first trial can start. What is not safe to fork i
 - **Other threads.** A fork keeps only the thread that forks; a lock another thread held at that moment (a
   database driver's, logging's, the import system's) stays held for ever in the child, which then hangs. So the
   executor forks only while no thread but its own (``saturn-*``) runs.
-- **OpenMP.** PyTorch's intra-op threads come from GNU OpenMP, whose thread pool does not survive a fork: a fork
-  of a process that has run a parallel region hangs in its first parallel region of its own. A warm worker that
-  runs one intra-op thread (a GPU worker, a CPU device of one core) never enters one, so it is safe whatever the
-  executor's process ran before; workers of several threads, and workers that a one-process strategy (``threads``)
-  may widen to several devices' cores, are started from a fresh interpreter (a CI run hung there).
+- **OpenMP.** PyTorch's intra-op threads come from an OpenMP runtime (GNU OpenMP here), whose thread pool does
+  not survive a fork: a fork of a process that has run a parallel region hangs in its first parallel region of
+  its own (a CI run hung there). A warm worker that runs one intra-op thread (a GPU worker, a CPU device of one
+  core) never enters one, so it is safe whatever the executor ran before. Where workers may run several threads
+  (devices of several cores, or a one-process strategy such as ``threads``, which widens a worker to several
+  devices' cores), the executor first releases its OpenMP thread pool (``omp_pause_resource_all``, OpenMP 5.0;
+  its next parallel region starts a new one); where no loaded runtime can, the host is a fresh interpreter.
 
 The fork leaves the executor's state alone: it never returns into the executor's code (it ends with ``os._exit``,
 so no ``atexit`` handler or finaliser of the executor runs twice), and the executor's sockets (its storage's
@@ -26,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -60,18 +63,39 @@ def why_not_fork(devices: Sequence[Device], *, one_process: bool = False) -> str
             f"this process runs other threads ({', '.join(sorted(others)[:3])}), whose locks a fork would keep "
             "locked for ever"
         )
-    if one_process and sum(len(d.cores) or 1 for d in devices if d.kind == "cpu") > 1:
+    several_threads = (one_process and sum(len(d.cores) or 1 for d in devices if d.kind == "cpu") > 1) or any(
+        d.kind == "cpu" and len(d.cores) > 1 for d in devices
+    )
+    if several_threads and not release_openmp_threads():
         return (
-            "a one-process strategy (threads) runs a worker on several devices' cores, with several OpenMP threads, "
-            "which a fork of a process that may have used OpenMP cannot"
-        )
-    multi_threaded = [str(d) for d in devices if d.kind == "cpu" and len(d.cores) > 1]
-    if multi_threaded:
-        return (
-            f"the workers of {', '.join(multi_threaded)} run several OpenMP threads, which a fork of a process "
-            "that may have used OpenMP cannot"
+            "its workers may run several OpenMP threads, and this process's OpenMP runtime cannot release its "
+            "thread pool (which a fork cannot use) before the fork"
         )
     return None
+
+
+def release_openmp_threads() -> bool:
+    """Release the thread pool of every OpenMP runtime loaded in this process (``omp_pause_resource_all`` with
+    ``omp_pause_hard``), so that a fork can start its own. True when none is loaded, or every one released its
+    pool; False when one cannot (a runtime older than OpenMP 5.0)."""
+    import ctypes
+
+    maps = Path("/proc/self/maps").read_text(encoding="utf-8", errors="replace")
+    runtimes = {line.split()[-1] for line in maps.splitlines() if _OPENMP_RUNTIME.search(line.rsplit("/", 1)[-1])}
+    for path in runtimes:
+        try:
+            pause = ctypes.CDLL(path).omp_pause_resource_all
+        except (OSError, AttributeError):
+            return False
+        pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
+        if pause(_OMP_PAUSE_HARD) != 0:
+            return False
+    return True
+
+
+#: The shared libraries of GNU, LLVM and Intel OpenMP, under their distributions' names (libgomp-a34b3233.so.1).
+_OPENMP_RUNTIME = re.compile(r"^lib(gomp|omp|iomp5)[-.]")
+_OMP_PAUSE_HARD = 2  # omp_pause_resource_t: free the threads and everything else the runtime holds
 
 
 def cuda_driver_loaded() -> bool:
