@@ -2,7 +2,8 @@
 offering next to DDP across them? (issue 27: "measure it first").
 
 The trial is the lengths workload's long one (GPT-2 width 128, 2 layers, batch 16, 200 steps; AdamW, a cosine
-schedule, clipping). Each round runs, in a fresh process each, interleaved:
+schedule, clipping), or with ``--trial large`` the mixed workload's longest one (width 256, 4 layers, batch 64, 60
+steps of AdamW). Each round runs, in a fresh process each, interleaved:
 
 - ``plain 1 thread``: plain Optuna, one torch thread (what ``n_jobs=2`` gives each trial);
 - ``plain 2 threads``: plain Optuna, two torch threads (``n_jobs=1``);
@@ -11,7 +12,7 @@ schedule, clipping). Each round runs, in a fresh process each, interleaved:
 Reported: the trial's own runtime (objective start to end, the pool's start left out) and the arm's wall clock
 (process launch to the end), medians over the rounds, each as a ratio to ``single x1`` in the same round.
 
-    python benchmarks/one_process.py [--rounds 3]
+    python benchmarks/one_process.py [--rounds 3] [--trial small|large] [--arms "single x1,threads x2,ddp x2"]
 """
 
 from __future__ import annotations
@@ -38,21 +39,26 @@ ARMS = {
 }
 
 
-def run_arm(arm: str, launched: float, log_dir: str) -> dict:
+def run_arm(arm: str, trial_size: str, launched: float, log_dir: str) -> dict:
     import gpt2_sweep
     import optuna
     import torch
     import vs_baselines
+    import vs_optuna
     from vs_optuna import PlainTrial
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     gpt2_sweep.token_ids()
     study = optuna.create_study()
-    study.enqueue_trial(vs_baselines.LENGTHS[-1])
+    if trial_size == "large":
+        objective, params = vs_optuna.mixed_objective, vs_optuna.MIXED[-1]
+    else:
+        objective, params = vs_baselines.lengths_objective, vs_baselines.LENGTHS[-1]
+    study.enqueue_trial(params)
     strategy, threads = ARMS[arm]
     if strategy is None:
         torch.set_num_threads(threads)
-        study.optimize(lambda t: vs_baselines.lengths_objective(PlainTrial(t)), n_trials=1)
+        study.optimize(lambda t: objective(PlainTrial(t)), n_trials=1)
         trial = study.trials[0]
         runtime = (trial.datetime_complete - trial.datetime_start).total_seconds()
     else:
@@ -66,7 +72,7 @@ def run_arm(arm: str, launched: float, log_dir: str) -> dict:
             log_dir=log_dir,
             progress="quiet",
             dashboard=False,
-        ).optimize(study, vs_baselines.lengths_objective, n_trials=1)
+        ).optimize(study, objective, n_trials=1)
         trial = study.trials[0]
         runtime = trial.user_attrs["saturn:actual_runtime"]
     assert trial.state == optuna.trial.TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
@@ -76,20 +82,28 @@ def run_arm(arm: str, launched: float, log_dir: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--trial", choices=["small", "large"], default="small")
+    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated; the ratios need 'single x1'")
     parser.add_argument("--arm", help=argparse.SUPPRESS)
     parser.add_argument("--launched", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--log-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.arm:
-        print(json.dumps(run_arm(args.arm, args.launched, args.log_dir)))
+        print(json.dumps(run_arm(args.arm, args.trial, args.launched, args.log_dir)))
         return
     from workloads import arm_in_a_process, markdown_table
 
-    results: dict[str, list[dict]] = {arm: [] for arm in ARMS}
+    arms = args.arms.split(",")
+    unknown = sorted(set(arms) - set(ARMS))
+    if unknown or "single x1" not in arms:
+        parser.error(f"--arms: {unknown or 'single x1 is missing'}; choose among {', '.join(ARMS)}")
+    results: dict[str, list[dict]] = {arm: [] for arm in arms}
     with tempfile.TemporaryDirectory() as logs:
         for round_ in range(args.rounds):
-            for arm in ARMS:
-                run = arm_in_a_process(__file__, "--arm", arm, "--launched", repr(time.time()), "--log-dir", logs)
+            for arm in arms:
+                run = arm_in_a_process(
+                    __file__, "--arm", arm, "--trial", args.trial, "--launched", repr(time.time()), "--log-dir", logs
+                )
                 results[arm].append(run)
                 print(
                     f"round {round_} {arm}: trial {run['runtime']:.1f} s, wall {run['wall']:.1f} s, "

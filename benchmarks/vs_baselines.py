@@ -240,6 +240,9 @@ def run_optuna_arm(
                 t.params.get("n_layer"),
                 t.params.get("batch_size"),
                 t.user_attrs.get("saturn:actual_runtime"),
+                t.user_attrs.get("saturn:planned_runtime"),
+                t.user_attrs.get("saturn:strategy"),
+                t.user_attrs.get("saturn:num_devices"),
             ]
             for t in study.trials
             if t.datetime_complete
