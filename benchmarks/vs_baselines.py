@@ -295,6 +295,11 @@ def run_raytune_arm(workload: str, seed: int, n_trials: int, devices: int, log_d
     from ray.tune.search.optuna import OptunaSearch
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    token = os.path.expanduser("~/.ray/auth_token")
+    if not os.path.exists(token):  # Ray may write one, which later clusters on this machine then read: leave none
+        import atexit
+
+        atexit.register(lambda: os.path.exists(token) and os.remove(token))
     ray.init(
         num_cpus=devices,
         include_dashboard=False,

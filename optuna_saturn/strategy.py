@@ -233,7 +233,7 @@ def select_strategies(
     ``device_kind`` (one-process strategies run on CPU devices only). None: every known one but the one-process
     ones, which are asked for by name: a cold sweep cannot find them (the prior prices them as data parallelism
     on as many devices, and they are measured only on idle devices), and where they win depends on the model (on
-    2 CPU cores, a small GPT-2 trained faster on ``threads`` x2 than on ``ddp`` x2, a large one no faster)."""
+    2 CPU cores, a small GPT-2 trained faster on ``threads`` x2 than on ``ddp`` x2, a larger one slower)."""
     known = load_strategies(folders=folders)
     if names is None:
         chosen = [s for s in known.values() if not s.one_process]

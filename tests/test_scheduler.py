@@ -141,6 +141,32 @@ def test_an_uncertain_option_is_measured_on_the_idle_device_only_if_it_could_sho
     assert ran.option.choice == ("ddp", 2, 1)  # measured, it is as slow as predicted: B still waits for A
 
 
+class Plans(SweepListener):
+    def __init__(self) -> None:
+        self.seen: list[tuple[float, Plan]] = []
+
+    def on_plan(self, study, plan, trial_numbers, now) -> None:
+        self.seen.append((now, plan))
+
+
+def test_a_trial_waiting_behind_an_unmeasured_one_is_priced_from_its_first_steps_while_it_runs():
+    """A cold sweep measures an option by its first real run. A runs 100 s where the prior says 10; B, of the same
+    workload, waits for the one device. Once A has taken 10 of its 100 steps, its step rate is the option's profile:
+    B is planned at its true 100 s while A still runs, not once A ends (on a GPU, hours of a wrong ETA)."""
+    prior, truth = Option("single", 1, 10.0), {("single", 1, 1): 100.0}
+    a, b = (
+        SimulatedJob(Job(name, [prior]), Behaviour(truth), measured=False, uncertainty=0.6, workload="w")
+        for name in ("A", "B")
+    )
+    plans = Plans()
+    result = run_simulation([a, b], Cluster([1]), listeners=[plans], solver="list")
+    b_planned = [(now, x.option.runtime) for now, plan in plans.seen for x in plan.assignments if x.job == "1"]
+    assert b_planned[0][1] < 20.0  # the prior's 10 s, weighed by caution
+    repriced = [now for now, runtime in b_planned if runtime == pytest.approx(100.0, rel=0.05)]
+    assert repriced and 10.0 <= repriced[0] < 20.0, b_planned  # after A's 10th step (10 s), long before its end
+    assert result.makespan == pytest.approx(200.0, rel=0.01)
+
+
 # -- faults: a stall, a rank's death, nodes lost and joined -----------------------------------------------------------
 def test_a_trial_whose_rank_hangs_is_stopped_at_its_stall_limit_and_run_again():
     jobs = [single("t0", 100.0), single("t1", 100.0)]

@@ -86,6 +86,7 @@ class Pricer:
         self.cost_model = CostModel()
         self._learned: list[ProfileRecord] = []  # feasible profiles of this hardware, oldest first
         self._reference_work = 0.0  # FLOPs of the first trial priced before anything was measured
+        self._early: dict[int, str] = {}  # running trial -> the key of the profile its first steps made
         self._warned_probe = False
         for record in store.records():
             self._learn(record)
@@ -307,17 +308,25 @@ class Pricer:
         startup_seconds: float | None,
         tail_seconds: float | None,
         loop_steps: list[int],
+        early: bool = False,
     ) -> bool:
         """A trial ran ``steps`` steps under ``option`` at ``step_seconds`` each (its whole loop's real rate,
         evaluation passes and the time between loops included). With no profile for its key, the run becomes
         that profile; with one, its real rate is kept beside the timed one (``observed_step_seconds``). Returns
-        whether it learned anything (then the waiting trials' prices may change)."""
+        whether it learned anything (then the waiting trials' prices may change). ``early``: the trial still runs,
+        and its steps so far make a profile only where none exists; its end then replaces that profile."""
         workload = self._workloads.get(number)
         strategy = self._strategies.get(option.strategy)
         if workload is None or strategy is None or step_seconds <= 0 or steps < 1:
             return False
         key = self._key(workload, strategy, option.devices, option.gradient_accumulation)
         record = self._store.get(key)
+        if early and record is not None:
+            return False
+        if not early and self._early.pop(number, None) == key and record is not None and record.observed_runs == 1:
+            record = None  # the profile its own first steps made: the whole run replaces it
+        if early:
+            self._early[number] = key
         if record is None:
             record = ProfileRecord(
                 **self._common(key, option.strategy, option.devices, option.gradient_accumulation, workload),

@@ -291,6 +291,17 @@ class Actions:
                 "on_trial_progress", TrialProgress(run.number, session.step, session.total_steps, session.step_seconds)
             )
 
+    def learn_early(self, lessons: list[tuple[TrialRun, dict[str, Any]]]) -> None:
+        """Running trials' steps so far, as their options' profiles: the waiting trials are priced again."""
+        for run, lesson in lessons:
+            option = run.waiting.assignment.option
+            if self._pricer is not None and self._pricer.learn_from_run(run.number, option, early=True, **lesson):
+                _logger.debug(  # (a sampled sweep's every trial may be a new workload: a line each)
+                    f"Trial {run.number}'s first {lesson['steps']} steps measured {option.label}: "
+                    f"{lesson['step_seconds']:.3g} s a step; the waiting trials are priced again."
+                )
+                self.reprice(run.number)
+
     # -- ends -------------------------------------------------------------------------------------------------------
     def leave_out(self, left: LeaveOut) -> bool:
         """Leave the option out for the trial's workload and plan the trial again (from its checkpoint, if every

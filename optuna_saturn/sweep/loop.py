@@ -148,6 +148,7 @@ class Sweep:
             do.measure(measure, self._now())
         for run in state.trial_runs():
             do.relay_progress(run)
+        do.learn_early(self._outcomes.early_lessons(state))
         for stop in self._faults.stalled(state, self._now()):
             do.stop(stop)
         self._recover()

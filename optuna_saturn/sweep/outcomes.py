@@ -4,6 +4,11 @@ A run ends COMPLETE with its values, PRUNED, or FAIL with the reason in ``saturn
 say where and how it ran (strategy, devices, node, planned and actual times, how it was priced), so that the
 schedule chart, ``optuna-saturn report`` and the simulator can replay the sweep. A run that took enough steps is
 its option's profile, or corrects it, for the trials priced after it.
+
+A run under an option nobody measured for its workload teaches early: once it has taken
+:data:`EARLY_LESSON_STEPS` steps, its step rate so far is that option's profile, so the trials waiting behind it
+are priced from a real measurement while it runs, not from the prior until it ends (a cold sweep's first trial on
+a GPU may run for hours). Its end then revises that profile with the whole run.
 """
 
 from __future__ import annotations
@@ -18,10 +23,32 @@ from optuna_saturn.pools.protocol import JobEnd
 from optuna_saturn.sweep.decisions import Tell
 from optuna_saturn.sweep.state import SweepState, TrialRun
 
+#: A run under an option nobody measured teaches its step rate once it took this many steps (a profiling run times
+#: 5 after 2 of warm-up; the real run's rate also averages its first, slower steps in).
+EARLY_LESSON_STEPS = 10
+
 
 class Outcomes:
     def __init__(self, *, node_of: Callable[[Device], dict[str, Any]]) -> None:
         self._node_of = node_of
+        self._taught_early: set[int] = set()  # trials whose runs taught their step rate while running
+
+    def early_lessons(self, state: SweepState) -> list[tuple[TrialRun, dict[str, Any]]]:
+        """Running trials whose option nobody measured for their workload, and which have now taken enough steps
+        to measure it (see the module's docstring), each with what it teaches (once per trial)."""
+        lessons = []
+        for run in state.trial_runs():
+            session = run.session
+            if run.number in self._taught_early or session.step_seconds is None or session.resumed_from:
+                continue
+            if session.step < EARLY_LESSON_STEPS or session.step >= (session.total_steps or 0):
+                continue  # (a run about to end teaches at its end)
+            priced = run.waiting.price.option(run.waiting.assignment.option.choice)
+            if priced is None or priced.measured:
+                continue
+            self._taught_early.add(run.number)
+            lessons.append((run, self._lesson(run, state, tail=None)))
+        return lessons
 
     def tell(
         self,
@@ -113,10 +140,16 @@ class Outcomes:
             return None
         if session.step < min(session.total_steps or 0, 10):
             return None
-        startup = session.first_step_at - state.started_at - run.started - session.step_seconds
         tail = (
             (session.outcome_at - session.last_progress_at) if session.outcome_at and session.last_progress_at else None
         )
+        return Outcomes._lesson(run, state, tail=tail)
+
+    @staticmethod
+    def _lesson(run: TrialRun, state: SweepState, *, tail: float | None) -> dict[str, Any]:
+        """The run's steps so far as a profile of its option: their rate, and the start-up before them."""
+        session = run.session
+        startup = session.first_step_at - state.started_at - run.started - session.step_seconds
         return {
             "step_seconds": session.step_seconds,
             "steps": session.step,
