@@ -43,7 +43,8 @@ from optuna_saturn.devices import Device
 
 def why_not_fork(devices: Sequence[Device], *, one_process: bool = False) -> str | None:
     """Why the pool host cannot be a fork of this process (see the module's docstring), or None if it can.
-    ``one_process``: the sweep may run one process on the cores of several devices (``threads``)."""
+    ``one_process``: the sweep may run one process on the cores of several devices (``threads``). Where workers
+    may run several OpenMP threads, this releases the process's OpenMP thread pool: call it right before forking."""
     if not sys.platform.startswith("linux"):
         return "forking the executor is done on Linux only"
     torch = sys.modules.get("torch")

@@ -23,8 +23,8 @@ from optuna_saturn.pools.protocol import JobEnd
 from optuna_saturn.sweep.decisions import Tell
 from optuna_saturn.sweep.state import SweepState, TrialRun
 
-#: A run under an option nobody measured teaches its step rate once it took this many steps (a profiling run times
-#: 5 after 2 of warm-up; the real run's rate also averages its first, slower steps in).
+#: A run teaches its step rate once it took this many steps (or all of its steps, if it has fewer): a profiling run
+#: times 5 after 2 of warm-up; the real run's rate also averages its first, slower steps in.
 EARLY_LESSON_STEPS = 10
 
 
@@ -138,7 +138,7 @@ class Outcomes:
         session = run.session
         if session.step_seconds is None or trial_state == TrialState.FAIL or session.resumed_from:
             return None
-        if session.step < min(session.total_steps or 0, 10):
+        if session.step < min(session.total_steps or 0, EARLY_LESSON_STEPS):
             return None
         tail = (
             (session.outcome_at - session.last_progress_at) if session.outcome_at and session.last_progress_at else None
