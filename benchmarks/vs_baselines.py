@@ -17,8 +17,8 @@ launched (imports, Ray's start, the pool's start and profiling included):
   ``cold-ddp``: the same without ``threads`` (one process on both devices' cores), on an empty store of its own;
   ``warm``: ``cold``'s options on the store the cold arm filled; ``aware``: the cold arm's sampled trials enqueued in
   the same order and run again, warm, with prune-aware planning (``plan_for_pruning``), against ``warm``'s
-  pruning-blind planning of
-  the same trials (``--arms ...,warm-same`` runs them blind, enqueued the same way).
+  pruning-blind planning of the same trials (``--arms ...,warm-same`` runs them blind, enqueued the same way);
+  ``rung``: the same, planned to the next rung (``plan_to_next_rung``).
 
 Reported per arm (medians over the seeds): the wall clock to N trials and its ratio to the better plain arm (the
 one with the shorter wall clock in that seed); for sampled workloads the best value so far against time (a PNG
@@ -27,6 +27,7 @@ that arm's wall clock ("never" if it is not reached); and each arm's lower bound
 runtimes on the devices they used.
 
     python benchmarks/vs_baselines.py --workload median|hyperband|lengths [--seeds 3] [--n-trials 16]
+                                      [--short-steps 40]
                                       [--arms plain,plain1,raytune,cold,warm] [--plot curves.png]
                                       [--json runs.json] [--from-json a.json,b.json]
 """
@@ -56,7 +57,9 @@ from vs_optuna import PlainTrial, _cpu_seconds, _lower_bound  # noqa: E402
 STEPS = 40  # a full trial of the sampled workloads
 RUNGS = 4  # reports per full trial: every STEPS // RUNGS steps, the validation loss of VALIDATION_ROWS rows
 VALIDATION_ROWS = 128
-SHORT_STEPS = 40  # the lengths workload: six trials of this many steps, then one five times longer
+#: The lengths workload: six trials of this many steps, then one five times longer (``--short-steps``, handed to the
+#: arms' processes and the pools' workers through the environment, which they inherit).
+SHORT_STEPS = int(os.environ.get("VS_BASELINES_SHORT_STEPS", "40"))
 
 
 def sampled_space(trial) -> dict[str, Any]:
@@ -188,8 +191,9 @@ def run_optuna_arm(
             progress="quiet",
             dashboard=False,
         )
-        if arm == "aware":  # not a public option: the benchmark of issue 27 decides whether it becomes one
-            executor._settings = dataclasses.replace(executor._settings, plan_for_pruning=True)
+        if arm in ("aware", "rung"):  # not public options: the benchmarks of issue 27 decide whether they become ones
+            rungs = arm == "rung"
+            executor._settings = dataclasses.replace(executor._settings, plan_for_pruning=True, plan_to_next_rung=rungs)
         cpu_before = _cpu_seconds()
         executor.optimize(study, objective, n_trials=n_trials)
         driver_cpu = _cpu_seconds() - cpu_before  # the executor's own process: asking, describing, planning
@@ -416,9 +420,9 @@ def time_to_reach(curve: list[list[float]], target: float) -> float | None:
 
 #: Arms that run the cold arm's sampled trials again, enqueued in the same order (what each runs as): the scheduler
 #: compared on the same trials, the sampler's luck taken out.
-SAME_TRIALS = {"plain-same": "plain", "aware": "aware", "warm-same": "warm"}
+SAME_TRIALS = {"plain-same": "plain", "aware": "aware", "rung": "rung", "warm-same": "warm"}
 #: The paired ratio each of them reports, per seed: (numerator arm, denominator arm).
-PAIRED = {"plain-same": ("cold", "plain-same"), "aware": ("aware", "warm-same")}
+PAIRED = {"plain-same": ("cold", "plain-same"), "aware": ("aware", "warm-same"), "rung": ("rung", "warm-same")}
 
 
 def compare(workload: str, seeds: list[int], n_trials: int, devices: int, arms: list[str]) -> dict[str, list[dict]]:
@@ -557,6 +561,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0, help="the first seed")
     parser.add_argument("--n-trials", type=int, default=16)
+    parser.add_argument("--short-steps", type=int, help="the lengths workload's short trials' steps (default 40)")
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--arms", default="plain,plain1,raytune,cold,warm")
     parser.add_argument("--plot", help="write the best-value curves to this PNG")
@@ -568,6 +573,8 @@ def main() -> None:
     parser.add_argument("--launched", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--enqueue", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.short_steps:  # (before any arm's process starts: they import this module again)
+        os.environ["VS_BASELINES_SHORT_STEPS"] = str(args.short_steps)
     if args.arm:  # one arm, in its own process
         if args.arm == "raytune":
             result = run_raytune_arm(args.workload, args.seed, args.n_trials, args.devices, args.log_dir, args.launched)

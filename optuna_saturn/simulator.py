@@ -86,6 +86,7 @@ def simulate(
     tick: float = 0.0,
     steps: int = 100,
     plan_for_pruning: bool = False,
+    plan_to_next_rung: bool = False,
 ) -> SimulationResult:
     """Run ``jobs`` on ``cluster`` with true runtimes ``estimate * noise[job]``, each pruned after the share
     ``prune_at[job]`` of its steps (defaults 1), through the real sweep loop.
@@ -101,6 +102,8 @@ def simulate(
     ``plan_for_pruning``: price each trial at the share of its steps the finished trials say it will run under the
     study's pruner (:mod:`optuna_saturn.pricing.survival`); by default every trial is priced at its full length
     (pruning-blind planning; the clairvoyant mode always is, as it prices with the pruned runtimes themselves).
+    ``plan_to_next_rung`` (with ``plan_for_pruning``): a trial more likely pruned at its next rung than not is
+    offered only its most efficient options until it survives the rung (:mod:`optuna_saturn.sweep.options`).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be 'static', 'replan' or 'clairvoyant', got {mode!r}.")
@@ -138,6 +141,7 @@ def simulate(
         known_ahead=known_ahead,
         tick=tick,
         plan_for_pruning=plan_for_pruning and mode != "clairvoyant",
+        plan_to_next_rung=plan_to_next_rung and mode != "clairvoyant",
     )
 
 
@@ -168,6 +172,7 @@ def run_simulation(
     max_retries: int = 1,
     profile_budget: float | None = None,
     plan_for_pruning: bool = False,
+    plan_to_next_rung: bool = False,
 ) -> SimulationResult:
     """The real loop on ``jobs`` (see :func:`simulate`), with ``faults`` injected into the simulated pool. A
     ``study`` given must hold ``jobs`` enqueued (their index as the parameter ``job``); by default an in-memory
@@ -200,6 +205,7 @@ def run_simulation(
             max_retries=max_retries,
             profile_budget=profile_budget,
             plan_for_pruning=plan_for_pruning,
+            plan_to_next_rung=plan_to_next_rung,
         )
         pool = SimulatedPool(
             devices,

@@ -6,9 +6,10 @@ from __future__ import annotations
 import optuna
 import pytest
 from optuna.trial import TrialState
-from test_scheduler import single, study_of
+from test_scheduler import job, runs, single, study_of
 
 from optuna_saturn.planner import Cluster
+from optuna_saturn.pricing.known import JOB_PARAMETER
 from optuna_saturn.pricing.survival import PRIOR_TRIALS, Survival
 from optuna_saturn.simulator import run_simulation
 
@@ -77,3 +78,67 @@ def test_a_trial_is_planned_at_what_the_pruned_trials_before_it_say_it_will_run(
     else:
         assert last.user_attrs["saturn:planned_runtime"] == pytest.approx(100.0, rel=0.02)
         assert "saturn:pruning_assumed" not in last.user_attrs
+
+
+def _pruned_mostly_at_a_tenth(*, to_next_rung: bool) -> Survival:
+    survival = Survival(optuna.pruners.MedianPruner(n_startup_trials=0), to_next_rung=to_next_rung)
+    for share in [0.1] * 9 + [0.102] + [0.3] * 2:  # (0.1 and 0.102: one rung, steps rounded differently)
+        survival.saw(share, complete=False)
+    for _ in range(2):
+        survival.saw(1.0, complete=True)
+    return survival
+
+
+def test_the_rungs_and_the_chance_of_going_past_the_next_one_are_learned_from_where_trials_were_pruned():
+    survival = _pruned_mostly_at_a_tenth(to_next_rung=True)
+    assert survival.next_rung() == pytest.approx(0.1)
+    assert survival.chance_past(0.1) == pytest.approx((2 + 2 + PRIOR_TRIALS) / (14 + PRIOR_TRIALS))
+    assert survival.likely_stopped()
+    assert "planned to their next rung, 10% of their steps, which 41% go past" in survival.describe()
+    # past the first rung, its next is the second, which most of the trials that got there went past
+    assert survival.next_rung(0.11) == pytest.approx(0.3)
+    assert survival.chance_past(0.3, 0.11) == pytest.approx((2 + PRIOR_TRIALS) / (4 + PRIOR_TRIALS))
+    assert not survival.likely_stopped(0.11)
+    assert survival.next_rung(0.5) is None and not survival.likely_stopped(0.5)
+    assert Survival(None).next_rung() is None and not Survival(None, to_next_rung=True).likely_stopped()
+    # planned for the pruner but not to the next rung: no trial is held back
+    survival = _pruned_mostly_at_a_tenth(to_next_rung=False)
+    assert not survival.likely_stopped() and "rung" not in survival.describe()
+
+
+@pytest.mark.parametrize("to_next_rung", [True, False])
+def test_a_trial_likely_pruned_at_its_next_rung_starts_on_its_most_efficient_option_and_grows_once_past_it(
+    to_next_rung,
+):
+    """Two devices; the study's history: six trials pruned at a tenth of their steps, one complete. Then one trial,
+    100 s on one device or 60 s on both: priced for the pruner it takes both (the plan ends sooner); planned to the
+    next rung it is more likely pruned there than not, so it starts on one, and once past the rung it has both
+    options again and grows onto the idle device at its next checkpoint."""
+    study = optuna.create_study(pruner=optuna.pruners.MedianPruner(n_startup_trials=0))
+    for steps in [[10, 100]] * 6 + [[100, 100]]:
+        trial = study.ask()
+        trial.set_user_attr("saturn:steps", steps)
+        study.tell(trial, 1.0) if steps[0] == steps[1] else study.tell(trial, state=TrialState.PRUNED)
+    study.enqueue_trial({JOB_PARAMETER: 0})
+    jobs = [job("z", ("single", 1, 100.0), ("ddp", 2, 60.0), checkpoint_every=10)]
+    result = run_simulation(
+        jobs,
+        Cluster([2]),
+        mode="replan",
+        study=study,
+        elastic=True,
+        plan_for_pruning=True,
+        plan_to_next_rung=to_next_rung,
+        solver="list",
+    )
+    placed = sorted(runs(result)["z"], key=lambda a: a.start)
+    assert study.trials[-1].state == TrialState.COMPLETE
+    assumed = study.trials[-1].user_attrs["saturn:pruning_assumed"]
+    if to_next_rung:
+        assert "planned to their next rung, 10% of their steps, which 40% go past, on their most efficient" in assumed
+        assert [a.option.devices for a in placed] == [1, 2]
+        # weighed at its first checkpoint, on the rung (step 10): it may move, and it does at its next one
+        assert placed[0].end == pytest.approx(20.0)
+    else:
+        assert "rung" not in assumed
+        assert [a.option.devices for a in placed] == [2]

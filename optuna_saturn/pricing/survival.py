@@ -13,6 +13,9 @@ estimate is held towards the full length (``PRIOR_TRIALS`` trials that completed
 prunes do not make every trial look short.
 
 Pruning-blind planning is this with every share taken as 1: ``Survival(None)``.
+
+Planning to the next rung needs two more things from the same history: where the rungs are (the shares at which
+trials were pruned, ``RUNG_WIDTH`` apart at least) and a trial's chance of going past its next one.
 """
 
 from __future__ import annotations
@@ -25,23 +28,31 @@ from optuna.trial import FrozenTrial, TrialState
 
 #: Trials that completed, counted in before any is seen: the estimate leaves the full length gradually.
 PRIOR_TRIALS = 3.0
+#: Trials pruned at shares of their steps this close together were pruned at one rung (report intervals in steps
+#: round differently for trials of different lengths).
+RUNG_WIDTH = 0.02
+#: A trial whose chance of going past its next rung is below this is planned as one the pruner will stop there.
+LIKELY_STOPPED = 0.5
 
 
 class Survival:
     """The shares of their steps that the sweep's finished trials ran, and what a trial is expected to run."""
 
-    def __init__(self, pruner: optuna.pruners.BasePruner | None) -> None:
+    def __init__(self, pruner: optuna.pruners.BasePruner | None, *, to_next_rung: bool = False) -> None:
+        self._to_next_rung = to_next_rung
         self._blind = pruner is None or isinstance(pruner, optuna.pruners.NopPruner)
         self._startup = int(getattr(pruner, "_n_startup_trials", 0) or 0)
         self._pruner_name = type(pruner).__name__ if pruner is not None else "none"
         self._shares: list[float] = []  # sorted
+        self._pruned: list[float] = []  # sorted: the shares at which trials were pruned
         self._completed = 0
         self.version = 0
 
     @classmethod
-    def of_study(cls, study: optuna.Study, *, blind: bool = False) -> Survival:
-        """Learned from the study's finished trials (an earlier sweep's count too); ``blind``: pruning-blind."""
-        survival = cls(None if blind else study.pruner)
+    def of_study(cls, study: optuna.Study, *, blind: bool = False, to_next_rung: bool = False) -> Survival:
+        """Learned from the study's finished trials (an earlier sweep's count too); ``blind``: pruning-blind;
+        ``to_next_rung``: trials are planned to their next rung (:meth:`likely_stopped`)."""
+        survival = cls(None if blind else study.pruner, to_next_rung=to_next_rung)
         if not survival.blind:  # (blind, it needs no history: a large study is not read for nothing)
             survival.saw_trials(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
         return survival
@@ -61,7 +72,10 @@ class Survival:
 
     def saw(self, share: float, *, complete: bool) -> None:
         """A trial ended, having run ``share`` of its steps."""
-        bisect.insort(self._shares, min(max(share, 0.0), 1.0))
+        share = min(max(share, 0.0), 1.0)
+        bisect.insort(self._shares, share)
+        if not complete:
+            bisect.insort(self._pruned, share)
         self._completed += complete
         self.version += 1
 
@@ -77,6 +91,28 @@ class Survival:
         ran = sum(share - reached for share in past) + PRIOR_TRIALS * left
         return min(1.0, ran / (len(past) + PRIOR_TRIALS) / left)
 
+    def next_rung(self, reached: float = 0.0) -> float | None:
+        """The first share of its steps past ``reached`` at which a trial was pruned (None: no trial was pruned
+        later than that, or the pruner prunes nothing yet)."""
+        if self._blind or self._completed < self._startup:
+            return None
+        index = bisect.bisect_right(self._pruned, reached + RUNG_WIDTH / 2)
+        return self._pruned[index] if index < len(self._pruned) else None
+
+    def chance_past(self, rung: float, reached: float = 0.0) -> float:
+        """The chance that a trial which has run ``reached`` of its steps goes past ``rung``: of the finished
+        trials that went past ``reached``, the share that went past ``rung`` (``PRIOR_TRIALS`` that completed
+        counted in)."""
+        past_reached = len(self._shares) - bisect.bisect_right(self._shares, reached)
+        past_rung = len(self._shares) - bisect.bisect_right(self._shares, rung + RUNG_WIDTH / 2)
+        return (past_rung + PRIOR_TRIALS) / (past_reached + PRIOR_TRIALS)
+
+    def likely_stopped(self, reached: float = 0.0) -> bool:
+        """Whether a trial which has run ``reached`` of its steps is planned as one likely pruned at its next rung
+        (never unless trials are planned to their next rung)."""
+        rung = self.next_rung(reached) if self._to_next_rung else None
+        return rung is not None and self.chance_past(rung, reached) < LIKELY_STOPPED
+
     def describe(self) -> str:
         """What the pricing assumes, for the log and ``saturn:options``."""
         if self._blind:
@@ -87,7 +123,13 @@ class Survival:
                 f"{self._startup} trials complete ({self._completed} have)"
             )
         pruned = len(self._shares) - self._completed
-        return (
+        assumed = (
             f"priced at {self.expected_share():.0%} of their steps: {len(self._shares)} finished trials under "
             f"the {self._pruner_name}, {pruned} pruned"
         )
+        rung = self.next_rung() if self._to_next_rung else None
+        if rung is not None:
+            chance = self.chance_past(rung)
+            assumed += f"; planned to their next rung, {rung:.0%} of their steps, which {chance:.0%} go past"
+            assumed += ", on their most efficient options" if chance < LIKELY_STOPPED else ""
+        return assumed

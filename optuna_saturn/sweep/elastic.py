@@ -60,7 +60,9 @@ class Elastic:
         for run in runs:
             if len(run.waiting.moves) >= self._max_moves or run.session.checkpoint is None:
                 continue
-            options = view.options(run.waiting, state)
+            session = run.session
+            progress = min(session.step / session.total_steps, 1.0) if session.total_steps else None
+            options = view.options(run.waiting, state, progress=progress)  # (past a rung it may grow)
             current = next((o for o in options if o.choice == run.waiting.assignment.option.choice), None)
             if current is None:
                 continue

@@ -8,6 +8,9 @@ predicted. The planner sees it corrected three ways:
 - by where the trial resumes: a trial run again from its checkpoint has only its steps after it left;
 - by the pruner: a trial is priced at the share of its steps it is expected to run
   (:mod:`optuna_saturn.pricing.survival`), and a running one at what it is expected to run past where it is;
+  planning to the next rung, a trial more likely pruned at its next rung than not is offered only its most
+  efficient options (it should not hold devices a likely survivor needs), and one that survives the rung has all
+  of them again (so the elastic policy may grow it onto devices that pruned trials freed);
 - by caution and efficiency: an option nobody measured is weighed as if it took a share of its uncertainty
   longer (it wins over a measured one only when it is better by more than it is likely off; whether to measure it
   instead is the profiling policy's call), and among options that finish the plan equally soon the one that
@@ -30,7 +33,7 @@ from optuna_saturn.pricing.survival import Survival
 from optuna_saturn.pricing.unprofiled import RuntimeEstimator
 from optuna_saturn.sweep.settings import SweepSettings
 from optuna_saturn.sweep.state import ProfileRun, SweepState, TrialRun, Waiting
-from optuna_saturn.sweep.weighing import fitting, tie_broken, weighed
+from optuna_saturn.sweep.weighing import fitting, most_efficient, tie_broken, weighed
 
 #: How many trials not asked yet the planner expects (per device, at most): enough to see that more work comes.
 FUTURE_TRIALS = 4
@@ -40,14 +43,17 @@ FUTURE = "future-"
 class OptionsView:
     """The planner's view of the sweep's trials. ``estimator`` is what the sweep learned from finished runs
     (written by the loop when it carries out what the outcomes policy says to learn); ``survival``, how much of
-    their steps trials run under the study's pruner (learned the same way; default: pruning-blind)."""
+    their steps trials run under the study's pruner (learned the same way; default: pruning-blind), and whether
+    each trial is planned to its next rung (see the module's docstring)."""
 
     @classmethod
     def for_sweep(cls, settings: SweepSettings, study: optuna.Study, largest_node: int) -> OptionsView:
         return cls(
             RuntimeEstimator(settings.strategies, largest_node),
             profile_steps=settings.profile_steps,
-            survival=Survival.of_study(study, blind=not settings.plan_for_pruning),
+            survival=Survival.of_study(
+                study, blind=not settings.plan_for_pruning, to_next_rung=settings.plan_to_next_rung
+            ),
         )
 
     def __init__(
@@ -66,9 +72,10 @@ class OptionsView:
         if options:
             bisect.insort(self._seen, (min(o.runtime * o.devices for o in options), len(self._seen), options))
 
-    def options(self, waiting: Waiting, state: SweepState) -> list[Option]:
-        """The options with their corrected runtimes (profiles corrected by real runs, resumed steps only)."""
-        return self._view(waiting, state)[0]
+    def options(self, waiting: Waiting, state: SweepState, *, progress: float | None = None) -> list[Option]:
+        """The options with their corrected runtimes (profiles corrected by real runs, resumed steps only);
+        ``progress``: the share of its steps a running trial has run (which rung is its next)."""
+        return self._view(waiting, state, progress)[0]
 
     def weighed_options(self, waiting: Waiting, state: SweepState) -> list[Option]:
         return self._view(waiting, state)[1]
@@ -81,7 +88,7 @@ class OptionsView:
         """Its fastest weighed runtime and its fewest devices: what any option of it takes at least."""
         return self._view(waiting, state)[3]
 
-    def _view(self, waiting: Waiting, state: SweepState) -> tuple:
+    def _view(self, waiting: Waiting, state: SweepState, progress: float | None = None) -> tuple:
         """(corrected options, weighed options, the planner's job, the quickest), computed again only when what
         they depend on changed (the trial's price, the checkpoint it resumes from, the observed step rates, the
         nodes): a large sweep asks for them at every event, for hundreds of trials."""
@@ -93,20 +100,22 @@ class OptionsView:
             else 0.0
         )
         expected = round(self.survival.expected_share(reached), 2)  # (rounded: views change when it does)
+        stopping = self.survival.likely_stopped(reached if progress is None else progress)
         cached = self._views.get(waiting.number)
         if cached is not None:
-            (price, resumed, corrects, version, largest, share), *views = cached
+            (price, resumed, corrects, version, largest, share, stopped), *views = cached
             views = tuple(views)
             if (
                 price is waiting.price
                 and resumed is resume
                 and largest == state.largest_node
                 and share == expected
+                and stopped == stopping
                 and (not corrects or version == self.estimator.version)
             ):
                 return views
         corrects = any(p.record is not None and not p.record.observed for p in waiting.price.options)
-        key = (waiting.price, resume, corrects, self.estimator.version, state.largest_node, expected)
+        key = (waiting.price, resume, corrects, self.estimator.version, state.largest_node, expected, stopping)
         corrected = []
         for priced in waiting.price.options:
             option, record = priced.option, priced.record
@@ -116,7 +125,10 @@ class OptionsView:
             left = 1.0 - reached  # its steps after the checkpoint, of which it is expected to run a share
             option = replace(option, runtime=max(option.runtime * left * expected, 1e-3))
             corrected.append(option)
-        weighed_ = weighed(corrected, waiting.price.options)
+        priced_options = waiting.price.options
+        if stopping:  # (likely pruned at its next rung: no devices a likely survivor needs)
+            corrected, priced_options = most_efficient(corrected, priced_options)
+        weighed_ = weighed(corrected, priced_options)
         job = Job(str(waiting.number), tie_broken(fitting(weighed_, state.largest_node)))
         quickest = (min(o.runtime for o in weighed_), min(o.devices for o in weighed_))
         self._views[waiting.number] = (key, corrected, weighed_, job, quickest)

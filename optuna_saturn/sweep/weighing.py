@@ -13,6 +13,9 @@ from optuna_saturn.pricing.prices import PricedOption
 #: Among options that finish the plan equally soon, prefer the one that spends fewer device-seconds: each option
 #: is priced to the planner this much longer per unit of area beyond the trial's most efficient option.
 EFFICIENCY_TIE_BREAK = 0.02
+#: A trial likely pruned at its next rung is offered the options that spend at most this share more device-seconds
+#: than its most efficient one.
+EFFICIENT_SLACK = 0.1
 #: An option nobody measured for the trial is weighed as if it took this share of its relative uncertainty longer
 #: (a prior's 1.8x on 2 devices was chosen for 4 trials and ran at 1.35x).
 CAUTION = 0.5
@@ -41,3 +44,15 @@ def tie_broken(options: Sequence[Option]) -> list[Option]:
 def fitting(options: Sequence[Option], largest_node: int) -> list[Option]:
     """The options that fit a node (all, unless nodes were lost)."""
     return [o for o in options if o.devices <= largest_node]
+
+
+def most_efficient(
+    options: Sequence[Option], priced: Sequence[PricedOption]
+) -> tuple[list[Option], list[PricedOption]]:
+    """``options`` (one per ``priced``) that spend at most :data:`EFFICIENT_SLACK` more device-seconds than the
+    most efficient one, and their prices."""
+    least = min((o.runtime * o.devices for o in options), default=0.0)
+    kept = [
+        (o, p) for o, p in zip(options, priced, strict=True) if o.runtime * o.devices <= least * (1 + EFFICIENT_SLACK)
+    ]
+    return [o for o, _ in kept], [p for _, p in kept]
