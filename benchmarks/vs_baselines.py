@@ -493,6 +493,18 @@ def summary_rows(workload: str, results: dict[str, list[dict]]) -> list[list[Any
     return rows
 
 
+def workload_bound(results: dict[str, list[dict]], i: int) -> float | None:
+    """The lengths workload's lower bound in seed ``i``, from both plain arms' measured runtimes (one thread each
+    in ``plain``, two in ``plain1``): every trial on the option that spends the fewest core-seconds, spread over
+    the cores, and no sooner than its fastest option (None without both plain arms)."""
+    if not {"plain", "plain1"} <= results.keys():
+        return None
+    one = {run[0]: run[3] - run[2] for run in results["plain"][i]["runs"]}
+    two = {run[0]: run[3] - run[2] for run in results["plain1"][i]["runs"]}
+    work = sum(min(one[n], 2 * two[n]) for n in one) / 2
+    return max(work, max(min(one[n], two[n]) for n in one))
+
+
 def _paired(arm: str, results: dict[str, list[dict]], seeds: range) -> str:
     if arm not in PAIRED or not all(a in results for a in PAIRED[arm]):
         return "-"
@@ -628,6 +640,16 @@ def main() -> None:
             rows,
         )
     )
+    for results in (r for w, r in everything.items() if w == "lengths"):
+        for i in range(len(next(iter(results.values())))):
+            bound = workload_bound(results, i)
+            if bound is not None:
+                better = min(results["plain"][i]["wall"], results["plain1"][i]["wall"])
+                arms = ", ".join(f"{arm} {runs[i]['wall'] / bound:.2f}x" for arm, runs in results.items())
+                print(
+                    f"lengths, seed {i}: the workload's lower bound {bound:.1f} s, {bound / better:.2f} of the "
+                    f"better plain arm's wall; {arms} of it"
+                )
     if args.plot:
         plot(everything, args.plot)
         print(f"curves: {args.plot}")
