@@ -10,9 +10,10 @@ more likely pruned at its next rung than not gets only its most efficient option
 grow), and clairvoyant (the true runtimes, pruning included: what no planner can know). "Most any planner gains"
 is 1 - LB / blind: no schedule of the trials' real work ends before the lower bound. All re-plan as trials end,
 and move running trials that checkpoint (elastic resize, 60 s per move; the clairvoyant arm does not move them).
-The study's pruner is Optuna's default median pruner (no prune before 5 trials complete).
+The study's pruner is Optuna's default median pruner (no prune before 5 trials complete). ``--halving`` prunes as
+successive halving at a reduction factor of 3 would instead: two trials in three at each rung.
 
-    python benchmarks/prune_aware.py [--seeds 5] [--copies 3] [--pruned 0.6]
+    python benchmarks/prune_aware.py [--seeds 5] [--copies 3] [--pruned 0.6 | --halving]
 """
 
 from __future__ import annotations
@@ -38,18 +39,32 @@ def pruned_set(names: list[str], share: float, seed: int) -> dict[str, float]:
     return {name: rng.choice(RUNGS) for name in stopped}
 
 
+def halving_set(names: list[str], seed: int) -> dict[str, float]:
+    """Which trials successive halving at a reduction factor of 3 stops, and where: two in three at each rung
+    (89% pruned in all), drawn with a seed."""
+    rng = random.Random(seed)
+    stopped = {}
+    for name in names:
+        rung = next((r for r in RUNGS if rng.random() < 2 / 3), None)
+        if rung is not None:
+            stopped[name] = rung
+    return stopped
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--copies", type=int, default=3)
     parser.add_argument("--pruned", type=float, default=0.6)
+    parser.add_argument("--halving", action="store_true", help="prune as successive halving does (ignores --pruned)")
     args = parser.parse_args()
     base = paper_like()
     jobs = [Job(f"{job.name}-{copy}", job.options) for copy in range(args.copies) for job in base]
     cluster = Cluster([8])
     rows, ratios, rung_ratios = [], [], []
     for seed in range(args.seeds):
-        prune_at = pruned_set([job.name for job in jobs], args.pruned, seed)
+        names = [job.name for job in jobs]
+        prune_at = halving_set(names, seed) if args.halving else pruned_set(names, args.pruned, seed)
         order = random.Random(seed).sample(jobs, len(jobs))  # (the order a sampler produces them in)
         truth = [
             Job(job.name, [replace(o, runtime=o.runtime * prune_at.get(job.name, 1.0)) for o in job.options])
@@ -81,10 +96,9 @@ def main() -> None:
         )
         print(f"seed {seed}: {rows[-1]}", flush=True)
     print()
-    print(
-        f"{len(jobs)} trials on 8 GPUs, {args.pruned:.0%} pruned at a rung ({', '.join(f'{r:.2f}' for r in RUNGS)} "
-        f"of their steps), {args.seeds} seeds\n"
-    )
+    how = "two in three pruned at each rung" if args.halving else f"{args.pruned:.0%} pruned at a rung"
+    rungs = ", ".join(f"{r:.2f}" for r in RUNGS)
+    print(f"{len(jobs)} trials on 8 GPUs, {how} ({rungs} of their steps), {args.seeds} seeds\n")
     print(
         markdown_table(
             [
