@@ -102,8 +102,8 @@ def simulate(
     ``plan_for_pruning``: price each trial at the share of its steps the finished trials say it will run under the
     study's pruner (:mod:`optuna_saturn.pricing.survival`); by default every trial is priced at its full length
     (pruning-blind planning; the clairvoyant mode always is, as it prices with the pruned runtimes themselves).
-    ``plan_to_next_rung`` (with ``plan_for_pruning``): a trial more likely pruned at its next rung than not is
-    offered only its most efficient options until it survives the rung (:mod:`optuna_saturn.sweep.options`).
+    ``plan_to_next_rung``: that too, and a trial more likely pruned at its next rung than not is offered only its
+    most efficient options until it survives the rung (:mod:`optuna_saturn.sweep.options`).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be 'static', 'replan' or 'clairvoyant', got {mode!r}.")

@@ -8,10 +8,11 @@ import pytest
 from optuna.trial import TrialState
 from test_scheduler import job, runs, single, study_of
 
-from optuna_saturn.planner import Cluster
+from optuna_saturn.planner import Cluster, Option
 from optuna_saturn.pricing.known import JOB_PARAMETER
 from optuna_saturn.pricing.survival import PRIOR_TRIALS, Survival
 from optuna_saturn.simulator import run_simulation
+from optuna_saturn.sweep.weighing import most_efficient
 
 
 def test_no_pruner_or_blind_planning_prices_every_trial_whole():
@@ -92,18 +93,38 @@ def _pruned_mostly_at_a_tenth(*, to_next_rung: bool) -> Survival:
 def test_the_rungs_and_the_chance_of_going_past_the_next_one_are_learned_from_where_trials_were_pruned():
     survival = _pruned_mostly_at_a_tenth(to_next_rung=True)
     assert survival.next_rung() == pytest.approx(0.1)
-    assert survival.chance_past(0.1) == pytest.approx((2 + 2 + PRIOR_TRIALS) / (14 + PRIOR_TRIALS))
+    assert survival.chance_past_next_rung() == pytest.approx((2 + 2 + PRIOR_TRIALS) / (14 + PRIOR_TRIALS))
     assert survival.likely_stopped()
     assert "planned to their next rung, 10% of their steps, which 41% go past" in survival.describe()
-    # past the first rung, its next is the second, which most of the trials that got there went past
-    assert survival.next_rung(0.11) == pytest.approx(0.3)
-    assert survival.chance_past(0.3, 0.11) == pytest.approx((2 + PRIOR_TRIALS) / (4 + PRIOR_TRIALS))
-    assert not survival.likely_stopped(0.11)
+    # just before the rung, it is still ahead
+    assert survival.next_rung(0.09) == pytest.approx(0.1) and survival.likely_stopped(0.09)
+    # on it (the trials pruned at 0.102 were pruned there too), the next is the second, which most of the trials
+    # that got there went past
+    assert survival.next_rung(0.1) == pytest.approx(0.3)
+    assert survival.chance_past_next_rung(0.1) == pytest.approx((2 + PRIOR_TRIALS) / (4 + PRIOR_TRIALS))
+    assert not survival.likely_stopped(0.1)
     assert survival.next_rung(0.5) is None and not survival.likely_stopped(0.5)
     assert Survival(None).next_rung() is None and not Survival(None, to_next_rung=True).likely_stopped()
     # planned for the pruner but not to the next rung: no trial is held back
     survival = _pruned_mostly_at_a_tenth(to_next_rung=False)
     assert not survival.likely_stopped() and "rung" not in survival.describe()
+
+
+def test_a_prune_at_the_last_report_is_no_rung_and_completed_trials_went_past_every_rung():
+    survival = Survival(optuna.pruners.MedianPruner(n_startup_trials=0), to_next_rung=True)
+    for share in [0.1] * 5 + [1.0]:
+        survival.saw(share, complete=False)
+    for _ in range(10):
+        survival.saw(1.0, complete=True)
+    assert survival.next_rung(0.2) is None and not survival.likely_stopped(0.2)
+    assert survival.chance_past_next_rung() == pytest.approx((10 + 1 + PRIOR_TRIALS) / (16 + PRIOR_TRIALS))
+
+
+def test_a_trial_held_to_its_most_efficient_options_keeps_one_that_fits_a_node():
+    options = [Option("single", 1, 100.0), Option("ddp", 2, 45.0), Option("ddp", 4, 40.0)]
+    assert {o.devices for o in most_efficient(options, 4)} == {2}
+    # with nodes of one device left, ddp x2 does not fit: the most efficient option that fits is the measure
+    assert {o.devices for o in most_efficient(options, 1)} == {1, 2}
 
 
 @pytest.mark.parametrize("to_next_rung", [True, False])

@@ -15,7 +15,8 @@ prunes do not make every trial look short.
 Pruning-blind planning is this with every share taken as 1: ``Survival(None)``.
 
 Planning to the next rung needs two more things from the same history: where the rungs are (the shares at which
-trials were pruned, ``RUNG_WIDTH`` apart at least) and a trial's chance of going past its next one.
+trials were pruned, those at most ``RUNG_WIDTH`` apart taken as one) and a trial's chance of going past its next
+one. A trial has passed a rung once it has run that rung's lowest share.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 #: Trials that completed, counted in before any is seen: the estimate leaves the full length gradually.
 PRIOR_TRIALS = 3.0
-#: Trials pruned at shares of their steps this close together were pruned at one rung (report intervals in steps
-#: round differently for trials of different lengths).
+#: Trials pruned at shares of their steps at most this far apart were pruned at one rung (report intervals in
+#: steps round differently for trials of different lengths).
 RUNG_WIDTH = 0.02
 #: A trial whose chance of going past its next rung is below this is planned as one the pruner will stop there.
 LIKELY_STOPPED = 0.5
@@ -45,6 +46,7 @@ class Survival:
         self._pruner_name = type(pruner).__name__ if pruner is not None else "none"
         self._shares: list[float] = []  # sorted
         self._pruned: list[float] = []  # sorted: the shares at which trials were pruned
+        self._rungs: tuple[int, list[tuple[float, float]]] = (-1, [])  # (version, rungs) of the last look
         self._completed = 0
         self.version = 0
 
@@ -92,26 +94,47 @@ class Survival:
         return min(1.0, ran / (len(past) + PRIOR_TRIALS) / left)
 
     def next_rung(self, reached: float = 0.0) -> float | None:
-        """The first share of its steps past ``reached`` at which a trial was pruned (None: no trial was pruned
-        later than that, or the pruner prunes nothing yet)."""
-        if self._blind or self._completed < self._startup:
-            return None
-        index = bisect.bisect_right(self._pruned, reached + RUNG_WIDTH / 2)
-        return self._pruned[index] if index < len(self._pruned) else None
+        """The share of its steps at which a trial which has run ``reached`` of them meets its next rung (None:
+        no rung ahead, or the pruner prunes nothing yet)."""
+        rung = self._next_rung(reached)
+        return rung[0] if rung is not None else None
 
-    def chance_past(self, rung: float, reached: float = 0.0) -> float:
-        """The chance that a trial which has run ``reached`` of its steps goes past ``rung``: of the finished
-        trials that went past ``reached``, the share that went past ``rung`` (``PRIOR_TRIALS`` that completed
-        counted in)."""
-        past_reached = len(self._shares) - bisect.bisect_right(self._shares, reached)
-        past_rung = len(self._shares) - bisect.bisect_right(self._shares, rung + RUNG_WIDTH / 2)
-        return (past_rung + PRIOR_TRIALS) / (past_reached + PRIOR_TRIALS)
+    def chance_past_next_rung(self, reached: float = 0.0) -> float | None:
+        """The chance that a trial which has run ``reached`` of its steps goes past its next rung: of the finished
+        trials that got as far (complete, or pruned later), the share that went past the rung (``PRIOR_TRIALS``
+        that completed counted in). None: no rung ahead."""
+        rung = self._next_rung(reached)
+        if rung is None:
+            return None
+        on = max([reached, *(high for low, high in self._rung_list() if low <= reached)])  # (the rung it is on)
+        got_there = len(self._pruned) - bisect.bisect_right(self._pruned, on) + self._completed
+        went_past = len(self._pruned) - bisect.bisect_right(self._pruned, rung[1]) + self._completed
+        return (went_past + PRIOR_TRIALS) / (got_there + PRIOR_TRIALS)
 
     def likely_stopped(self, reached: float = 0.0) -> bool:
         """Whether a trial which has run ``reached`` of its steps is planned as one likely pruned at its next rung
         (never unless trials are planned to their next rung)."""
-        rung = self.next_rung(reached) if self._to_next_rung else None
-        return rung is not None and self.chance_past(rung, reached) < LIKELY_STOPPED
+        chance = self.chance_past_next_rung(reached) if self._to_next_rung else None
+        return chance is not None and chance < LIKELY_STOPPED
+
+    def _next_rung(self, reached: float) -> tuple[float, float] | None:
+        if self._blind or self._completed < self._startup:
+            return None
+        return next(((low, high) for low, high in self._rung_list() if low > reached), None)
+
+    def _rung_list(self) -> list[tuple[float, float]]:
+        """Each rung's lowest and highest share: pruned shares at most ``RUNG_WIDTH`` apart are one rung. A prune
+        at the last report (``1 - RUNG_WIDTH`` of the steps or more) makes no rung: stopped there, a trial cost
+        what it would have completing."""
+        if self._rungs[0] != self.version:
+            rungs: list[tuple[float, float]] = []
+            for share in (s for s in self._pruned if s < 1 - RUNG_WIDTH):
+                if rungs and share - rungs[-1][1] <= RUNG_WIDTH:
+                    rungs[-1] = (rungs[-1][0], share)
+                else:
+                    rungs.append((share, share))
+            self._rungs = (self.version, rungs)
+        return self._rungs[1]
 
     def describe(self) -> str:
         """What the pricing assumes, for the log and ``saturn:options``."""
@@ -127,9 +150,8 @@ class Survival:
             f"priced at {self.expected_share():.0%} of their steps: {len(self._shares)} finished trials under "
             f"the {self._pruner_name}, {pruned} pruned"
         )
-        rung = self.next_rung() if self._to_next_rung else None
-        if rung is not None:
-            chance = self.chance_past(rung)
+        rung, chance = self.next_rung(), self.chance_past_next_rung()
+        if self._to_next_rung and rung is not None and chance is not None:
             assumed += f"; planned to their next rung, {rung:.0%} of their steps, which {chance:.0%} go past"
             assumed += ", on their most efficient options" if chance < LIKELY_STOPPED else ""
         return assumed

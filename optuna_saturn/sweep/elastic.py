@@ -62,8 +62,9 @@ class Elastic:
                 continue
             session = run.session
             progress = min(session.step / session.total_steps, 1.0) if session.total_steps else None
-            options = view.options(run.waiting, state, progress=progress)  # (past a rung it may grow)
-            current = next((o for o in options if o.choice == run.waiting.assignment.option.choice), None)
+            choice = run.waiting.assignment.option.choice
+            options = view.options(run.waiting, state, progress=progress, keep=choice)  # (past a rung it may grow)
+            current = next((o for o in options if o.choice == choice), None)
             if current is None:
                 continue
             first_step = run.session.first_step_at

@@ -28,9 +28,9 @@ from dataclasses import replace
 import optuna
 
 from optuna_saturn.planner import Job, Option, Reservation
-from optuna_saturn.pricing.prices import PricedOption
 from optuna_saturn.pricing.survival import Survival
 from optuna_saturn.pricing.unprofiled import RuntimeEstimator
+from optuna_saturn.sweep.measuring import MeasuringTimes
 from optuna_saturn.sweep.settings import SweepSettings
 from optuna_saturn.sweep.state import ProfileRun, SweepState, TrialRun, Waiting
 from optuna_saturn.sweep.weighing import fitting, most_efficient, tie_broken, weighed
@@ -52,7 +52,9 @@ class OptionsView:
             RuntimeEstimator(settings.strategies, largest_node),
             profile_steps=settings.profile_steps,
             survival=Survival.of_study(
-                study, blind=not settings.plan_for_pruning, to_next_rung=settings.plan_to_next_rung
+                study,
+                blind=not (settings.plan_for_pruning or settings.plan_to_next_rung),
+                to_next_rung=settings.plan_to_next_rung,
             ),
         )
 
@@ -61,7 +63,7 @@ class OptionsView:
     ) -> None:
         self.estimator = estimator
         self.survival = survival if survival is not None else Survival(None)
-        self._profile_steps = profile_steps
+        self.measuring = MeasuringTimes(profile_steps)
         # every admitted trial's weighed options, as first priced, by their least device-seconds
         self._seen: list[tuple[float, int, list[Option]]] = []
         self._views: dict[int, tuple] = {}  # per trial: what its views depend on, and the views
@@ -72,10 +74,13 @@ class OptionsView:
         if options:
             bisect.insort(self._seen, (min(o.runtime * o.devices for o in options), len(self._seen), options))
 
-    def options(self, waiting: Waiting, state: SweepState, *, progress: float | None = None) -> list[Option]:
+    def options(
+        self, waiting: Waiting, state: SweepState, *, progress: float | None = None, keep: tuple | None = None
+    ) -> list[Option]:
         """The options with their corrected runtimes (profiles corrected by real runs, resumed steps only);
-        ``progress``: the share of its steps a running trial has run (which rung is its next)."""
-        return self._view(waiting, state, progress)[0]
+        ``progress``: the share of its steps a running trial has run (which rung is its next), ``keep``: its
+        option, offered whatever its next rung."""
+        return self._view(waiting, state, progress, keep)[0]
 
     def weighed_options(self, waiting: Waiting, state: SweepState) -> list[Option]:
         return self._view(waiting, state)[1]
@@ -88,7 +93,9 @@ class OptionsView:
         """Its fastest weighed runtime and its fewest devices: what any option of it takes at least."""
         return self._view(waiting, state)[3]
 
-    def _view(self, waiting: Waiting, state: SweepState, progress: float | None = None) -> tuple:
+    def _view(
+        self, waiting: Waiting, state: SweepState, progress: float | None = None, keep: tuple | None = None
+    ) -> tuple:
         """(corrected options, weighed options, the planner's job, the quickest), computed again only when what
         they depend on changed (the trial's price, the checkpoint it resumes from, the observed step rates, the
         nodes): a large sweep asks for them at every event, for hundreds of trials."""
@@ -103,19 +110,19 @@ class OptionsView:
         stopping = self.survival.likely_stopped(reached if progress is None else progress)
         cached = self._views.get(waiting.number)
         if cached is not None:
-            (price, resumed, corrects, version, largest, share, stopped), *views = cached
+            (price, resumed, corrects, version, largest, share, stopped, kept), *views = cached
             views = tuple(views)
             if (
                 price is waiting.price
                 and resumed is resume
                 and largest == state.largest_node
                 and share == expected
-                and stopped == stopping
+                and (stopped, kept) == (stopping, keep)
                 and (not corrects or version == self.estimator.version)
             ):
                 return views
         corrects = any(p.record is not None and not p.record.observed for p in waiting.price.options)
-        key = (waiting.price, resume, corrects, self.estimator.version, state.largest_node, expected, stopping)
+        key = (waiting.price, resume, corrects, self.estimator.version, state.largest_node, expected, stopping, keep)
         corrected = []
         for priced in waiting.price.options:
             option, record = priced.option, priced.record
@@ -125,10 +132,10 @@ class OptionsView:
             left = 1.0 - reached  # its steps after the checkpoint, of which it is expected to run a share
             option = replace(option, runtime=max(option.runtime * left * expected, 1e-3))
             corrected.append(option)
-        priced_options = waiting.price.options
+        weighed_ = weighed(corrected, waiting.price.options)
         if stopping:  # (likely pruned at its next rung: no devices a likely survivor needs)
-            corrected, priced_options = most_efficient(corrected, priced_options)
-        weighed_ = weighed(corrected, priced_options)
+            kept = {o.choice for o in most_efficient(weighed_, state.largest_node)} | {keep}
+            corrected, weighed_ = ([o for o in options if o.choice in kept] for options in (corrected, weighed_))
         job = Job(str(waiting.number), tie_broken(fitting(weighed_, state.largest_node)))
         quickest = (min(o.runtime for o in weighed_), min(o.devices for o in weighed_))
         self._views[waiting.number] = (key, corrected, weighed_, job, quickest)
@@ -157,6 +164,8 @@ class OptionsView:
             return []
         share = self.survival.expected_share()
         median = [replace(o, runtime=o.runtime * share) for o in self._seen[len(self._seen) // 2][2]]
+        if self.survival.likely_stopped():  # (as a trial asked now would be)
+            median = most_efficient(median, state.largest_node)
         options = tie_broken(fitting(median, state.largest_node))
         return [Job(f"{FUTURE}{i}", options) for i in range(count)] if options else []
 
@@ -164,7 +173,7 @@ class OptionsView:
         """Seconds a running job still needs: a trial from its measured step rate when it reports one (plus what
         its profile says follows the loop), else from its planned runtime; a profiling job from its prediction."""
         if isinstance(run, ProfileRun):
-            return max(0.0, run.started + self.profile_seconds(run, state) - now)
+            return max(0.0, run.started + self.measuring.profile_seconds(run, state) - now)
         session, option = run.session, run.waiting.assignment.option
         priced = run.waiting.price.option(option.choice)
         record = priced.record if priced is not None else None
@@ -176,24 +185,3 @@ class OptionsView:
             share = self.survival.expected_share(min(session.step / total, 1.0))  # (past where it is)
             return max(0.0, (total - session.step) * session.step_seconds) * share + after
         return max(0.0, run.started + option.runtime - now)
-
-    def profile_seconds(self, run: ProfileRun, state: SweepState) -> float:
-        """A profiling job's predicted length: per trial and strategy, its set-up and warm-up and timed steps."""
-        warmup, timed = self._profile_steps
-        total = 0.0
-        for entry in run.job.entries:
-            waiting = state.waiting.get(entry.trial.number)
-            steps = max(entry.workload.total_steps, 1)
-            for strategy in entry.strategies:
-                choice = (strategy.name, run.job.devices, run.job.gradient_accumulation)
-                priced = waiting.price.option(choice) if waiting is not None else None
-                runtime = priced.option.runtime if priced is not None else 10.0
-                total += runtime / steps * (warmup + timed) + 1.0
-        return total
-
-    def measurement_seconds(self, waiting: Waiting, priced: PricedOption) -> float:
-        """How long measuring one option of a waiting trial takes: its set-up and its warm-up and timed steps."""
-        warmup, timed = self._profile_steps
-        workload = waiting.price.workload
-        steps = max(workload.total_steps, 1) if workload is not None else 1
-        return priced.option.runtime / steps * (warmup + timed) + 1.0

@@ -127,7 +127,7 @@ class Profiling:
             gain = profile_gain(jobs, state.cluster, str(number), choice, optimistic, busy=busy)
             if gain <= 0:
                 continue
-            cost = view.measurement_seconds(waiting, priced)
+            cost = view.measuring.measurement_seconds(waiting, priced)
             if worth_measuring(gain, cost, priced.option.devices, state.cluster):
                 wanted.append((waiting.trial, choice))
                 self._profiled.add((number, choice))

@@ -35,7 +35,7 @@ class SweepSettings:
     keep_checkpoints: bool = False  # keep them after a trial ends COMPLETE or PRUNED
     stall_timeout: float | None = None  # seconds without progress after which a trial is stopped (None: derived)
     plan_for_pruning: bool = False  # price trials at what they are expected to run under the study's pruner
-    plan_to_next_rung: bool = False  # with that: a trial likely pruned at its next rung gets its efficient options
+    plan_to_next_rung: bool = False  # that too, and a trial likely pruned at its next rung gets its efficient options
     elastic: bool = True  # move a running trial that checkpoints to another option when the sweep ends sooner
     worker_memory_limit: float | None = None  # bytes: a warm worker that grows past it is replaced
     ray: RayCluster | None = None  # the Ray runner's cluster (None: the local runner, on this machine's devices)

@@ -46,13 +46,10 @@ def fitting(options: Sequence[Option], largest_node: int) -> list[Option]:
     return [o for o in options if o.devices <= largest_node]
 
 
-def most_efficient(
-    options: Sequence[Option], priced: Sequence[PricedOption]
-) -> tuple[list[Option], list[PricedOption]]:
-    """``options`` (one per ``priced``) that spend at most :data:`EFFICIENT_SLACK` more device-seconds than the
-    most efficient one, and their prices."""
-    least = min((o.runtime * o.devices for o in options), default=0.0)
-    kept = [
-        (o, p) for o, p in zip(options, priced, strict=True) if o.runtime * o.devices <= least * (1 + EFFICIENT_SLACK)
-    ]
-    return [o for o, _ in kept], [p for _, p in kept]
+def most_efficient(options: Sequence[Option], largest_node: int) -> list[Option]:
+    """``options`` that spend at most :data:`EFFICIENT_SLACK` more device-seconds than the most efficient one that
+    fits a node (all of them if none fits: what fits is :func:`fitting`'s to say)."""
+    least = min((o.runtime * o.devices for o in fitting(options, largest_node)), default=None)
+    if least is None:
+        return list(options)
+    return [o for o in options if o.runtime * o.devices <= least * (1 + EFFICIENT_SLACK)]
