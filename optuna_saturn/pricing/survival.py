@@ -44,8 +44,7 @@ class Survival:
         self._blind = pruner is None or isinstance(pruner, optuna.pruners.NopPruner)
         self._startup = int(getattr(pruner, "_n_startup_trials", 0) or 0)
         self._pruner_name = type(pruner).__name__ if pruner is not None else "none"
-        self._shares: list[float] = []  # sorted
-        self._pruned: list[float] = []  # sorted: the shares at which trials were pruned
+        self._pruned: list[float] = []  # sorted: the shares at which trials were pruned (completed ones ran 1)
         self._rungs: tuple[int, list[tuple[float, float]]] = (-1, [])  # (version, rungs) of the last look
         self._completed = 0
         self.version = 0
@@ -74,10 +73,8 @@ class Survival:
 
     def saw(self, share: float, *, complete: bool) -> None:
         """A trial ended, having run ``share`` of its steps."""
-        share = min(max(share, 0.0), 1.0)
-        bisect.insort(self._shares, share)
         if not complete:
-            bisect.insort(self._pruned, share)
+            bisect.insort(self._pruned, min(max(share, 0.0), 1.0))
         self._completed += complete
         self.version += 1
 
@@ -86,12 +83,12 @@ class Survival:
         (1: all of them)."""
         if self._blind or self._completed < self._startup:
             return 1.0
-        past = self._shares[bisect.bisect_right(self._shares, reached) :]
         left = 1.0 - reached
         if left <= 0:
             return 1.0
-        ran = sum(share - reached for share in past) + PRIOR_TRIALS * left
-        return min(1.0, ran / (len(past) + PRIOR_TRIALS) / left)
+        past = self._pruned[bisect.bisect_right(self._pruned, reached) :]
+        ran = sum(share - reached for share in past) + (self._completed + PRIOR_TRIALS) * left
+        return min(1.0, ran / (len(past) + self._completed + PRIOR_TRIALS) / left)
 
     def next_rung(self, reached: float = 0.0) -> float | None:
         """The share of its steps at which a trial which has run ``reached`` of them meets its next rung (None:
@@ -145,9 +142,9 @@ class Survival:
                 f"priced at their full length: the {self._pruner_name} prunes nothing before "
                 f"{self._startup} trials complete ({self._completed} have)"
             )
-        pruned = len(self._shares) - self._completed
+        pruned = len(self._pruned)
         assumed = (
-            f"priced at {self.expected_share():.0%} of their steps: {len(self._shares)} finished trials under "
+            f"priced at {self.expected_share():.0%} of their steps: {pruned + self._completed} finished trials under "
             f"the {self._pruner_name}, {pruned} pruned"
         )
         rung, chance = self.next_rung(), self.chance_past_next_rung()

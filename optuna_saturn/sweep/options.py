@@ -134,7 +134,7 @@ class OptionsView:
             corrected.append(option)
         weighed_ = weighed(corrected, waiting.price.options)
         if stopping:  # (likely pruned at its next rung: no devices a likely survivor needs)
-            kept = {o.choice for o in most_efficient(weighed_, state.largest_node)} | {keep}
+            kept = {o.choice for o in most_efficient(weighed_, state.largest_node)} | ({keep} if keep else set())
             corrected, weighed_ = ([o for o in options if o.choice in kept] for options in (corrected, weighed_))
         job = Job(str(waiting.number), tie_broken(fitting(weighed_, state.largest_node)))
         quickest = (min(o.runtime for o in weighed_), min(o.devices for o in weighed_))
