@@ -26,17 +26,22 @@ class Device:
     index: int
     cores: tuple[int, ...] = ()
     node: str = ""
+    mig: bool = False  # a MIG instance: one process per instance, and NCCL cannot span instances
 
     def __str__(self) -> str:
         return f"{self.node}/{self.kind}:{self.index}" if self.node else f"{self.kind}:{self.index}"
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "index": self.index, "cores": list(self.cores), "node": self.node}
+        return {"kind": self.kind, "index": self.index, "cores": list(self.cores), "node": self.node, "mig": self.mig}
 
     @classmethod
     def from_json(cls, data: dict) -> Device:
         return cls(
-            kind=data["kind"], index=int(data["index"]), cores=tuple(data.get("cores", ())), node=data.get("node", "")
+            kind=data["kind"],
+            index=int(data["index"]),
+            cores=tuple(data.get("cores", ())),
+            node=data.get("node", ""),
+            mig=bool(data.get("mig", False)),
         )
 
 
@@ -62,12 +67,45 @@ def pin_cores(devices: Sequence[Device]) -> bool:
 
 
 def cuda_device_count() -> int:
-    """Number of visible CUDA devices, without initialising CUDA in this (parent) process."""
+    """Number of visible CUDA devices (MIG instances listed in ``CUDA_VISIBLE_DEVICES`` count one each), without
+    initialising CUDA in this (parent) process: torch counts them with NVML."""
+    if mig_entries():
+        return len(mig_entries())
     try:
         import torch
     except ImportError:
         return 0
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return torch.cuda.device_count()
+
+
+def mig_entries() -> list[str]:
+    """The MIG instances ``CUDA_VISIBLE_DEVICES`` lists (CUDA shows a process one of them; each worker gets one)."""
+    mask = os.environ.get("CUDA_VISIBLE_DEVICES") or ""
+    return [e.strip() for e in mask.split(",") if e.strip().startswith("MIG-")]
+
+
+def _cuda_devices(count: int) -> list[Device]:
+    """The first ``count`` visible GPUs, or MIG instances. A GPU in MIG mode that no MIG instance names is refused:
+    CUDA would show each worker the same first instance."""
+    mig = bool(mig_entries())
+    if not mig:
+        from optuna_saturn.nvml import gpus_in_mig_mode
+
+        partitioned = gpus_in_mig_mode()
+        if partitioned:
+            raise ValueError(
+                f"GPU(s) {partitioned} are in MIG mode: name the MIG instances the sweep may use in "
+                "CUDA_VISIBLE_DEVICES (`nvidia-smi -L` lists their MIG-... UUIDs), e.g. "
+                "CUDA_VISIBLE_DEVICES=MIG-<uuid>,MIG-<uuid>; each instance is then one device, for one-device "
+                "strategies. Or turn MIG mode off (`nvidia-smi -mig 0`)."
+            )
+    return [Device("cuda", i, mig=mig) for i in range(count)]
+
+
+def largest_trial(devices: Sequence[Device]) -> int:
+    """The most devices one trial may span on this pool: MIG instances cannot form a process group (NCCL does
+    not span them), so a pool of them runs one-device trials only."""
+    return 1 if any(d.mig for d in devices) else len(devices)
 
 
 def cpu_devices(count: int, *, allow_shared_cores: bool = False) -> list[Device]:
@@ -98,11 +136,11 @@ def resolve_devices(spec: DeviceSpec = "auto", *, allow_shared_cores: bool = Fal
     n_cuda = cuda_device_count()
     if isinstance(spec, str):
         if spec == "auto":
-            return [Device("cuda", i) for i in range(n_cuda)] if n_cuda else cpu_devices(len(available_cores()))
+            return _cuda_devices(n_cuda) if n_cuda else cpu_devices(len(available_cores()))
         if spec == "cuda":
             if not n_cuda:
                 raise ValueError("devices='cuda' but no CUDA GPU is visible. Use devices='auto' or 'cpu'.")
-            return [Device("cuda", i) for i in range(n_cuda)]
+            return _cuda_devices(n_cuda)
         if spec == "cpu":
             return cpu_devices(len(available_cores()))
         if spec.startswith("cpu:") and spec[4:].isdigit():
@@ -116,7 +154,7 @@ def resolve_devices(spec: DeviceSpec = "auto", *, allow_shared_cores: bool = Fal
                 raise ValueError(
                     f"devices={spec} but only {n_cuda} CUDA GPUs are visible. Pass devices={n_cuda} or fewer."
                 )
-            return [Device("cuda", i) for i in range(spec)]
+            return _cuda_devices(spec)
         return cpu_devices(spec, allow_shared_cores=allow_shared_cores)
     return _devices_from_list(list(spec), n_cuda)
 
@@ -133,7 +171,7 @@ def _devices_from_list(items: list, n_cuda: int) -> list[Device]:
                     f"CUDA device {index} does not exist: {n_cuda} CUDA GPUs are visible "
                     f"(indices 0..{n_cuda - 1}). On a CPU-only machine use devices=N or 'cpu'."
                 )
-            devices.append(Device("cuda", index))
+            devices.append(Device("cuda", index, mig=bool(mig_entries())))
         else:
             raise ValueError(f"Cannot read device {item!r}: use an int (CUDA index), 'cuda:N' or a Device.")
     if not devices:

@@ -15,7 +15,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from optuna_saturn.clock import WallClock
-from optuna_saturn.devices import DeviceSpec, resolve_devices
+from optuna_saturn.devices import DeviceSpec, largest_trial, resolve_devices
 from optuna_saturn.events import SweepListener
 from optuna_saturn.pools.processes import ProcessPool
 from optuna_saturn.pools.ray_cluster import discover
@@ -160,7 +160,10 @@ class SaturnExecutor:
         else:
             self.devices = resolve_devices(devices, allow_shared_cores=allow_shared_cores)
             self.strategies = select_strategies(
-                strategies, len(self.devices), device_kind=self.devices[0].kind, folders=list(strategy_folders)
+                strategies,
+                largest_trial(self.devices),
+                device_kind=self.devices[0].kind,
+                folders=list(strategy_folders),
             )
         self.solver = solver
         self._quiet_own_log = progress is not None
@@ -295,7 +298,8 @@ class SaturnExecutor:
 
 def _real_sweep(settings: SweepSettings, study: optuna.Study, objective: Callable[..., Any], **options: Any) -> Sweep:
     """The sweep of ``study`` on real processes (this machine's or a Ray cluster's) and wall time."""
-    devices, largest = settings.devices, max(len(n.devices) for n in settings.ray.nodes) if settings.ray else None
+    devices = settings.devices
+    largest = max(len(n.devices) for n in settings.ray.nodes) if settings.ray else largest_trial(devices)
     node = None if settings.ray is None else settings.ray.nodes[0]  # (the nodes of a cluster are alike)
     store = settings.profile_store
     pricing = (

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -23,6 +23,7 @@ from optuna_saturn.checkpoint import CheckpointRecord
 from optuna_saturn.engines._base import Engine
 from optuna_saturn.integrations.ways_in import WaysIn
 from optuna_saturn.microbatch import AccumulationError, MicroBatch, split_batch
+from optuna_saturn.relayed import RelayedTrial
 from optuna_saturn.sharding import RankRows, gather_rows, mean_over_ranks
 from optuna_saturn.strategy import Strategy
 from optuna_saturn.worker.loader_positions import PositionedLoader
@@ -42,7 +43,7 @@ class TrialMoved(BaseException):
         self.step = step
 
 
-class SaturnTrial(WaysIn):
+class SaturnTrial(RelayedTrial, WaysIn):
     """What ``objective(trial)`` gets inside a worker. Mirrors ``optuna.Trial`` for suggest/report/prune; the
     ways in for Accelerate, Hugging Face Trainer and Lightning scripts come from :class:`WaysIn`."""
 
@@ -78,6 +79,13 @@ class SaturnTrial(WaysIn):
         self._resume = None if resume is None else CheckpointRecord.from_json(resume)
         self.resumed_from = 0  # the step restore() loaded
 
+    def release(self) -> None:
+        """The run is over: let go of what it prepared, to be freed before the worker's next run."""
+        self._engine.release()
+        self._models.clear()
+        self._loaders.clear()
+        self._micro_batch = self._batch = None
+
     # -- where this process stands --------------------------------------------------------------------------------
     @property
     def rank(self) -> int:
@@ -98,69 +106,6 @@ class SaturnTrial(WaysIn):
     @property
     def device(self) -> torch.device:
         return self._engine.context.device
-
-    # -- Optuna, relayed ------------------------------------------------------------------------------------------
-    def _ask_and_broadcast(self, op: str, **fields: Any) -> Any:
-        """Rank 0 asks the parent; everyone gets rank 0's answer (or its error)."""
-        answer: list[Any] = [None]
-        if self._channel is not None:
-            try:
-                answer = [("ok", self._channel.call(op, **fields))]
-            except Exception as exc:  # every rank must raise the same error, not just rank 0
-                answer = [("error", exc)]
-        if self.world_size > 1:
-            dist.broadcast_object_list(answer, src=0, group=self._group)
-        status, value = answer[0]
-        if status == "error":
-            raise value
-        return value
-
-    def _relay(self, op: str, **fields: Any) -> None:
-        if self._channel is not None:
-            self._channel.call(op, **fields)
-
-    def suggest_float(
-        self, name: str, low: float, high: float, *, step: float | None = None, log: bool = False
-    ) -> float:
-        return float(
-            self._ask_and_broadcast(
-                "suggest", method="suggest_float", args=[name, low, high], kwargs={"step": step, "log": log}
-            )
-        )
-
-    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
-        return int(
-            self._ask_and_broadcast(
-                "suggest", method="suggest_int", args=[name, low, high], kwargs={"step": step, "log": log}
-            )
-        )
-
-    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
-        return self._ask_and_broadcast("suggest", method="suggest_categorical", args=[name, list(choices)], kwargs={})
-
-    def report(self, value: float, step: int) -> None:
-        """Report an intermediate value (rank 0's value is the one recorded)."""
-        if self._profile is None:
-            self._relay("report", value=float(value), step=int(step))
-
-    def should_prune(self) -> bool:
-        """The study's pruner decides, once, for all ranks."""
-        return self._profile is None and bool(self._ask_and_broadcast("should_prune"))
-
-    def set_user_attr(self, key: str, value: Any) -> None:
-        if self._profile is None:
-            self._relay("set_user_attr", key=key, value=value)
-
-    @property
-    def params(self) -> dict[str, Any]:
-        return dict(self._ask_and_broadcast("params"))
-
-    @property
-    def study(self) -> Any:
-        raise AttributeError(
-            "The study lives in the executor's process, not in the worker. Use trial.suggest_*, report, "
-            "should_prune and set_user_attr, which are relayed to it."
-        )
 
     # -- distributed training helpers -----------------------------------------------------------------------------
     def prepare(self, *objects: Any) -> Any:

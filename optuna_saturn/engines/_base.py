@@ -53,6 +53,13 @@ class Engine:
     def __init__(self, context: WorkerContext) -> None:
         self.context = context
 
+    def release(self) -> None:
+        """The run is over: drop what the engine still references of it (so its memory can be freed before the
+        next run in this process), and what it registered for clipping."""
+        from optuna_saturn.engines import _clipping
+
+        _clipping.forget_all()
+
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model.to(self.context.device)
 

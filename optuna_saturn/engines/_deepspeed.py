@@ -9,7 +9,7 @@ import torch
 
 from optuna_saturn import checkpoint
 from optuna_saturn.engines import _clipping
-from optuna_saturn.engines._base import Engine, StrategyMismatch
+from optuna_saturn.engines._base import Engine, StrategyMismatch, WorkerContext
 
 #: Optimizers whose update of each element depends only on that element's gradient and state. ZeRO flattens each
 #: parameter group into one vector per rank, so only these compute the same update as in one process.
@@ -91,6 +91,18 @@ class DeepSpeedEngine(Engine):
     counts_micro_batches = True
     checkpoint_format = checkpoint.DEEPSPEED  # its own: the ZeRO partitions and its engine's counters
 
+    def __init__(self, context: WorkerContext) -> None:
+        super().__init__(context)
+        self._engines: list[Any] = []  # the DeepSpeed engines this run made: destroyed when it ends
+
+    def release(self) -> None:
+        """DeepSpeed's engine holds its ZeRO partitions, optimizer state and gradient buckets through hooks on the
+        model: ``destroy()`` unhooks them, so the run's memory is freed before the next run in this process."""
+        engines, self._engines = self._engines, []
+        for engine in engines:
+            engine.destroy()
+        super().release()
+
     @property
     def shards_parameters(self) -> bool:  # type: ignore[override]
         return self.stage >= 3
@@ -126,6 +138,7 @@ class DeepSpeedEngine(Engine):
         engine, _, _, _ = deepspeed.initialize(
             model=model.to(self.context.device), optimizer=optimizer, config=config, dist_init_required=False
         )
+        self._engines.append(engine)
         _clipping.register(self, engine, list(engine.module.parameters()))
         return engine, (None if optimizer is None else _EngineOptimizer(engine, optimizer.defaults))
 

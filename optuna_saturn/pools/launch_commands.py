@@ -164,6 +164,25 @@ def _visible_devices(devices: Sequence[Device]) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(max(1, len(devices[0].cores)))}
 
 
+def worker_environment(kind: str, log_dir: Path) -> dict[str, str]:
+    """What every worker process of a pool of ``kind`` devices runs with (its GPU mask comes per worker, from
+    :func:`optuna_saturn.worker.gpu.own_gpu`): CUDA availability asked of NVML (it initialises no driver, so a
+    process that asks can still fork workers), DeepSpeed's accelerator named (not probed), and on GPUs NCCL's
+    errors raised in the rank that waits (not left to hang) with its trace on a timeout in the pool's log
+    folder, and the allocator's expandable segments (less fragmentation between runs of different sizes)."""
+    env = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1", "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", kind)}
+    if kind != "cuda":
+        return {**env, "CUDA_VISIBLE_DEVICES": ""}
+    return {
+        **env,
+        "NCCL_SOCKET_IFNAME": "lo",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(log_dir / "nccl-trace-rank"),
+        "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
+    }
+
+
 def extensions_cache() -> Path:
     """DeepSpeed compiles its CPU ops on first use (about 90 s); keep them across trials and sweeps."""
     return Path.home() / ".cache" / "optuna-saturn" / "torch_extensions"

@@ -12,8 +12,6 @@ It puts three mechanisms behind the one pool protocol, so that the sweep's loop 
 
 from __future__ import annotations
 
-import glob
-import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,6 +27,7 @@ from optuna_saturn.pools.ray_cluster import RayCluster
 from optuna_saturn.pools.warm import WorkerPool
 from optuna_saturn.strategy import Strategy
 from optuna_saturn.study.folders import safe
+from optuna_saturn.worker.failures import first_failure
 from optuna_saturn.worker.objective_recipe import describe_objective
 
 #: How often a launcher's exit is looked for while launched jobs run (they say nothing over a pool's channel).
@@ -168,21 +167,9 @@ class ProcessPool:
             self._server = None
 
     def _ended(self, end: JobEnd) -> JobEnd:
-        """``end`` with the error of its rank that failed first; its trials' tokens no longer open the channel."""
+        """``end`` with the failure of its rank that failed first; its trials' tokens no longer open the channel."""
         for token in self._tokens.pop(end.key, []):
             self._server.unregister(token)
         errors = self._errors.pop(end.key, None)
-        error = first_rank_error(errors) if errors is not None else None
-        return JobEnd(end.key, end.devices, end.clean, end.reason, error)
-
-
-def first_rank_error(prefix: str) -> str | None:
-    """The error of the rank that failed first: its peers' errors are usually just "connection closed"."""
-    errors = []
-    for path in glob.glob(glob.escape(prefix) + ".rank*.error.json"):
-        with open(path, encoding="utf-8") as f:
-            errors.append(json.load(f))
-    if not errors:
-        return None
-    first = min(errors, key=lambda e: e["time"])
-    return f"rank {first['rank']}: {first['error']}"
+        failure = first_failure(errors) if errors is not None else None
+        return JobEnd(end.key, end.devices, end.clean, end.reason, str(failure) if failure else None, failure)

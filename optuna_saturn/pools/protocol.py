@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from optuna_saturn.devices import Device
 from optuna_saturn.strategy import Strategy
 from optuna_saturn.study.trial_session import TrialSession
+from optuna_saturn.worker.failures import RankFailure
 
 
 @dataclass(frozen=True)
@@ -61,13 +62,14 @@ class JobEnd:
     """A job's ranks are done with it. ``clean``: every rank finished it normally (the trial may still have
     failed: its outcome came through its session); otherwise ``reason`` says which rank died or was stopped, and
     ``error`` is the error of the rank that failed first, if one said (its peers' are usually "connection
-    closed")."""
+    closed"), and ``failure`` that rank's failure with its kind (out of memory, mismatch, crash)."""
 
     key: str
     devices: tuple[int, ...]
     clean: bool
     reason: str = ""
     error: str | None = None
+    failure: RankFailure | None = None
 
 
 class PoolBroken(RuntimeError):

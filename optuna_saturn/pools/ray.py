@@ -41,7 +41,7 @@ from optuna_saturn.pools.protocol import JobEnd, JobRanks
 from optuna_saturn.pools.ray_actor import DeviceActor, remove_sweep_folder
 from optuna_saturn.pools.ray_cluster import RayCluster, RayNode, import_ray
 from optuna_saturn.pools.ray_nodes import NodeMembership, bundle, first_line
-from optuna_saturn.pools.warm import RENDEZVOUS_TIMEOUT_SECONDS
+from optuna_saturn.pools.warm import COLLECTIVE_TIMEOUT_SECONDS, RENDEZVOUS_TIMEOUT_SECONDS
 from optuna_saturn.worker.objective_recipe import portable
 
 _logger = optuna.logging.get_logger("optuna.saturn.runner")
@@ -89,6 +89,7 @@ class RayPool(NodeMembership):
             "engines": sorted(engines),
             "sweep": secrets.token_hex(8),
             "extensions": os.environ.get("TORCH_EXTENSIONS_DIR"),
+            "timeouts": {"collective": COLLECTIVE_TIMEOUT_SECONDS},
         }
         self._ray: Any = None
         self._actor_class: Any = None
@@ -347,7 +348,7 @@ class RayPool(NodeMembership):
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 self._groups[node.name], placement_group_bundle_index=self._bundle_of[device]
             ),
-        ).remote(self._config, self.devices[device].to_json())
+        ).remote({**self._config, "gpu_threads": max(1, int(resources["CPU"]))}, self.devices[device].to_json())
         starting = handle.ready.remote()
         self._actors[device] = _Actor(handle, starting)
         self._killed.pop(device, None)

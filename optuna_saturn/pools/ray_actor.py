@@ -8,7 +8,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from optuna_saturn.pools.launch_commands import extensions_cache
+from optuna_saturn.pools.launch_commands import extensions_cache, worker_environment
 from optuna_saturn.pools.logs import private_folder, tail
 from optuna_saturn.worker.objective_recipe import localized
 
@@ -24,33 +24,48 @@ def remove_sweep_folder(sweep: str) -> None:
     shutil.rmtree(sweep_folder(sweep), ignore_errors=True)
 
 
+def actor_gpu() -> str:
+    """The GPU Ray gave this actor, as a ``CUDA_VISIBLE_DEVICES`` entry. Ray sets the actor's mask to it, except
+    where ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES`` is set (some stacks do), when the actor would see every
+    GPU of its node and run on the first: its accelerator ids say which is its own."""
+    import ray
+
+    ids = [str(i) for i in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]
+    if len(ids) != 1:
+        raise RuntimeError(f"A GPU worker's Ray actor must hold exactly one GPU; Ray gave it {ids or 'none'}.")
+    return ids[0]
+
+
 class DeviceActor:
     """A warm worker as a Ray actor (made remote by :class:`RayPool`): imports once, then runs job after job as
     one rank of each job's process group (:class:`~optuna_saturn.worker.warm.JobRunner`)."""
 
     def __init__(self, config: dict, device: dict) -> None:
-        os.environ.update(
-            {
-                "PYTHONUNBUFFERED": "1",
-                "GLOO_SOCKET_IFNAME": "lo",
-                "NCCL_SOCKET_IFNAME": "lo",
-                "TORCH_EXTENSIONS_DIR": config.get("extensions") or str(extensions_cache()),
-            }
-        )
-        if device["kind"] == "cpu":
-            os.environ["CUDA_VISIBLE_DEVICES"] = ""
         # one folder per sweep on this node: the objective's copy, jobs' logs and errors, and the rendezvous of
         # each job (its ranks are all on this node); the pool removes it at the end
         self._folder = self._rendezvous = sweep_folder(config["sweep"])
         private_folder(self._folder)
+        os.environ.update(
+            {
+                "PYTHONUNBUFFERED": "1",
+                "GLOO_SOCKET_IFNAME": "lo",
+                "TORCH_EXTENSIONS_DIR": config.get("extensions") or str(extensions_cache()),
+                **worker_environment(device["kind"], Path(self._folder)),
+            }
+        )
+        if device["kind"] == "cuda":
+            from optuna_saturn.worker.gpu import create_context, own_gpu
+
+            own_gpu(actor_gpu())
+            create_context()
         from optuna_saturn.worker.warm import JobRunner, prepare_process, size_threads
 
         preload = None if config.get("preload") is None else localized(config["preload"], self._folder)
         objectives = prepare_process({**config, "preload": preload})
-        size_threads(device)
-        # Ray shows a GPU actor its own GPU only: it is device 0 here
-        local = {**device, "index": 0} if device["kind"] == "cuda" else device
-        self._runner = JobRunner(local, local_rank=0, objectives=objectives, memory_limit=config.get("memory_limit"))
+        size_threads(device, config.get("gpu_threads"))
+        self._runner = JobRunner(
+            device, objectives=objectives, memory_limit=config.get("memory_limit"), timeouts=config.get("timeouts")
+        )
 
     def ready(self) -> dict:
         return {"pid": os.getpid()}

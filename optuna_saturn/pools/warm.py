@@ -28,9 +28,14 @@ from typing import Any
 import optuna
 
 from optuna_saturn.channel import ChannelServer
-from optuna_saturn.devices import Device, pin_cores
+from optuna_saturn.devices import Device, available_cores, pin_cores
 from optuna_saturn.pools.forked_host import ForkedHost, why_not_fork
-from optuna_saturn.pools.launch_commands import extensions_cache, network_isolation_prefix, physical_gpus
+from optuna_saturn.pools.launch_commands import (
+    extensions_cache,
+    network_isolation_prefix,
+    physical_gpus,
+    worker_environment,
+)
 from optuna_saturn.pools.logs import open_log
 from optuna_saturn.pools.protocol import JobEnd, JobRanks
 
@@ -38,6 +43,9 @@ _logger = optuna.logging.get_logger("optuna.saturn.runner")
 
 #: How long a job's ranks may wait for each other to join its process group.
 RENDEZVOUS_TIMEOUT_SECONDS = 600.0
+#: How long one collective may wait for a peer (a rank-0-only evaluation or data preparation between steps) before
+#: the process group gives up on it; the executor's stall detection usually stops a hung trial first.
+COLLECTIVE_TIMEOUT_SECONDS = 1800.0
 #: A stopped job whose ranks have not all ended this long after the stop's grace period ends now, whatever its
 #: workers say (a process the kill cannot end, a report lost): the sweep never waits for it for ever.
 STOP_DEADLINE_SECONDS = 10.0
@@ -78,6 +86,7 @@ class WorkerPool:
         engines: Sequence[str] = (),
         one_process: bool = False,
         fork: bool = True,
+        collective_timeout: float = COLLECTIVE_TIMEOUT_SECONDS,
     ) -> None:
         self.devices = list(devices)
         self._server = server
@@ -91,6 +100,7 @@ class WorkerPool:
         self._engines = sorted(engines)  # the engines jobs will use: imported once, before the workers fork
         self._fork = fork  # the host may be a fork of this process (runner._forked_host says when it is safe)
         self._one_process = one_process  # a worker may run on several devices' cores (see forked_host)
+        self._collective_timeout = collective_timeout
         self._lock = threading.Lock()
         self._workers = [_Worker(i) for i in range(len(devices))]
         self._jobs: dict[Any, _Job] = {}
@@ -115,8 +125,13 @@ class WorkerPool:
             "multi_device": self._multi_device,
             "engines": self._engines,
             "pin_cores": pin_cores(self.devices),
+            "one_process": self._one_process,
             "executor_pid": os.getpid(),  # the host's parent: it dies with it
+            "timeouts": {"collective": self._collective_timeout},
         }
+        if self.devices[0].kind == "cuda":  # worker i sees the i-th only (optuna_saturn.worker.gpu)
+            config["gpus"] = physical_gpus(self.devices)
+            config["gpu_threads"] = max(1, len(available_cores()) // len(self.devices))
         config_path = self._folder / "pool.json"
         config_path.write_text(json.dumps(config), encoding="utf-8")
         os.chmod(config_path, 0o600)
@@ -124,12 +139,8 @@ class WorkerPool:
             "PYTHONUNBUFFERED": "1",
             "GLOO_SOCKET_IFNAME": "lo",
             "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(extensions_cache())),
+            **worker_environment(self.devices[0].kind, self._log_dir),
         }
-        if self.devices[0].kind == "cuda":  # every worker sees the pool's GPUs; worker i uses the i-th
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(physical_gpus(self.devices))
-            env["NCCL_SOCKET_IFNAME"] = "lo"
-        else:
-            env["CUDA_VISIBLE_DEVICES"] = ""
         log = self._host_log
         why_not = (
             why_not_fork(self.devices, one_process=self._one_process)

@@ -38,26 +38,38 @@ def main(config_path: str) -> None:
     die_with_parent(config["executor_pid"])
     name_process(HOST_NAME)
     config["host_pid"] = os.getpid()  # its workers' parent
+    config["memory_baseline"] = _memory_in_use(config)  # before any worker holds a context
     from optuna_saturn.worker.warm import prepare_process, serve
 
     objectives = prepare_process(config)
+    why_not = _why_not_fork_workers(config)
+    if why_not is not None:
+        print(f"optuna-saturn: the pool host starts its workers as fresh interpreters: {why_not}.", flush=True)
+        fresh_config = os.path.join(config["folder"], "pool-workers.json")
+        with open(os.open(fresh_config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
+            json.dump(config, f)
     workers: dict[int, tuple[int, float]] = {}  # pid -> (device index, started)
     quick_exits = [0] * len(config["devices"])
 
     def start(index: int) -> None:
+        log = os.open(
+            os.path.join(config["folder"], f"worker-{index}.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600
+        )
+        if why_not is not None:
+            command = [sys.executable, "-m", "optuna_saturn.pools.warm_host", fresh_config, "--worker", str(index)]
+            actions = [(os.POSIX_SPAWN_DUP2, log, 1), (os.POSIX_SPAWN_DUP2, log, 2)]
+            pid = os.posix_spawn(sys.executable, command, os.environ, file_actions=actions)
+            os.close(log)
+            workers[pid] = (index, time.monotonic())
+            return
         pid = os.fork()
         if pid == 0:  # the worker
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            log = os.open(
-                os.path.join(config["folder"], f"worker-{index}.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600
-            )
             os.dup2(log, 1)
             os.dup2(log, 2)
             os.close(log)
-            try:
-                serve(config, index, objectives)
-            finally:
-                os._exit(0)
+            serve(config, index, objectives)  # (never returns: it exits with its code)
+        os.close(log)
         workers[pid] = (index, time.monotonic())
 
     def stop(signum: int, frame: object) -> None:
@@ -70,14 +82,56 @@ def main(config_path: str) -> None:
     for index in range(len(config["devices"])):
         start(index)
     while workers:
-        pid, _ = os.wait()
+        pid, status = os.wait()
         index, started = workers.pop(pid, (None, 0.0))
         if index is None:
             continue
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            print(f"optuna-saturn: the worker of device {index} (pid {pid}) exited with code {code}.", flush=True)
         quick_exits[index] = quick_exits[index] + 1 if time.monotonic() - started < _QUICK_EXIT_SECONDS else 0
         if quick_exits[index] < _QUICK_EXITS:
             start(index)
+        else:
+            print(
+                f"optuna-saturn: the worker of device {index} exited {_QUICK_EXITS} times within "
+                f"{_QUICK_EXIT_SECONDS:.0f} s of its start; it is not started again (its log: worker-{index}.log).",
+                flush=True,
+            )
+
+
+def fresh_worker(config_path: str, index: int) -> None:
+    """A worker started as a fresh interpreter by a host that must not fork (see :func:`_why_not_fork_workers`)."""
+    from optuna_saturn.worker.warm import serve
+
+    with open(config_path, encoding="utf-8") as f:
+        config = json.load(f)
+    serve(config, index, None)
+
+
+def _why_not_fork_workers(config: dict) -> str | None:
+    """Why this host must not fork its workers, or None. The executor checked itself before forking this host; the
+    host has since imported the objective's module and run the objective up to its loop, which may have
+    initialised CUDA (``TrainingArguments``, a module-level ``import deepspeed``, ``torch.cuda.is_available()``) or
+    started threads: a fork's workers would then die in their first CUDA call, or hang on a lock."""
+    from optuna_saturn.devices import Device
+    from optuna_saturn.pools.forked_host import why_not_fork
+
+    devices = [Device.from_json(d) for d in config["devices"]]
+    return why_not_fork(devices, one_process=bool(config.get("one_process")))
+
+
+def _memory_in_use(config: dict) -> dict[str, float]:
+    """Each GPU's memory in use now, before this pool's workers hold anything on it: a replacement worker waits
+    for its GPU to be back near this (see :func:`optuna_saturn.worker.gpu.wait_for_memory_back`)."""
+    from optuna_saturn.nvml import used_memory
+
+    used = {entry: used_memory(entry) for entry in config.get("gpus") or ()}
+    return {entry: value for entry, value in used.items() if value is not None}
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if len(sys.argv) == 4 and sys.argv[2] == "--worker":
+        fresh_worker(sys.argv[1], int(sys.argv[3]))
+    else:
+        main(sys.argv[1])

@@ -126,7 +126,7 @@ class KnownPrices:
         ]
 
     def record(
-        self, job: ProfileJob, results: dict[int, list[dict]], started_at: float, launch_error: str | None = None
+        self, job: ProfileJob, results: dict[int, list[dict]], started_at: float, unreported: dict | None = None
     ) -> list[tuple[ProfileEntry, Strategy, ProfileRecord | None]]:
         out = []
         for entry in job.entries:

@@ -221,15 +221,16 @@ class Pricer:
         return sorted(jobs, key=lambda j: (-j.devices, j.name))
 
     def record(
-        self, job: ProfileJob, results: dict[int, list[dict]], started_at: float, launch_error: str | None = None
+        self, job: ProfileJob, results: dict[int, list[dict]], started_at: float, unreported: dict | None = None
     ) -> list[tuple[ProfileEntry, Strategy, ProfileRecord | None]]:
         """Store what a profiling job measured: one record per (trial, strategy) it reached (None: not reached).
 
         Each strategy's start-up is the time from the job's start to that strategy's first step as if it had run
         alone (the job's own start-up, plus the objective's set-up under that strategy). A strategy that crashed
         or refused the trial's code gets a failed record, kept for this sweep: it is never planned for a trial of
-        that key. ``launch_error``: the job died without saying which strategy it was running; the first one it
-        did not report on is taken as the one that failed.
+        that key. ``unreported``: the job ended without rank 0's report of the strategy it was running (a peer
+        failed first: see :func:`optuna_saturn.sweep.faults.profile_results`); it is that trial's strategy's
+        outcome, or, where it does not name one, the outcome of the first one not reported on.
         """
         out: list[tuple[ProfileEntry, Strategy, ProfileRecord | None]] = []
         self._queued.difference_update(k for e in job.entries for k in e.keys)
@@ -239,8 +240,13 @@ class Pricer:
             by_name = {r.get("strategy"): r for r in results.get(entry.trial.number, [])}
             for strategy, key in zip(entry.strategies, entry.keys):
                 outcome = by_name.get(strategy.name)
-                if outcome is None and launch_error is not None:
-                    outcome, launch_error = {"failed": True, "error": launch_error}, None
+                if (
+                    outcome is None
+                    and unreported is not None
+                    and unreported["strategy"] in (None, strategy.name)
+                    and unreported["trial"] in (None, entry.trial.number)
+                ):
+                    outcome, unreported = unreported, None
                 record = (
                     None
                     if outcome is None

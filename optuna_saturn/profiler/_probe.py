@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
+import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -271,6 +272,29 @@ def _batch_signature(batch: Any) -> tuple[str, int | None, int]:
 
 
 @contextlib.contextmanager
+def without_gpus() -> Iterator[None]:
+    """While the objective is described (in the executor) or warmed up (in the pool host, whose workers are its
+    forks), it must not touch a GPU: ``TrainingArguments`` calls ``torch.cuda.set_device("cuda:0")`` on a machine
+    with GPUs, and ``torch.cuda.is_available()`` initialises the driver; the process would then hold a context on
+    GPU 0 for the whole sweep, and its forks could not use CUDA. So the GPUs are hidden meanwhile, availability is
+    asked of NVML (no driver initialised), and Accelerate and Trainer take their CPU path. DeepSpeed, if imported
+    meanwhile, is told which accelerator the GPUs in sight would have made it pick (it keeps its first pick)."""
+    hidden = {"CUDA_VISIBLE_DEVICES": "", "PYTORCH_NVML_BASED_CUDA_CHECK": "1", "ACCELERATE_USE_CPU": "true"}
+    if torch.cuda._is_compiled() and "DS_ACCELERATOR" not in os.environ:
+        hidden["DS_ACCELERATOR"] = "cuda" if torch.cuda.device_count() else "cpu"
+    saved = {name: os.environ.get(name) for name in hidden}
+    os.environ.update(hidden)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextlib.contextmanager
 def meta_models_stay_put() -> Iterator[None]:
     """While describing, modules have no weights (meta tensors), and code that moves a model (Trainer moves it to
     its device when it is created) would fail: moving a module with meta parameters is a no-op meanwhile."""
@@ -294,7 +318,7 @@ def probe_workload(objective: Any, trial: optuna.Trial, lock: threading.Lock) ->
     from accelerate import init_empty_weights
 
     probe = _ProbeTrial(trial, lock)
-    with restored_process_state():
+    with restored_process_state(), without_gpus():
         try:
             with init_empty_weights(include_buffers=False), meta_models_stay_put():
                 objective(probe)

@@ -24,6 +24,7 @@ from optuna_saturn.study.ownership import Owner, run_again
 from optuna_saturn.study.queue import StudyQueue
 from optuna_saturn.sweep import reporting
 from optuna_saturn.sweep.decisions import Fail, LeaveOut, Measure, Planned, RequestMove, Start, Stop, Tell
+from optuna_saturn.sweep.faults import profile_results
 from optuna_saturn.sweep.options import OptionsView
 from optuna_saturn.sweep.profiling import Profiling
 from optuna_saturn.sweep.requests import JobRequests, run_folder
@@ -399,14 +400,13 @@ class Actions:
         for number, where in self._profiling.ran(run, now, names).items():
             if number in self._state.waiting:
                 self.gateway.set_attrs(self._state.waiting[number].trial, {"profiling": where})
-        results = {n: s.profiles for n, s in run.sessions.items()}
-        reported = sum(len(v) for v in results.values())
-        expected = sum(len(e.strategies) for e in run.job.entries)
-        ended_early = any(r.get("infeasible") or r.get("stop_launch") for rs in results.values() for r in rs)
-        launch_error = None
-        if not end.clean and not ended_early and reported < expected:  # it died without saying why
-            launch_error = end.error or f"the profiling job ended ({end.reason}) (log: {run.log})"
-        recorded = self._pricer.record(run.job, results, self._state.started_at + run.started, launch_error)
+        results, unreported = profile_results(
+            {n: list(s.profiles) for n, s in run.sessions.items()},
+            end,
+            run.log,
+            expected=sum(len(e.strategies) for e in run.job.entries),
+        )
+        recorded = self._pricer.record(run.job, results, self._state.started_at + run.started, unreported)
         follow_ups = self._pricer.follow_ups(run.job, recorded)
         self._profiling.follow_up(follow_ups)
         for entry, strategy, record in recorded:

@@ -16,12 +16,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import optuna
 
 from optuna_saturn.pools.protocol import JobEnd
 from optuna_saturn.study.ownership import may_run_again
 from optuna_saturn.sweep.decisions import Fail, LeaveOut, Stop
 from optuna_saturn.sweep.state import SweepState, TrialRun
+from optuna_saturn.worker.failures import CRASH, MISMATCH, OUT_OF_MEMORY
 
 _logger = optuna.logging.get_logger("optuna.saturn")
 
@@ -69,24 +73,27 @@ class Faults:
     def left_out(self, run: TrialRun, end: JobEnd) -> LeaveOut | None:
         """Whether the trial's option, not the trial, is likely at fault for its failure (see the module's
         docstring): then the option is left out and the trial planned again."""
-        outcome = run.session.outcome or {}
-        if outcome.get("op") != "fail" or not self._may_leave_out:
+        kind = failure_kind(run, end)
+        if kind is None or not self._may_leave_out:
             return None
         waiting, option = run.waiting, run.waiting.assignment.option
         priced = waiting.price.option(option.choice)
-        first_run_crash = (priced is None or not priced.measured) and run.session.step == 0
+        reported = (run.session.outcome or {}).get("op") == "fail"  # (a silent death is the rank's, not the option's)
+        first_run_crash = reported and (priced is None or not priced.measured) and run.session.step == 0
         if (
             waiting.price.workload is None
             or waiting.attempts >= MAX_ATTEMPTS
-            or not (outcome.get("out_of_memory") or outcome.get("mismatch") or first_run_crash)
+            or not (kind in (OUT_OF_MEMORY, MISMATCH) or first_run_crash)
         ):
             return None
-        return LeaveOut(run, end.error or outcome.get("error", "failed"), bool(outcome.get("out_of_memory")))
+        error = end.error or (run.session.outcome or {}).get("error", "failed")
+        return LeaveOut(run, error, kind == OUT_OF_MEMORY)
 
     def run_again(self, run: TrialRun, end: JobEnd) -> bool:
-        """Whether the trial runs again: a rank died or hung, not the trial's code, and it ran fewer than
-        ``max_retries`` + 1 times."""
-        faulted = bool(run.stalled) or ((run.session.outcome or {}).get("op") is None and not end.clean)
+        """Whether the trial runs again: a rank died or hung, not the trial's code (nor its option: a trial that
+        ran out of memory is never run again on the same one), and it ran fewer than ``max_retries`` + 1 times."""
+        silent = (run.session.outcome or {}).get("op") is None and not end.clean
+        faulted = bool(run.stalled) or (silent and failure_kind(run, end) not in (OUT_OF_MEMORY, MISMATCH))
         if faulted and not may_run_again(run.session.trial, self.max_retries):
             _logger.warning(f"Trial {run.number} is not run again: it ran {self.max_retries + 1} times.")
             return False
@@ -104,3 +111,49 @@ class Faults:
             for w in state.waiting.values()
             if not any(p.option.devices <= largest for p in w.price.options)
         ]
+
+
+def failure_kind(run: TrialRun, end: JobEnd) -> str | None:
+    """How the trial's run failed (out of memory, mismatch, crash), or None if it did not. The rank that failed
+    first says, whichever rank it was: rank 0 may only have seen a peer go away, or never reported at all (it was
+    stopped while it waited for that peer in a collective)."""
+    outcome = run.session.outcome or {}
+    if outcome.get("op") not in ("fail", None) or (outcome.get("op") is None and end.clean):
+        return None
+    if end.failure is not None:
+        return end.failure.kind
+    if outcome.get("op") == "fail":
+        return OUT_OF_MEMORY if outcome.get("out_of_memory") else MISMATCH if outcome.get("mismatch") else CRASH
+    return None
+
+
+def profile_results(
+    results: dict[int, list[dict]], end: JobEnd, log: Path, expected: int
+) -> tuple[dict[int, list[dict]], dict[str, Any] | None]:
+    """What a profiling job measured, by trial, as the rank that failed first tells it: rank 0 reports each
+    strategy, but when a peer ran out of memory first, rank 0 saw only that peer go away (a crash), or never
+    reported at all (it was stopped while it waited for the peer in a collective). Returns the results, with
+    such a crash report replaced by the out-of-memory, and the outcome of the strategy the job ended in without
+    rank 0's word, if any (its trial and strategy, where the failure names them; else the first unreported)."""
+    failure = end.failure
+    said: dict[str, Any] | None = None
+    if failure is not None and failure.kind == OUT_OF_MEMORY:
+        said = {"infeasible": True, "oom_in_steps": failure.in_steps, "error": str(failure)[:500]}
+    if said is not None and failure is not None and failure.strategy:
+        by_trial = results.get(failure.trial) if failure.trial is not None else None
+        for outcomes in [by_trial] if by_trial is not None else results.values():
+            for i, outcome in enumerate(outcomes):
+                if outcome.get("strategy") == failure.strategy and outcome.get("failed"):
+                    outcomes[i] = {**said, "strategy": failure.strategy}
+                    return results, None
+    reported = sum(len(v) for v in results.values())
+    ended_early = any(r.get("infeasible") or r.get("stop_launch") for rs in results.values() for r in rs)
+    if end.clean or ended_early or reported >= expected:
+        return results, None
+    outcome = said or {"failed": True, "error": end.error or f"the profiling job ended ({end.reason}) (log: {log})"}
+    named = failure is not None and failure.strategy
+    return results, {
+        **outcome,
+        "strategy": failure.strategy if named else None,
+        "trial": failure.trial if named else None,
+    }

@@ -9,10 +9,7 @@ that failed first.
 
 from __future__ import annotations
 
-import gc
-import json
 import os
-import resource
 import sys
 import time
 import traceback
@@ -31,12 +28,16 @@ from optuna_saturn.integrations import _guard as accelerate_guard
 from optuna_saturn.microbatch import AccumulationError
 from optuna_saturn.strategy import Strategy
 from optuna_saturn.trial import SaturnTrial, TrialMoved
+from optuna_saturn.worker.failures import OUT_OF_MEMORY, error_kind, record_failure
+from optuna_saturn.worker.gpu import rank_environment
+from optuna_saturn.worker.memory import RunMemory, collect, release_memory
 from optuna_saturn.worker.profiled_steps import ProfileComplete
 
 
 @dataclass(frozen=True)
 class RankPlace:
-    """Where this process stands in the job's process group."""
+    """Where this process stands in the job's process group. ``local_rank`` is the ordinal of the one device it sees
+    (0: see :mod:`optuna_saturn.worker.gpu`)."""
 
     rank: int
     local_rank: int
@@ -50,56 +51,41 @@ def join_process_group(
     rank: int,
     world_size: int,
     *,
-    local_rank: int | None = None,
     init_method: str | None = None,
-    timeout: float | None = None,
+    rendezvous_timeout: float | None = None,
+    collective_timeout: float | None = None,
 ) -> RankPlace:
     """Join the job's process group: NCCL on a GPU (with a gloo group beside it), gloo on a CPU device.
-    ``init_method`` None: from the environment a launcher set (``MASTER_ADDR`` ...)."""
+    ``init_method`` (``file://PATH``) None: from the environment a launcher set (``MASTER_ADDR`` ...). The ranks
+    wait for each other up to ``rendezvous_timeout``; a collective may take up to ``collective_timeout`` (a
+    rank-0-only evaluation, say) before the process group gives up."""
     options: dict[str, Any] = {"rank": rank, "world_size": world_size}
+    if collective_timeout is not None:
+        options["timeout"] = timedelta(seconds=collective_timeout)
     if init_method is not None:
-        options["init_method"] = init_method
-        # what a launcher would have set; libraries read them (DeepSpeed asserts LOCAL_RANK)
-        os.environ.update(
-            {
-                "RANK": str(rank),
-                "WORLD_SIZE": str(world_size),
-                "LOCAL_RANK": str(rank),
-                "LOCAL_WORLD_SIZE": str(world_size),
-                "GROUP_RANK": "0",
-                "MASTER_ADDR": "127.0.0.1",
-            }
-        )
-    if timeout is not None:
-        options["timeout"] = timedelta(seconds=timeout)
+        os.environ.update(rank_environment(rank, world_size))  # what a launcher would have set
+        store = dist.FileStore(init_method.removeprefix("file://"), world_size)
+        if rendezvous_timeout is not None:
+            store.set_timeout(timedelta(seconds=rendezvous_timeout))
+        options["store"] = store
     if device_json["kind"] == "cuda":
-        index = device_json["index"] if local_rank is None else local_rank
-        torch.cuda.set_device(index)
-        device = torch.device("cuda", index)
+        device = torch.device("cuda", 0)  # the one GPU this worker sees
+        torch.cuda.set_device(device)
         dist.init_process_group(backend="nccl", device_id=device, **options)
         control_group = dist.new_group(backend="gloo")
     else:
         device = torch.device("cpu")
         dist.init_process_group(backend="gloo", **options)
         control_group = dist.group.WORLD
-    return RankPlace(rank, rank if local_rank is None else local_rank, world_size, device, control_group)
+    return RankPlace(rank, 0, world_size, device, control_group)
 
 
 def leave_process_group(place: RankPlace) -> None:
-    """After a job that ended the same way on every rank."""
+    """After a job that ended the same way on every rank: what the job left is freed while its communicators
+    still exist (NCCL's free hooks need them), then the process group goes."""
+    collect(place.device)
     dist.barrier(group=place.control_group)  # without it gloo sometimes aborts in destroy_process_group
     dist.destroy_process_group()
-
-
-def error_file(prefix: str, rank: int) -> str:
-    return f"{prefix}.rank{rank}.error.json"
-
-
-def _record_error(prefix: str, rank: int, error: str) -> None:
-    """Every rank leaves its error behind, so the executor can name the rank that failed first (the root
-    cause), not the peers that failed because it went away."""
-    with open(error_file(prefix, rank), "w", encoding="utf-8") as f:
-        json.dump({"rank": rank, "time": time.time(), "error": error}, f)
 
 
 def run_job(spec: dict, place: RankPlace, objective: Callable[[Any], Any]) -> bool:
@@ -139,8 +125,8 @@ def _run_once(
     accumulation: int,
     channel: ChannelClient | None,
 ) -> dict:
-    """Run the objective once under one strategy; how it ended, as the message rank 0 sends."""
-    profile = spec.get("profile")
+    """Run the objective once under one strategy; how it ended, as the message rank 0 sends. Whatever the run
+    built is let go before this returns (see :mod:`optuna_saturn.worker.memory`)."""
     context = WorkerContext(
         place.rank,
         place.local_rank,
@@ -159,9 +145,20 @@ def _run_once(
         engine=engine_for(strategy.engine, context),
         channel=channel,
         control_group=place.control_group,
-        profile=profile,
+        profile=spec.get("profile"),
         checkpoint=spec.get("checkpoint"),
     )
+    try:
+        return _outcome(spec, place, objective, trial, channel)
+    finally:
+        trial.release()
+
+
+def _outcome(
+    spec: dict, place: RankPlace, objective: Callable[[Any], Any], trial: SaturnTrial, channel: ChannelClient | None
+) -> dict:
+    profile, strategy = spec.get("profile"), trial.strategy
+    memory = RunMemory(place.device)
     started_at = time.time()
     if channel is not None:
         channel.call("started")
@@ -173,6 +170,7 @@ def _run_once(
         timings = trial.profile_timings
         tail = time.time() - timings.last_loop_ended_at
         world = place.world_size if agreed else 1
+        peak, reserved = _max_over_ranks([memory.peak(), memory.reserved_peak()], world, place.control_group)
         return {
             "op": "profile",
             "strategy": strategy.name,
@@ -180,7 +178,8 @@ def _run_once(
             **timings.to_json(),
             "step_seconds": _max_over_ranks(timings.step_seconds, world, place.control_group),
             "tail_seconds": _max_over_ranks([tail], world, place.control_group)[0],
-            "peak_memory_bytes": _max_over_ranks([peak_memory(place.device)], world, place.control_group)[0],
+            "peak_memory_bytes": peak,
+            "reserved_memory_bytes": reserved,
         }
 
     try:
@@ -199,7 +198,8 @@ def _run_once(
     except BaseException as exc:  # the trial failed; the sweep goes on
         traceback.print_exc()
         error = f"{type(exc).__name__}: {exc}"
-        out_of_memory = isinstance(exc, (torch.OutOfMemoryError, MemoryError))
+        kind = error_kind(exc)
+        out_of_memory = kind == OUT_OF_MEMORY
         if trial.profile_timings is not None and not out_of_memory and not isinstance(exc, KeyboardInterrupt):
             # After a shortened loop, code that expects a full one may fail (e.g. min() of validation losses that
             # were never computed): the steps are still measured; the time after the loop is cut short.
@@ -208,16 +208,26 @@ def _run_once(
             if place.world_size > 1:  # peers may wait in a collective this rank left: end the job
                 outcome["stop_launch"] = error
             return outcome
+        # Out of memory once the steps began: more micro-batches may fit (not while the model is prepared).
+        in_steps = trial.steps_started and trial.profile_timings is None and not isinstance(exc, AccumulationError)
         if profile is not None and (out_of_memory or isinstance(exc, AccumulationError)):
-            # an infeasible option, not a failure. Out of memory in the steps: more micro-batches may fit.
-            oom_in_steps = (
-                trial.steps_started and trial.profile_timings is None and not isinstance(exc, AccumulationError)
-            )
+            # an infeasible option, not a failure; this rank says so even if it is not rank 0, whose report may
+            # never come (it waits for this one in a collective until it is stopped)
+            if out_of_memory:
+                record_failure(
+                    spec["errors"],
+                    place.rank,
+                    error,
+                    kind,
+                    in_steps=in_steps,
+                    strategy=strategy.name,
+                    trial=trial.number,
+                )
             return {
                 "op": "profile",
                 "strategy": strategy.name,
                 "infeasible": True,
-                "oom_in_steps": oom_in_steps,
+                "oom_in_steps": in_steps,
                 "error": error[:500],
             }
         if profile is not None:
@@ -225,54 +235,20 @@ def _run_once(
             # alike before any collective, so the job goes on to its next strategy; a crash ends it.
             outcome = {"op": "profile", "strategy": strategy.name, "failed": True, "error": error[:2000]}
             if not isinstance(exc, StrategyMismatch):
-                _record_error(spec["errors"], place.rank, error)
+                record_failure(spec["errors"], place.rank, error, kind, strategy=strategy.name, trial=trial.number)
                 outcome["stop_launch"] = error
             return outcome
-        _record_error(spec["errors"], place.rank, error)
+        record_failure(
+            spec["errors"], place.rank, error, kind, in_steps=in_steps, strategy=strategy.name, trial=trial.number
+        )
         return {
             "op": "fail",
             "error": error,
+            "kind": kind,
             "out_of_memory": out_of_memory,
             "mismatch": isinstance(exc, StrategyMismatch),
             "traceback": traceback.format_exc(),
         }
-
-
-def release_memory(device: torch.device) -> None:
-    """Between two runs in one process, give back what the first one held, and start counting peaks anew."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-        return
-    try:  # Linux >= 4.0: reset the peak resident set ("high water mark") to the current one
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-            f.write("5")
-    except OSError:
-        pass  # then a later run's peak may include an earlier one's (an overestimate, never an under)
-
-
-def peak_memory(device: torch.device) -> float:
-    """Peak memory of this rank: allocated on the GPU, or this process's peak resident set on CPU."""
-    if device.type == "cuda":
-        return float(torch.cuda.max_memory_allocated(device))
-    return float(_status_kib("VmHWM") * 1024 or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-
-
-def resident_memory() -> float:
-    """This process's resident set now, in bytes (0 where /proc is missing)."""
-    return float(_status_kib("VmRSS") * 1024)
-
-
-def _status_kib(field: str) -> int:
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 def _max_over_ranks(values: list[float], world_size: int, group: Any) -> list[float]:

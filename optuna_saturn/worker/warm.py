@@ -31,7 +31,7 @@ def prepare_process(config: dict) -> dict[str, Any]:
 
     from optuna_saturn.engines import _clipping
     from optuna_saturn.integrations import _guard as accelerate_guard
-    from optuna_saturn.profiler._probe import warm_up
+    from optuna_saturn.profiler._probe import warm_up, without_gpus
     from optuna_saturn.worker.process_state import reset_library_state
 
     torch.set_num_threads(1)  # no thread pool before the forks: each worker sizes its own
@@ -40,7 +40,9 @@ def prepare_process(config: dict) -> dict[str, Any]:
     _import_what_strategies_import(config.get("engines", ()), multi_device=bool(config.get("multi_device")))
     objectives: dict[str, Any] = {}
     if config.get("preload") is not None:
-        warm_up(_objective(objectives, config["preload"]))
+        objective = _objective(objectives, config["preload"])
+        with without_gpus():  # the workers are forked from this process: it must not touch a GPU
+            warm_up(objective)
     reset_library_state()  # what the executor's process (this is a fork of it) or the warm-up left set up
     _freeze_what_is_imported()
     return objectives
@@ -66,23 +68,47 @@ def _objective(objectives: dict[str, Any], recipe: dict) -> Any:
     return objectives[key]
 
 
-def serve(config: dict, index: int, objectives: dict[str, Any]) -> NoReturn:
-    """The worker of device ``index`` (a fork of the pool host): runs the jobs the executor sends it."""
-    from optuna_saturn.worker.launched import pin_to_device
+def serve(config: dict, index: int, objectives: dict[str, Any] | None) -> NoReturn:
+    """The worker of device ``index`` (a fork of the pool host, or, ``objectives`` None, a fresh interpreter it
+    started, which prepares itself once bound to its GPU): runs the jobs the executor sends it. Whatever stops
+    it (a failed start on its GPU, a broken channel) leaves its traceback in its log and a non-zero exit code,
+    never a silent death."""
     from optuna_saturn.worker.tied_to_parent import WORKER_NAME, die_with_parent, name_process
 
     die_with_parent(config["host_pid"])
     name_process(f"{WORKER_NAME}{index}")
     faulthandler.enable(all_threads=True)  # a worker killed by a signal (a crash in CUDA, NCCL) leaves its stack
+    try:
+        _serve(config, index, objectives)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        print(
+            f"optuna-saturn: the worker of device {index} (pid {os.getpid()}) stopped on the error above.", flush=True
+        )
+        _exit(1)
+    _exit(0)
+
+
+def _serve(config: dict, index: int, objectives: dict[str, Any] | None) -> None:
+    from optuna_saturn.worker.launched import pin_to_device
+
     device = config["devices"][index]
+    if device["kind"] == "cuda":
+        _start_on_gpu(config, index)
     pin_to_device(device, pin_cores=config.get("pin_cores", True))
+    if objectives is None:  # (the objective itself is imported by its first job)
+        objectives = prepare_process({**config, "preload": None})
 
     from optuna_saturn.channel import ChannelClient
-    from optuna_saturn.worker.rank import exit_now, resident_memory
+    from optuna_saturn.worker.memory import resident_memory
 
-    size_threads(device)
+    size_threads(device, config.get("gpu_threads"))
     pool = ChannelClient(config["channel"], config["token"], hello={"worker": index})
-    runner = JobRunner(device, local_rank=index, objectives=objectives, memory_limit=config.get("memory_limit"))
+    runner = JobRunner(
+        device, objectives=objectives, memory_limit=config.get("memory_limit"), timeouts=config.get("timeouts")
+    )
     while True:
         order = pool.call("next", worker=index)
         if order.get("exit"):
@@ -92,72 +118,137 @@ def serve(config: dict, index: int, objectives: dict[str, Any]) -> NoReturn:
             "done", worker=index, job=order["job"]["name"], clean=clean, recycle=recycle, resident=resident_memory()
         )
         if recycle:
-            exit_now(0)  # the host starts a fresh worker in this one's place
+            return  # the host starts a fresh worker in this one's place
     pool.close()
-    exit_now(0)
 
 
-def size_threads(device: dict) -> None:
-    """A CPU device's worker runs as many torch threads as the device has cores."""
+def _start_on_gpu(config: dict, index: int) -> None:
+    """Bind this worker to its GPU, wait for memory a killed predecessor held to come back, and create its CUDA
+    context now (not in its first job)."""
+    from optuna_saturn.nvml import used_memory
+    from optuna_saturn.worker.gpu import create_context, own_gpu, wait_for_memory_back
+
+    entry = config["gpus"][index]
+    baseline = (config.get("memory_baseline") or {}).get(entry)
+    if baseline is not None:
+        back, waited = wait_for_memory_back(lambda: used_memory(entry), baseline)
+        if waited > 0.5 or not back:
+            print(
+                f"optuna-saturn: waited {waited:.1f} s for GPU {entry}'s memory to come back "
+                + ("" if back else "(it did not: starting anyway)"),
+                flush=True,
+            )
+    own_gpu(entry)
+    create_context()
+
+
+def _exit(code: int) -> NoReturn:
+    from optuna_saturn.worker.rank import exit_now
+
+    exit_now(code)
+
+
+def size_threads(device: dict, gpu_threads: int | None = None) -> None:
+    """A CPU device's worker runs as many torch threads as the device has cores; a GPU's, its share of the
+    machine's cores (``gpu_threads``): the optimizer step of an offloading strategy, a collate function and saving
+    a checkpoint run on the CPU."""
     import torch
 
     if device["kind"] == "cpu" and device["cores"]:
         torch.set_num_threads(len(device["cores"]))
+    elif device["kind"] == "cuda" and gpu_threads:
+        torch.set_num_threads(gpu_threads)
 
 
 class JobRunner:
     """Runs one warm worker's jobs, one after another, each as one rank of its job's process group; shared by the
-    pool host's workers and the Ray runner's actors. Every job starts from the process state the first one saw."""
+    pool host's workers and the Ray runner's actors. Every job starts from the process state the first one saw.
+
+    Any error on the way (joining the process group, the job itself) ends the job unclean, with its traceback in
+    the job's log and the rank's failure in its error file, and the process is replaced: a failed join or job may
+    leave peers stuck and memory held."""
 
     def __init__(
-        self, device: dict, *, local_rank: int, objectives: dict[str, Any], memory_limit: float | None = None
+        self,
+        device: dict,
+        *,
+        objectives: dict[str, Any],
+        memory_limit: float | None = None,
+        timeouts: dict[str, float] | None = None,
     ) -> None:
         self._device = device
-        self._local_rank = local_rank  # a GPU worker sees the pool's GPUs and uses this one
         self._objectives = objectives
         self._memory_limit = memory_limit
+        self._timeouts = timeouts or {}
         self._baseline: Any = None
 
     def run(self, job: dict, *, worker: Any) -> tuple[bool, bool]:
         """Run ``job``; returns whether every step of it ended clean, and whether this process must be replaced
         (the job failed, so its peers may be stuck and memory may not come back, or the process grew too large)."""
-        from optuna_saturn.worker.one_process import membership
-        from optuna_saturn.worker.process_state import ProcessState
-        from optuna_saturn.worker.rank import (
-            join_process_group,
-            leave_process_group,
-            release_memory,
-            resident_memory,
-            run_job,
-        )
-
-        fn = _objective(self._objectives, job["objective"])
-        if self._baseline is None:  # the state every job starts from
-            self._baseline = ProcessState.capture()
         with _output_to(job["log"]):
             print(
                 f"optuna-saturn: worker {worker} (pid {os.getpid()}) runs {job['name']} as rank {job['rank']} "
                 f"of {job['world_size']}",
                 flush=True,
             )
-            with membership(job, self._device) as part:
-                if not part.joins:  # it lent its cores to the job's first worker, which is done
-                    return True, False
-                place = join_process_group(
-                    self._device,
-                    part.rank,
-                    part.world_size,
-                    local_rank=self._local_rank,
-                    init_method=part.rendezvous,
-                    timeout=job.get("timeout"),
-                )
-                clean = run_job(job, place, fn)
-                if clean:
-                    leave_process_group(place)
-                    release_memory(place.device)
-                    self._baseline.restore()  # (and the libraries' process-wide state: see reset_library_state)
-        grown = self._memory_limit is not None and resident_memory() > self._memory_limit
-        return clean, not clean or grown
+            try:
+                clean = self._run(job)
+            except BaseException as exc:
+                import traceback
+
+                from optuna_saturn.worker.failures import error_kind, record_failure
+
+                traceback.print_exc()
+                print(f"optuna-saturn: worker {worker} could not run {job['name']}: the error above.", flush=True)
+                record_failure(job["errors"], job["rank"], f"{type(exc).__name__}: {exc}", error_kind(exc))
+                return False, True
+            why = self._why_replace()
+            if why:
+                print(f"optuna-saturn: worker {worker} is replaced after this job: {why}.", flush=True)
+        return clean, not clean or bool(why)
+
+    def _run(self, job: dict) -> bool:
+        from optuna_saturn.worker.memory import release_memory
+        from optuna_saturn.worker.one_process import membership
+        from optuna_saturn.worker.process_state import ProcessState
+        from optuna_saturn.worker.rank import join_process_group, leave_process_group, run_job
+
+        fn = _objective(self._objectives, job["objective"])
+        if self._baseline is None:  # the state every job starts from
+            self._baseline = ProcessState.capture()
+        with membership(job, self._device) as part:
+            if not part.joins:  # it lent its cores to the job's first worker, which is done
+                return True
+            place = join_process_group(
+                self._device,
+                part.rank,
+                part.world_size,
+                init_method=part.rendezvous,
+                rendezvous_timeout=job.get("timeout"),
+                collective_timeout=self._timeouts.get("collective"),
+            )
+            clean = run_job(job, place, fn)
+            if clean:
+                leave_process_group(place)
+                release_memory(place.device)
+                self._baseline.restore()  # (and the libraries' process-wide state: see reset_library_state)
+        return clean
+
+    def _why_replace(self) -> str:
+        """Why this process must not run another job, or ''."""
+        from optuna_saturn.worker.gpu import LEFTOVER_BYTES, bound_elsewhere, leftover_memory
+        from optuna_saturn.worker.memory import resident_memory
+
+        kind = self._device["kind"]
+        elsewhere = bound_elsewhere(kind)
+        if elsewhere:
+            return elsewhere
+        leftover = leftover_memory(kind)
+        if leftover > LEFTOVER_BYTES:
+            return f"{leftover / 2**20:.0f} MiB stayed allocated on its GPU after the job released its memory"
+        if self._memory_limit is not None and resident_memory() > self._memory_limit:
+            return f"its resident memory exceeds worker_memory_limit ({self._memory_limit / 2**20:.0f} MiB)"
+        return ""
 
 
 def _import_what_strategies_import(engines: Sequence[str], *, multi_device: bool) -> None:

@@ -1,0 +1,107 @@
+"""How a rank failed, told by every rank of a job, so that the sweep acts on the rank that failed first.
+
+Only rank 0 talks to the executor, and a rank that fails leaves its peers waiting in a collective (they are killed
+after the grace period). So each rank that fails writes its own error file, with the error's kind:
+
+- ``out_of_memory``: the option does not fit (more micro-batches may); never run again on the same option. Told by
+  the exception's type (``torch.OutOfMemoryError``, ``MemoryError``) and by its message, since CUDA libraries
+  raise it as other errors: NCCL's "Failed to CUDA calloc", cuBLAS's ``CUBLAS_STATUS_ALLOC_FAILED``, cuDNN's
+  ``CUDNN_STATUS_ALLOC_FAILED``, the runtime's ``cudaErrorMemoryAllocation``;
+- ``mismatch``: the trial's code cannot run under the strategy (``StrategyMismatch``): another option may;
+- ``crash``: anything else.
+
+The job's end carries the first failure in time (its peers' later errors are mostly "connection closed").
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import time
+from dataclasses import asdict, dataclass
+
+OUT_OF_MEMORY = "out_of_memory"
+MISMATCH = "mismatch"
+CRASH = "crash"
+
+#: Messages of out-of-memory errors raised as something else than ``torch.OutOfMemoryError`` (lower case).
+_OUT_OF_MEMORY_MESSAGES = (
+    "out of memory",
+    "cublas_status_alloc_failed",
+    "cudnn_status_alloc_failed",
+    "cudnn_status_not_enough_workspace",
+    "cudaerrormemoryallocation",
+    "cuda_error_out_of_memory",
+    "failed to cuda calloc",
+    "failed to cuda malloc",
+)
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """One rank's failure: when, what, its kind, whether the training steps had begun (an out-of-memory there may
+    fit with more micro-batches; one while preparing the model will not), and under which strategy (a profiling
+    job times several in turn)."""
+
+    rank: int
+    time: float
+    error: str
+    kind: str = CRASH
+    in_steps: bool = False
+    strategy: str = ""
+    trial: int | None = None
+
+    def __str__(self) -> str:
+        return f"rank {self.rank}: {self.error}"
+
+
+def error_kind(exc: BaseException) -> str:
+    """The kind of ``exc`` (see the module's docstring), looking through the errors that caused it."""
+    import torch
+
+    from optuna_saturn.engines import StrategyMismatch
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (torch.OutOfMemoryError, MemoryError)):
+            return OUT_OF_MEMORY
+        if isinstance(current, StrategyMismatch):
+            return MISMATCH
+        if any(m in str(current).lower() for m in _OUT_OF_MEMORY_MESSAGES):
+            return OUT_OF_MEMORY
+        current = current.__cause__ or current.__context__
+    return CRASH
+
+
+def error_file(prefix: str, rank: int) -> str:
+    return f"{prefix}.rank{rank}.error.json"
+
+
+def record_failure(
+    prefix: str,
+    rank: int,
+    error: str,
+    kind: str,
+    *,
+    in_steps: bool = False,
+    strategy: str = "",
+    trial: int | None = None,
+) -> None:
+    """Leave this rank's failure where the pool reads it when the job ends."""
+    failure = RankFailure(rank, time.time(), error[:4000], kind, in_steps, strategy, trial)
+    with open(error_file(prefix, rank), "w", encoding="utf-8") as f:
+        json.dump(asdict(failure), f)
+
+
+def first_failure(prefix: str) -> RankFailure | None:
+    """The failure of the job's rank that failed first, or None if no rank left one."""
+    failures = []
+    for path in glob.glob(glob.escape(prefix) + ".rank*.error.json"):
+        try:
+            with open(path, encoding="utf-8") as f:
+                failures.append(RankFailure(**json.load(f)))
+        except (OSError, ValueError, TypeError):
+            continue  # (a file a killed rank left half-written)
+    return min(failures, key=lambda f: f.time, default=None)

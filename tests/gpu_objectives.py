@@ -1,0 +1,81 @@
+"""Objectives for the GPU contracts tested on CPU (tests/test_gpu_contracts.py): what each rank sees, an
+out-of-memory on one rank only, an engine whose memory must be freed before the next run."""
+
+from __future__ import annotations
+
+import os
+import weakref
+
+import torch
+import torch.distributed as dist
+from objectives import Blocks, _endless, regression_data
+
+#: Weak references to the prepared models of the runs in this process (the test reads them).
+PREPARED: list[weakref.ref] = []
+
+
+def ranks_environment(trial) -> float:
+    """Records what every rank of the job sees: the launcher's variables, its device, its CUDA mask."""
+    trial.suggest_float("x", 0.0, 1.0)
+    mine = {
+        "rank": trial.rank,
+        "trial_local_rank": trial.local_rank,
+        "device": str(trial.device),
+        "pid": os.getpid(),
+        **{k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")},
+        "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR"),
+        "PYTORCH_NVML_BASED_CUDA_CHECK": os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK"),
+    }
+    every = [None] * trial.world_size
+    if trial.world_size > 1:
+        dist.all_gather_object(every, mine)
+    else:
+        every = [mine]
+    trial.set_user_attr("ranks", every)
+    with open("/proc/self/cmdline", "rb") as f:
+        trial.set_user_attr("cmdline", [p.decode() for p in f.read().split(b"\0") if p])
+    return 0.0
+
+
+def out_of_memory_on_rank_1(trial) -> float:
+    """Trains ``Blocks`` on a global batch of 32; on rank 1 only, a micro-batch of more than 8 rows runs out of
+    memory, raised as a CUDA library would (a RuntimeError whose message says so), while rank 0 goes on into
+    the step's collective and waits there."""
+    lr = trial.suggest_float("lr", 0.01, 0.04, log=True)
+    torch.manual_seed(0)
+    model = Blocks()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    loader = torch.utils.data.DataLoader(regression_data(512), batch_size=32, shuffle=True, drop_last=True)
+    model, optimizer, loader = trial.prepare(model, optimizer, loader)
+    batches = _endless(loader)
+    loss = torch.zeros(())
+    for _step in trial.steps(12):
+        x, y = next(batches)
+        optimizer.zero_grad()
+        for mx, my in trial.micro_batches((x, y)):
+            if trial.rank == 1 and len(mx) > 8:
+                raise RuntimeError("CUDA error: out of memory (simulated: cudaErrorMemoryAllocation)")
+            loss = torch.nn.functional.mse_loss(model(mx), my)
+            trial.backward(loss)
+        optimizer.step()
+    trial.set_user_attr("gradient_accumulation_seen", trial.gradient_accumulation)
+    return trial.reduce_mean(loss)
+
+
+def keeps_a_weak_reference(trial) -> float:
+    """A short AdamW run whose prepared model (a DeepSpeed engine under ZeRO) the test watches through a weak
+    reference: it must be gone before the worker empties its memory for the next run."""
+    torch.manual_seed(0)
+    model = Blocks()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    loader = torch.utils.data.DataLoader(regression_data(64), batch_size=16)
+    model, optimizer, loader = trial.prepare(model, optimizer, loader)
+    PREPARED.append(weakref.ref(model))
+    loss = torch.zeros(())
+    for _step, (x, y) in zip(trial.steps(3), loader):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        trial.backward(loss)
+        optimizer.step()
+    return float(loss)
