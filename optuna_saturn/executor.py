@@ -18,9 +18,10 @@ from optuna_saturn.clock import WallClock
 from optuna_saturn.devices import DeviceSpec, largest_trial, resolve_devices
 from optuna_saturn.events import SweepListener
 from optuna_saturn.pools.processes import ProcessPool
-from optuna_saturn.pools.ray_cluster import discover
+from optuna_saturn.pools.ray_cluster import RayNode, discover
 from optuna_saturn.pricing.pricer import Pricer
 from optuna_saturn.profiler import ProfileStore
+from optuna_saturn.profiler._hardware import device_memory_bytes
 from optuna_saturn.progress import ProgressMode, make_progress
 from optuna_saturn.strategy import Strategy, select_strategies
 from optuna_saturn.study.interrupts import stop_signal
@@ -65,6 +66,12 @@ class SaturnExecutor:
         profile_budget: device-seconds the sweep may spend on profiling jobs (``None``: as much as the value of
             measuring justifies); what is left unmeasured is predicted by the cost model.
         profile_steps: (warm-up, timed) steps of each profiling run.
+        device_memory: the memory one device may use, in bytes or as ``"2GiB"`` / ``"512MiB"``: the planner leaves
+            out options whose model state cannot fit it (parameters, gradients, optimizer state, as each strategy
+            shards them) and options whose profiled peak exceeded it. ``None``: a GPU's memory, or a CPU device's
+            share of the machine's RAM. On GPUs a smaller value keeps headroom; on CPU devices it is the budget a
+            CPU device stands for (a small GPU, say): nothing stops a run from using more, but no option that
+            needed more is planned.
         worker_memory_limit: bytes of resident memory past which a warm worker is replaced after its job (memory
             a trial's code leaks does not reach the next trial); ``None``: no limit.
         max_retries: how many times a trial left RUNNING by a sweep that died (``kill -9``, a lost node, the
@@ -78,6 +85,9 @@ class SaturnExecutor:
             folder the next sweep can read: the one that runs the trial again resumes from it.
         keep_checkpoints: keep a trial's checkpoint after it ends COMPLETE or PRUNED (by default it is removed
             then; a trial that fails keeps it).
+        collective_timeout: seconds one collective of a trial (an all-reduce, a barrier) may wait for a peer before
+            the trial fails: a rank-0-only evaluation or data preparation between steps must fit in it (the ranks'
+            rendezvous has its own limit). NCCL's watchdog ends the trial's processes when it passes.
         stall_timeout: seconds a trial may go without reporting a step, once it has taken one, before it is taken
             for hung (a deadlocked collective, a stuck loader), stopped, and run again like a trial whose rank died
             (``max_retries``, from its checkpoint). ``None``: the longest of 2 minutes, half its planned runtime and
@@ -118,15 +128,19 @@ class SaturnExecutor:
         profile_store: str | os.PathLike | ProfileStore = "profiles",
         profile_budget: float | None = None,
         profile_steps: tuple[int, int] = (2, 5),
+        device_memory: int | str | None = None,
         worker_memory_limit: float | None = None,
         max_retries: int = 1,
         checkpoint_dir: str | os.PathLike | None = None,
         keep_checkpoints: bool = False,
         stall_timeout: float | None = None,
+        collective_timeout: float = 1800.0,
         elastic: bool = True,
         runner: str = "local",
         ray_address: str | None = None,
     ) -> None:
+        if not collective_timeout > 0:
+            raise ValueError(f"collective_timeout must be a positive number of seconds, got {collective_timeout!r}.")
         if stall_timeout is not None and not stall_timeout > 0:
             raise ValueError(f"stall_timeout must be a positive number of seconds or None, got {stall_timeout!r}.")
         if not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0:
@@ -187,10 +201,12 @@ class SaturnExecutor:
             profile_budget=profile_budget,
             profile_steps=(int(profile_steps[0]), int(profile_steps[1])),
             worker_memory_limit=worker_memory_limit,
+            device_memory=None if device_memory is None else parse_bytes(device_memory, "device_memory"),
             max_retries=max_retries,
             checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir),
             keep_checkpoints=bool(keep_checkpoints),
             stall_timeout=stall_timeout,
+            collective_timeout=float(collective_timeout),
             elastic=bool(elastic),
             ray=cluster,
         )
@@ -313,7 +329,7 @@ def _real_sweep(settings: SweepSettings, study: optuna.Study, objective: Callabl
             lock=lock,
             max_devices=largest,
             hardware=None if node is None else node.hardware,
-            device_memory=None if node is None else node.device_memory,
+            device_memory=device_capacity(settings, node),
         )
     )
     run_dir = run_folder(settings.log_dir, study.study_name)
@@ -325,9 +341,38 @@ def _real_sweep(settings: SweepSettings, study: optuna.Study, objective: Callabl
         isolate_network=settings.isolate_network,
         grace_period=settings.grace_period,
         memory_limit=settings.worker_memory_limit,
+        collective_timeout=settings.collective_timeout,
         ray=settings.ray,
     )
     return Sweep(settings, study, pool=pool, clock=WallClock(), pricing=pricing, run_dir=run_dir, **options)
+
+
+def device_capacity(settings: SweepSettings, node: RayNode | None) -> int | None:
+    """The memory the planner gives each device: the user's ``device_memory`` where it is less than what the
+    devices have (a Ray node's, as measured there; this machine's, measured by the pricer when None)."""
+    given = settings.device_memory
+    if node is not None:
+        return node.device_memory if given is None else min(given, node.device_memory)
+    if given is None or settings.devices[0].kind != "cuda":
+        return given
+    return min(given, device_memory_bytes(settings.devices))
+
+
+def parse_bytes(value: int | float | str, name: str) -> int:
+    """``value`` in bytes: a number, or a string such as ``"2GiB"``, ``"512MiB"``, ``"1.5GB"``."""
+    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+    units.update({"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40})
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be a number of bytes or a string like '2GiB', not a bool.")
+    if isinstance(value, (int, float)):
+        number, unit = float(value), ""
+    else:
+        text = str(value).strip().upper().replace(" ", "")
+        digits = text.rstrip("KMGTIB")
+        number, unit = (float(digits) if digits else -1.0), text[len(digits) :]
+    if unit not in units or number <= 0:
+        raise ValueError(f"{name}={value!r}: give a positive number of bytes or a string like '2GiB' or '512MiB'.")
+    return int(number * units[unit])
 
 
 def _without_launchers(strategies: list[Strategy], asked: Sequence[str] | None) -> list[Strategy]:

@@ -337,9 +337,10 @@ class SaturnTrial(RelayedTrial, WaysIn):
         return self._profile is not None
 
     def step_budget(self, steps: int) -> int:
-        """How many of ``steps`` this run may take: all of them, unless the profiler is timing a short run."""
+        """How many of ``steps`` this run may take: all of them, unless the profiler is timing a short run (at
+        most its warm-up and twice its timed steps: unsettled timings are taken again)."""
         if self._profile is not None:
-            return min(steps, int(self._profile["warmup"]) + int(self._profile["timed"]))
+            return min(steps, int(self._profile["warmup"]) + 2 * int(self._profile["timed"]))
         return steps
 
     def _synchronize(self) -> None:

@@ -134,6 +134,16 @@ def test_describing_and_warming_up_hide_the_gpus(monkeypatch):
 
 
 # -- no silent deaths --------------------------------------------------------------------------------------------
+@pytest.fixture
+def environment_kept():
+    """A job run in this process sets a launcher's variables (RANK, WORLD_SIZE, ...); a worker whose job fails is
+    replaced, this test process is not: what it set must not reach the next tests' pools."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 def _in_process_job(tmp_path: Path, objective, strategy: str) -> tuple[dict, TrialSession, ChannelServer]:
     """A one-rank trial job spec for a JobRunner in this process, its session and the channel serving it."""
     study = optuna.create_study()
@@ -159,7 +169,7 @@ def _in_process_job(tmp_path: Path, objective, strategy: str) -> tuple[dict, Tri
     return job, session, server
 
 
-def test_a_worker_that_cannot_join_leaves_its_traceback_and_its_failure(tmp_path, capfd):
+def test_a_worker_that_cannot_join_leaves_its_traceback_and_its_failure(tmp_path, capfd, environment_kept):
     """A GPU worker whose process group cannot start (here: no CUDA in this build; on a GPU, NCCL's "unhandled
     system error" from a small /dev/shm, or an invalid device ordinal): the job log has the traceback, the rank
     its failure file, and the worker is replaced."""
@@ -234,20 +244,21 @@ def test_out_of_memory_on_rank_1_tries_more_micro_batches_and_is_never_run_again
 
 
 # -- memory between runs -------------------------------------------------------------------------------------------
-def test_a_runs_engine_is_gone_before_the_worker_empties_its_memory(tmp_path, monkeypatch, capfd):
-    """A ZeRO engine still referenced when the cache is emptied keeps its partitions, optimizer state and buckets
-    allocated through the next run (a false out-of-memory there). The run lets go first: by the time the worker
-    releases memory, the engine has been collected."""
-    from optuna_saturn.worker import memory
+def test_a_runs_engine_is_gone_before_its_process_group(tmp_path, monkeypatch, capfd, environment_kept):
+    """A ZeRO engine still referenced when the job's process group is destroyed and the cache emptied keeps its
+    partitions, optimizer state and buckets allocated through the next run (a false out-of-memory there), and is
+    finalised after its communicators are gone. The run lets go first: by the time the process group is
+    destroyed, the engine has been collected."""
+    import torch.distributed as dist
 
-    seen_at_release: list[bool] = []
-    release = memory.release_memory
+    seen_at_destroy: list[bool] = []
+    destroy = dist.destroy_process_group
 
-    def watched(device: torch.device) -> None:
-        seen_at_release.append(any(ref() is not None for ref in gpu_objectives.PREPARED))
-        release(device)
+    def watched(*args, **kwargs) -> None:
+        seen_at_destroy.append(any(ref() is not None for ref in gpu_objectives.PREPARED))
+        destroy(*args, **kwargs)
 
-    monkeypatch.setattr(memory, "release_memory", watched)
+    monkeypatch.setattr(dist, "destroy_process_group", watched)
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)
     job, session, server = _in_process_job(tmp_path, gpu_objectives.keeps_a_weak_reference, "zero2")
     with server, capfd.disabled():
@@ -257,7 +268,7 @@ def test_a_runs_engine_is_gone_before_the_worker_empties_its_memory(tmp_path, mo
     assert session.outcome is not None and session.outcome["op"] == "result", Path(job["log"]).read_text()[-3000:]
     assert (clean, replace) == (True, False)
     assert len(gpu_objectives.PREPARED) == 1 and type(gpu_objectives.PREPARED[0]).__name__ == "ReferenceType"
-    assert seen_at_release == [False]
+    assert seen_at_destroy == [False]
 
 
 def test_a_replacement_waits_for_its_gpus_memory_to_come_back():

@@ -135,12 +135,28 @@ class DeepSpeedEngine(Engine):
         config.setdefault("zero_force_ds_cpu_optimizer", False)  # the user's torch optimizer, even with offload
         config.setdefault("steps_per_print", 10**9)
         config["gradient_clipping"] = 0.0  # clipping is the user's call: clip_grad_norm_ sets it per step
+        model = self._partitioned(model, config) if self.shards_parameters else model.to(self.context.device)
         engine, _, _, _ = deepspeed.initialize(
-            model=model.to(self.context.device), optimizer=optimizer, config=config, dist_init_required=False
+            model=model, optimizer=optimizer, config=config, dist_init_required=False
         )
         self._engines.append(engine)
         _clipping.register(self, engine, list(engine.module.parameters()))
         return engine, (None if optimizer is None else _EngineOptimizer(engine, optimizer.defaults))
+
+    def _partitioned(self, model: torch.nn.Module, config: dict) -> torch.nn.Module:
+        """ZeRO-3: partition the parameters now, each moved to the device alone and cut to this rank's part
+        (``zero.Init`` on the built model), so a model that fits the devices only when sharded never sits whole on
+        one; ``initialize`` then leaves the placement alone. Buffers are small: they go to the device whole. Every
+        rank starts from rank 0's values (they are broadcast), as in one process."""
+        import deepspeed
+
+        deepspeed.init_distributed(dist_init_required=False)  # (on the job's process group: Init needs its size)
+        deepspeed.zero.Init(module=model, config_dict_or_path=config)
+        device = self.context.device
+        for module in model.modules():
+            for name, buffer in module.named_buffers(recurse=False):
+                module._buffers[name] = buffer.to(device)
+        return model
 
     def _check_elementwise(self, optimizer: torch.optim.Optimizer) -> None:
         name = type(optimizer).__name__
@@ -203,4 +219,5 @@ class DeepSpeedEngine(Engine):
 
             total = combine_grad_norm_groups(zero._get_norm_groups())
         zero.clip_grad = max_norm
-        return torch.as_tensor(total, dtype=torch.float32).detach().cpu() / zero.loss_scale
+        # on the gradients' device, as torch returns it: no host sync each step (the user's .item() may sync)
+        return torch.as_tensor(total, dtype=torch.float32).detach() / zero.loss_scale

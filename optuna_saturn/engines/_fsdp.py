@@ -43,7 +43,8 @@ class FSDPEngine(Engine):
                 "trial.prepare(); give trial.prepare() the model whose parameters the optimizer updates."
             )
         group_names = [[names[i] for i in ids] for ids in group_ids]
-        model = model.to(self.context.device)
+        # No model.to(device) first: fully_shard moves each block's states to the device itself and keeps only its
+        # shard, block by block, so a model that fits the devices only when sharded never sits whole on one.
         device_type = self.context.device.type
         mesh = init_device_mesh(device_type, (self.context.world_size,))
         offload: OffloadPolicy = OffloadPolicy()

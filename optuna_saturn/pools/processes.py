@@ -47,6 +47,7 @@ class ProcessPool:
         isolate_network: bool = False,
         grace_period: float = 10.0,
         memory_limit: float | None = None,
+        collective_timeout: float = 1800.0,
         ray: RayCluster | None = None,
     ) -> None:
         self._devices = list(devices)
@@ -56,6 +57,7 @@ class ProcessPool:
         self._isolate = isolate_network
         self._grace = grace_period
         self._memory_limit = memory_limit
+        self._collective_timeout = collective_timeout
         self._ray = ray
         self._server: ChannelServer | None = None
         self._warm: WorkerPool | RayPool | None = None
@@ -83,6 +85,7 @@ class ProcessPool:
         largest = max(len(n.devices) for n in self._ray.nodes) if self._ray is not None else len(self._devices)
         common = dict(
             memory_limit=self._memory_limit,
+            collective_timeout=self._collective_timeout,
             log_dir=self._log_dir / "workers",
             grace_period=self._grace,
             engines={s.engine for s in self._strategies},

@@ -76,6 +76,7 @@ class RayPool(NodeMembership):
         memory_limit: float | None = None,
         multi_device: bool = True,
         engines: Sequence[str] = (),
+        collective_timeout: float = COLLECTIVE_TIMEOUT_SECONDS,
     ) -> None:
         self.cluster = cluster
         self.devices: list[Device] = cluster.devices
@@ -89,7 +90,7 @@ class RayPool(NodeMembership):
             "engines": sorted(engines),
             "sweep": secrets.token_hex(8),
             "extensions": os.environ.get("TORCH_EXTENSIONS_DIR"),
-            "timeouts": {"collective": COLLECTIVE_TIMEOUT_SECONDS},
+            "timeouts": {"collective": collective_timeout},
         }
         self._ray: Any = None
         self._actor_class: Any = None

@@ -21,6 +21,7 @@ import optuna
 from optuna_saturn.devices import Device
 from optuna_saturn.planner import Option
 from optuna_saturn.pricing.floors import no_better_than_linear_scaling
+from optuna_saturn.pricing.measured import record_of, within
 from optuna_saturn.pricing.prices import PricedOption, ProfileEntry, ProfileJob, TrialPrice, summary
 from optuna_saturn.pricing.step_time_model import CostModel, Prediction
 from optuna_saturn.pricing.unprofiled import NOMINAL_TRIAL_SECONDS
@@ -212,7 +213,13 @@ class Pricer:
             for number, members in by_trial.items():
                 workload = self._workloads[number]
                 members.sort(
-                    key=lambda m: model_state_bytes(workload.n_params, workload.bytes_per_param, m[0], devices)
+                    key=lambda m: model_state_bytes(
+                        workload.n_params,
+                        workload.bytes_per_param,
+                        m[0],
+                        devices,
+                        optimizer_states=workload.optimizer_states,
+                    )
                 )
                 entries.append(
                     ProfileEntry(trials[number], workload, tuple(m[0] for m in members), tuple(m[1] for m in members))
@@ -259,34 +266,13 @@ class Pricer:
         self, outcome: dict, key: str, strategy: Strategy, job: ProfileJob, workload: Workload, overhead: float
     ) -> ProfileRecord:
         common = self._common(key, strategy.name, job.devices, job.gradient_accumulation, workload)
-        if outcome.get("failed"):
-            record = ProfileRecord(**common, feasible=False, failed=True, error=outcome.get("error", "failed"))
+        record = record_of(outcome, common, overhead=overhead)
+        if record.failed:
             self._failed[key] = record
             return record
-        if outcome.get("infeasible"):
-            record = ProfileRecord(
-                **common,
-                feasible=False,
-                more_micro_batches_may_fit=bool(outcome.get("oom_in_steps")),
-                error=outcome.get("error", "out of memory"),
-            )
-        else:
-            steps = sorted(outcome["step_seconds"])
-            record = ProfileRecord(
-                **common,
-                feasible=True,
-                step_seconds=steps[len(steps) // 2],
-                startup_seconds=overhead + outcome["first_step_at"] - outcome["objective_started_at"],
-                tail_seconds=outcome.get("tail_seconds"),
-                exit_seconds=0.0,
-                peak_memory_bytes=int(outcome.get("peak_memory_bytes") or 0),
-                timed_steps=len(steps),
-                loop_steps=list(outcome.get("loop_steps") or []),
-                between_seconds=outcome.get("between_seconds"),
-            )
         self._store.put(record)
         self._learn(record)
-        return record
+        return within(record, self._memory)
 
     def follow_ups(
         self, job: ProfileJob, recorded: Sequence[tuple[ProfileEntry, Strategy, ProfileRecord | None]]
@@ -416,7 +402,7 @@ class Pricer:
         last, tried = None, ()
         for accumulation in self._accumulation_factors(workload, strategy, devices):
             key = self._key(workload, strategy, devices, accumulation)
-            last = _Resolved(accumulation, key, self._store.get(key), tried)
+            last = _Resolved(accumulation, key, within(self._store.get(key), self._memory), tried)
             if last.record is None or last.record.feasible or not last.record.more_micro_batches_may_fit:
                 return last
             tried += (last.record,)
@@ -438,7 +424,14 @@ class Pricer:
             (strategy, devices)
             for strategy in self._strategies.values()
             for devices in strategy.device_counts(self._max_devices)
-            if model_state_bytes(workload.n_params, workload.bytes_per_param, strategy, devices) <= self._memory
+            if model_state_bytes(
+                workload.n_params,
+                workload.bytes_per_param,
+                strategy,
+                devices,
+                optimizer_states=workload.optimizer_states,
+            )
+            <= self._memory
         ]
 
     def _key(self, workload: Workload, strategy: Strategy, devices: int, gradient_accumulation: int) -> str:

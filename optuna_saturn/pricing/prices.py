@@ -87,6 +87,8 @@ def summary(record: ProfileRecord) -> dict:
         out["error"] = record.error
     if record.failed:
         out["failed"] = True
+    if record.near_capacity:
+        out["near_capacity"] = True
     if len(record.loop_steps) > 1:
         out["loops"] = len(record.loop_steps)
         out["between_seconds"] = record.between_seconds

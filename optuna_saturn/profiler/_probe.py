@@ -29,6 +29,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from optuna_saturn.microbatch import AccumulationError, batch_rows, tensors_of
+from optuna_saturn.profiler._memory import optimizer_states
 from optuna_saturn.profiler._probe_hf import ProbeAccelerator, describe_trainer
 from optuna_saturn.profiler._probe_stop import ProbeDone
 from optuna_saturn.worker.process_state import restored_process_state
@@ -59,6 +60,7 @@ class Workload:
     total_steps: int  # the first trial.steps(n) loop's n (later loops are counted by profiling runs)
     global_batch: int | None = None  # rows of a global batch: how far micro-batching can split it
     tokens_per_step: int = 0  # rows x sequence length of a global batch (rows, for data without sequences)
+    optimizer_states: int = 0  # parameter-sized state tensors its optimizer keeps (Adam: 2), for memory estimates
 
     @property
     def work(self) -> Work:
@@ -278,11 +280,15 @@ def without_gpus() -> Iterator[None]:
     with GPUs, and ``torch.cuda.is_available()`` initialises the driver; the process would then hold a context on
     GPU 0 for the whole sweep, and its forks could not use CUDA. So the GPUs are hidden meanwhile, availability is
     asked of NVML (no driver initialised), and Accelerate and Trainer take their CPU path. DeepSpeed, if imported
-    meanwhile, is told which accelerator the GPUs in sight would have made it pick (it keeps its first pick)."""
+    meanwhile, is told which accelerator the GPUs in sight would have made it pick (it keeps its first pick). A
+    launcher's variables (this process runs under ``torchrun``, say) are hidden too: Accelerate would start a
+    process group on seeing them."""
     hidden = {"CUDA_VISIBLE_DEVICES": "", "PYTORCH_NVML_BASED_CUDA_CHECK": "1", "ACCELERATE_USE_CPU": "true"}
     if torch.cuda._is_compiled() and "DS_ACCELERATOR" not in os.environ:
         hidden["DS_ACCELERATOR"] = "cuda" if torch.cuda.device_count() else "cpu"
-    saved = {name: os.environ.get(name) for name in hidden}
+    saved = {name: os.environ.get(name) for name in (*hidden, *_LAUNCHER_VARIABLES)}
+    for name in _LAUNCHER_VARIABLES:
+        os.environ.pop(name, None)
     os.environ.update(hidden)
     try:
         yield
@@ -292,6 +298,17 @@ def without_gpus() -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+_LAUNCHER_VARIABLES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 
 @contextlib.contextmanager
@@ -355,6 +372,7 @@ def probe_workload(objective: Any, trial: optuna.Trial, lock: threading.Lock) ->
         probe.total_steps,
         probe.loader.batch_size if probe.loader.batch_size is not None else rows,
         tokens,
+        optimizer_states(probe.optimizer),
     )
 
 

@@ -84,6 +84,9 @@ class ProfileRecord:
     observed_step_seconds: float | None = None  # mean real step rate of trials that ran as this profile
     observed_runs: int = 0
     peak_memory_bytes: int | None = None
+    reserved_memory_bytes: int | None = None  # the CUDA allocator's peak reserve (fragmentation included)
+    near_capacity: bool = False  # its peak was within NEAR_CAPACITY of the device: it may run out later
+    step_spread: float | None = None  # the timed steps' slowest over fastest
     timed_steps: int = 0
     error: str = ""
     more_micro_batches_may_fit: bool = False

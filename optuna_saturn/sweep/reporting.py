@@ -50,6 +50,7 @@ def profiled(record: Any, followed_up: bool) -> str:
         f"{record.step_seconds * 1e3:.1f} ms/step, set-up {record.startup_seconds:.1f} s, "
         f"after the loop {record.tail_seconds or 0.0:.1f} s{loops}, "
         f"peak {record.peak_memory_bytes / 2**20:.0f} MiB"
+        + (" (near the device's capacity: it may run out of memory later)" if record.near_capacity else "")
     )
 
 

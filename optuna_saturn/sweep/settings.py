@@ -38,6 +38,8 @@ class SweepSettings:
     plan_to_next_rung: bool = False  # that too, and a trial likely pruned at its next rung gets its efficient options
     elastic: bool = True  # move a running trial that checkpoints to another option when the sweep ends sooner
     worker_memory_limit: float | None = None  # bytes: a warm worker that grows past it is replaced
+    device_memory: int | None = None  # bytes one device may use (None: a GPU's memory, a CPU device's RAM share)
+    collective_timeout: float = 1800.0  # seconds one collective may wait for a peer before the job fails
     ray: RayCluster | None = None  # the Ray runner's cluster (None: the local runner, on this machine's devices)
     # -- how the planner is used (the simulator varies them; a real sweep keeps the defaults) ---------------------
     replan: bool = True  # False: a trial keeps the place its first plan gave it ("static")

@@ -58,6 +58,7 @@ class StepTimings:
             "first_step_at": self.first_step_at,
             "loop_steps": self.loop_steps,
             "between_seconds": self.between_seconds,
+            "step_spread": _spread(self.step_seconds),
         }
 
 
@@ -78,23 +79,39 @@ class ProfilingLoader(LoaderView):
 
 
 def profiled_steps(trial: SaturnTrial, total: int) -> Iterator[int]:
+    """The first loop of a profiling run: warm-up steps, then timed ones (synchronised, so a step's time is its
+    device's). Timed steps that differ by more than :data:`RETIME_SPREAD` (slowest over fastest) were not settled
+    yet (ZeRO-3 records its prefetch trace, ``cudnn.benchmark`` tunes, DDP rebuilds its buckets): they are timed
+    once more, and the second set kept."""
     timings = trial.profile_timings
     if timings is not None:
         yield from _counted_loop(timings, total)
         return
-    warmup = trial._profile["warmup"]
-    budget = trial.step_budget(total)
+    warmup, timed = int(trial._profile["warmup"]), int(trial._profile["timed"])
+    budget = min(total, warmup + timed)
     first_step_at = time.time()
     durations: list[float] = []
     trial._synchronize()
-    for step in range(budget):
+    step = 0
+    while step < budget:
         began = time.perf_counter()
         yield step
         trial._synchronize()
         if step >= warmup:
             durations.append(time.perf_counter() - began)
+        step += 1
+        if step == budget == warmup + timed and _spread(durations) > RETIME_SPREAD and total > budget:
+            budget, durations = min(total, warmup + 2 * timed), []
     ended = time.time()
     trial.profile_timings = StepTimings(first_step_at, durations, ended, [total], None, ended)
+
+
+#: Timed steps whose slowest is more than this times their fastest are timed again (once).
+RETIME_SPREAD = 1.2
+
+
+def _spread(durations: list[float]) -> float:
+    return max(durations) / min(durations) if len(durations) > 1 and min(durations) > 0 else 1.0
 
 
 def _counted_loop(timings: StepTimings, total: int) -> Iterator[int]:
