@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import signal
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -367,9 +368,8 @@ def parse_bytes(value: int | float | str, name: str) -> int:
     if isinstance(value, (int, float)):
         number, unit = float(value), ""
     else:
-        text = str(value).strip().upper().replace(" ", "")
-        digits = text.rstrip("KMGTIB")
-        number, unit = (float(digits) if digits else -1.0), text[len(digits) :]
+        match = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*([A-Za-z]*)", str(value).strip())
+        number, unit = (float(match[1]), match[2].upper()) if match else (-1.0, "")
     if unit not in units or number <= 0:
         raise ValueError(f"{name}={value!r}: give a positive number of bytes or a string like '2GiB' or '512MiB'.")
     return int(number * units[unit])

@@ -8,7 +8,7 @@ import weakref
 
 import torch
 import torch.distributed as dist
-from objectives import Blocks, _endless, regression_data
+from objectives import Blocks, _endless, curve_of, regression_data
 
 #: Weak references to the prepared models of the runs in this process (the test reads them).
 PREPARED: list[weakref.ref] = []
@@ -79,3 +79,103 @@ def keeps_a_weak_reference(trial) -> float:
         trial.backward(loss)
         optimizer.step()
     return float(loss)
+
+
+class _Experts(torch.nn.Module):
+    """A mixture of experts' ``experts``: a ModuleList inside a repeated block."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.experts = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return sum(expert(x) for expert in self.experts) / len(self.experts)
+
+
+class _T5LikeBlock(torch.nn.Module):
+    """A block whose layers are a ModuleList, as T5's ``block[i].layer``."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.layer = torch.nn.ModuleList(
+            [torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh()), _Experts(width)]
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layer:
+            x = x + layer(x)
+        return x
+
+
+class NestedBlocks(torch.nn.Module):
+    """Repeated blocks inside repeated blocks (T5's layers, MoE experts): three levels of ModuleList."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.inp = torch.nn.Linear(8, width)
+        self.block = torch.nn.ModuleList(_T5LikeBlock(width) for _ in range(2))
+        self.out = torch.nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for block in self.block:
+            x = block(x)
+        return self.out(x)
+
+
+def nested_curve(trial) -> float:
+    """``same_curve`` on a model of nested ModuleLists."""
+    return curve_of(trial, NestedBlocks)
+
+
+#: The model of ``fits_only_sharded``: 6 layers of 4096 x 4096 (100.7 M parameters, 384 MiB in float32; with its
+#: gradients and AdamW's two moments, 1.5 GiB of state to train on one device).
+WIDE_MLP = {"width": 4096, "depth": 6}
+
+
+def fits_only_sharded(trial) -> float:
+    """A model that trains on one device only with all of its state there: too large for a small device, which
+    half of it fits. Records each rank's peak memory over what it held when the run began. AdamW runs its
+    ``foreach`` implementation, as it does on a GPU by default (on CPU torch defaults to a loop over the
+    parameters): its temporaries then count as they do on a GPU."""
+    from optuna_saturn.worker.memory import RunMemory
+
+    lr = trial.suggest_float("lr", 1e-4, 1e-3, log=True)
+    memory = RunMemory(trial.device)
+    torch.manual_seed(0)
+    width, depth = WIDE_MLP["width"], WIDE_MLP["depth"]
+    model = WideMLP(width, depth)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, foreach=True)
+    loader = torch.utils.data.DataLoader(regression_data(256), batch_size=16, shuffle=True)
+    model, optimizer, loader = trial.prepare(model, optimizer, loader)
+    batches = _endless(loader)
+    losses = []
+    for _step in trial.steps(4):
+        x, y = next(batches)
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x.to(trial.device)), y.to(trial.device))
+        trial.backward(loss)
+        optimizer.step()
+        losses.append(trial.reduce_mean(loss))
+    peaks = [None] * trial.world_size
+    if trial.world_size > 1:
+        dist.all_gather_object(peaks, memory.peak())
+    else:
+        peaks = [memory.peak()]
+    trial.set_user_attr("rank_peaks", peaks)
+    trial.set_user_attr("losses", losses)
+    return losses[-1]
+
+
+class WideMLP(torch.nn.Module):
+    def __init__(self, width: int, depth: int) -> None:
+        super().__init__()
+        self.inp = torch.nn.Linear(8, width)
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(depth))
+        self.out = torch.nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for block in self.blocks:
+            x = torch.relu(block(x))
+        return self.out(x)

@@ -168,8 +168,13 @@ def strategy_facts(model, optimizer) -> dict:
 
 def same_curve(trial) -> float:
     """Identical data, seed and global batch under any strategy: the loss curve must not depend on it."""
+    return curve_of(trial, Blocks)
+
+
+def curve_of(trial, build) -> float:
+    """``same_curve`` for the model ``build()`` makes."""
     torch.manual_seed(0)
-    model = Blocks()
+    model = build()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     loader = torch.utils.data.DataLoader(regression_data(128), batch_size=16, shuffle=False)
     model, optimizer, loader = trial.prepare(model, optimizer, loader)

@@ -304,3 +304,108 @@ def test_each_job_starts_from_the_same_random_state_and_without_compiled_code(mo
     baseline.restore()
     assert states["cuda"][0].item() == 1
     assert not convert_frame.input_codes.seen
+
+
+# -- FSDP on nested ModuleLists ------------------------------------------------------------------------------------
+def test_nested_repeated_blocks_come_children_first():
+    from optuna_saturn.engines._blocks import outermost_blocks, repeated_blocks
+
+    model = gpu_objectives.NestedBlocks()
+    order = repeated_blocks(model)
+    position = {id(m): i for i, m in enumerate(order)}
+    for block in model.block:  # each block after everything it holds
+        assert all(
+            position[id(m)] < position[id(block)] for m in block.modules() if id(m) in position and m is not block
+        )
+    assert len(order) == 2 * (2 + 2) + 2  # per block: 2 layers and 2 experts; and the 2 blocks
+    assert outermost_blocks(model) == list(model.block)
+
+
+@pytest.mark.launch
+def test_fsdp_shards_a_model_of_nested_module_lists_and_trains_like_single(saturn_options):
+    """T5's ``block[i].layer`` and a mixture of experts' ``experts``: FSDP2 shards the inner blocks first (a parent
+    first would already manage them), and the trial trains as under single."""
+    study = optuna.create_study()
+    for _ in range(2):
+        study.enqueue_trial({})
+    runs = {}
+    for number, (strategy, devices) in enumerate((("single", 1), ("fsdp", 2))):
+        executor = SaturnExecutor(devices=devices, strategies=[strategy], profile=False, **saturn_options)
+        executor.optimize(study, gpu_objectives.nested_curve, n_trials=1)
+        runs[strategy] = study.trials[number]
+    for trial in runs.values():
+        assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
+    assert runs["fsdp"].user_attrs["facts"]["sharded_params"] is True
+    assert runs["fsdp"].user_attrs["losses"] == pytest.approx(runs["single"].user_attrs["losses"], rel=1e-5)
+
+
+# -- models that fit only when sharded -------------------------------------------------------------------------------
+def test_the_memory_estimate_counts_the_optimizers_state_as_each_strategy_shards_it():
+    from optuna_saturn.profiler import model_state_bytes
+    from optuna_saturn.profiler._memory import optimizer_states
+
+    s = load_strategies()
+    adamw = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
+    states = optimizer_states(adamw)
+    assert states == 2 and optimizer_states(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)) == 0
+    n = 1_000_000  # 4 MB of float32 parameters, 4 of gradients, 8 of AdamW's moments
+    assert model_state_bytes(n, 4, s["single"], 1, optimizer_states=states) == 16e6
+    assert model_state_bytes(n, 4, s["fsdp"], 2, optimizer_states=states) == 8e6
+    assert model_state_bytes(n, 4, s["zero3"], 2, optimizer_states=states) == 8e6
+    assert model_state_bytes(n, 4, s["zero1"], 2, optimizer_states=states) == 12e6  # only the moments sharded
+    assert model_state_bytes(n, 4, s["zero2"], 2, optimizer_states=states) == 10e6  # and the gradients
+    assert model_state_bytes(n, 4, s["zero3-offload"], 1, optimizer_states=states) == 0
+
+
+def test_the_planner_leaves_out_what_cannot_fit_a_device_of_the_given_memory(tmp_path):
+    """devices=2, device_memory=...: options whose model state cannot fit (by the estimate) are never offered,
+    and a profile whose peak exceeded the device's memory makes its option infeasible there; near capacity it is
+    flagged. The stored profile itself stays as measured (a larger device fits it)."""
+    import dataclasses
+
+    from optuna_saturn.pricing.measured import within
+    from optuna_saturn.profiler import ProfileRecord
+
+    record = ProfileRecord(
+        key="k", strategy="single", devices=1, hardware="cpu", feasible=True, step_seconds=0.1, peak_memory_bytes=3e9
+    )
+    over = within(record, 2e9)
+    assert over.feasible is False and over.more_micro_batches_may_fit and "exceeds the device's" in over.error
+    assert within(record, 3.1e9).near_capacity and within(record, 8e9) == record and record.feasible
+    assert within(dataclasses.replace(record, feasible=False), 1.0).feasible is False
+    with pytest.raises(ValueError, match="2GiB"):
+        SaturnExecutor(devices=1, strategies=["single"], device_memory="lots")
+    assert SaturnExecutor(devices=1, strategies=["single"], device_memory="1.5GiB")._settings.device_memory == int(
+        1.5 * 2**30
+    )
+
+
+@pytest.mark.launch
+def test_a_model_that_fits_only_when_sharded_runs_under_fsdp_and_zero3_and_never_whole(saturn_options):
+    """CPU devices of 1780 MiB each, and a model that needs more than that on one device (100 M parameters with
+    AdamW) and fits when halved: once profiled, single is over the devices' memory and never planned; the trial
+    runs COMPLETE under fsdp x2 and under zero3 x2, and no rank's peak comes near the whole model's (what single
+    held). (The planner's estimate, 1.5 GiB of model state for single, is a lower bound: the profile's peak
+    decides here.)"""
+    from optuna_saturn.profiler import ProfileStore
+
+    capacity = 1780 * 2**20
+    ran = {}
+    for strategy in ("fsdp", "zero3"):
+        executor = SaturnExecutor(
+            devices=2, strategies=["single", strategy], device_memory=capacity, profile_steps=(1, 2), **saturn_options
+        )
+        executor.profile(gpu_objectives.fits_only_sharded, params=[{"lr": 3e-4}])
+        study = optuna.create_study()
+        study.enqueue_trial({"lr": 3e-4})
+        executor.optimize(study, gpu_objectives.fits_only_sharded, n_trials=1)
+        ran[strategy] = trial = study.trials[0]
+        assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
+        assert (trial.user_attrs["saturn:strategy"], trial.user_attrs["saturn:num_devices"]) == (strategy, 2)
+        assert [o["strategy"] for o in trial.user_attrs["saturn:options"]] == [strategy]  # single is never planned
+    single = next(r for r in ProfileStore(saturn_options["profile_store"]).records() if r.strategy == "single")
+    assert single.peak_memory_bytes > capacity  # measured once, then never planned on these devices
+    for strategy, trial in ran.items():
+        peaks = trial.user_attrs["rank_peaks"]
+        assert len(peaks) == 2 and max(peaks) < 0.9 * single.peak_memory_bytes, (strategy, peaks, single)
+        assert trial.user_attrs["losses"] == pytest.approx(ran["fsdp"].user_attrs["losses"], rel=1e-4)
