@@ -16,8 +16,9 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from optuna_saturn.clock import WallClock
-from optuna_saturn.devices import DeviceSpec, largest_trial, resolve_devices
+from optuna_saturn.devices import Device, DeviceSpec, largest_trial, resolve_devices
 from optuna_saturn.events import SweepListener
+from optuna_saturn.pools.launched import exclusive_mode_conflict
 from optuna_saturn.pools.processes import ProcessPool
 from optuna_saturn.pools.ray_cluster import RayNode, discover
 from optuna_saturn.pricing.pricer import Pricer
@@ -73,8 +74,9 @@ class SaturnExecutor:
             share of the machine's RAM. On GPUs a smaller value keeps headroom; on CPU devices it is the budget a
             CPU device stands for (a small GPU, say): nothing stops a run from using more, but no option that
             needed more is planned.
-        worker_memory_limit: bytes of resident memory past which a warm worker is replaced after its job (memory
-            a trial's code leaks does not reach the next trial); ``None``: no limit.
+        worker_memory_limit: bytes (or ``"8GiB"``) of resident memory past which a warm worker is replaced after
+            its job: memory a trial's code leaks, and host memory an offloading trial pinned, do not reach the next
+            trial. ``"auto"``: this machine's memory over its devices (on Ray: no limit); ``None``: no limit.
         max_retries: how many times a trial left RUNNING by a sweep that died (``kill -9``, a lost node, the
             out-of-memory killer) is run again. At the start of ``optimize`` such trials end FAIL with the reason
             and their params are enqueued again (``saturn:retry_of``), ahead of new trials; so are the trials of
@@ -130,7 +132,7 @@ class SaturnExecutor:
         profile_budget: float | None = None,
         profile_steps: tuple[int, int] = (2, 5),
         device_memory: int | str | None = None,
-        worker_memory_limit: float | None = None,
+        worker_memory_limit: float | str | None = "auto",
         max_retries: int = 1,
         checkpoint_dir: str | os.PathLike | None = None,
         keep_checkpoints: bool = False,
@@ -180,6 +182,9 @@ class SaturnExecutor:
                 device_kind=self.devices[0].kind,
                 folders=list(strategy_folders),
             )
+        conflict = exclusive_mode_conflict(self.devices, self.strategies)
+        if conflict:
+            _logger.warning(conflict)
         self.solver = solver
         self._quiet_own_log = progress is not None
         self._settings = SweepSettings(
@@ -201,7 +206,7 @@ class SaturnExecutor:
             ),
             profile_budget=profile_budget,
             profile_steps=(int(profile_steps[0]), int(profile_steps[1])),
-            worker_memory_limit=worker_memory_limit,
+            worker_memory_limit=_memory_limit(worker_memory_limit, self.devices, ray=cluster is not None),
             device_memory=None if device_memory is None else parse_bytes(device_memory, "device_memory"),
             max_retries=max_retries,
             checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir),
@@ -357,6 +362,16 @@ def device_capacity(settings: SweepSettings, node: RayNode | None) -> int | None
     if given is None or settings.devices[0].kind != "cuda":
         return given
     return min(given, device_memory_bytes(settings.devices))
+
+
+def _memory_limit(limit: float | str | None, devices: Sequence[Device], *, ray: bool) -> float | None:
+    if limit is None or (limit == "auto" and ray):
+        return None
+    if limit == "auto":
+        import psutil
+
+        return float(psutil.virtual_memory().total) / len(devices)
+    return float(parse_bytes(limit, "worker_memory_limit"))
 
 
 def parse_bytes(value: int | float | str, name: str) -> int:

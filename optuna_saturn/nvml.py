@@ -98,3 +98,17 @@ def exclusive_gpus() -> list[int]:
             ]
         except Exception:
             return []
+
+
+def local_cores(entry: str) -> list[int]:
+    """The CPU cores nearest the GPU (its NUMA node's), or [] where NVML cannot tell."""
+    import os
+
+    with _session() as pynvml:
+        if pynvml is None:
+            return []
+        try:
+            words = pynvml.nvmlDeviceGetCpuAffinity(_handle(pynvml, entry), ((os.cpu_count() or 1) + 63) // 64)
+        except Exception:
+            return []
+        return [64 * i + bit for i, word in enumerate(words) for bit in range(64) if int(word) >> bit & 1]

@@ -179,3 +179,42 @@ class WideMLP(torch.nn.Module):
         for block in self.blocks:
             x = torch.relu(block(x))
         return self.out(x)
+
+
+def autocast_loop(trial) -> float:
+    """A plain training loop under ``torch.autocast``, as users write it for one process: GPT-2, AdamW with an LR
+    schedule, clipping; the autocast dtype from the test (bfloat16, or float16 with a GradScaler)."""
+    from hf_objectives import Tokens, compute_dtypes, precision, tiny_gpt2
+
+    learning_rate = trial.suggest_float("learning_rate", 1e-4, 1e-2, log=True)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision()]
+    model = tiny_gpt2()
+    dtypes = compute_dtypes(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1.0 + step))
+    loader = torch.utils.data.DataLoader(
+        Tokens(48, seed=1), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(3)
+    )
+    model, optimizer, loader = trial.prepare(model, optimizer, loader)
+    scaler = torch.amp.GradScaler(trial.device.type) if dtype == torch.float16 else None
+    curve = []
+    batches = _endless(loader)
+    for _step in trial.steps(12):
+        batch = next(batches)
+        optimizer.zero_grad()
+        with torch.autocast(trial.device.type, dtype=dtype):
+            loss = model(**batch).loss
+        trial.backward(scaler.scale(loss) if scaler else loss)
+        if scaler:
+            scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        if scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        scheduler.step()
+        curve.append(trial.reduce_mean(loss.detach().float()))
+    trial.set_user_attr("curve", curve)
+    trial.set_user_attr("compute_dtypes", sorted(dtypes))
+    return curve[-1]

@@ -27,6 +27,20 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.ids[index], "labels": self.ids[index]}
 
 
+def precision() -> str:
+    """The mixed precision a test asks the objectives for: "bf16", "fp16", or "no"."""
+    return os.environ.get("SATURN_TEST_PRECISION", "no")
+
+
+def compute_dtypes(model: torch.nn.Module) -> set[str]:
+    """Filled with the dtype of what the model's first block computes, at every forward: under autocast to
+    bfloat16, "torch.bfloat16" (its outputs may still come back as float32)."""
+    seen: set[str] = set()
+    block = model.transformer.h[0].mlp.c_fc
+    block.register_forward_hook(lambda module, args, output: seen.add(str(output.dtype)))
+    return seen
+
+
 def tiny_gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -72,9 +86,13 @@ def trainer_gpt2(trial) -> float:
         seed=0,
         use_cpu=trial.device.type == "cpu",
         disable_tqdm=True,
+        bf16=precision() == "bf16",
+        fp16=precision() == "fp16",
     )
+    model = tiny_gpt2()
+    dtypes = compute_dtypes(model)
     trainer = trial.prepare_trainer(
-        Trainer(model=tiny_gpt2(), args=args, train_dataset=Tokens(48, seed=1), eval_dataset=Tokens(20, seed=2))
+        Trainer(model=model, args=args, train_dataset=Tokens(48, seed=1), eval_dataset=Tokens(20, seed=2))
     )
     trainer.train()
     value = trainer.evaluate()["eval_loss"]
@@ -84,6 +102,7 @@ def trainer_gpt2(trial) -> float:
     trial.set_user_attr("eval_losses", [h["eval_loss"] for h in history if "eval_loss" in h])
     trial.set_user_attr("facts", strategy_facts(trainer.model_wrapped, trainer.optimizer.optimizer))
     trial.set_user_attr("output_dir", trainer.args.output_dir)
+    trial.set_user_attr("compute_dtypes", sorted(dtypes))
     if os.environ.get("SATURN_TEST_SAVE"):
         trainer.save_model()
     return value
@@ -92,8 +111,9 @@ def trainer_gpt2(trial) -> float:
 def accelerate_gpt2(trial) -> float:
     """GPT-2 in an Accelerate script: prepare, accumulate, backward, clip, schedule, gather for the evaluation."""
     learning_rate = trial.suggest_float("learning_rate", 1e-4, 1e-2, log=True)
-    accelerator = trial.accelerator()
+    accelerator = trial.accelerator(mixed_precision=precision())
     model = tiny_gpt2()
+    dtypes = compute_dtypes(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
     generator = torch.Generator().manual_seed(3)
     loader = torch.utils.data.DataLoader(Tokens(48, seed=1), batch_size=8, shuffle=True, generator=generator)
@@ -126,6 +146,7 @@ def accelerate_gpt2(trial) -> float:
     trial.set_user_attr("grad_norms", norms)
     trial.set_user_attr("facts", strategy_facts(model, optimizer.optimizer))
     trial.set_user_attr("accelerate_processes", accelerator.num_processes)
+    trial.set_user_attr("compute_dtypes", sorted(dtypes))
     return value
 
 

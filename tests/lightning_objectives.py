@@ -9,7 +9,7 @@ import os
 
 import lightning as L
 import torch
-from hf_objectives import Tokens, tiny_gpt2
+from hf_objectives import Tokens, compute_dtypes, precision, tiny_gpt2
 from objectives import strategy_facts
 
 
@@ -18,6 +18,7 @@ class TinyGPT2(L.LightningModule):
         super().__init__()
         self.learning_rate = learning_rate
         self.model = tiny_gpt2()
+        self.dtypes = compute_dtypes(self.model)
         self.curve: list[float] = []
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
@@ -47,6 +48,7 @@ def lightning_gpt2(trial) -> float:
     validation = torch.utils.data.DataLoader(Tokens(20, seed=2), batch_size=8)
     settings = {
         "gradient_clip_val": None if os.environ.get("SATURN_TEST_NO_CLIPPING") else 0.5,
+        **({"precision": {"bf16": "bf16-mixed", "fp16": "16-mixed"}[precision()]} if precision() != "no" else {}),
         **ast.literal_eval(os.environ.get("SATURN_TEST_TRAINER_SETTING", "{}")),
     }  # (the tests' variations)
     trainer = trial.lightning_trainer(
@@ -56,4 +58,5 @@ def lightning_gpt2(trial) -> float:
     trial.set_user_attr("curve", module.curve)
     trial.set_user_attr("facts", strategy_facts(trainer.strategy.model, trainer.optimizers[0]))
     trial.set_user_attr("global_step", trainer.global_step)
+    trial.set_user_attr("compute_dtypes", sorted(module.dtypes))
     return float(trainer.callback_metrics["val_loss"])

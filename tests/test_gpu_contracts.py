@@ -409,3 +409,33 @@ def test_a_model_that_fits_only_when_sharded_runs_under_fsdp_and_zero3_and_never
         peaks = trial.user_attrs["rank_peaks"]
         assert len(peaks) == 2 and max(peaks) < 0.9 * single.peak_memory_bytes, (strategy, peaks, single)
         assert trial.user_attrs["losses"] == pytest.approx(ran["fsdp"].user_attrs["losses"], rel=1e-4)
+
+
+# -- DeepSpeed's ops, built before any timed or watched run ------------------------------------------------------
+def test_the_ops_a_zero_job_would_build_in_a_trial_are_looked_for_in_the_workers_extensions_folder(tmp_path):
+    from optuna_saturn.pools.deepspeed_ops import missing
+
+    assert missing("cpu", tmp_path) == ["ShareMemCommBuilder"]
+    (tmp_path / "deepspeed_shm_comm").mkdir()
+    (tmp_path / "deepspeed_shm_comm" / "deepspeed_shm_comm.so").write_bytes(b"")
+    assert missing("cpu", tmp_path) == [] and missing("cuda", tmp_path) == []
+
+
+@pytest.mark.launch
+def test_a_zero_sweep_builds_what_is_missing_before_its_pool_starts(saturn_options, tmp_path, monkeypatch, caplog):
+    """An op missing from the workers' extensions folder is built by the pool before its workers start, in a
+    process of its own, and said so (here an op DeepSpeed does not know, which it skips: the real one takes 1-2
+    min the first time, once per machine)."""
+    from optuna_saturn.pools import deepspeed_ops
+
+    monkeypatch.setitem(deepspeed_ops.OPS, "cpu", {"NoSuchBuilder": "no_such_op"})
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
+    study = optuna.create_study()
+    with caplog.at_level("WARNING", logger="optuna.saturn.runner"):
+        SaturnExecutor(devices=2, strategies=["zero2"], profile=False, **saturn_options).optimize(
+            study, gpu_objectives.ranks_environment, n_trials=1
+        )
+    assert study.trials[0].state == TrialState.COMPLETE, study.trials[0].user_attrs.get("saturn:fail_reason")
+    assert "Building DeepSpeed's no_such_op for this machine before the sweep starts" in caplog.text
+    log = next(saturn_options["log_dir"].rglob("deepspeed-ops.log")).read_text()
+    assert "NoSuchBuilder does not apply here" in log

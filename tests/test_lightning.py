@@ -115,7 +115,7 @@ def test_lightning_is_profiled_through_its_optimizer_steps(tmp_path):
     [
         ({"strategy": "ddp"}, "Remove it: list the strategies"),
         ({"devices": 2}, "each of the trial's processes drives one device"),
-        ({"precision": "bf16-mixed"}, "do not apply autocast"),
+        ({"precision": "bf16-true"}, "a whole model in half precision"),
         ({"accelerator": "gpu"}, "the trial's devices decide"),
     ],
 )

@@ -18,6 +18,25 @@ class StrategyMismatch(ValueError):
     of the trial: the planner gives it another option. The message says why, and how to avoid it."""
 
 
+def refuse_a_loss_scaler(optimizer: object, strategy: str) -> None:
+    """fp16 with a loss scaler (``torch.amp.GradScaler``, Accelerate's or Lightning's ``16-mixed``) under a strategy
+    that lays the gradients out its own way (``Engine.takes_a_loss_scaler`` False): the scaler's overflow check and
+    unscaling would see none of them (or one rank's shard), and steps it should skip would be taken. An optimizer
+    that declares ``_step_supports_amp_scaling`` is handed the scaler's verdict (``found_inf``) before its step:
+    seeing it is how the strategy learns a scaler drives it."""
+    if "found_inf" in vars(optimizer):
+        raise loss_scaler_mismatch(strategy)
+
+
+def loss_scaler_mismatch(strategy: str) -> StrategyMismatch:
+    return StrategyMismatch(
+        f"fp16 with a loss scaler (torch.amp.GradScaler, mixed_precision='fp16', precision='16-mixed') cannot run "
+        f"under '{strategy}': the scaler checks and unscales gradients as one process holds them, and "
+        f"'{strategy}' shards them. The planner leaves this strategy out for this trial; train in bf16 (it needs no "
+        "scaler) to run it under every strategy."
+    )
+
+
 @dataclass(frozen=True)
 class WorkerContext:
     """Where this worker process stands in its trial's process group."""
@@ -49,6 +68,8 @@ class Engine:
     counts_micro_batches = False
     #: How trial.checkpoint() saves this engine's training state (see :mod:`optuna_saturn.checkpoint`).
     checkpoint_format = checkpoint.DCP
+    #: A loss scaler (fp16) sees the gradients as one process holds them (see :func:`refuse_a_loss_scaler`).
+    takes_a_loss_scaler = True
 
     def __init__(self, context: WorkerContext) -> None:
         self.context = context

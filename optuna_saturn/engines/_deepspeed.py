@@ -9,7 +9,7 @@ import torch
 
 from optuna_saturn import checkpoint
 from optuna_saturn.engines import _clipping
-from optuna_saturn.engines._base import Engine, StrategyMismatch, WorkerContext
+from optuna_saturn.engines._base import Engine, StrategyMismatch, WorkerContext, refuse_a_loss_scaler
 
 #: Optimizers whose update of each element depends only on that element's gradient and state. ZeRO flattens each
 #: parameter group into one vector per rank, so only these compute the same update as in one process.
@@ -42,8 +42,9 @@ class _EngineOptimizer(torch.optim.Optimizer):
     is used. ``step()`` is the engine's step (which also zeroes gradients), so the ordinary
     ``zero_grad()`` / ``step()`` loop stays unchanged."""
 
-    def __init__(self, engine: Any, defaults: dict) -> None:  # no super().__init__: the user's optimizer is the one
+    def __init__(self, engine: Any, defaults: dict, strategy: str) -> None:  # no super().__init__: see above
         self.engine = engine
+        self.engine_strategy = strategy
         self.optimizer = engine.optimizer  # the ZeRO stage's own optimizer
         self.defaults = defaults
         self._optimizer_step_pre_hooks: OrderedDict = OrderedDict()
@@ -61,7 +62,10 @@ class _EngineOptimizer(torch.optim.Optimizer):
     def state(self) -> Any:  # type: ignore[override]
         return self.optimizer.state
 
+    _step_supports_amp_scaling = True  # (a scaler then says so before the step: see refuse_a_loss_scaler)
+
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        refuse_a_loss_scaler(self, self.engine_strategy)
         if closure is not None:
             raise ValueError("DeepSpeed's optimizer step takes no closure; compute the loss before optimizer.step().")
         self.engine.step()
@@ -109,6 +113,7 @@ class DeepSpeedEngine(Engine):
         return int(self.context.launcher_config.get("zero_optimization", {}).get("stage", 0))
 
     counts_micro_batches = True
+    takes_a_loss_scaler = False
     checkpoint_format = checkpoint.DEEPSPEED  # its own: the ZeRO partitions and its engine's counters
 
     def __init__(self, context: WorkerContext) -> None:
@@ -163,7 +168,9 @@ class DeepSpeedEngine(Engine):
         )
         self._engines.append(engine)
         _clipping.register(self, engine, list(engine.module.parameters()))
-        return engine, (None if optimizer is None else _EngineOptimizer(engine, optimizer.defaults))
+        return engine, (
+            None if optimizer is None else _EngineOptimizer(engine, optimizer.defaults, self.context.strategy)
+        )
 
     def _partitioned(self, model: torch.nn.Module, config: dict) -> torch.nn.Module:
         """ZeRO-3: partition the parameters now, each moved to the device alone and cut to this rank's part

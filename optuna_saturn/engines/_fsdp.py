@@ -8,7 +8,7 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
 
-from optuna_saturn.engines._base import Engine, StrategyMismatch
+from optuna_saturn.engines._base import Engine, StrategyMismatch, refuse_a_loss_scaler
 from optuna_saturn.engines._blocks import enable_activation_checkpointing, repeated_blocks
 
 
@@ -22,6 +22,7 @@ class FSDPEngine(Engine):
     accumulation is chosen precisely when memory is short."""
 
     shards_parameters = True
+    takes_a_loss_scaler = False
 
     def prepare_model_and_optimizer(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
@@ -69,6 +70,7 @@ class FSDPEngine(Engine):
 
         @functools.wraps(step)
         def step_on_shards(_optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            refuse_a_loss_scaler(_optimizer, strategy)
             try:
                 return step(*args, **kwargs)
             except (RuntimeError, NotImplementedError, TypeError) as exc:
@@ -82,6 +84,7 @@ class FSDPEngine(Engine):
 
         # a bound method, as LR schedulers expect to find (they wrap step.__func__)
         optimizer.step = types.MethodType(step_on_shards, optimizer)  # type: ignore[method-assign]
+        optimizer._step_supports_amp_scaling = True  # type: ignore[attr-defined]  (see refuse_a_loss_scaler)
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         self.refuse_unwrap()

@@ -15,15 +15,18 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from types import MethodType
 from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate import Accelerator
 from accelerate.optimizer import AcceleratedOptimizer
 from accelerate.scheduler import AcceleratedScheduler
+from accelerate.utils import convert_outputs_to_fp32, get_mixed_precision_context_manager
 from torch.utils.data import DataLoader
 
 from optuna_saturn.engines import StrategyMismatch
+from optuna_saturn.engines._base import loss_scaler_mismatch
 from optuna_saturn.sharding import LoaderView
 
 if TYPE_CHECKING:
@@ -56,8 +59,13 @@ class SaturnAccelerator(Accelerator):
     - A prepared DataLoader iterated while the prepared model is in training mode counts as the trial's training
       loop (progress, runtime profiling): no ``trial.steps`` needed. Pass ``count_steps=False`` when the steps are
       counted elsewhere (``prepare_trainer`` counts optimizer steps through a callback).
-    - Strategy plugins (``fsdp_plugin``, ``deepspeed_plugin``, ...) and mixed precision are refused: the strategy
-      is the sweep's choice, and autocast is not applied by the engines yet (cast the model yourself).
+    - ``mixed_precision="bf16"`` (or ``"fp16"``, with Accelerate's loss scaler) runs the prepared model's forward
+      under autocast, as Accelerate does, whatever the strategy: the strategy never changes the precision, so the
+      trial computes the same under each (DeepSpeed's and FSDP's own mixed-precision modes would not). fp16's
+      loss scaler cannot see the gradients a sharding strategy lays out its own way: under FSDP and ZeRO it is a
+      mismatch (the planner leaves them out; bf16 needs no scaler).
+    - Strategy plugins (``fsdp_plugin``, ``deepspeed_plugin``, ...) are refused: the strategy is the sweep's
+      choice.
     """
 
     def __init__(self, trial: SaturnTrial, *, count_steps: bool = True, **kwargs: Any) -> None:
@@ -76,15 +84,17 @@ class SaturnAccelerator(Accelerator):
                 "Remove the FSDP/DeepSpeed settings from the objective."
             )
         precision = str(kwargs.get("mixed_precision") or os.environ.get("ACCELERATE_MIXED_PRECISION", "no"))
-        if precision != "no":
+        if precision not in ("no", "bf16", "fp16"):
             raise ValueError(
-                f"mixed_precision={precision!r}: optuna-saturn's strategies do not apply autocast yet. Train in "
-                "float32, or cast the model yourself (model.to(torch.bfloat16)) before preparing it."
+                f"mixed_precision={precision!r}: optuna-saturn runs 'bf16' and 'fp16' (autocast) under every "
+                "strategy; use one of them, or 'no'."
             )
+        if precision == "fp16" and not trial._engine.takes_a_loss_scaler:
+            raise loss_scaler_mismatch(trial.strategy.name)
         kwargs.setdefault("cpu", trial.device.type == "cpu")
-        super().__init__(**kwargs)
-        self._saturn_trial = trial
+        self._saturn_trial = trial  # (first: Accelerator's own set-up reads self.device)
         self._count_steps = count_steps
+        super().__init__(**kwargs)
 
     @property
     def device(self) -> torch.device:
@@ -118,9 +128,10 @@ class SaturnAccelerator(Accelerator):
         for obj in args:
             result = by_id.get(id(obj), obj)
             if isinstance(obj, torch.nn.Module):
+                self._autocast_forward(trial._engine.user_module(result))  # (inside the strategy's wrapper)
                 self._models.append(result)
             elif isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, AcceleratedOptimizer):
-                result = AcceleratedOptimizer(result, device_placement=False)
+                result = AcceleratedOptimizer(result, device_placement=False, scaler=self.scaler)
                 self._optimizers.append(result)
             elif isinstance(obj, DataLoader):
                 result = _CountedSteps(result, self) if self._count_steps else result
@@ -133,11 +144,27 @@ class SaturnAccelerator(Accelerator):
             results.append(result)
         return results[0] if len(results) == 1 else tuple(results)
 
+    def _autocast_forward(self, model: torch.nn.Module) -> None:
+        """With mixed precision, the user's module's forward runs under autocast and returns float32, as
+        Accelerate's ``prepare`` makes it, inside the strategy's wrapper (Trainer counts on it: it applies no
+        autocast of its own, and evaluates the module without the wrapper)."""
+        if not self.native_amp or hasattr(model, "_original_forward"):
+            return
+        model._original_forward = model.forward  # type: ignore[assignment]
+        autocast = get_mixed_precision_context_manager(self.native_amp, self.autocast_handler)
+        forward = getattr(model.forward, "__func__", None)
+        if forward is None:
+            model.forward = convert_outputs_to_fp32(autocast(model.forward))  # type: ignore[method-assign]
+        else:
+            model.forward = MethodType(convert_outputs_to_fp32(autocast(forward)), model)  # type: ignore[method-assign]
+
     def prepare_model(
         self, model: torch.nn.Module, device_placement: Any = None, evaluation_mode: bool = False
     ) -> torch.nn.Module:
-        if evaluation_mode:  # inference only: on the trial's device, no wrapping (as Accelerate does)
-            return model if any(m is model for m in self._models) else model.to(self.device)
+        if evaluation_mode:  # inference only: on the trial's device, no wrapping but autocast (as Accelerate does)
+            model = model if any(m is model for m in self._models) else model.to(self.device)
+            self._autocast_forward(model)
+            return model
         return self.prepare(model)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: Any = None) -> Any:
@@ -155,7 +182,8 @@ class SaturnAccelerator(Accelerator):
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         if kwargs.get("learning_rate") is not None:
             raise ValueError("LOMO optimizers are not supported under optuna-saturn's strategies.")
-        self._saturn_trial.backward(loss / self.gradient_accumulation_steps)
+        loss = loss / self.gradient_accumulation_steps
+        self._saturn_trial.backward(self.scaler.scale(loss) if self.scaler is not None else loss)
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
@@ -173,10 +201,12 @@ class SaturnAccelerator(Accelerator):
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
         """Over the whole model's gradients, however the strategy lays them out (torch's own function, routed
-        to the engine by :mod:`optuna_saturn.engines._clipping`)."""
+        to the engine by :mod:`optuna_saturn.engines._clipping`), unscaled first under fp16."""
+        self.unscale_gradients()
         return torch.nn.utils.clip_grad_norm_(list(parameters), max_norm, norm_type=norm_type)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        self.unscale_gradients()
         torch.nn.utils.clip_grad_value_(list(parameters), clip_value)
 
     # -- results ------------------------------------------------------------------------------------------------

@@ -22,13 +22,15 @@ import lightning.pytorch as pl
 import optuna
 import torch
 import torch.distributed as dist
-from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.strategies.strategy import _ForwardRedirection
+from lightning.pytorch.utilities import GradClipAlgorithmType
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from torch.utils.data import DataLoader
 
 from optuna_saturn.engines import StrategyMismatch
+from optuna_saturn.engines._base import loss_scaler_mismatch
 from optuna_saturn.microbatch import AccumulationError
 
 if TYPE_CHECKING:
@@ -39,7 +41,7 @@ _FOLLOWS_THE_TRIAL = {
     "strategy": ("auto",),
     "devices": ("auto", 1, "1", [0]),
     "num_nodes": (1,),
-    "precision": (None, 32, "32", "32-true"),
+    "precision": (None, 32, "32", "32-true", "bf16-mixed", "bf16", "16-mixed", 16, "16"),
     "plugins": (None, [], ()),
 }
 
@@ -83,9 +85,21 @@ def lightning_trainer(trial: SaturnTrial, *, metric: str = "val_loss", **kwargs:
         accelerator=accelerator,
         devices=1,
         num_nodes=1,
-        plugins=[_ModelPrecision(strategy)],
+        plugins=[_precision(strategy, kwargs.get("precision"))],
         use_distributed_sampler=False,
     )
+
+
+def _precision(strategy: SaturnStrategy, precision: Any) -> Precision:
+    """The Trainer's ``precision``, applied whatever the trial's strategy (the strategy never changes it):
+    float32, or autocast to bfloat16 or float16 (with Lightning's loss scaler, under strategies that take one)."""
+    mixed = {"bf16-mixed": "bf16-mixed", "bf16": "bf16-mixed", "16-mixed": "16-mixed", "16": "16-mixed", 16: "16-mixed"}
+    if precision not in mixed:
+        return _ModelPrecision(strategy)
+    trial = strategy._trial
+    if mixed[precision] == "16-mixed" and not trial._engine.takes_a_loss_scaler:
+        raise loss_scaler_mismatch(trial.strategy.name)
+    return _ModelMixedPrecision(strategy, mixed[precision], trial.device.type)
 
 
 def _as_list(callbacks: Any) -> list:
@@ -112,8 +126,8 @@ def refuse_conflicts(kwargs: dict[str, Any], *, runs_as: str, device_type: str |
                 "strategy": "list the strategies the sweep may use with SaturnExecutor(strategies=[...]) instead",
                 "devices": "each of the trial's processes drives one device; the sweep picks how many",
                 "num_nodes": "the sweep places the trial's processes",
-                "precision": "optuna-saturn's strategies do not apply autocast yet: train in float32, or cast the "
-                "model yourself (model.to(torch.bfloat16))",
+                "precision": "optuna-saturn runs 'bf16-mixed' and '16-mixed' (autocast) under every strategy, and "
+                "float32; a whole model in half precision ('-true') is a strategy's own business",
                 "plugins": "the trial's strategy sets up the process group and the devices",
             }[name]
             raise ValueError(f"trial.lightning_trainer({name}={kwargs[name]!r}): {runs_as}. Remove it: {fix}.")
@@ -213,8 +227,13 @@ class SaturnStrategy(Strategy):
         return self._trial.prepare(dataloader) if isinstance(dataloader, DataLoader) else dataloader
 
     def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """Lightning's order (the precision's hooks scale the loss under fp16, and call ``on_before_backward`` and
+        ``on_after_backward``), with the backward pass itself the trial's."""
         self.pre_backward(closure_loss)
+        assert self.lightning_module is not None
+        closure_loss = self.precision_plugin.pre_backward(closure_loss, self.lightning_module)
         self._trial.backward(closure_loss)
+        closure_loss = self.precision_plugin.post_backward(closure_loss, self.lightning_module)
         self.post_backward(closure_loss)
         return closure_loss
 
@@ -281,15 +300,13 @@ class SaturnStrategy(Strategy):
             self.accelerator.teardown()
 
 
-class _ModelPrecision(Precision):
-    """Float32, with ``gradient_clip_val`` clipping the prepared model's gradients. Lightning clips the
-    optimizer's parameters, which under ZeRO are the engine's flat partitions (their ``.grad`` is empty: nothing
-    would be clipped); the model's parameters are the ones the engine routes clipping for (see
-    :mod:`optuna_saturn.engines._clipping`)."""
+class _PreparedModelsParameters:
+    """``gradient_clip_val`` clips the prepared model's gradients. Lightning clips the optimizer's parameters,
+    which under ZeRO are the engine's flat partitions (their ``.grad`` is empty: nothing would be clipped); the
+    model's parameters are the ones the engine routes clipping for (see :mod:`optuna_saturn.engines._clipping`).
+    And the optimizer's step comes after the closure, not inside it: DeepSpeed's step takes no closure."""
 
-    def __init__(self, strategy: SaturnStrategy) -> None:
-        super().__init__()
-        self._strategy = strategy
+    _strategy: SaturnStrategy
 
     def main_params(self, optimizer: Any) -> Any:
         assert self._strategy.model is not None
@@ -304,6 +321,38 @@ class _ModelPrecision(Precision):
         result = closure()
         optimizer.step(**kwargs)
         return result
+
+
+class _ModelPrecision(_PreparedModelsParameters, Precision):
+    """Float32."""
+
+    def __init__(self, strategy: SaturnStrategy) -> None:
+        super().__init__()
+        self._strategy = strategy
+
+
+class _ModelMixedPrecision(_PreparedModelsParameters, MixedPrecision):
+    """Autocast to bfloat16 or float16 around each step's forward pass (Lightning's ``MixedPrecision``); under fp16
+    Lightning's loss scaler runs the step, as it does in one process."""
+
+    def __init__(self, strategy: SaturnStrategy, precision: Any, device: str) -> None:
+        super().__init__(precision, device)
+        self._strategy = strategy
+
+    def optimizer_step(self, optimizer: Any, model: Any, closure: Any, **kwargs: Any) -> Any:
+        if self.scaler is not None:
+            return MixedPrecision.optimizer_step(self, optimizer, model, closure, **kwargs)
+        return super().optimizer_step(optimizer, model, closure, **kwargs)
+
+    def clip_gradients(self, optimizer: Any, clip_val: Any = 0.0, gradient_clip_algorithm: Any = None) -> None:
+        """bf16 needs no unscaling: clipped as in float32 (Lightning's check, for optimizers that unscale in
+        their step, would refuse the sharding engines' optimizers, which declare that only to meet a fp16
+        scaler; fp16 never reaches them: see ``_precision``)."""
+        algorithm = gradient_clip_algorithm or GradClipAlgorithmType.NORM
+        if self.scaler is not None:
+            MixedPrecision.clip_gradients(self, optimizer, clip_val, algorithm)
+        else:
+            Precision.clip_gradients(self, optimizer, clip_val, algorithm)
 
 
 class _TrialCallback(pl.Callback):

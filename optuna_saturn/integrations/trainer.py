@@ -93,11 +93,6 @@ def _refuse_own_strategy(trainer: Trainer) -> None:
             "parallelism strategy, which optuna-saturn chooses for each trial. Remove it; list the strategies the "
             "sweep may use with SaturnExecutor(strategies=[...]) instead."
         )
-    if args.bf16 or args.fp16:
-        raise ValueError(
-            "TrainingArguments(bf16/fp16=True): optuna-saturn's strategies do not apply autocast yet. Train in "
-            "float32, or load the model in the dtype you want (model.to(torch.bfloat16))."
-        )
 
 
 def _save_gathered(

@@ -33,6 +33,25 @@ def owns_its_processes(strategy: Strategy) -> bool:
     return strategy.launcher in OWN_PROCESSES
 
 
+def exclusive_mode_conflict(devices: Sequence[Device], strategies: Sequence[Strategy]) -> str | None:
+    """Why strategies whose launcher starts the trial's processes cannot run on these GPUs, or None. A GPU in an
+    exclusive compute mode takes one process's context: its warm worker holds it, so a launched trial's process
+    cannot start there. (Warm workers alone are fine: neither the executor nor the pool host creates a context.)"""
+    launched = [s.name for s in strategies if owns_its_processes(s)]
+    if not launched or devices[0].kind != "cuda":
+        return None
+    from optuna_saturn.nvml import exclusive_gpus
+
+    exclusive = exclusive_gpus()
+    if not exclusive:
+        return None
+    return (
+        f"GPU(s) {exclusive} are in an exclusive compute mode, where the warm worker's CUDA context leaves no room "
+        f"for the processes a launcher starts: {launched} will fail there. Leave them out of strategies=, or set "
+        "the compute mode to DEFAULT (nvidia-smi -c DEFAULT)."
+    )
+
+
 @dataclass
 class _Launched:
     key: str

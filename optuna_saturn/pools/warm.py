@@ -29,6 +29,7 @@ import optuna
 
 from optuna_saturn.channel import ChannelServer
 from optuna_saturn.devices import Device, available_cores, pin_cores
+from optuna_saturn.pools.deepspeed_ops import build_missing
 from optuna_saturn.pools.forked_host import ForkedHost, why_not_fork
 from optuna_saturn.pools.launch_commands import (
     extensions_cache,
@@ -141,6 +142,8 @@ class WorkerPool:
             "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(extensions_cache())),
             **worker_environment(self.devices[0].kind, self._log_dir),
         }
+        if "deepspeed" in self._engines:  # before any timed or watched run: see deepspeed_ops
+            build_missing(self.devices[0].kind, env, log=self._log_dir / "deepspeed-ops.log")
         log = self._host_log
         why_not = (
             why_not_fork(self.devices, one_process=self._one_process)

@@ -1,0 +1,78 @@
+"""DeepSpeed's compiled ops that a sweep's ZeRO jobs would otherwise build inside a trial, built once before the
+pool starts.
+
+DeepSpeed compiles some ops the first time a process needs them: on CPU devices its shared-memory communication
+op (``deepspeed_shm_comm``), when a ZeRO job's process group starts. On a fresh machine that took 2 min 5 s here,
+with the machine busy, inside the first ZeRO trial: stall detection stopped it 4 s after the build ended, and the
+trial went into the study as FAIL. A compile is not a stall, and it belongs before any timed or watched run: the
+pool builds what is missing first, in a process of its own, into the extensions folder its workers use (where it
+stays for later sweeps), and says so while it builds. A build that fails is reported; the op is then built (or
+done without) where DeepSpeed would have built it.
+
+The build runs :func:`main` in a fresh interpreter (:func:`build_missing`).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import optuna
+
+_logger = optuna.logging.get_logger("optuna.saturn.runner")
+
+#: The ops a ZeRO job builds on its own, by device kind: DeepSpeed's builder class and the op's name (its folder
+#: and library in the extensions folder).
+OPS: dict[str, dict[str, str]] = {"cpu": {"ShareMemCommBuilder": "deepspeed_shm_comm"}, "cuda": {}}
+
+
+def missing(kind: str, folder: Path) -> list[str]:
+    """The builders of ``kind``'s ops whose library is not in the extensions ``folder`` yet."""
+    return [builder for builder, op in OPS.get(kind, {}).items() if not (folder / op / f"{op}.so").exists()]
+
+
+def build_missing(kind: str, env: Mapping[str, str], *, log: Path) -> None:
+    """Build the ops ZeRO jobs on ``kind`` devices would build in a trial, if any is missing (``env``: the
+    workers', whose ``TORCH_EXTENSIONS_DIR`` receives them)."""
+    builders = missing(kind, Path(env["TORCH_EXTENSIONS_DIR"]))
+    if not builders:
+        return
+    names = ", ".join(OPS[kind][b] for b in builders)
+    _logger.warning(
+        f"Building DeepSpeed's {names} for this machine before the sweep starts: once (1-2 min), then kept in "
+        f"{env['TORCH_EXTENSIONS_DIR']} (log: {log})."
+    )
+    started = time.monotonic()
+    with open(log, "ab") as out:
+        done = subprocess.run(
+            [sys.executable, "-c", f"import sys; from {__name__} import main; main(sys.argv[1:])", *builders],
+            env={**os.environ, **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+    if done.returncode != 0:
+        _logger.warning(
+            f"Building DeepSpeed's {names} failed (exit code {done.returncode}; log: {log}): ZeRO jobs build it "
+            "themselves, or run without it."
+        )
+        return
+    _logger.warning(f"Built DeepSpeed's {names} in {time.monotonic() - started:.0f} s.")
+
+
+def main(builders: Sequence[str]) -> None:
+    from deepspeed.accelerator import get_accelerator
+
+    for name in builders:
+        builder = get_accelerator().create_op_builder(name)
+        # (an accelerator names the ops it lacks NotImplementedBuilder: it says it is compatible, then fails)
+        if builder is None or type(builder).__name__ == "NotImplementedBuilder" or not builder.is_compatible():
+            print(f"optuna-saturn: DeepSpeed's {name} does not apply here; nothing to build.", flush=True)
+            continue
+        builder.load(verbose=True)
+        print(f"optuna-saturn: built {builder.absolute_name()}.", flush=True)
