@@ -25,7 +25,7 @@ from optuna_saturn.pricing.pricer import Pricer
 from optuna_saturn.profiler import ProfileStore
 from optuna_saturn.profiler._hardware import device_memory_bytes
 from optuna_saturn.progress import ProgressMode, make_progress
-from optuna_saturn.strategy import Strategy, select_strategies
+from optuna_saturn.strategy import Strategy, nothing_to_choose, select_strategies
 from optuna_saturn.study.interrupts import stop_signal
 from optuna_saturn.sweep import Sweep, SweepSettings
 from optuna_saturn.sweep.requests import run_folder
@@ -324,6 +324,10 @@ def _real_sweep(settings: SweepSettings, study: optuna.Study, objective: Callabl
     largest = max(len(n.devices) for n in settings.ray.nodes) if settings.ray else largest_trial(devices)
     node = None if settings.ray is None else settings.ray.nodes[0]  # (the nodes of a cluster are alike)
     store = settings.profile_store
+    if nothing_to_choose(settings.strategies, largest) and not settings.profile_only:
+        # one option: an asked trial needs no description; it starts as soon as a device is free (the queue's
+        # trials are still described ahead: their runtimes decide the order)
+        settings = dataclasses.replace(settings, describe_asked=False)
     pricing = (
         None
         if store is None

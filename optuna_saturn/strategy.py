@@ -258,3 +258,10 @@ def select_strategies(
             + ". Add devices or include 'single'."
         )
     return usable
+
+
+def nothing_to_choose(strategies: Sequence[Strategy], largest: int) -> bool:
+    """Whether every trial has one option: one strategy, on one device (``single``, or a pool of one device, or of
+    MIG instances). Then no trial needs describing or measuring to be planned: it runs as soon as a device is
+    free, as under plain Optuna's ``n_jobs``."""
+    return len(strategies) == 1 and strategies[0].device_counts(largest) == [1]

@@ -218,3 +218,13 @@ def autocast_loop(trial) -> float:
     trial.set_user_attr("curve", curve)
     trial.set_user_attr("compute_dtypes", sorted(dtypes))
     return curve[-1]
+
+
+def steady(trial) -> float:
+    """Ten steps of 0.15 s: a runtime the sweep predicts well after one trial."""
+    import time
+
+    x = trial.suggest_float("x", 0.0, 1.0)
+    for _ in trial.steps(10):
+        time.sleep(0.15)
+    return x

@@ -95,6 +95,25 @@ def test_no_device_idles_while_a_trial_could_be_asked(saturn_options):
     assert statistics.median(gaps) < 0.5 and max(gaps) < 2.0, gaps
 
 
+def test_with_nothing_to_choose_a_trial_is_asked_once_its_device_is_free_as_plain_optuna_asks(saturn_options):
+    """One device: a sampled trial has one option, so nothing is described before it runs and nothing is asked
+    ahead (trials of a runtime it predicts well would otherwise be asked before the last one ended). The next
+    trial is asked after the last one was told, as ``study.optimize``'s thread asks (TPE sees every result plain
+    Optuna would). (It is described once its device runs it, so its run still teaches the profile store:
+    tests/test_profiler.py.)"""
+    import gpu_objectives
+
+    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=1))
+    SaturnExecutor(devices=1, strategies=["single", "ddp"], **saturn_options).optimize(
+        study, gpu_objectives.steady, n_trials=3
+    )
+    trials = [t.user_attrs for t in study.trials]
+    assert all(t.state == TrialState.COMPLETE for t in study.trials)
+    for before, after in itertools.pairwise(trials):
+        assert after["saturn:asked_at"] >= before["saturn:actual_end"], (before, after)
+    assert study.user_attrs["saturn:last_sweep"]["profiling_runs"] == 0
+
+
 @pytest.mark.parametrize("host", ["fork of the executor", "fork, OpenMP released", "fresh interpreter"])
 def test_the_pool_host_is_a_fork_of_the_executor_only_where_that_is_safe(saturn_options, monkeypatch, host):
     """This process runs an OpenMP parallel region first (a fork of it would hang in one of its own): workers of

@@ -165,6 +165,9 @@ class KnownPrices:
 
     mark_out_of_memory = mark_failed
 
+    def workload(self, number: int) -> Workload | None:
+        return self._workload(self._job_of[number]) if number in self._job_of else None
+
     def _workload(self, index: int) -> Workload:
         return Workload(self.jobs[index].job.name, 0, 0, "", self.jobs[index].behaviour.steps)
 

@@ -58,6 +58,7 @@ class Actions:
         self._pricer: Any = None
         self._view: OptionsView | None = None
         self._profiling: Profiling | None = None
+        self._describe_started = False
 
     @classmethod
     def for_sweep(
@@ -115,9 +116,11 @@ class Actions:
             gc_after_trial=gc_after_trial,
         )
 
-    def use(self, *, pricer: Any, view: OptionsView, profiling: Profiling) -> None:
-        """What prices trials, the planner's view of them, and the profiling policy (follow-up jobs go there)."""
+    def use(self, *, pricer: Any, view: OptionsView, profiling: Profiling, describe_started: bool = False) -> None:
+        """What prices trials, the planner's view of them, and the profiling policy (follow-up jobs go there);
+        ``describe_started``: trials start undescribed (nothing to choose) and are described once started."""
         self._pricer, self._view, self._profiling = pricer, view, profiling
+        self._describe_started = describe_started
 
     @property
     def run_dir(self) -> Path:
@@ -129,11 +132,14 @@ class Actions:
         ``n_trials``."""
         self._state.asked += 1
 
-    def price(self, trial: optuna.Trial, *, leaving: tuple | None = None, was: list | None = None) -> TrialPrice:
-        """The trial's options (described now if they were not), those its checkpoint allows; recorded on the
-        trial (``saturn:options``) unless they are what it ``was`` priced (a storage write per trial and event
-        costs a large sweep's loop more than the re-pricing)."""
-        price = self._pricer.price(trial) if self._pricer is not None else TrialPrice(None)
+    def price(
+        self, trial: optuna.Trial, *, leaving: tuple | None = None, was: list | None = None, describe: bool = False
+    ) -> TrialPrice:
+        """The trial's options that its checkpoint allows (``describe``: a new trial, described now; else priced
+        again from its description, if any); recorded on the trial (``saturn:options``) unless they are what it
+        ``was`` priced (a storage write per trial and event costs a large sweep's loop more than the re-pricing)."""
+        described = self._pricer is not None and (describe or self._pricer.workload(trial.number) is not None)
+        price = self._pricer.price(trial) if described else TrialPrice(None)
         if price.workload is None:  # cannot be described: planned from runtime estimates
             price.options = self._view.estimator.priced()
         price = self.resumes.restricted(trial.number, price, leaving=leaving)
@@ -219,12 +225,11 @@ class Actions:
         self._pool.submit(request)
         names = [self._state.devices[i] for i in devices]
         _logger.info(reporting.started(number, option, names, waiting.price.option(option.choice), run.log))
-        self.events.send(
-            "on_trial_start",
-            TrialStart(
-                number, option.strategy, tuple(map(str, names)), waiting.planned_start, waiting.planned_end, now
-            ),
-        )
+        planned = (waiting.planned_start, waiting.planned_end)
+        self.events.send("on_trial_start", TrialStart(number, option.strategy, tuple(map(str, names)), *planned, now))
+        if self._describe_started and waiting.price.workload is None and self._pricer is not None:
+            described = self.price(waiting.trial, describe=True)  # (its run then teaches the store; see use())
+            waiting.price = described if described.option(option.choice) is not None else waiting.price
 
     def measure(self, measure: Measure, now: float) -> None:
         request = self._requests.profiling(measure.job, measure.devices)

@@ -25,11 +25,9 @@ class Admission:
         *,
         now: Callable[[], float],
         plan: Callable[[], None],
-        measure_all: bool,
     ) -> None:
         self._state, self._asking, self._view, self._do = state, asking, view, do
         self._now, self._plan = now, plan
-        self._profile_only = measure_all  # a profiling-only sweep: every option is measured
 
     def ask(self) -> None:
         """Admit trials while the policy asks for more."""
@@ -50,9 +48,9 @@ class Admission:
             self._do.own(trial)
             inherit_intermediate_values(gateway, trial)
             self._state.resumes[trial.number] = self._do.resumes.inherited(trial)
-            price = self._do.price(trial)
+            price = self._do.price(trial, describe=self._asking.describes_asked)
             self._asking.asked(self._now() - asked_at)
-            self._do.admit(trial, price, asked_at, self._now(), profile_everything=self._profile_only)
+            self._do.admit(trial, price, asked_at, self._now(), profile_everything=self._asking.profile_only)
 
     def may_ask(self) -> bool:
         """Whether the asking policy takes more trials now."""
@@ -68,7 +66,7 @@ class Admission:
         started, known = self._now(), QueuedTrial(queued)
         self._state.resumes[known.number] = None
         try:
-            price = self._do.price(known)
+            price = self._do.price(known, describe=True)
         except ParameterNotFixed as exc:
             queue.samples(queued.number, str(exc))
             return False

@@ -3,9 +3,13 @@
 No batch barrier: a trial is asked whenever a device would otherwise sit idle within the look-ahead (when the plan
 leaves it free now, or within the time asking and describing a trial takes), and at most ``lookahead`` asked
 trials wait at once. Asking no earlier than needed lets the sampler see as many finished trials as it can; asking
-no later keeps devices busy. Trials of the study's queue whose parameters are all fixed need no sampler: they are
-described ahead and planned as a set, up to ``QUEUED_TRIALS_PER_DEVICE`` per device and ``MOST_QUEUED_TRIALS``
-in all (:mod:`optuna_saturn.study.queue`). A profile-only sweep asks all its trials at once.
+no later keeps devices busy. Where a trial has nothing to choose (one option: ``single`` on one device) it needs
+no description, so nothing is asked ahead: a trial is asked when a device is free, after the one that freed it
+was told, exactly as plain Optuna's ``n_jobs`` threads ask (the sampler sees what it would see there).
+
+Trials of the study's queue whose parameters are all fixed need no sampler: they are described ahead and planned
+as a set, up to ``QUEUED_TRIALS_PER_DEVICE`` per device and ``MOST_QUEUED_TRIALS`` in all
+(:mod:`optuna_saturn.study.queue`). A profile-only sweep asks all its trials at once.
 
 Asking stops at ``n_trials`` (new trials; a trial run again adds one), at ``study.stop()``, or once the timeout
 passed and every device had a trial: plain Optuna's ``n_jobs`` threads start their first trials within moments of
@@ -19,6 +23,7 @@ from enum import Enum
 
 from optuna_saturn.study.queue import MOST_QUEUED_TRIALS, QUEUED_TRIALS_PER_DEVICE
 from optuna_saturn.sweep.options import OptionsView
+from optuna_saturn.sweep.settings import SweepSettings
 from optuna_saturn.sweep.state import SweepState
 
 #: Ask the next trial when a device will have nothing to do within twice the time asking and describing a trial
@@ -32,14 +37,34 @@ class Next(Enum):
 
 
 class Asking:
-    def __init__(self, *, timeout: float | None, lookahead: int, profile_only: bool, describe_ahead: bool) -> None:
+    def __init__(
+        self, *, timeout: float | None, lookahead: int, profile_only: bool, describe_ahead: bool, ask_ahead: bool = True
+    ) -> None:
         self.timeout = timeout
         self.lookahead = lookahead
-        self._profile_only = profile_only
+        self.profile_only = profile_only  # a profiling-only sweep: every option is measured
         self._describe_ahead = describe_ahead and not profile_only
+        self._ask_ahead = ask_ahead  # False: only for a device that is free now, as plain Optuna's threads ask
         self._had_a_first_round = False
         self._owed_a_start: set[int] | None = None  # queued trials to run although asking stopped
         self.ask_seconds: list[float] = []  # how long asking and describing each trial took
+
+    @classmethod
+    def for_sweep(cls, settings: SweepSettings, *, timeout: float | None, lookahead: int, describes: bool) -> Asking:
+        """``describes``: the sweep describes trials (it prices them); it asks ahead where it describes the trials
+        it asks (describing is what asking ahead hides)."""
+        return cls(
+            timeout=timeout,
+            lookahead=lookahead,
+            profile_only=settings.profile_only,
+            describe_ahead=describes,
+            ask_ahead=describes and settings.describe_asked,
+        )
+
+    @property
+    def describes_asked(self) -> bool:
+        """Whether a trial asked of the sampler is described before it is planned (else it starts undescribed)."""
+        return self._ask_ahead or not self._describe_ahead
 
     def may_ask(self, state: SweepState, now: float, stop_requested: bool) -> bool:
         """Whether the sweep may take on another trial: asked, or described from the queue."""
@@ -62,7 +87,7 @@ class Asking:
 
     def next(self, state: SweepState, now: float, options: OptionsView) -> Next | None:
         """Whether to ask a trial now: fewer than ``lookahead`` wait, and a device idles soon."""
-        if self._profile_only:
+        if self.profile_only:
             return Next.ASK if len(state.waiting) < (state.n_trials or 0) else None
         if len(state.waiting) >= self.lookahead:
             return None
@@ -112,11 +137,12 @@ class Asking:
         """Whether some device has nothing to do (no running job, no waiting trial planned on it) from now, or
         from within the time it takes to ask and describe a trial."""
         recent = self.ask_seconds[-5:]
-        horizon = ASK_AHEAD_SECONDS + 2 * max(recent) if recent else 0.0  # nothing is asked ahead of the first
+        horizon = ASK_AHEAD_SECONDS + 2 * max(recent) if recent and self._ask_ahead else 0.0
         busy_until = {d: now for m in state.topology.members for d in m}
         for run in state.running.values():
+            remaining = options.remaining(run, state, now) if self._ask_ahead else float("inf")
             for d in set(run.devices) & busy_until.keys():
-                busy_until[d] = max(busy_until[d], now + options.remaining(run, state, now))
+                busy_until[d] = max(busy_until[d], now + remaining)
         for waiting in state.waiting.values():
             if waiting.assignment is not None:
                 for d in waiting.assignment.devices:

@@ -71,9 +71,7 @@ class Sweep:
         # what prices trials (describes them under the study's lock); None: runtime estimates alone
         pricer = pricing(self._gateway.lock) if pricing is not None else None
         self._view = OptionsView.for_sweep(settings, study, state.largest_node)
-        self._asking = Asking(
-            timeout=timeout, lookahead=batch_size, profile_only=settings.profile_only, describe_ahead=pricer is not None
-        )
+        self._asking = Asking.for_sweep(settings, timeout=timeout, lookahead=batch_size, describes=pricer is not None)
         self._planning = Planning(settings)
         self._profiling = Profiling(pricer, budget=settings.profile_budget, profile_only=settings.profile_only)
         self._faults = Faults(
@@ -85,13 +83,13 @@ class Sweep:
             engines={s.name: s.engine for s in settings.strategies},
         )
         self._outcomes = Outcomes(node_of=pool.node_of)
-        self._do.use(pricer=pricer, view=self._view, profiling=self._profiling)
+        self._do.use(
+            pricer=pricer, view=self._view, profiling=self._profiling, describe_started=not settings.describe_asked
+        )
         self._planning_seconds = 0.0
         self._next_recovery = float("-inf")
         self._watch = HeartbeatWatch()  # (on the machine's clock: other sweeps' heartbeats change in real time)
-        self._admission = Admission(
-            state, self._asking, self._view, self._do, now=self._now, plan=self._plan, measure_all=settings.profile_only
-        )
+        self._admission = Admission(state, self._asking, self._view, self._do, now=self._now, plan=self._plan)
 
     def _now(self) -> float:
         """Seconds since the sweep started, on its clock."""

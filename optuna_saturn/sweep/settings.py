@@ -30,6 +30,7 @@ class SweepSettings:
     profile_steps: tuple[int, int] = (2, 5)  # warm-up steps, timed steps
     profile_budget: float | None = None  # device-seconds of profiling jobs per sweep (None: as they pay)
     profile_only: bool = False  # measure every option, run no trial
+    describe_asked: bool = True  # False: asked trials are not described (one option: nothing to choose)
     max_retries: int = 1  # runs again of a trial whose sweep died while it ran
     checkpoint_dir: Path | None = None  # where trials' checkpoints go (None: <log_dir>/checkpoints)
     keep_checkpoints: bool = False  # keep them after a trial ends COMPLETE or PRUNED
