@@ -469,6 +469,14 @@ def oom_first(trial) -> float:
     return x
 
 
+def oom_three_times(trial) -> float:
+    """Trials 0-2 run out of memory at once (each replaces its worker within moments of its start)."""
+    x = trial.suggest_float("x", 0, 1)
+    if trial.number < 3:
+        raise torch.OutOfMemoryError("simulated out of memory")
+    return x
+
+
 def sleeps(trial) -> float:
     """Takes ``seconds``: a long trial and short ones."""
     seconds = trial.suggest_float("seconds", 0.1, 10.0)

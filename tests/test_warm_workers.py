@@ -51,6 +51,16 @@ def test_a_worker_is_replaced_after_an_out_of_memory(saturn_options):
     assert pids[1] != pids[0] and pids[2] == pids[1]  # a fresh worker after the out-of-memory, reused after
 
 
+def test_trials_that_run_out_of_memory_one_after_another_do_not_end_the_pool(saturn_options):
+    """Each out-of-memory replaces its worker moments after the worker started; that is not a worker failing to
+    start (which the host gives up on after three): the sweep goes on."""
+    study = optuna.create_study()
+    SaturnExecutor(devices=1, strategies=["single"], profile=False, **saturn_options).optimize(
+        study, objectives.oom_three_times, n_trials=5
+    )
+    assert [t.state for t in study.trials] == [TrialState.FAIL] * 3 + [TrialState.COMPLETE] * 2
+
+
 def test_ddp_on_warm_workers_trains_exactly_like_a_launched_ddp(saturn_options, tmp_path):
     """The same DDP trial: on warm workers (a fresh process group on reused processes), and under `accelerate
     launch` (processes started for it): the same loss curve."""
@@ -112,6 +122,21 @@ def test_with_nothing_to_choose_a_trial_is_asked_once_its_device_is_free_as_plai
     for before, after in itertools.pairwise(trials):
         assert after["saturn:asked_at"] >= before["saturn:actual_end"], (before, after)
     assert study.user_attrs["saturn:last_sweep"]["profiling_runs"] == 0
+
+
+def test_with_nothing_to_choose_a_trial_that_runs_out_of_memory_still_gets_more_micro_batches(saturn_options):
+    """An undescribed trial runs out of memory: it is described then, planned again with more micro-batches until
+    one fits, and every later trial is described before it runs, so it starts with as many as its workload
+    needs (no out-of-memory again)."""
+    study = optuna.create_study()
+    SaturnExecutor(devices=1, strategies=["single"], **saturn_options).optimize(
+        study, objectives.needs_small_micro_batches, n_trials=2
+    )
+    first, second = (t.user_attrs for t in study.trials)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
+    assert first["saturn:gradient_accumulation"] == second["saturn:gradient_accumulation"] == 4
+    assert [o.get("gradient_accumulation", 1) for o in second["saturn:options"]] == [4]  # planned so at once
+    assert "prices" not in second  # (its price never changed: it never ran out of memory)
 
 
 @pytest.mark.parametrize("host", ["fork of the executor", "fork, OpenMP released", "fresh interpreter"])

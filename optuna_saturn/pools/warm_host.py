@@ -25,7 +25,8 @@ import signal
 import sys
 import time
 
-#: A worker that exits this soon after starting, this many times in a row, is not started again.
+#: A worker that fails (a non-zero exit code) this soon after starting, this many times in a row, is not started
+#: again.
 _QUICK_EXIT_SECONDS = 5.0
 _QUICK_EXITS = 3
 
@@ -89,12 +90,14 @@ def main(config_path: str) -> None:
         code = os.waitstatus_to_exitcode(status)
         if code != 0:
             print(f"optuna-saturn: the worker of device {index} (pid {pid}) exited with code {code}.", flush=True)
-        quick_exits[index] = quick_exits[index] + 1 if time.monotonic() - started < _QUICK_EXIT_SECONDS else 0
+        # (a worker replaced after a job, out of memory say, exits 0: trials may fail fast, one after another)
+        quick = code != 0 and time.monotonic() - started < _QUICK_EXIT_SECONDS
+        quick_exits[index] = quick_exits[index] + 1 if quick else 0
         if quick_exits[index] < _QUICK_EXITS:
             start(index)
         else:
             print(
-                f"optuna-saturn: the worker of device {index} exited {_QUICK_EXITS} times within "
+                f"optuna-saturn: the worker of device {index} failed {_QUICK_EXITS} times within "
                 f"{_QUICK_EXIT_SECONDS:.0f} s of its start; it is not started again (its log: worker-{index}.log).",
                 flush=True,
             )

@@ -58,7 +58,6 @@ class Actions:
         self._pricer: Any = None
         self._view: OptionsView | None = None
         self._profiling: Profiling | None = None
-        self._describe_started = False
 
     @classmethod
     def for_sweep(
@@ -116,11 +115,9 @@ class Actions:
             gc_after_trial=gc_after_trial,
         )
 
-    def use(self, *, pricer: Any, view: OptionsView, profiling: Profiling, describe_started: bool = False) -> None:
-        """What prices trials, the planner's view of them, and the profiling policy (follow-up jobs go there);
-        ``describe_started``: trials start undescribed (nothing to choose) and are described once started."""
+    def use(self, *, pricer: Any, view: OptionsView, profiling: Profiling) -> None:
+        """What prices trials, the planner's view of them, and the profiling policy (follow-up jobs go there)."""
         self._pricer, self._view, self._profiling = pricer, view, profiling
-        self._describe_started = describe_started
 
     @property
     def run_dir(self) -> Path:
@@ -149,6 +146,13 @@ class Actions:
             assumed = {} if survival.blind else {"pruning_assumed": survival.describe()}
             self.gateway.set_attrs(trial, {"options": options, "profiles": price.profiles, **assumed})
         return price
+
+    def describe_late(self, run: TrialRun) -> bool:
+        """A trial run undescribed (nothing to choose) ran out of memory: described now, for more micro-batches."""
+        if run.waiting.price.workload is not None or self._pricer is None:
+            return False
+        run.waiting.price = self.price(run.waiting.trial, describe=True)
+        return True
 
     def admit(
         self, trial: optuna.Trial, price: TrialPrice, asked_at: float, now: float, *, profile_everything: bool = False
@@ -227,9 +231,6 @@ class Actions:
         _logger.info(reporting.started(number, option, names, waiting.price.option(option.choice), run.log))
         planned = (waiting.planned_start, waiting.planned_end)
         self.events.send("on_trial_start", TrialStart(number, option.strategy, tuple(map(str, names)), *planned, now))
-        if self._describe_started and waiting.price.workload is None and self._pricer is not None:
-            described = self.price(waiting.trial, describe=True)  # (its run then teaches the store; see use())
-            waiting.price = described if described.option(option.choice) is not None else waiting.price
 
     def measure(self, measure: Measure, now: float) -> None:
         request = self._requests.profiling(measure.job, measure.devices)

@@ -5,7 +5,9 @@ leaves it free now, or within the time asking and describing a trial takes), and
 trials wait at once. Asking no earlier than needed lets the sampler see as many finished trials as it can; asking
 no later keeps devices busy. Where a trial has nothing to choose (one option: ``single`` on one device) it needs
 no description, so nothing is asked ahead: a trial is asked when a device is free, after the one that freed it
-was told, exactly as plain Optuna's ``n_jobs`` threads ask (the sampler sees what it would see there).
+was told, exactly as plain Optuna's ``n_jobs`` threads ask (the sampler sees what it would see there), and runs
+undescribed (its runtime is estimated from the trials that ended), until one runs out of memory: from then on
+trials are described, so that each is planned with the micro-batches its workload needs.
 
 Trials of the study's queue whose parameters are all fixed need no sampler: they are described ahead and planned
 as a set, up to ``QUEUED_TRIALS_PER_DEVICE`` per device and ``MOST_QUEUED_TRIALS`` in all
@@ -45,26 +47,28 @@ class Asking:
         self.profile_only = profile_only  # a profiling-only sweep: every option is measured
         self._describe_ahead = describe_ahead and not profile_only
         self._ask_ahead = ask_ahead  # False: only for a device that is free now, as plain Optuna's threads ask
+        self.describes_asked = ask_ahead  # an asked trial is described before it is planned (else it runs as is)
         self._had_a_first_round = False
         self._owed_a_start: set[int] | None = None  # queued trials to run although asking stopped
         self.ask_seconds: list[float] = []  # how long asking and describing each trial took
 
     @classmethod
     def for_sweep(cls, settings: SweepSettings, *, timeout: float | None, lookahead: int, describes: bool) -> Asking:
-        """``describes``: the sweep describes trials (it prices them); it asks ahead where it describes the trials
-        it asks (describing is what asking ahead hides)."""
+        """``describes``: the sweep can describe trials (it prices them). It asks ahead where it describes the
+        trials it asks (describing is what asking ahead hides), and describes the queue's trials ahead unless
+        nothing is to choose on one device (their order then cannot change when the sweep ends either)."""
         return cls(
             timeout=timeout,
             lookahead=lookahead,
             profile_only=settings.profile_only,
-            describe_ahead=describes,
+            describe_ahead=describes and (settings.describe_asked or len(settings.devices) > 1),
             ask_ahead=describes and settings.describe_asked,
         )
 
-    @property
-    def describes_asked(self) -> bool:
-        """Whether a trial asked of the sampler is described before it is planned (else it starts undescribed)."""
-        return self._ask_ahead or not self._describe_ahead
+    def describe_from_now(self) -> None:
+        """A trial that ran undescribed ran out of memory: from now on trials are described, so that they are
+        planned with the micro-batches their workload needs (they are still asked once a device is free)."""
+        self.describes_asked = True
 
     def may_ask(self, state: SweepState, now: float, stop_requested: bool) -> bool:
         """Whether the sweep may take on another trial: asked, or described from the queue."""

@@ -28,13 +28,14 @@ from optuna_saturn.sweep.actions import Actions
 from optuna_saturn.sweep.admission import Admission
 from optuna_saturn.sweep.asking import Asking
 from optuna_saturn.sweep.elastic import Elastic
-from optuna_saturn.sweep.faults import Faults
+from optuna_saturn.sweep.faults import Faults, failure_kind
 from optuna_saturn.sweep.options import OptionsView
 from optuna_saturn.sweep.outcomes import Outcomes
 from optuna_saturn.sweep.planning import Planning
 from optuna_saturn.sweep.profiling import Profiling
 from optuna_saturn.sweep.settings import SweepSettings
 from optuna_saturn.sweep.state import ProfileRun, SweepState, TrialRun
+from optuna_saturn.worker.failures import OUT_OF_MEMORY
 
 _logger = optuna.logging.get_logger("optuna.saturn")
 
@@ -83,9 +84,7 @@ class Sweep:
             engines={s.name: s.engine for s in settings.strategies},
         )
         self._outcomes = Outcomes(node_of=pool.node_of)
-        self._do.use(
-            pricer=pricer, view=self._view, profiling=self._profiling, describe_started=not settings.describe_asked
-        )
+        self._do.use(pricer=pricer, view=self._view, profiling=self._profiling)
         self._planning_seconds = 0.0
         self._next_recovery = float("-inf")
         self._watch = HeartbeatWatch()  # (on the machine's clock: other sweeps' heartbeats change in real time)
@@ -197,6 +196,8 @@ class Sweep:
         self._do.relay_progress(run)  # the last steps of a short trial land between two relays
         op = (run.session.outcome or {}).get("op")
         if not reason:
+            if failure_kind(run, end) == OUT_OF_MEMORY and self._do.describe_late(run):
+                self._asking.describe_from_now()  # (more micro-batches may fit: that takes a description)
             left = self._faults.left_out(run, end)
             if left is not None and self._do.leave_out(left):
                 return True  # an option left out for its workload
