@@ -208,16 +208,17 @@ def run_arm(arm: str, objective: str, params: list[dict], devices: int, store: s
     for p in params:
         study.enqueue_trial(p)
     started = time.time()
+    cores = len(os.sched_getaffinity(0))  # (devices=N splits them into N CPU devices)
     if arm in ("plain", "plain1"):
         fn = OBJECTIVES[objective]
         if objective == "trainer" or arm == "plain1":
             # Trainer cannot run in Optuna's threads: its Accelerate state is one per process, and a second trial's
             # reset breaks the first ("AcceleratorState has no attribute distributed_type"). Without optuna-saturn
             # a user runs one trial at a time on every core. ("plain1": the same recipe, for any objective.)
-            torch.set_num_threads(devices)
+            torch.set_num_threads(cores)
             study.optimize(lambda t: fn(PlainTrial(t)), n_trials=len(params), n_jobs=1)
-        else:
-            torch.set_num_threads(1)
+        else:  # each job's share of the cores, as each of optuna-saturn's CPU devices has
+            torch.set_num_threads(max(1, cores // devices))
             study.optimize(lambda t: fn(PlainTrial(t)), n_trials=len(params), n_jobs=devices)
         wall = time.time() - started
         runtimes = [(t.datetime_complete - t.datetime_start).total_seconds() for t in study.trials]

@@ -4,6 +4,7 @@ out-of-memory on one rank only, an engine whose memory must be freed before the 
 from __future__ import annotations
 
 import os
+import sys
 import weakref
 
 import torch
@@ -26,6 +27,7 @@ def ranks_environment(trial) -> float:
         "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR"),
         "PYTORCH_NVML_BASED_CUDA_CHECK": os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK"),
+        "deepspeed_imported": "deepspeed" in sys.modules,
     }
     every = [None] * trial.world_size
     if trial.world_size > 1:
@@ -228,3 +230,18 @@ def steady(trial) -> float:
     for _ in trial.steps(10):
         time.sleep(0.15)
     return x
+
+
+def slow_first_steps(trial) -> float:
+    """Its first 4 steps take 0.06 s, the rest 0.01 s: a profile's first timed steps are not settled."""
+    import time
+
+    from objectives import Blocks
+
+    trial.suggest_float("x", 0.0, 1.0)
+    model = Blocks()
+    loader = torch.utils.data.DataLoader(regression_data(64), batch_size=8)
+    model, loader = trial.prepare(model, loader)
+    for step in trial.steps(40):
+        time.sleep(0.06 if step < 4 else 0.01)
+    return 0.0

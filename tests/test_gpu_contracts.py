@@ -436,6 +436,74 @@ def test_a_zero_sweep_builds_what_is_missing_before_its_pool_starts(saturn_optio
             study, gpu_objectives.ranks_environment, n_trials=1
         )
     assert study.trials[0].state == TrialState.COMPLETE, study.trials[0].user_attrs.get("saturn:fail_reason")
+    assert all(r["deepspeed_imported"] for r in study.trials[0].user_attrs["ranks"])  # (once, in the pool's host)
     assert "Building DeepSpeed's no_such_op for this machine before the sweep starts" in caplog.text
     log = next(saturn_options["log_dir"].rglob("deepspeed-ops.log")).read_text()
     assert "NoSuchBuilder does not apply here" in log
+
+
+# -- the smaller findings ------------------------------------------------------------------------------------------
+def test_a_collective_may_wait_its_own_timeout_not_the_rendezvous_one(tmp_path, environment_kept):
+    import torch.distributed as dist
+
+    from optuna_saturn.worker.rank import join_process_group, leave_process_group
+
+    place = join_process_group(
+        {"kind": "cpu", "index": 0, "cores": [], "node": ""},
+        0,
+        1,
+        init_method=f"file://{tmp_path / 'rendezvous'}",
+        rendezvous_timeout=5,
+        collective_timeout=1234,
+    )
+    try:
+        assert dist.group.WORLD._get_backend(torch.device("cpu")).options._timeout.total_seconds() == 1234
+    finally:
+        leave_process_group(place)
+
+
+def test_a_gpu_worker_runs_its_share_of_the_cores_it_may_use(monkeypatch):
+    """A GPU worker's CPU work (an offloaded optimizer step, a collate function) gets its share of the machine's
+    threads, no more than the cores it is pinned to near its GPU; a CPU device's worker, its device's cores."""
+    from optuna_saturn.worker.warm import size_threads
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    try:
+        size_threads({"kind": "cuda", "index": 0, "cores": [], "node": ""}, gpu_threads=8)
+        assert torch.get_num_threads() == 3
+        size_threads({"kind": "cuda", "index": 0, "cores": [], "node": ""}, gpu_threads=2)
+        assert torch.get_num_threads() == 2
+        size_threads({"kind": "cpu", "index": 0, "cores": [0], "node": ""})
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_exclusive_gpus_are_named_where_a_launcher_would_start_a_trials_processes(monkeypatch):
+    from optuna_saturn import nvml
+    from optuna_saturn.devices import Device
+    from optuna_saturn.pools.launched import exclusive_mode_conflict
+    from optuna_saturn.strategy import Strategy
+
+    monkeypatch.setattr(nvml, "exclusive_gpus", lambda: [1])
+    gpus = [Device("cuda", 0), Device("cuda", 1)]
+    launched = Strategy.from_json(
+        {**load_strategies()["ddp"].to_json(), "name": "ddp-launched", "launcher": "accelerate"}
+    )
+    assert exclusive_mode_conflict(gpus, [load_strategies()["ddp"]]) is None  # warm workers alone: fine
+    assert "nvidia-smi -c DEFAULT" in exclusive_mode_conflict(gpus, [launched])
+
+
+@pytest.mark.launch
+def test_unsettled_timed_steps_are_timed_again_and_their_spread_kept(saturn_options):
+    """The first timed steps of a profile vary (a cache warms, buckets are rebuilt): timed once more, the settled
+    set kept, its spread stored with the profile."""
+    from optuna_saturn.profiler import ProfileStore
+
+    SaturnExecutor(devices=1, strategies=["single", "single-ckpt"], **saturn_options).profile(
+        gpu_objectives.slow_first_steps, n_trials=1
+    )
+    (record,) = [r for r in ProfileStore(saturn_options["profile_store"]).records() if r.strategy == "single"]
+    assert record.timed_steps == 5 and record.step_spread is not None and record.step_spread < 1.2
+    assert record.step_seconds < 0.03  # the settled steps, not the slow first ones

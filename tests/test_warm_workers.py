@@ -124,6 +124,24 @@ def test_with_nothing_to_choose_a_trial_is_asked_once_its_device_is_free_as_plai
     assert study.user_attrs["saturn:last_sweep"]["profiling_runs"] == 0
 
 
+def test_the_sampler_never_sees_more_trials_in_flight_than_plain_optuna_would(saturn_options):
+    """Two devices, options to choose from: a trial is asked only while fewer trials are asked and not yet told
+    than there are devices, as under ``study.optimize(n_jobs=2)`` (a thread asks once its trial was told); asking
+    ahead while both devices run would show the sampler three."""
+    import gpu_objectives
+
+    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=2))
+    SaturnExecutor(devices=2, strategies=["single", "ddp"], **saturn_options).optimize(
+        study, gpu_objectives.steady, n_trials=6
+    )
+    runs = [t.user_attrs for t in study.trials]
+    assert all(t.state == TrialState.COMPLETE for t in study.trials)
+    for run in runs:
+        asked = run["saturn:asked_at"]
+        others = [r for r in runs if r["saturn:asked_at"] < asked and r["saturn:actual_end"] > asked]
+        assert len(others) <= 1, (asked, [(r["saturn:asked_at"], r["saturn:actual_end"]) for r in others])
+
+
 def test_with_nothing_to_choose_a_trial_that_runs_out_of_memory_still_gets_more_micro_batches(saturn_options):
     """An undescribed trial runs out of memory: it is described then, planned again with more micro-batches until
     one fits, and every later trial is described before it runs, so it starts with as many as its workload

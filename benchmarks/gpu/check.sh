@@ -3,8 +3,9 @@
 # Everything goes to $OUT/gpu-check.log (+ gpu-check-*.json, gpu-check-runs.tar.gz). Parts run one after another,
 # each under its own time limit; a failed part is reported ("PART x: FAILED") and the next one still runs.
 # Env knobs: PY (base interpreter, default python3), WHEELS (default .gpu/wheels), GPU_CHECK_TRIALS (8),
-# GPU_CHECK_ARMS (plain,cold,warm), GPU_CHECK_BUDGET (seconds for the whole script, default 420),
-# GPU_CHECK_PARTS (env,sweep,parity,example; example runs examples/gpt2_sweep.py itself, only if >70s are left),
+# GPU_CHECK_ARMS (plain,cold,warm), GPU_CHECK_BUDGET (seconds for the whole script, default 660),
+# GPU_CHECK_PARTS (review,sweep; also env, parity, example: example runs examples/gpt2_sweep.py itself, only if
+# >70s are left; review is benchmarks/gpu/review_checks.py, C0-C7 of the GPU review, under 9 min),
 # GPU_CHECK_EXAMPLE_TRIALS (4), V (venv path, default /tmp/v).
 set -u
 set -o pipefail
@@ -16,7 +17,7 @@ export SATURN_EXAMPLE_DATA=$GPU_CHECK_WORK/example-data
 rm -rf "$GPU_CHECK_WORK"; mkdir -p "$GPU_CHECK_WORK"
 
 main() {
-  local PY=${PY:-python3} V=${V:-/tmp/v} WHEELS=${WHEELS:-.gpu/wheels} BUDGET=${GPU_CHECK_BUDGET:-420}
+  local PY=${PY:-python3} V=${V:-/tmp/v} WHEELS=${WHEELS:-.gpu/wheels} BUDGET=${GPU_CHECK_BUDGET:-660}
   local T0=$SECONDS status=() rc
   export PY V WHEELS
   left() { echo $(( BUDGET - (SECONDS - T0) )); }
@@ -43,7 +44,9 @@ main() {
   fi
   local P="$V/bin/python"
 
-  local PARTS=",${GPU_CHECK_PARTS:-env,sweep,parity,example},"
+  local PARTS=",${GPU_CHECK_PARTS:-review,sweep},"
+  # the GPU review's checks C0-C7 (issue 36): every CHECK line PASS or INFO
+  [[ $PARTS == *,review,* ]] && part review 520 "$P" benchmarks/gpu/review_checks.py --budget 500
   [[ $PARTS == *,env,* ]] && part env 90 "$P" benchmarks/gpu/gpu_check.py env
   # plain Optuna (n_jobs=1, on cuda) vs SaturnExecutor(devices="auto") cold and warm, the same enqueued trials
   [[ $PARTS == *,sweep,* ]] && part sweep 240 "$P" benchmarks/gpu/gpu_check.py sweep --budget "$(( $(cap 240) - 25 ))"
@@ -65,7 +68,7 @@ main() {
   tar -czf "$OUT/gpu-check-runs.tar.gz" -C "$GPU_CHECK_WORK" --exclude=example-data . 2>/dev/null || true
   nvidia-smi --query-gpu=memory.used --format=csv 2>/dev/null | tail -1 | sed 's/^/GPU memory used at the end: /'
   echo; echo "===== SUMMARY ($((SECONDS - T0))s) ====="; printf '  %s\n' "${status[@]}"
-  grep -hE "^  RATIO|^PART [a-z]+: (OK|FAILED)" "$OUT/gpu-check.log" 2>/dev/null | sed 's/^ */  /'
+  grep -hE "^  RATIO|^PART [a-z]+: (OK|FAILED)|^CHECK C[0-9]" "$OUT/gpu-check.log" 2>/dev/null | sed 's/^ */  /'
   ! printf '%s\n' "${status[@]}" | grep -q FAILED
 }
 

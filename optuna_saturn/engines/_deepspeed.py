@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import copy
+import os
 from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
@@ -167,6 +168,12 @@ class DeepSpeedEngine(Engine):
             model=model, optimizer=optimizer, config=config, dist_init_required=False
         )
         self._engines.append(engine)
+        if engine.device != self.context.device:  # (it places the model by LOCAL_RANK: see optuna_saturn.worker.gpu)
+            raise RuntimeError(
+                f"DeepSpeed placed the model on {engine.device}, not on this worker's {self.context.device} "
+                f"(LOCAL_RANK={os.environ.get('LOCAL_RANK')}, CUDA_VISIBLE_DEVICES="
+                f"{os.environ.get('CUDA_VISIBLE_DEVICES')}): it would run on another trial's GPU."
+            )
         _clipping.register(self, engine, list(engine.module.parameters()))
         return engine, (
             None if optimizer is None else _EngineOptimizer(engine, optimizer.defaults, self.context.strategy)

@@ -69,7 +69,10 @@ def main(config_path: str) -> None:
             os.dup2(log, 1)
             os.dup2(log, 2)
             os.close(log)
-            serve(config, index, objectives)  # (never returns: it exits with its code)
+            try:
+                serve(config, index, objectives)  # (exits with its code)
+            finally:
+                os._exit(1)  # (whatever escaped it: never back into the host's loop)
         os.close(log)
         workers[pid] = (index, time.monotonic())
 

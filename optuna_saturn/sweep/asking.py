@@ -3,7 +3,11 @@
 No batch barrier: a trial is asked whenever a device would otherwise sit idle within the look-ahead (when the plan
 leaves it free now, or within the time asking and describing a trial takes), and at most ``lookahead`` asked
 trials wait at once. Asking no earlier than needed lets the sampler see as many finished trials as it can; asking
-no later keeps devices busy. Where a trial has nothing to choose (one option: ``single`` on one device) it needs
+no later keeps devices busy. And never more trials are in flight (asked, not yet told) than there are devices:
+the sampler then never sees more trials running than under plain Optuna's ``n_jobs`` (one thread per device, each
+asking once its trial was told). So a trial is described ahead while a device runs only where trials take
+several devices each, or while some device has none; where every device runs a trial, the next is asked once one
+of them was told. Where a trial has nothing to choose (one option: ``single`` on one device) it needs
 no description, so nothing is asked ahead: a trial is asked when a device is free, after the one that freed it
 was told, exactly as plain Optuna's ``n_jobs`` threads ask (the sampler sees what it would see there), and runs
 undescribed (its runtime is estimated from the trials that ended), until one runs out of memory: from then on
@@ -93,11 +97,21 @@ class Asking:
         """Whether to ask a trial now: fewer than ``lookahead`` wait, and a device idles soon."""
         if self.profile_only:
             return Next.ASK if len(state.waiting) < (state.n_trials or 0) else None
-        if len(state.waiting) >= self.lookahead:
+        if len(state.waiting) >= self.lookahead or self._in_flight(state) >= self._slots(state):
             return None
         if state.plan_dirty:
             return Next.PLAN_FIRST
         return Next.ASK if self._idle_soon(state, now, options) else None
+
+    @staticmethod
+    def _in_flight(state: SweepState) -> int:
+        """Trials asked and not yet told: running, or waiting (not the queue's, which no sampler chose)."""
+        return len(state.trial_runs()) + sum(not w.queued for w in state.waiting.values())
+
+    @staticmethod
+    def _slots(state: SweepState) -> int:
+        """As many trials in flight as plain Optuna's ``n_jobs`` threads would hold: one per device."""
+        return len(state.devices) - len(state.lost)
 
     def asked(self, seconds: float) -> None:
         """Asking and describing a trial took ``seconds``."""

@@ -159,8 +159,8 @@ def size_threads(device: dict, gpu_threads: int | None = None) -> None:
 
     if device["kind"] == "cpu" and device["cores"]:
         torch.set_num_threads(len(device["cores"]))
-    elif device["kind"] == "cuda" and gpu_threads:
-        torch.set_num_threads(gpu_threads)
+    elif device["kind"] == "cuda" and gpu_threads:  # (no more than the cores it runs on, near its GPU)
+        torch.set_num_threads(min(gpu_threads, len(os.sched_getaffinity(0))))
 
 
 class JobRunner:

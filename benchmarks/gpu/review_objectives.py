@@ -1,0 +1,141 @@
+"""Objectives of the GPU review's checks (``review_checks.py``), importable by the workers.
+
+Each records, at its start and before it builds anything, what its process sees: the memory its GPU still holds
+from earlier jobs, its current device, ``LOCAL_RANK``, its mask, its threads, its pid.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+
+def _entry_facts(trial) -> None:
+    cuda = trial.device.type == "cuda"
+    trial.set_user_attr(
+        "entry",
+        {
+            "alloc0": torch.cuda.memory_allocated(trial.device) if cuda else 0,
+            "reserved0": torch.cuda.memory_reserved(trial.device) if cuda else 0,
+            "current_device": torch.cuda.current_device() if cuda else -1,
+            "local_rank_env": os.environ.get("LOCAL_RANK"),
+            "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "threads": torch.get_num_threads(),
+            "cores": len(os.sched_getaffinity(0)),
+            "pid": os.getpid(),
+        },
+    )
+
+
+def _mlp(width: int, depth: int) -> torch.nn.Module:
+    layers: list[torch.nn.Module] = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers)
+
+
+def warm_worker(trial) -> float:
+    """C2: 8 x Linear(4096) (134 M parameters, about 2 GB with AdamW), a batch of 256 random rows, 30 steps (the
+    size and steps from the environment, for the DeepSpeed repeat and the dry run)."""
+    _entry_facts(trial)
+    lr = trial.suggest_float("lr", 1e-4, 1e-3, log=True)
+    width, depth = int(os.environ.get("REVIEW_WIDTH", "4096")), int(os.environ.get("REVIEW_DEPTH", "8"))
+    steps = int(os.environ.get("REVIEW_STEPS", "30"))
+    torch.manual_seed(0)
+    model = _mlp(width, depth)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    data = torch.utils.data.TensorDataset(torch.randn(1024, width))
+    loader = torch.utils.data.DataLoader(data, batch_size=256, shuffle=True)
+    model, optimizer, loader = trial.prepare(model, optimizer, loader)
+    batches = iter(loader)
+    loss = torch.zeros(())
+    for _ in trial.steps(steps):
+        try:
+            (x,) = next(batches)
+        except StopIteration:
+            batches = iter(loader)
+            (x,) = next(batches)
+        optimizer.zero_grad()
+        loss = model(x.to(trial.device)).pow(2).mean()
+        trial.backward(loss)
+        optimizer.step()
+    return trial.reduce_mean(loss.detach())
+
+
+class _Rows(torch.utils.data.Dataset):
+    """Row indices only: each micro-batch's inputs are made on the device (a global batch of millions of rows)."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+def activations_of_160_gb(trial) -> float:
+    """C5: 4 x Linear(1024) on a global batch of about 4.8 M rows made on the device per micro-batch: about 20 GB
+    per activation tensor, about 160 GB at one micro-batch (out of memory on a 141 GB GPU), half at two."""
+    _entry_facts(trial)
+    torch.backends.cuda.matmul.allow_tf32 = True  # (steps under a second)
+    lr = trial.suggest_float("lr", 1e-4, 1e-3, log=True)
+    rows = int(os.environ.get("REVIEW_ROWS", str(4_800_000)))
+    torch.manual_seed(0)
+    model = _mlp(1024, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    loader = torch.utils.data.DataLoader(_Rows(rows * 4), batch_size=rows, collate_fn=torch.tensor)
+    model, optimizer, loader = trial.prepare(model, optimizer, loader)
+    batches = iter(loader)
+    loss = torch.zeros(())
+    for _ in trial.steps(int(os.environ.get("REVIEW_STEPS", "6"))):
+        batch = next(batches)
+        optimizer.zero_grad()
+        for part in trial.micro_batches(batch):
+            x = torch.randn(len(part), 1024, device=trial.device)
+            loss = model(x).pow(2).mean()
+            trial.backward(loss)
+        optimizer.step()
+    return trial.reduce_mean(loss.detach())
+
+
+def hog_or_grab(trial) -> float:
+    """C6: "hog" takes 70% of the GPU, one step, then sleeps in its loop (stall detection kills it); "grab" then
+    takes 70% at its first step and finishes: it fits only if the killed hog's memory came back first."""
+    _entry_facts(trial)
+    mode = trial.suggest_categorical("mode", ["hog", "grab"])
+    total = torch.cuda.get_device_properties(trial.device).total_memory if trial.device.type == "cuda" else 2**30
+    model = torch.nn.Linear(8, 1)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 8)), batch_size=8)
+    model, loader = trial.prepare(model, loader)
+    held = None
+    for step in trial.steps(20):
+        if step == 0:
+            held = torch.empty(int(0.7 * total), dtype=torch.uint8, device=trial.device)
+        if mode == "hog" and step == 1:
+            time.sleep(60)
+    del held
+    return 0.0
+
+
+def cpu_threads(trial) -> float:
+    """C7: 3 AdamW steps over 50 M float32 parameters held on the CPU, at the worker's thread count and at one."""
+    _entry_facts(trial)
+    trial.suggest_float("x", 0, 1)
+    params = [torch.nn.Parameter(torch.randn(5_000_000)) for _ in range(10)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    timings = {}
+    for threads in (torch.get_num_threads(), 1):
+        torch.set_num_threads(threads)
+        optimizer = torch.optim.AdamW(params, lr=1e-3)
+        optimizer.step()  # (state allocated)
+        started = time.perf_counter()
+        for _ in range(3):
+            optimizer.step()
+        timings[str(threads)] = round((time.perf_counter() - started) / 3, 4)
+    trial.set_user_attr("adamw_step_seconds", timings)
+    return 0.0
