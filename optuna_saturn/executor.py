@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import re
 import signal
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -15,15 +14,15 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
+from optuna_saturn.capacity import device_capacity, parse_bytes, worker_memory_limit_bytes
 from optuna_saturn.clock import WallClock
-from optuna_saturn.devices import Device, DeviceSpec, largest_trial, resolve_devices
+from optuna_saturn.devices import DeviceSpec, largest_trial, resolve_devices
 from optuna_saturn.events import SweepListener
 from optuna_saturn.pools.launched import exclusive_mode_conflict
 from optuna_saturn.pools.processes import ProcessPool
-from optuna_saturn.pools.ray_cluster import RayNode, discover
+from optuna_saturn.pools.ray_cluster import discover
 from optuna_saturn.pricing.pricer import Pricer
 from optuna_saturn.profiler import ProfileStore
-from optuna_saturn.profiler._hardware import device_memory_bytes
 from optuna_saturn.progress import ProgressMode, make_progress
 from optuna_saturn.strategy import Strategy, nothing_to_choose, select_strategies
 from optuna_saturn.study.interrupts import stop_signal
@@ -206,7 +205,7 @@ class SaturnExecutor:
             ),
             profile_budget=profile_budget,
             profile_steps=(int(profile_steps[0]), int(profile_steps[1])),
-            worker_memory_limit=_memory_limit(worker_memory_limit, self.devices, ray=cluster is not None),
+            worker_memory_limit=worker_memory_limit_bytes(worker_memory_limit, self.devices, ray=cluster is not None),
             device_memory=None if device_memory is None else parse_bytes(device_memory, "device_memory"),
             max_retries=max_retries,
             checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir),
@@ -355,43 +354,6 @@ def _real_sweep(settings: SweepSettings, study: optuna.Study, objective: Callabl
         ray=settings.ray,
     )
     return Sweep(settings, study, pool=pool, clock=WallClock(), pricing=pricing, run_dir=run_dir, **options)
-
-
-def device_capacity(settings: SweepSettings, node: RayNode | None) -> int | None:
-    """The memory the planner gives each device: the user's ``device_memory`` where it is less than what the
-    devices have (a Ray node's, as measured there; this machine's, measured by the pricer when None)."""
-    given = settings.device_memory
-    if node is not None:
-        return node.device_memory if given is None else min(given, node.device_memory)
-    if given is None or settings.devices[0].kind != "cuda":
-        return given
-    return min(given, device_memory_bytes(settings.devices))
-
-
-def _memory_limit(limit: float | str | None, devices: Sequence[Device], *, ray: bool) -> float | None:
-    if limit is None or (limit == "auto" and ray):
-        return None
-    if limit == "auto":
-        import psutil
-
-        return float(psutil.virtual_memory().total) / len(devices)
-    return float(parse_bytes(limit, "worker_memory_limit"))
-
-
-def parse_bytes(value: int | float | str, name: str) -> int:
-    """``value`` in bytes: a number, or a string such as ``"2GiB"``, ``"512MiB"``, ``"1.5GB"``."""
-    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
-    units.update({"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40})
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be a number of bytes or a string like '2GiB', not a bool.")
-    if isinstance(value, (int, float)):
-        number, unit = float(value), ""
-    else:
-        match = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*([A-Za-z]*)", str(value).strip())
-        number, unit = (float(match[1]), match[2].upper()) if match else (-1.0, "")
-    if unit not in units or number <= 0:
-        raise ValueError(f"{name}={value!r}: give a positive number of bytes or a string like '2GiB' or '512MiB'.")
-    return int(number * units[unit])
 
 
 def _without_launchers(strategies: list[Strategy], asked: Sequence[str] | None) -> list[Strategy]:

@@ -120,7 +120,7 @@ def test_a_host_that_initialised_cuda_starts_its_workers_fresh_and_says_why(satu
 
 def test_describing_and_warming_up_hide_the_gpus(monkeypatch):
     """TrainingArguments takes its CPU branch (no set_device on cuda:0) and is_available() asks NVML."""
-    from optuna_saturn.profiler._probe import without_gpus
+    from optuna_saturn.profiler._without_gpus import without_gpus
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)

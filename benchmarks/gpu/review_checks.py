@@ -121,7 +121,7 @@ PROBES = {
     ),
     "d TrainingArguments while described": (
         {},
-        "from optuna_saturn.profiler._probe import without_gpus\nwith without_gpus():\n"
+        "from optuna_saturn.profiler._without_gpus import without_gpus\nwith without_gpus():\n"
         "    from transformers import TrainingArguments; TrainingArguments(output_dir='{tmp}', report_to=[]).device",
     ),
     "e1 import deepspeed": ({}, "import deepspeed"),
@@ -145,18 +145,21 @@ def c1() -> bool:
         "\nimport sys, torch\nfrom optuna_saturn.pools.forked_host import cuda_driver_loaded\n"
         "print('RESULT', torch.cuda.is_initialized(), cuda_driver_loaded())"
     )
+    running = {}  # (the probes at once: each is a fresh interpreter that imports torch)
     for name, (env, code) in PROBES.items():
         if name.startswith("e") and not installed("deepspeed"):
             check("C1", "SKIP", f"probe {name}: DeepSpeed is not installed")
             continue
-        done = subprocess.run(
+        running[name] = subprocess.Popen(
             [sys.executable, "-c", code.format(tmp=WORK / "probe") + tail],
             env={**os.environ, **env},
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
             text=True,
-            timeout=120,
         )
-        result = next((line for line in done.stdout.splitlines() if line.startswith("RESULT")), "RESULT error")
+    for name, probe in running.items():
+        out, _ = probe.communicate(timeout=120)
+        result = next((line for line in out.splitlines() if line.startswith("RESULT")), "RESULT error")
         initialised, driver = [*result.split()[1:], "?", "?"][:2]
         clean = initialised == "False" and driver == "False"
         verdict = ("PASS" if clean else "FAIL") if name in MUST_STAY_CLEAN else "INFO"

@@ -14,7 +14,6 @@ A callback makes the optimizer steps the trial's steps (progress, runtime profil
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -22,15 +21,13 @@ import lightning.pytorch as pl
 import optuna
 import torch
 import torch.distributed as dist
-from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.strategies.strategy import _ForwardRedirection
-from lightning.pytorch.utilities import GradClipAlgorithmType
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from torch.utils.data import DataLoader
 
 from optuna_saturn.engines import StrategyMismatch
-from optuna_saturn.engines._base import loss_scaler_mismatch
+from optuna_saturn.integrations._lightning_precision import precision_plugin
 from optuna_saturn.microbatch import AccumulationError
 
 if TYPE_CHECKING:
@@ -85,21 +82,9 @@ def lightning_trainer(trial: SaturnTrial, *, metric: str = "val_loss", **kwargs:
         accelerator=accelerator,
         devices=1,
         num_nodes=1,
-        plugins=[_precision(strategy, kwargs.get("precision"))],
+        plugins=[precision_plugin(strategy, kwargs.get("precision"))],
         use_distributed_sampler=False,
     )
-
-
-def _precision(strategy: SaturnStrategy, precision: Any) -> Precision:
-    """The Trainer's ``precision``, applied whatever the trial's strategy (the strategy never changes it):
-    float32, or autocast to bfloat16 or float16 (with Lightning's loss scaler, under strategies that take one)."""
-    mixed = {"bf16-mixed": "bf16-mixed", "bf16": "bf16-mixed", "16-mixed": "16-mixed", "16": "16-mixed", 16: "16-mixed"}
-    if precision not in mixed:
-        return _ModelPrecision(strategy)
-    trial = strategy._trial
-    if mixed[precision] == "16-mixed" and not trial._engine.takes_a_loss_scaler:
-        raise loss_scaler_mismatch(trial.strategy.name)
-    return _ModelMixedPrecision(strategy, mixed[precision], trial.device.type)
 
 
 def _as_list(callbacks: Any) -> list:
@@ -298,61 +283,6 @@ class SaturnStrategy(Strategy):
         self.precision_plugin.teardown()
         if self.accelerator is not None:
             self.accelerator.teardown()
-
-
-class _PreparedModelsParameters:
-    """``gradient_clip_val`` clips the prepared model's gradients. Lightning clips the optimizer's parameters,
-    which under ZeRO are the engine's flat partitions (their ``.grad`` is empty: nothing would be clipped); the
-    model's parameters are the ones the engine routes clipping for (see :mod:`optuna_saturn.engines._clipping`).
-    And the optimizer's step comes after the closure, not inside it: DeepSpeed's step takes no closure."""
-
-    _strategy: SaturnStrategy
-
-    def main_params(self, optimizer: Any) -> Any:
-        assert self._strategy.model is not None
-        return self._strategy.model.parameters()
-
-    def optimizer_step(self, optimizer: Any, model: Any, closure: Any, **kwargs: Any) -> Any:
-        """The closure (forward, backward, clipping) first, then the step: DeepSpeed's step takes no closure.
-        An optimizer that evaluates the closure several times (LBFGS) gets it, as in Lightning."""
-        closure = functools.partial(self._wrap_closure, model, optimizer, closure)
-        if isinstance(getattr(optimizer, "optimizer", optimizer), torch.optim.LBFGS):
-            return optimizer.step(closure=closure, **kwargs)
-        result = closure()
-        optimizer.step(**kwargs)
-        return result
-
-
-class _ModelPrecision(_PreparedModelsParameters, Precision):
-    """Float32."""
-
-    def __init__(self, strategy: SaturnStrategy) -> None:
-        super().__init__()
-        self._strategy = strategy
-
-
-class _ModelMixedPrecision(_PreparedModelsParameters, MixedPrecision):
-    """Autocast to bfloat16 or float16 around each step's forward pass (Lightning's ``MixedPrecision``); under fp16
-    Lightning's loss scaler runs the step, as it does in one process."""
-
-    def __init__(self, strategy: SaturnStrategy, precision: Any, device: str) -> None:
-        super().__init__(precision, device)
-        self._strategy = strategy
-
-    def optimizer_step(self, optimizer: Any, model: Any, closure: Any, **kwargs: Any) -> Any:
-        if self.scaler is not None:
-            return MixedPrecision.optimizer_step(self, optimizer, model, closure, **kwargs)
-        return super().optimizer_step(optimizer, model, closure, **kwargs)
-
-    def clip_gradients(self, optimizer: Any, clip_val: Any = 0.0, gradient_clip_algorithm: Any = None) -> None:
-        """bf16 needs no unscaling: clipped as in float32 (Lightning's check, for optimizers that unscale in
-        their step, would refuse the sharding engines' optimizers, which declare that only to meet a fp16
-        scaler; fp16 never reaches them: see ``_precision``)."""
-        algorithm = gradient_clip_algorithm or GradClipAlgorithmType.NORM
-        if self.scaler is not None:
-            MixedPrecision.clip_gradients(self, optimizer, clip_val, algorithm)
-        else:
-            Precision.clip_gradients(self, optimizer, clip_val, algorithm)
 
 
 class _TrialCallback(pl.Callback):

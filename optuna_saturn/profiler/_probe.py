@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
-import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from optuna_saturn.microbatch import AccumulationError, batch_rows, tensors_of
 from optuna_saturn.profiler._memory import optimizer_states
 from optuna_saturn.profiler._probe_hf import ProbeAccelerator, describe_trainer
 from optuna_saturn.profiler._probe_stop import ProbeDone
+from optuna_saturn.profiler._without_gpus import without_gpus
 from optuna_saturn.worker.process_state import restored_process_state
 
 _logger = optuna.logging.get_logger("optuna.saturn.profiler")
@@ -271,44 +271,6 @@ def _batch_signature(batch: Any) -> tuple[str, int | None, int]:
     ids = [t for t in tensors_of(batch) if t.dim() >= 2 and not t.is_floating_point()]
     tokens = ids[0].shape[0] * ids[0].shape[1] if ids else (rows or 0)
     return ";".join(_shapes(batch)), rows, int(tokens)
-
-
-@contextlib.contextmanager
-def without_gpus() -> Iterator[None]:
-    """While the objective is described (in the executor) or warmed up (in the pool host, whose workers are its
-    forks), it must not touch a GPU: ``TrainingArguments`` calls ``torch.cuda.set_device("cuda:0")`` on a machine
-    with GPUs, and ``torch.cuda.is_available()`` initialises the driver; the process would then hold a context on
-    GPU 0 for the whole sweep, and its forks could not use CUDA. So the GPUs are hidden meanwhile, availability is
-    asked of NVML (no driver initialised), and Accelerate and Trainer take their CPU path. DeepSpeed, if imported
-    meanwhile, is told which accelerator the GPUs in sight would have made it pick (it keeps its first pick). A
-    launcher's variables (this process runs under ``torchrun``, say) are hidden too: Accelerate would start a
-    process group on seeing them."""
-    hidden = {"CUDA_VISIBLE_DEVICES": "", "PYTORCH_NVML_BASED_CUDA_CHECK": "1", "ACCELERATE_USE_CPU": "true"}
-    if torch.cuda._is_compiled() and "DS_ACCELERATOR" not in os.environ:
-        hidden["DS_ACCELERATOR"] = "cuda" if torch.cuda.device_count() else "cpu"
-    saved = {name: os.environ.get(name) for name in (*hidden, *_LAUNCHER_VARIABLES)}
-    for name in _LAUNCHER_VARIABLES:
-        os.environ.pop(name, None)
-    os.environ.update(hidden)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
-_LAUNCHER_VARIABLES = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-)
 
 
 @contextlib.contextmanager

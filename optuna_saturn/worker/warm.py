@@ -31,7 +31,8 @@ def prepare_process(config: dict) -> dict[str, Any]:
 
     from optuna_saturn.engines import _clipping
     from optuna_saturn.integrations import _guard as accelerate_guard
-    from optuna_saturn.profiler._probe import warm_up, without_gpus
+    from optuna_saturn.profiler._probe import warm_up
+    from optuna_saturn.profiler._without_gpus import without_gpus
     from optuna_saturn.worker.process_state import reset_library_state
 
     torch.set_num_threads(1)  # no thread pool before the forks: each worker sizes its own
