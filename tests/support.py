@@ -11,6 +11,8 @@ import optuna
 import psutil
 import pytest
 
+from optuna_saturn import SaturnExecutor
+
 
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() == "true"
@@ -59,3 +61,32 @@ def kill_a_worker_once(
     thread = threading.Thread(target=kill, daemon=True)
     thread.start()
     return thread
+
+
+def run_on(
+    objective: Callable,
+    strategy: str,
+    devices: int,
+    logs,
+    *,
+    params: dict | None = None,
+    n_trials: int = 1,
+    profile: bool = False,
+    pruner: optuna.pruners.BasePruner | None = None,
+) -> optuna.Study:
+    """``n_trials`` of ``objective`` under one strategy on ``devices`` devices (``params`` enqueued for each), each
+    launch in a loopback-only network namespace; the study."""
+    study = optuna.create_study(pruner=pruner)
+    for _ in range(n_trials if params is not None else 0):
+        study.enqueue_trial(params)
+    SaturnExecutor(
+        devices=devices,
+        strategies=[strategy],
+        isolate_network=True,
+        log_dir=logs,
+        grace_period=5,
+        profile=profile,
+        progress=None,
+        dashboard=False,
+    ).optimize(study, objective, n_trials=n_trials)
+    return study

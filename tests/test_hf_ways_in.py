@@ -8,7 +8,7 @@ import hf_objectives
 import optuna
 import pytest
 from optuna.trial import TrialState
-from support import assert_trains_like
+from support import assert_trains_like, run_on
 
 from optuna_saturn import SaturnExecutor
 
@@ -20,20 +20,7 @@ PARAMS = {"learning_rate": 3e-3}
 
 
 def _run(objective, strategy: str, devices: int, logs, *, profile: bool = False, pruner=None, n_trials: int = 1):
-    study = optuna.create_study(pruner=pruner)
-    for _ in range(n_trials):
-        study.enqueue_trial(PARAMS)
-    SaturnExecutor(
-        devices=devices,
-        strategies=[strategy],
-        isolate_network=True,
-        log_dir=logs,
-        grace_period=5,
-        profile=profile,
-        progress=None,
-        dashboard=False,
-    ).optimize(study, objective, n_trials=n_trials)
-    return study
+    return run_on(objective, strategy, devices, logs, params=PARAMS, n_trials=n_trials, profile=profile, pruner=pruner)
 
 
 @pytest.fixture(scope="module", params=["trainer_gpt2", "accelerate_gpt2"])

@@ -9,7 +9,7 @@ import lightning_objectives
 import optuna
 import pytest
 from optuna.trial import TrialState
-from support import assert_trains_like
+from support import assert_trains_like, run_on
 
 from optuna_saturn import SaturnExecutor
 
@@ -21,19 +21,7 @@ PARAMS = {"learning_rate": 3e-3}
 
 
 def _run(objective, strategy: str, devices: int, logs, *, pruner=None):
-    study = optuna.create_study(pruner=pruner)
-    study.enqueue_trial(PARAMS)
-    SaturnExecutor(
-        devices=devices,
-        strategies=[strategy],
-        isolate_network=True,
-        log_dir=logs,
-        grace_period=5,
-        profile=False,
-        progress=None,
-        dashboard=False,
-    ).optimize(study, objective, n_trials=1)
-    return study.trials[0]
+    return run_on(objective, strategy, devices, logs, params=PARAMS, pruner=pruner).trials[0]
 
 
 @pytest.fixture(scope="module")

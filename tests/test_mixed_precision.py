@@ -13,8 +13,7 @@ import lightning_objectives
 import optuna
 import pytest
 from optuna.trial import TrialState
-
-from optuna_saturn import SaturnExecutor
+from support import run_on
 
 pytestmark = pytest.mark.launch
 
@@ -33,26 +32,14 @@ WAYS = {
 
 
 def _run(objective, strategy: str, devices: int, logs, precision: str) -> optuna.trial.FrozenTrial:
-    study = optuna.create_study()
-    study.enqueue_trial({"learning_rate": 3e-3})
     saved = os.environ.get("SATURN_TEST_PRECISION")
     os.environ["SATURN_TEST_PRECISION"] = precision  # (read by the objectives, in the workers forked after this)
     try:
-        SaturnExecutor(
-            devices=devices,
-            strategies=[strategy],
-            isolate_network=True,
-            log_dir=logs,
-            grace_period=5,
-            profile=False,
-            progress=None,
-            dashboard=False,
-        ).optimize(study, objective, n_trials=1)
+        return run_on(objective, strategy, devices, logs, params={"learning_rate": 3e-3}).trials[0]
     finally:
         os.environ.pop("SATURN_TEST_PRECISION")
         if saved is not None:
             os.environ["SATURN_TEST_PRECISION"] = saved
-    return study.trials[0]
 
 
 @pytest.fixture(scope="module", params=list(WAYS))
