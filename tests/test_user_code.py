@@ -10,11 +10,10 @@ Each strategy runs all its cases in one launch.
 from __future__ import annotations
 
 import objectives
-import optuna
 import pytest
 from optuna.trial import TrialState
+from support import run_on
 
-from optuna_saturn import SaturnExecutor
 from optuna_saturn.strategy import load_strategies
 
 pytestmark = pytest.mark.launch
@@ -36,18 +35,7 @@ def matrix(tmp_path_factory):
     logs = tmp_path_factory.mktemp("user-code")
     results = {}
     for name, devices in RUNS:
-        study = optuna.create_study()
-        SaturnExecutor(
-            devices=devices,
-            strategies=[name],
-            isolate_network=True,
-            log_dir=logs,
-            grace_period=5,
-            profile=False,
-            progress=None,
-            dashboard=False,
-        ).optimize(study, objectives.user_code_matrix, n_trials=1)
-        trial = study.trials[0]
+        trial = run_on(objectives.user_code_matrix, name, devices, logs).trials[0]
         assert trial.state == TrialState.COMPLETE, (name, devices, trial.user_attrs.get("saturn:fail_reason"))
         assert trial.user_attrs["saturn:num_devices"] == devices
         results[f"{name}x{devices}"] = trial.user_attrs["results"]

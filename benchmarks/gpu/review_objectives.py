@@ -49,19 +49,20 @@ def warm_worker(trial) -> float:
     data = torch.utils.data.TensorDataset(torch.randn(1024, width))
     loader = torch.utils.data.DataLoader(data, batch_size=256, shuffle=True)
     model, optimizer, loader = trial.prepare(model, optimizer, loader)
-    batches = iter(loader)
+    batches = _endless(loader)
     loss = torch.zeros(())
     for _ in trial.steps(steps):
-        try:
-            (x,) = next(batches)
-        except StopIteration:
-            batches = iter(loader)
-            (x,) = next(batches)
+        (x,) = next(batches)
         optimizer.zero_grad()
         loss = model(x.to(trial.device)).pow(2).mean()
         trial.backward(loss)
         optimizer.step()
     return trial.reduce_mean(loss.detach())
+
+
+def _endless(loader):
+    while True:
+        yield from loader
 
 
 class _Rows(torch.utils.data.Dataset):
