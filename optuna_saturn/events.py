@@ -63,6 +63,9 @@ class SweepListener:
     def on_sweep_start(self, study: optuna.Study, devices: Sequence[str], started_at: float) -> None:
         """``started_at`` is the epoch time the sweep began (the origin of every other time)."""
 
+    def on_workers_ready(self, study: optuna.Study, now: float) -> None:
+        """Every device's worker is up (the first time): until then the sweep was starting them."""
+
     def on_plan(self, study: optuna.Study, plan: Plan, trial_numbers: Sequence[int], now: float) -> None:
         """A batch was planned; the plan's times are relative to ``now``."""
 
@@ -94,8 +97,11 @@ class Broadcast:
 
     def send(self, method: str, *args: object) -> None:
         for listener in list(self._listeners):
+            handler = getattr(listener, method, None)
+            if handler is None:  # (a listener written before this event existed, not a SweepListener)
+                continue
             try:
-                getattr(listener, method)(self._study, *args)
+                handler(self._study, *args)
             except Exception:
                 optuna.logging.get_logger("optuna.saturn").exception(
                     f"Listener {listener!r} failed in {method}; it is dropped, the sweep goes on."

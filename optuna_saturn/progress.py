@@ -63,12 +63,14 @@ class SweepTracker:
     started_at: float = field(default_factory=time.time)
     devices: tuple[str, ...] = ()
     trials: dict[int, TrialStatus] = field(default_factory=dict)
+    workers_ready_at: float | None = None  # seconds after the start; None while the workers start
 
     def now(self) -> float:
         return time.time() - self.started_at
 
     def sweep_start(self, devices: Sequence[str], started_at: float) -> None:
         self.started_at, self.devices, self.trials = started_at, tuple(devices), {}
+        self.workers_ready_at = None
 
     def plan(self, plan: Plan, now: float) -> None:
         for a in plan.assignments:
@@ -166,7 +168,14 @@ class PlainProgress(SweepListener):
 
     def on_sweep_start(self, study: optuna.Study, devices: Sequence[str], started_at: float) -> None:
         self.tracker.sweep_start(devices, started_at)
-        self._write(f"sweep of study {study.study_name!r} started on {len(devices)} device(s): {', '.join(devices)}")
+        self._write(
+            f"sweep of study {study.study_name!r} started on {len(devices)} device(s): {', '.join(devices)}; "
+            "starting a worker on each (the objective's imports run once first)"
+        )
+
+    def on_workers_ready(self, study: optuna.Study, now: float) -> None:
+        self.tracker.workers_ready_at = now
+        self._write(f"workers ready on {len(self.tracker.devices)} device(s) after {now:.1f} s")
 
     def on_plan(self, study: optuna.Study, plan: Plan, trial_numbers: Sequence[int], now: float) -> None:
         self.tracker.plan(plan, now)
@@ -289,6 +298,10 @@ class RichProgress(SweepListener):
             self._live.stop()
             self._live = None
 
+    def on_workers_ready(self, study: optuna.Study, now: float) -> None:
+        with self._lock:
+            self.tracker.workers_ready_at = now
+
     def render(self) -> object:
         """The table as it is now (rich renderable); called by rich's refresh thread."""
         from rich.table import Table
@@ -329,9 +342,12 @@ class RichProgress(SweepListener):
             )
         hidden = len(statuses) - len(shown)
         summary = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+        starting = self.tracker.workers_ready_at is None
         table.caption = (
-            f"elapsed {format_duration(now)} | sweep ETA {format_duration(sweep_left)} "
-            f"(trials planned so far) | {summary}" + (f" | {hidden} older rows hidden" if hidden else "")
+            f"elapsed {format_duration(now)} | "
+            + ("starting the workers | " if starting else "")
+            + f"sweep ETA {format_duration(sweep_left)} (trials planned so far) | {summary}"
+            + (f" | {hidden} older rows hidden" if hidden else "")
         )
         table.caption_justify = "left"
         return table

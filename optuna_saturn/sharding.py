@@ -216,6 +216,16 @@ def mean_over_ranks(value: float | torch.Tensor, weight: float | None, *, group:
     return float(sums[0] / sums[1])
 
 
+def max_over_ranks(value: float, *, group: Any, world_size: int) -> float:
+    """The largest of a number over all ranks: for a decision every rank must take alike (a rank that decides on
+    its own number alone would leave the others waiting in a different collective)."""
+    if world_size == 1:
+        return value
+    largest = torch.tensor(float(value), dtype=torch.float64)
+    dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=group)
+    return float(largest)
+
+
 def gather_rows(tensor: torch.Tensor, rows: RankRows | None, *, group: Any, world_size: int) -> torch.Tensor:
     """``trial.gather_for_metrics``: this rank's per-row values of its last batch, gathered into the whole batch."""
     if world_size == 1 or rows is None:

@@ -245,3 +245,27 @@ def slow_first_steps(trial) -> float:
     for step in trial.steps(40):
         time.sleep(0.06 if step < 4 else 0.01)
     return 0.0
+
+
+def slow_first_steps_on_rank_1(trial) -> float:
+    """Trains for real, and only rank 1's last timed step (of the default 2 warm-up and 5 timed) is slow, after
+    its all-reduce, so rank 0 waits for it in the next step, untimed: rank 1's timings say "time again", rank
+    0's do not. Whether to time the steps again is one decision for every rank, or rank 0 leaves the loop while
+    rank 1's next step waits in DDP's all-reduce."""
+    import time
+
+    from objectives import Blocks
+
+    trial.suggest_float("x", 0.0, 1.0)
+    model = Blocks()
+    loader = torch.utils.data.DataLoader(regression_data(64), batch_size=8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer, loader = trial.prepare(model, optimizer, loader)
+    x, y = next(iter(loader))
+    for step in trial.steps(40):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        trial.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        time.sleep(0.5 if step == 6 and trial.rank == 1 else 0.05)
+    return trial.reduce_mean(loss.item())

@@ -507,3 +507,17 @@ def test_unsettled_timed_steps_are_timed_again_and_their_spread_kept(saturn_opti
     (record,) = [r for r in ProfileStore(saturn_options["profile_store"]).records() if r.strategy == "single"]
     assert record.timed_steps == 5 and record.step_spread is not None and record.step_spread < 1.2
     assert record.step_seconds < 0.03  # the settled steps, not the slow first ones
+
+
+@pytest.mark.launch
+def test_every_rank_times_its_steps_again_when_one_ranks_spread_is_unsettled(saturn_options):
+    """Rank 1's first timed steps are slow, rank 0's are not: both time their steps again, so the DDP profile
+    completes (a rank deciding alone left the other in a different collective: a CI run's ddpx2 profiles failed
+    with gloo's "collective mismatch")."""
+    from optuna_saturn.profiler import ProfileStore
+
+    SaturnExecutor(devices=2, strategies=["ddp"], **saturn_options).profile(
+        gpu_objectives.slow_first_steps_on_rank_1, n_trials=1
+    )
+    (record,) = ProfileStore(saturn_options["profile_store"]).records()
+    assert record.feasible and record.timed_steps == 5

@@ -241,3 +241,31 @@ def test_a_trial_left_alone_moves_to_the_devices_its_pruned_neighbours_freed_at_
     first, then = sorted(runs(result)["long"], key=lambda a: a.start)
     assert (first.option.devices, first.end) == (1, pytest.approx(20.0))  # asked at 10 s, stops at step 20
     assert then.option.devices == 4 and then.end == pytest.approx(20.0 + 0.8 * 30.0)
+
+
+def test_listeners_hear_when_the_workers_are_ready_and_the_plain_view_says_so_at_once():
+    """Starting the workers takes seconds on a real machine (the objective's imports, CUDA): the plain view says
+    at its first line that they are starting, and when all are ready (a trial starts on the first ready one)."""
+    import io
+
+    from optuna_saturn.progress import PlainProgress
+
+    class Ready(SweepListener):
+        def __init__(self) -> None:
+            self.at: list[float] = []
+
+        def on_workers_ready(self, study, now) -> None:
+            self.at.append(now)
+
+    out = io.StringIO()
+    heard = Ready()
+    run_simulation(
+        [single("a", 5.0), single("b", 5.0)],
+        Cluster([2]),
+        workers_ready=[2.0, 3.0],
+        listeners=[heard, PlainProgress(stream=out)],
+    )
+    assert heard.at == [3.0]
+    lines = out.getvalue().splitlines()
+    assert "starting a worker on each" in lines[0]
+    assert any("workers ready on 2 device(s) after 3.0 s" in line for line in lines)

@@ -195,20 +195,6 @@ def c2() -> bool:
     import optuna
     import review_objectives
 
-    samples: list[dict] = []
-
-    def sample(study: optuna.Study, frozen: optuna.trial.FrozenTrial) -> None:
-        pid = frozen.user_attrs.get("entry", {}).get("pid")
-        status = Path(f"/proc/{pid}/status").read_text() if pid and Path(f"/proc/{pid}").exists() else ""
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        samples.append(
-            {
-                "used_mib": used_mib(),
-                "threads": int(fields.get("Threads", "0").strip() or 0),
-                "fds": len(os.listdir(f"/proc/{pid}/fd")) if pid and Path(f"/proc/{pid}").exists() else 0,
-            }
-        )
-
     ok = True
     n = 20 if not DRY else 4
     if DRY:
@@ -216,15 +202,14 @@ def c2() -> bool:
     study = optuna.create_study()
     for _ in range(n):
         study.enqueue_trial({"lr": 3e-4})
-    executor(strategies=["single", "single-ckpt"]).optimize(
-        study, review_objectives.warm_worker, n_trials=n, callbacks=[sample]
-    )
+    executor(strategies=["single", "single-ckpt"]).optimize(study, review_objectives.warm_worker, n_trials=n)
     entries = [t.user_attrs.get("entry", {}) for t in study.trials]
+    samples = [{k: e.get(k) for k in ("used_mib", "os_threads", "fds")} for e in entries]  # (as each trial began)
     complete = all(t.state.name == "COMPLETE" for t in study.trials)
     pids = {e.get("pid") for e in entries}
     leftover = [e.get("alloc0", -1) for e in entries[1:]] + [e.get("reserved0", -1) for e in entries[1:]]
     bound = {(e.get("current_device"), e.get("local_rank_env")) for e in entries}
-    flat = samples[2]["threads"] == samples[-1]["threads"] and abs(samples[2]["fds"] - samples[-1]["fds"]) <= 2
+    flat = samples[2]["os_threads"] == samples[-1]["os_threads"] and abs(samples[2]["fds"] - samples[-1]["fds"]) <= 2
     memory = (
         samples[-1]["used_mib"] - samples[2]["used_mib"] if samples and samples[-1]["used_mib"] is not None else None
     )

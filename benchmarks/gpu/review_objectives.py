@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import torch
 
@@ -25,8 +26,20 @@ def _entry_facts(trial) -> None:
             "threads": torch.get_num_threads(),
             "cores": len(os.sched_getaffinity(0)),
             "pid": os.getpid(),
+            # the worker's own state as each trial starts (the executor may start the next trial before it calls
+            # the last one's callbacks, so a callback would see a trial running)
+            "os_threads": int(_status().get("Threads", "0").strip() or 0),
+            "fds": len(os.listdir("/proc/self/fd")),
+            "used_mib": (lambda free, total: (total - free) / 2**20)(*torch.cuda.mem_get_info(trial.device))
+            if cuda
+            else None,
         },
     )
+
+
+def _status() -> dict[str, str]:
+    text = Path("/proc/self/status").read_text()
+    return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
 
 
 def _mlp(width: int, depth: int) -> torch.nn.Module:

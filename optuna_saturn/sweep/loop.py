@@ -125,10 +125,16 @@ class Sweep:
         idle = (
             not (state.waiting or state.running) and self._admission.may_ask()
         )  # (the first trial: the pool starts meanwhile)
-        self._ended(self._pool.wait(0.0 if idle else 0.05 if state.waiting and not state.running else 0.25))
+        ended = state.ended(
+            self._pool.wait(0.0 if idle else 0.05 if state.waiting and not state.running else 0.25), self._now()
+        )
+        if dispatch.before_telling(ended):
+            for start in dispatch.starts(state, self._pool.ready(), self._view, self._now()):
+                do.start(start, self._now())
+        self._ended(ended)
         ready = self._pool.ready()
-        for device in ready:
-            state.ready_at.setdefault(device, self._now())
+        if state.note_ready(ready, self._now()):  # (every worker is up, for the first time)
+            do.events.send("on_workers_ready", self._now())
         self._nodes()
         for start in dispatch.starts(state, ready, self._view, self._now()):
             do.start(start, self._now())
@@ -176,12 +182,9 @@ class Sweep:
         self._planning_seconds += self._clock.now() - began
 
     # -- ends -------------------------------------------------------------------------------------------------------
-    def _ended(self, ends: Sequence[JobEnd]) -> None:
+    def _ended(self, ended: Sequence[tuple[TrialRun | ProfileRun, JobEnd]]) -> None:
         taught: int | bool | None = False  # the trial whose run taught the pricing (None: a profiling job)
-        for end in ends:
-            run = self._state.ended(end.key, self._now())
-            if run is None:
-                continue
+        for run, end in ended:
             self._elastic.job_ended()
             if isinstance(run, ProfileRun):
                 self._do.profile_ended(run, end, self._now())

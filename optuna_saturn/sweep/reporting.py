@@ -19,7 +19,12 @@ _LOG_TAIL_LINES = 20
 
 
 def started(number: int, option: Option, devices: Sequence[Device], priced: PricedOption | None, log: Path) -> str:
-    measured = "" if priced is None or priced.measured else " (not measured yet: its first steps are its profile)"
+    measured = (
+        ""
+        if priced is None or priced.measured
+        else f" ({option_label(option.strategy, option.devices, option.gradient_accumulation)} was never measured "
+        "for this model: the trial's first steps are its profile)"
+    )
     accumulation = option.gradient_accumulation
     micro = f", {accumulation} micro-batches per step" if accumulation > 1 else ""
     return f"Trial {number} started: {option.strategy} on {', '.join(map(str, devices))}{micro}{measured} (log: {log})"

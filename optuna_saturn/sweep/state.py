@@ -15,6 +15,7 @@ import optuna
 from optuna_saturn import checkpoint
 from optuna_saturn.devices import Device
 from optuna_saturn.planner import Assignment, Cluster
+from optuna_saturn.pools.protocol import JobEnd
 from optuna_saturn.pricing.prices import ProfileJob, TrialPrice
 from optuna_saturn.study.queue import QueuedTrial
 from optuna_saturn.study.trial_session import TrialSession
@@ -141,13 +142,24 @@ class SweepState:
             self.waiting.pop(run.number, None)
         self.running[run.key] = run
 
-    def ended(self, key: str, now: float) -> TrialRun | ProfileRun | None:
-        run = self.running.pop(key, None)
-        if run is not None:
-            for d in run.devices:
-                self.free_since[d] = now
-            self.plan_dirty = True
-        return run
+    def ended(self, ends: Sequence[JobEnd], now: float) -> list[tuple[TrialRun | ProfileRun, JobEnd]]:
+        """The runs that ``ends`` ended (others' ends are not this sweep's), their devices free from ``now``."""
+        ended = []
+        for end in ends:
+            run = self.running.pop(end.key, None)
+            if run is not None:
+                for d in run.devices:
+                    self.free_since[d] = now
+                self.plan_dirty = True
+                ended.append((run, end))
+        return ended
+
+    def note_ready(self, ready: set[int], now: float) -> bool:
+        """When each device's worker was first ready; True once every device's is, the first time."""
+        before = len(self.ready_at)
+        for device in ready:
+            self.ready_at.setdefault(device, now)
+        return before < len(self.devices) <= len(self.ready_at)
 
     def nodes_changed(self, devices: Sequence[Device], lost: set[int], now: float) -> bool:
         """The devices (a node joined) or the lost ones (a node died) changed; False if no device is left."""

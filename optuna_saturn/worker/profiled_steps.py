@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader
 
-from optuna_saturn.sharding import LoaderView
+from optuna_saturn.sharding import LoaderView, max_over_ranks
 
 if TYPE_CHECKING:
     from optuna_saturn.trial import SaturnTrial
@@ -100,7 +100,7 @@ def profiled_steps(trial: SaturnTrial, total: int) -> Iterator[int]:
         if step >= warmup:
             durations.append(time.perf_counter() - began)
         step += 1
-        if step == budget == warmup + timed and _spread(durations) > RETIME_SPREAD and total > budget:
+        if step == budget == warmup + timed and total > budget and _spread_over_ranks(trial, durations) > RETIME_SPREAD:
             budget, durations = min(total, warmup + 2 * timed), []
     ended = time.time()
     trial.profile_timings = StepTimings(first_step_at, durations, ended, [total], None, ended)
@@ -108,6 +108,12 @@ def profiled_steps(trial: SaturnTrial, total: int) -> Iterator[int]:
 
 #: Timed steps whose slowest is more than this times their fastest are timed again (once).
 RETIME_SPREAD = 1.2
+
+
+def _spread_over_ranks(trial: SaturnTrial, durations: list[float]) -> float:
+    """The largest spread of any rank's timed steps: every rank re-times, or none does (one rank alone in its
+    next step's gradient all-reduce while the others have left the loop is a collective mismatch)."""
+    return max_over_ranks(_spread(durations), group=trial._group, world_size=trial.world_size)
 
 
 def _spread(durations: list[float]) -> float:
