@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+from html import unescape
 from pathlib import Path
 
 import yaml
@@ -57,7 +58,9 @@ def test_every_page_is_in_the_nav_and_every_nav_entry_is_a_page():
     assert config.get("docs_dir", "docs") == "docs"
     nav = _nav_pages(config["nav"])
     assert len(nav) == len(set(nav)), f"a page is in the nav twice: {sorted(nav)}"
-    pages = {p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")}
+    pages = {
+        p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md") if not p.relative_to(DOCS).parts[0].startswith("_")
+    }
     assert not sorted(set(nav) - pages), f"nav entries without a page in docs/: {sorted(set(nav) - pages)}"
     assert not sorted(pages - set(nav)), f"pages in docs/ missing from mkdocs.yml's nav: {sorted(pages - set(nav))}"
 
@@ -108,3 +111,41 @@ def test_the_site_builds_strictly(tmp_path):
     pages = "".join(p.read_text(encoding="utf-8") for p in (tmp_path / "site").rglob("*.html"))
     assert not re.findall(r":(?:mod|class|func|meth|data|attr|exc):<code>", pages)
     assert "<code>SweepListener</code>" in api
+    _pages_show_what_they_promise(tmp_path / "site")
+
+
+#: Each "Ways in" page shows its example file whole (included from examples/, so the two cannot differ).
+WAYS_IN_EXAMPLES = {
+    "plain-loop": "gpt2_sweep.py",
+    "trainer": "hf_trainer_sweep.py",
+    "accelerate": "accelerate_sweep.py",
+    "lightning": "lightning_sweep.py",
+}
+
+
+def _pages_show_what_they_promise(site: Path) -> None:
+    """Included examples really render (a formatter once turned each include marker into an expression, and the
+    pages showed that one line), and no page shows markup of another format as text: an include marker, a
+    Sphinx role, or a reST literal marker (a paragraph ending in "::")."""
+    for page, example in WAYS_IN_EXAMPLES.items():
+        html = (site / "ways-in" / page / "index.html").read_text(encoding="utf-8")
+        source = (ROOT / "examples" / example).read_text(encoding="utf-8")
+        assert "def objective" in source
+        text = unescape(re.sub(r"<[^>]+>", "", html))  # (highlighted code is split into spans)
+        assert "def objective(" in text, f"the {page} page does not show examples/{example}"
+        assert source.splitlines()[-1].strip() in text, f"the {page} page shows only part of examples/{example}"
+    for path in site.rglob("*.html"):
+        text = unescape(re.sub(r"<[^>]+>", "", path.read_text(encoding="utf-8")))
+        where = path.relative_to(site).as_posix()
+        assert not re.search(r"--8\s*<\s*--", text), f"{where} shows an include marker instead of the file"
+        assert not re.search(r":(?:mod|class|func|meth|data|attr|exc|obj|ref):`", text), f"{where}: a Sphinx role"
+        assert not re.search(r"\w::\s*$", text, re.MULTILINE), f"{where}: a reST '::' marker shown as text"
+
+
+def test_the_command_lines_page_names_every_solver():
+    from optuna_saturn.planner import SOLVERS
+
+    text = (DOCS / "cli.md").read_text(encoding="utf-8")
+    solver_line = text[text.index("- `--solver`") :].split("\n- ", 1)[0]
+    missing = [name for name in SOLVERS if f"`{name}`" not in solver_line]
+    assert not missing, f"docs/cli.md's --solver does not name {missing}"

@@ -50,3 +50,17 @@ def test_the_wheel_holds_every_module_and_template(tmp_path):
     missing = sorted((modules | templates) - inside)
     assert not missing, f"not in the wheel (add the package to [tool.setuptools] in pyproject.toml): {missing}"
     assert any(name.endswith("entry_points.txt") for name in inside)  # the optuna-saturn command
+
+
+def test_ci_installs_and_tests_with_the_readmes_own_commands():
+    """The README's first lines are what a new user copies: CI runs exactly them (``-q`` aside), so a command
+    that stops working on a fresh machine fails CI, not the user."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = readme.split("```bash\n", 1)[1].split("```", 1)[0]
+    install, main_job, tests = (line.split("  #", 1)[0].strip() for line in block.strip().splitlines())
+    assert main_job == "python examples/gpt2_sweep.py"
+    assert "-e" not in install.split() and "[dev]" not in install, "the first install is a user's, not editable"
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").replace(" -q ", " ")
+    assert install in ci, f".ci/run does not run the README's install: {install}"
+    for command in tests.split(" && "):
+        assert command in ci, f".ci/run does not run the README's test line's {command!r}"
