@@ -156,7 +156,7 @@ def main(
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n-trials", type=int, default=8)
     parser.add_argument("--storage", default=storage)
-    parser.add_argument("--study-name", default=study_name)
+    parser.add_argument("--study", "--study-name", dest="study_name", default=study_name)
     parser.add_argument("--devices", default="auto", help="'auto', 'cpu', or a number of devices")
     parser.add_argument("--strategies", default="single,ddp", help="comma-separated strategy names")
     parser.add_argument("--isolate-network", action="store_true", help="each trial in a loopback-only namespace")

@@ -323,3 +323,28 @@ def test_study_without_saturn_trials(tmp_path: Path) -> None:
     optuna.create_study(storage=storage, study_name="plain").optimize(lambda t: t.suggest_float("x", 0, 1), 2)
     message = error_of(invoke("plan", "--storage", storage, "--devices", "2"))  # the only study is picked
     assert "saturn:options" in message and "optuna-saturn run" in message
+
+
+def test_help_and_version_start_without_torch() -> None:
+    """``optuna-saturn --help`` answered in 4-7 s when the command line imported torch: it, and the package's
+    own import, load neither torch nor DeepSpeed (0.3-0.4 s here)."""
+    probe = (
+        "import sys\n"
+        "import optuna_saturn, optuna_saturn.cli\n"
+        "from typer.testing import CliRunner\n"
+        "for args in (['--help'], ['run', '--help'], ['--version']):\n"
+        "    result = CliRunner().invoke(optuna_saturn.cli.app, args)\n"
+        "    assert result.exit_code == 0, result.output\n"
+        "heavy = sorted(m for m in ('torch', 'deepspeed', 'transformers', 'lightning') if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+        "print(result.output)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith("optuna-saturn 0.1.0 (optuna ")
+
+
+def test_every_command_shows_examples_in_its_help() -> None:
+    for command in ("run", "profile", "plan", "simulate", "report"):
+        output = invoke(command, "--help").output
+        assert f"Examples:\n    optuna-saturn {command} " in output, output

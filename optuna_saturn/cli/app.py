@@ -18,8 +18,6 @@ INTERRUPTED = 130
 
 app = typer.Typer(
     name="optuna-saturn",
-    help="Run Optuna sweeps of large models on a pool of devices, choosing each trial's parallelism strategy, "
-    "device count and start jointly; then see, re-plan and simulate them.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -38,7 +36,10 @@ StorageOption = Annotated[
     ),
 ]
 StudyOption = Annotated[
-    str | None, typer.Option("--study", help="Study name. May be left out when the storage holds exactly one study.")
+    str | None,
+    typer.Option(
+        "--study", "--study-name", help="Study name. May be left out when the storage holds exactly one study."
+    ),
 ]
 SolverOption = Annotated[str, typer.Option("--solver", help=f"Planner backend: {', '.join(SOLVERS)}.")]
 DevicesOption = Annotated[
@@ -103,6 +104,53 @@ RuntimesOption = Annotated[
         "'estimated': the estimates the sweep planned with.",
     ),
 ]
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        from optuna_saturn import __version__
+
+        def installed(name: str) -> str:
+            try:
+                return version(name)
+            except PackageNotFoundError:
+                return "not installed"
+
+        typer.echo(
+            f"optuna-saturn {__version__} (optuna {installed('optuna')}, torch {installed('torch')}, "
+            f"deepspeed {installed('deepspeed')}, lightning {installed('lightning')})"
+        )
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print the versions of optuna-saturn, Optuna, torch, DeepSpeed and Lightning, and exit.",
+        ),
+    ] = False,
+) -> None:
+    """Run Optuna sweeps of large models on a pool of devices, choosing each trial's parallelism strategy, device
+    count and start jointly; then see, re-plan and simulate them.
+
+    \b
+    Start with:
+      optuna-saturn run examples/gpt2_sweep.py:objective \\
+          --storage sqlite:///sweep.sqlite3 --study gpt2 --n-trials 4
+      optuna-saturn COMMAND --help
+    """
+
+
+def examples(*lines: str) -> str:
+    """A command's epilog: its examples, kept as written (``\\b`` stops Click from re-wrapping them)."""
+    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
 
 
 def fail(message: str) -> NoReturn:

@@ -15,6 +15,7 @@ from optuna_saturn.cli.app import (
     StudyOption,
     app,
     console,
+    examples,
     fail,
     gap,
     ints,
@@ -23,7 +24,12 @@ from optuna_saturn.cli.app import (
 from optuna_saturn.study.urls import without_password
 
 
-@app.command()
+@app.command(
+    epilog=examples(
+        "optuna-saturn plan --storage sqlite:///s.db --study demo --devices 8",
+        "optuna-saturn plan --storage sqlite:///s.db --nodes 8,8 --solver highs",
+    )
+)
 def plan(
     storage: StorageOption,
     study: StudyOption = None,
@@ -81,7 +87,12 @@ def plan(
     )
 
 
-@app.command()
+@app.command(
+    epilog=examples(
+        "optuna-saturn simulate --storage sqlite:///s.db --study demo",
+        "optuna-saturn simulate --storage sqlite:///s.db --study demo --devices 2,4,8",
+    )
+)
 def simulate(
     storage: StorageOption,
     study: StudyOption = None,
@@ -215,7 +226,12 @@ def _versus(recorded: float | None, simulated: float, same: bool) -> str:
     return f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
 
 
-@app.command()
+@app.command(
+    epilog=examples(
+        "optuna-saturn report --storage sqlite:///s.db --study demo",
+        "optuna-saturn report --storage sqlite:///s.db --study demo --out report",
+    )
+)
 def report(
     storage: StorageOption,
     study: StudyOption = None,

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,16 +22,30 @@ from optuna_saturn.cli.app import (
     StrategyFolderOption,
     app,
     console,
+    examples,
     fail,
     ints,
     open_storage,
     split,
 )
+from optuna_saturn.cli.loading import load_objective
+from optuna_saturn.cli.study_options import make_pruner, make_sampler
 from optuna_saturn.progress import PROGRESS_MODES, RichProgress, make_progress
 from optuna_saturn.study.urls import without_password
 
 
-@app.command()
+@app.command(
+    epilog=examples(
+        "optuna-saturn run train.py:objective --storage sqlite:///s.db \\",
+        "    --study demo --n-trials 20",
+        "optuna-saturn run train.py:objective --storage sqlite:///s.db \\",
+        "    --study demo --n-trials 20 --sampler TPESampler \\",
+        "    --sampler-args '{\"multivariate\": true}' --seed 0 --pruner MedianPruner",
+        "optuna-saturn run mypackage.train:objective --devices 0,1,2,3 \\",
+        "    --storage postgresql://user@host/db --strategies single,ddp,fsdp \\",
+        "    --timeout 3600",
+    )
+)
 def run(
     objective: Annotated[
         str,
@@ -47,10 +57,50 @@ def run(
     ],
     storage: StorageOption,
     study: Annotated[
-        str, typer.Option("--study", help="Study name; created when missing, continued otherwise.")
+        str, typer.Option("--study", "--study-name", help="Study name; created when missing, continued otherwise.")
     ] = "saturn",
     n_trials: Annotated[
-        int | None, typer.Option("--n-trials", min=0, help="Trials to add (counts new trials, like study.optimize).")
+        int | None,
+        typer.Option(
+            "--n-trials",
+            min=0,
+            help="Trials to add (counts new trials, like study.optimize). Without it, and without --timeout, "
+            "the sweep runs until Ctrl-C or study.stop().",
+        ),
+    ] = None,
+    sampler: Annotated[
+        str | None,
+        typer.Option(
+            "--sampler",
+            help="The study's sampler: a class of optuna.samplers (TPESampler, RandomSampler, GridSampler, ...), "
+            "a dotted path (optuna_integration.BoTorchSampler), or your own, path/to/file.py:ClassOrFunction. "
+            "Default: Optuna's (TPE).",
+            show_default=False,
+        ),
+    ] = None,
+    sampler_args: Annotated[
+        str | None,
+        typer.Option(
+            "--sampler-args", help="The sampler's keyword arguments as a JSON object, e.g. '{\"n_startup_trials\": 5}'."
+        ),
+    ] = None,
+    pruner: Annotated[
+        str | None,
+        typer.Option(
+            "--pruner",
+            help="The study's pruner: a class of optuna.pruners (MedianPruner, HyperbandPruner, ...), a dotted "
+            "path, path/to/file.py:ClassOrFunction, or none. Default: Optuna's (MedianPruner).",
+            show_default=False,
+        ),
+    ] = None,
+    pruner_args: Annotated[
+        str | None,
+        typer.Option(
+            "--pruner-args", help="The pruner's keyword arguments as a JSON object, e.g. '{\"n_warmup_steps\": 10}'."
+        ),
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option("--seed", help="The sampler's seed (its seed argument; TPE's when no --sampler).")
     ] = None,
     devices: DevicesOption = "auto",
     strategies: StrategiesOption = None,
@@ -118,6 +168,7 @@ def run(
     ray_address: RayAddressOption = None,
 ) -> None:
     """Run a sweep: add --n-trials trials to the study, each planned and launched on the device pool."""
+    the_sampler, the_pruner = make_sampler(sampler, sampler_args, seed), make_pruner(pruner, pruner_args)
     if progress not in PROGRESS_MODES:
         fail(f"--progress must be one of {', '.join(PROGRESS_MODES)}, got {progress!r}.")
     if direction not in ("minimize", "maximize"):
@@ -152,8 +203,15 @@ def run(
         optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         the_study = optuna.create_study(
-            storage=open_storage(storage), study_name=study, direction=direction, load_if_exists=True
+            storage=open_storage(storage),
+            study_name=study,
+            direction=direction,
+            load_if_exists=True,
+            sampler=the_sampler,
+            pruner=the_pruner,
         )
+        if n_trials is None and timeout is None and mode != "quiet":
+            typer.echo("No --n-trials or --timeout: trials are added until Ctrl-C or study.stop().", err=True)
         executor.optimize(the_study, function, n_trials=n_trials, timeout=timeout, batch_size=batch_size)
     except KeyboardInterrupt:
         typer.echo("Interrupted: running trials were stopped and recorded as FAIL.", err=True)
@@ -174,8 +232,8 @@ def _dashboard_publisher(requested: bool | None) -> Any:
     except ImportError as exc:
         if requested:
             fail(
-                f"--dashboard needs optuna-dashboard and plotly ({exc}): pip install 'optuna-saturn[dashboard]', "
-                "or pass --no-dashboard."
+                f"--dashboard needs optuna-dashboard and plotly ({exc}): pip install optuna-dashboard plotly "
+                "kaleido (the dashboard extra), or pass --no-dashboard."
             )
         return None
 
@@ -198,7 +256,12 @@ def _print_outcome(study: optuna.Study, storage: str) -> None:
     )
 
 
-@app.command()
+@app.command(
+    epilog=examples(
+        "optuna-saturn profile train.py:objective --n-trials 4 --devices 2",
+        "optuna-saturn profile train.py:objective --strategies single,ddp,zero2",
+    )
+)
 def profile(
     objective: Annotated[
         str,
@@ -298,64 +361,6 @@ def _executor(
 
 def _short(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
-
-
-def load_objective(spec: str) -> Callable[..., Any]:
-    """``path/to/file.py:function`` or ``package.module:function``, importable again by worker processes.
-
-    A file is imported under its own module name with its folder put first on ``sys.path``; the executor passes
-    ``sys.path`` to the workers, so they import the same module by name. Its ``__main__`` block does not run.
-    """
-    target, sep, name = spec.rpartition(":")
-    if not sep or not target or not name:
-        fail(f"Cannot read the objective {spec!r}: give it as path/to/file.py:function or module:function.")
-    if target.endswith(".py") or os.sep in target or "/" in target:
-        path = Path(target).expanduser().resolve()
-        if not path.is_file():
-            fail(f"Objective file {target!r} does not exist (looked for {path}).")
-        module_name = path.stem
-        if not module_name.isidentifier():
-            fail(
-                f"Objective file {path.name!r} cannot be imported by workers: rename it to a valid Python module "
-                "name (letters, digits, underscores)."
-            )
-        sys.path.insert(0, str(path.parent))
-        module = _import(module_name, spec)
-        loaded_from = Path(getattr(module, "__file__", "") or "").resolve()
-        if loaded_from != path:
-            fail(
-                f"The module name {module_name!r} of {str(path)!r} is taken by {str(loaded_from)!r}; rename "
-                "your file so that workers import the right one."
-            )
-    else:
-        if os.getcwd() not in sys.path:  # like `python -m`: modules in the current folder are found
-            sys.path.insert(0, os.getcwd())
-        module = _import(target, spec)
-    function = module
-    for part in name.split("."):
-        function = getattr(function, part, None)
-        if function is None:
-            found = sorted(
-                k
-                for k, v in vars(module).items()
-                if callable(v) and getattr(v, "__module__", "") == module.__name__ and not k.startswith("_")
-            )
-            fail(f"No function {name!r} in {target!r}. Functions defined there: {', '.join(found) or 'none'}.")
-    if not callable(function):
-        fail(f"{spec!r} is not a function but a {type(function).__name__}.")
-    return function  # type: ignore[return-value]
-
-
-def _import(module_name: str, spec: str) -> Any:
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name == module_name:
-            fail(
-                f"Cannot import module {module_name!r} for {spec!r}: run from the folder that contains it, put it on "
-                "PYTHONPATH, or give the objective as path/to/file.py:function."
-            )
-        raise
 
 
 def parse_devices(text: str) -> Any:
