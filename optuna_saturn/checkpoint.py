@@ -109,10 +109,12 @@ def save(
     *,
     group: Any,
     loaders: list[Any] = (),
+    extra: dict[str, Any] | None = None,
 ) -> CheckpointRecord:
     """Save the training state at ``step`` in ``folder`` (collective: every rank calls it), with ``loaders``
-    (where each prepared loader's pass stands, :mod:`optuna_saturn.worker.loader_positions`). Returns the record,
-    on every rank; older checkpoints of the trial are removed once this one is complete."""
+    (where each prepared loader's pass stands, :mod:`optuna_saturn.worker.loader_positions`) and ``extra`` (a
+    framework's own loop state, rank 0's, kept as JSON: Lightning's loops and callbacks). Returns the record, on
+    every rank; older checkpoints of the trial are removed once this one is complete."""
     context = engine.context
     fmt = engine.checkpoint_format
     final = folder / f"step-{step}"
@@ -120,7 +122,7 @@ def save(
     if context.rank == 0:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
-    trainer = _trainer_state(step, scheduler, list(loaders), context.world_size, group)
+    trainer = _trainer_state(step, scheduler, list(loaders), context.world_size, group, extra)
     _barrier(context.world_size, group)  # the folder exists for every rank
     if fmt == DEEPSPEED:
         model.save_checkpoint(str(partial), tag=_TAG, client_state={"saturn": trainer})
@@ -204,9 +206,9 @@ def _fsync(path: Path, flags: int) -> None:
 
 def load(
     engine: Any, record: CheckpointRecord, model: torch.nn.Module, optimizer: Any, scheduler: Any, *, group: Any
-) -> tuple[int, list[Any]]:
+) -> tuple[int, list[Any], dict[str, Any] | None]:
     """Load ``record`` into the prepared model, optimizer and scheduler, and the random generators; returns its
-    step and the loaders' positions it saved. Collective."""
+    step, the loaders' positions and the ``extra`` state it saved. Collective."""
     if record.format == DEEPSPEED:
         trainer = _load_deepspeed(engine, record, model, optimizer, group)
     else:
@@ -226,7 +228,7 @@ def load(
     if scheduler is not None and saved["scheduler"] is not None:
         scheduler.load_state_dict(saved["scheduler"])
     restore(saved["random"])
-    return int(saved["step"]), list(saved.get("loaders", []))
+    return int(saved["step"]), list(saved.get("loaders", [])), saved.get("extra")
 
 
 def _load_deepspeed(engine: Any, record: CheckpointRecord, model: Any, optimizer: Any, group: Any) -> bytes:
@@ -291,7 +293,9 @@ def _dcp_group(group: Any) -> Any:
     return group if dist.is_available() and dist.is_initialized() else None
 
 
-def _trainer_state(step: int, scheduler: Any, loaders: list[Any], world_size: int, group: Any) -> bytes:
+def _trainer_state(
+    step: int, scheduler: Any, loaders: list[Any], world_size: int, group: Any, extra: dict[str, Any] | None = None
+) -> bytes:
     """The step, the scheduler, rank 0's random generators and its loaders' positions, as one blob that every
     rank holds alike (the checkpoint keeps one copy of what is not a tensor)."""
     blob: list[Any] = [None]
@@ -303,6 +307,7 @@ def _trainer_state(step: int, scheduler: Any, loaders: list[Any], world_size: in
                     "scheduler": None if scheduler is None else scheduler.state_dict(),
                     "random": capture(cuda=True),
                     "loaders": loaders,
+                    "extra": extra,
                 }
             )
         ]

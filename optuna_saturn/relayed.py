@@ -8,25 +8,47 @@ step, instead of leaving the others hanging in a collective: the failure of optu
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Sequence
 from typing import Any
 
 import torch.distributed as dist
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+    json_to_distribution,
+)
 
 from optuna_saturn.channel import ChannelClient
+from optuna_saturn.study_view import StudyView
 
 
 class RelayedTrial:
     """``optuna.Trial``'s calls, relayed. Subclasses set ``_channel`` (rank 0's; None on the others), ``_group``
-    (the job's gloo group), ``_profile`` (a profiling run's plan: nothing is reported then) and ``world_size``."""
+    (the job's gloo group), ``_profile`` (a profiling run's plan: nothing is reported then), ``_known`` (the
+    real trial at the run's start: :mod:`optuna_saturn.study.trial_snapshot`) and ``world_size``.
+
+    Every public member of ``optuna.Trial`` is here (``tests/test_trial_members.py`` compares the lists with the
+    installed Optuna). Suggestions and pruning are asked of the real trial; reads (``params``, ``user_attrs``,
+    ``study``, ...) answer from the snapshot and this run's own calls, on any rank alone."""
 
     _channel: ChannelClient | None
     _group: Any
     _profile: dict | None
+    _known: dict[str, Any]
+
+    _number: int
 
     @property
     def world_size(self) -> int:
         raise NotImplementedError
+
+    @property
+    def number(self) -> int:
+        """The trial's number in the study, as Optuna's."""
+        return self._number
 
     def _ask_and_broadcast(self, op: str, **fields: Any) -> Any:
         """Rank 0 asks the parent; everyone gets rank 0's answer (or its error)."""
@@ -47,24 +69,41 @@ class RelayedTrial:
         if self._channel is not None:
             self._channel.call(op, **fields)
 
+    def _suggest(self, method: str, name: str, args: list[Any], kwargs: dict[str, Any], distribution: Any) -> Any:
+        value = self._ask_and_broadcast("suggest", method=method, args=[name, *args], kwargs=kwargs)
+        known = self._known_part("params")
+        if name not in known:  # (a second suggestion of a name returns the first value, as Optuna does)
+            known[name] = value
+            self._known_part("distributions")[name] = distribution
+        return value
+
     def suggest_float(
         self, name: str, low: float, high: float, *, step: float | None = None, log: bool = False
     ) -> float:
-        return float(
-            self._ask_and_broadcast(
-                "suggest", method="suggest_float", args=[name, low, high], kwargs={"step": step, "log": log}
-            )
-        )
+        distribution = FloatDistribution(low, high, log=log, step=step)
+        return float(self._suggest("suggest_float", name, [low, high], {"step": step, "log": log}, distribution))
 
     def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
-        return int(
-            self._ask_and_broadcast(
-                "suggest", method="suggest_int", args=[name, low, high], kwargs={"step": step, "log": log}
-            )
-        )
+        distribution = IntDistribution(low, high, log=log, step=step)
+        return int(self._suggest("suggest_int", name, [low, high], {"step": step, "log": log}, distribution))
 
     def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
-        return self._ask_and_broadcast("suggest", method="suggest_categorical", args=[name, list(choices)], kwargs={})
+        choices = list(choices)
+        return self._suggest("suggest_categorical", name, [choices], {}, CategoricalDistribution(choices))
+
+    def suggest_uniform(self, name: str, low: float, high: float) -> float:
+        """Optuna's deprecated spelling of ``suggest_float(name, low, high)`` (it warns in your process)."""
+        return float(self._suggest("suggest_uniform", name, [low, high], {}, FloatDistribution(low, high)))
+
+    def suggest_loguniform(self, name: str, low: float, high: float) -> float:
+        """Optuna's deprecated spelling of ``suggest_float(name, low, high, log=True)``."""
+        distribution = FloatDistribution(low, high, log=True)
+        return float(self._suggest("suggest_loguniform", name, [low, high], {}, distribution))
+
+    def suggest_discrete_uniform(self, name: str, low: float, high: float, q: float) -> float:
+        """Optuna's deprecated spelling of ``suggest_float(name, low, high, step=q)``."""
+        distribution = FloatDistribution(low, high, step=q)
+        return float(self._suggest("suggest_discrete_uniform", name, [low, high, q], {}, distribution))
 
     def report(self, value: float, step: int) -> None:
         """Report an intermediate value (rank 0's value is the one recorded)."""
@@ -76,16 +115,61 @@ class RelayedTrial:
         return self._profile is None and bool(self._ask_and_broadcast("should_prune"))
 
     def set_user_attr(self, key: str, value: Any) -> None:
+        """Set on the real trial by rank 0 (a profiling run sets nothing); this trial's ``user_attrs`` has it at
+        once, on every rank that called it."""
+        self._known_part("user_attrs")[key] = value
         if self._profile is None:
             self._relay("set_user_attr", key=key, value=value)
 
-    @property
-    def params(self) -> dict[str, Any]:
-        return dict(self._ask_and_broadcast("params"))
+    def set_constraint(self, key: str, value: float) -> None:
+        """A constraint value for constrained optimisation (feasible where every one is zero or less), set on the
+        real trial by rank 0, as Optuna's ``Trial.set_constraint``."""
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            raise TypeError(f"The `value` argument is of type '{type(value)}' but supposed to be a float.") from None
+        if value != value:
+            raise ValueError(f"Attempted to set a constraint for {key!r}, but NaN is not allowed.")
+        self._known_part("constraints").setdefault(key, value)  # (Optuna keeps the first, and warns)
+        if self._profile is None:
+            self._relay("set_constraint", key=key, value=value)
+
+    def _known_part(self, name: str) -> dict[str, Any]:
+        return self._known.setdefault(name, {})
 
     @property
-    def study(self) -> Any:
-        raise AttributeError(
-            "The study lives in the executor's process, not in the worker. Use trial.suggest_*, report, "
-            "should_prune and set_user_attr, which are relayed to it."
-        )
+    def params(self) -> dict[str, Any]:
+        """The parameters suggested so far (those the trial was described with included)."""
+        return dict(self._known_part("params"))
+
+    @property
+    def distributions(self) -> dict[str, BaseDistribution]:
+        return {
+            name: json_to_distribution(d) if isinstance(d, str) else d
+            for name, d in self._known_part("distributions").items()
+        }
+
+    @property
+    def user_attrs(self) -> dict[str, Any]:
+        """The trial's user attributes as the run started (``saturn:*`` ones included), and those it set since."""
+        return dict(self._known_part("user_attrs"))
+
+    @property
+    def constraints(self) -> dict[str, float]:
+        return dict(self._known_part("constraints"))
+
+    @property
+    def relative_params(self) -> dict[str, Any]:
+        """What the sampler sampled jointly for this trial (a multivariate sampler's), decided when it was asked."""
+        return dict(self._known_part("relative_params"))
+
+    @property
+    def datetime_start(self) -> datetime.datetime | None:
+        started = self._known.get("datetime_start")
+        return None if started is None else datetime.datetime.fromisoformat(started)
+
+    @property
+    def study(self) -> StudyView:
+        """A read-only view of the study: its name, directions and user attributes (the study itself lives in
+        the executor's process; do anything else with it in a callback)."""
+        return StudyView(self._known.get("study") or {})

@@ -57,8 +57,10 @@ class SaturnTrial(RelayedTrial, WaysIn):
         control_group: Any,
         profile: dict | None = None,
         checkpoint: dict | None = None,
+        known: dict | None = None,
     ) -> None:
-        self.number = number
+        self._number = number
+        self._known = dict(known or {})  # the real trial at the run's start (study/trial_snapshot.py)
         self.strategy = strategy
         self._engine = engine
         self._channel = channel
@@ -66,6 +68,7 @@ class SaturnTrial(RelayedTrial, WaysIn):
         self._profile = profile
         self._models: list[torch.nn.Module] = []
         self._loaders: list[PositionedLoader] = []  # prepared DataLoaders, in the order prepared
+        self._pending_positions: list[Any] = []  # a checkpoint's positions of loaders not prepared yet
         self._micro_batch: MicroBatch | None = None  # while inside micro_batches()
         self._batch: RankRows | None = None  # this rank's rows of the batch a prepared loader yielded last
         self._steps_done = 0  # steps of the loops that ended (epochs before the current one)
@@ -142,6 +145,8 @@ class SaturnTrial(RelayedTrial, WaysIn):
                     prepared.append(ProfilingLoader(loader, self))
                     continue
                 positioned = PositionedLoader(loader)  # a checkpoint saves where its pass is
+                if self._pending_positions:  # (restored before it was prepared)
+                    positioned.resume_at(self._pending_positions.pop(0))
                 self._loaders.append(positioned)
                 prepared.append(positioned)
             else:
@@ -250,6 +255,12 @@ class SaturnTrial(RelayedTrial, WaysIn):
         Under single, DDP and FSDP it is a ``torch.distributed.checkpoint`` (it reshards, so the run again may
         use another of these strategies, or another device count); under DeepSpeed, DeepSpeed's own. A profiling
         run saves nothing."""
+        self._save_checkpoint(step, model, optimizer, scheduler)
+
+    def _save_checkpoint(
+        self, step: int, model: torch.nn.Module, optimizer: Any, scheduler: Any, extra: dict | None = None
+    ) -> None:
+        """:meth:`checkpoint`, with a framework's own loop state (``extra``: Lightning's loops and callbacks)."""
         if self._profile is not None:
             return
         if self._checkpoint_dir is None:
@@ -268,6 +279,7 @@ class SaturnTrial(RelayedTrial, WaysIn):
             scheduler,
             group=self._group,
             loaders=[loader.position() for loader in self._loaders],
+            extra=extra,
         )
         move = self._ask_and_broadcast("checkpointed", record=record.to_json(), seconds=time.perf_counter() - started)
         if self.rank == 0:
@@ -287,8 +299,13 @@ class SaturnTrial(RelayedTrial, WaysIn):
         goes on where its pass stood at the checkpoint (the same order, the batches already trained on skipped),
         so the trial resumes exactly as it would have gone on, at an epoch's end or in the middle of one, if its
         loop creates its iterators (``iter(loader)``, ``for batch in loader``) after this call."""
+        return self._load_checkpoint(model, optimizer, scheduler)[0]
+
+    def _load_checkpoint(self, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> tuple[int, dict | None]:
+        """:meth:`restore`, also returning the framework's loop state saved with it (``extra``). The positions of
+        loaders not prepared yet (Lightning prepares them after this) are applied as they are prepared."""
         if self._profile is not None or self._resume is None:
-            return 0
+            return 0, None
         from optuna_saturn import checkpoint
 
         record = checkpoint.usable(self._resume)
@@ -300,13 +317,14 @@ class SaturnTrial(RelayedTrial, WaysIn):
                 flush=True,
             )
         if record is None:
-            return 0
-        self.resumed_from, positions = checkpoint.load(
+            return 0, None
+        self.resumed_from, positions, extra = checkpoint.load(
             self._engine, record, model, optimizer, scheduler, group=self._group
         )
         for loader, position in zip(self._loaders, positions):
             loader.resume_at(position)
-        return self.resumed_from
+        self._pending_positions = positions[len(self._loaders) :]
+        return self.resumed_from, extra
 
     def reduce_mean(self, value: float | torch.Tensor, weight: float | None = None) -> float:
         """The mean of a number over all ranks, e.g. a validation loss computed on each rank's rows.
@@ -335,6 +353,17 @@ class SaturnTrial(RelayedTrial, WaysIn):
     def is_profiling(self) -> bool:
         """True in a short profiling run: ``steps()`` stops after a few timed steps; reports are not recorded."""
         return self._profile is not None
+
+    @property
+    def is_real_run(self) -> bool:
+        """True only in the run whose value the study gets. The objective also runs to describe the trial, to
+        warm the pool up and to profile an option, each stopped early; guard side effects outside training
+        (``wandb.init``, result files) with it::
+
+            if trial.is_real_run and trial.is_main_process:
+                wandb.init(project="sweep", name=f"trial-{trial.number}", config=trial.params)
+        """
+        return self._profile is None
 
     def step_budget(self, steps: int) -> int:
         """How many of ``steps`` this run may take: all of them, unless the profiler is timing a short run (at

@@ -49,7 +49,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_one_before_then_to_the_start(tmp
     _cut_short(latest)
     assert checkpoint.usable(latest) == first
     model, optimizer = _trained(seed=3)
-    step, _ = checkpoint.load(_SingleProcess(), checkpoint.usable(latest), model, optimizer, None, group=None)
+    step, _, _ = checkpoint.load(_SingleProcess(), checkpoint.usable(latest), model, optimizer, None, group=None)
     assert step == 4
     assert all(torch.equal(model.state_dict()[k], v) for k, v in first_weights.items())
 
@@ -114,7 +114,7 @@ def test_the_trainer_state_is_kept_as_json_and_comes_back_as_it_was(tmp_path):
         ],
         milestones=[3],
     )
-    step, _ = checkpoint.load(_SingleProcess(), record, fresh_model, fresh_optimizer, fresh, group=None)
+    step, _, _ = checkpoint.load(_SingleProcess(), record, fresh_model, fresh_optimizer, fresh, group=None)
     again = (
         torch.rand(3),
         random.random(),
@@ -135,3 +135,21 @@ def test_the_trainer_state_is_kept_as_json_and_comes_back_as_it_was(tmp_path):
         trainer_state.loads(b'{"__tensor__": ["load", [1], ""]}')
     with pytest.raises(TypeError, match=r"state\['scheduler'\]\[0\] is a function"):
         trainer_state.dumps({"scheduler": [lambda step: 1.0]})
+
+
+def test_a_pass_closed_after_the_next_one_began_leaves_the_next_ones_position():
+    """Lightning makes an epoch's iterator before it drops the last epoch's: closing the old pass then must not
+    mark the new one ended (a checkpoint in the new epoch then saved "between passes", and the resumed run trained
+    on the epoch's first batches again)."""
+    import gc
+
+    from optuna_saturn.worker.loader_positions import PositionedLoader
+
+    loader = PositionedLoader(torch.utils.data.DataLoader(list(range(8)), batch_size=2))
+    first = iter(loader)
+    assert [int(next(first)[0]) for _ in range(4)] == [0, 2, 4, 6]  # (every batch, not yet told it ended)
+    second = iter(loader)
+    next(second)
+    del first
+    gc.collect()
+    assert loader.position()["yielded"] == 1

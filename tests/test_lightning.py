@@ -101,10 +101,14 @@ def test_lightning_is_profiled_through_its_optimizer_steps(tmp_path):
 @pytest.mark.parametrize(
     "setting, words",
     [
-        ({"strategy": "ddp"}, "Remove it: list the strategies"),
+        ({"strategy": "ddp"}, "strategy='ddp': remove it; list the strategies"),
         ({"devices": 2}, "each of the trial's processes drives one device"),
         ({"precision": "bf16-true"}, "a whole model in half precision"),
         ({"accelerator": "gpu"}, "the trial's devices decide"),
+        (  # every conflict at once, not one per round of fixing
+            {"strategy": "ddp", "devices": 2, "num_nodes": 2, "use_distributed_sampler": True},
+            "Change these arguments:\n  - strategy='ddp'",
+        ),
     ],
 )
 def test_trainer_settings_that_pick_the_strategy_are_refused_with_the_fix(tmp_path, monkeypatch, setting, words):
@@ -120,3 +124,16 @@ def test_accumulation_that_deepspeed_cannot_follow_is_refused(tmp_path, monkeypa
     refused = _run(lightning_objectives.lightning_gpt2, "zero2", 2, tmp_path)
     assert refused.state == TrialState.FAIL
     assert "counts micro-batches itself" in refused.user_attrs["saturn:fail_reason"]
+
+
+def test_every_conflicting_argument_is_named_in_one_error():
+    from optuna_saturn.integrations._lightning_arguments import refuse_conflicts
+
+    with pytest.raises(ValueError) as raised:
+        refuse_conflicts(
+            {"strategy": "fsdp", "devices": 4, "num_nodes": 2, "accelerator": "tpu", "use_distributed_sampler": True},
+            runs_as="the sweep picks each trial's strategy and devices",
+            device_type=None,
+        )
+    named = [line.split(":")[0].strip(" -") for line in str(raised.value).splitlines()[1:]]
+    assert named == ["strategy='fsdp'", "devices=4", "num_nodes=2", "accelerator='tpu'", "use_distributed_sampler=True"]

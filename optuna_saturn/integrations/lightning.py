@@ -14,11 +14,9 @@ A callback makes the optimizer steps the trial's steps (progress, runtime profil
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
-import optuna
 import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies import Strategy
@@ -27,28 +25,33 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from torch.utils.data import DataLoader
 
 from optuna_saturn.engines import StrategyMismatch
+from optuna_saturn.integrations._lightning_arguments import (
+    FOLLOWS_THE_TRIAL,
+    as_list,
+    own_folders,
+    refuse_conflicts,
+    wants_checkpoints,
+)
+from optuna_saturn.integrations._lightning_callback import TrialCallback, restore_lightning_state
 from optuna_saturn.integrations._lightning_precision import precision_plugin
 from optuna_saturn.microbatch import AccumulationError
 
 if TYPE_CHECKING:
     from optuna_saturn.trial import SaturnTrial
 
-#: Trainer arguments the trial decides; the user may pass only these values, which mean "as the trial says".
-_FOLLOWS_THE_TRIAL = {
-    "strategy": ("auto",),
-    "devices": ("auto", 1, "1", [0]),
-    "num_nodes": (1,),
-    "precision": (None, 32, "32", "32-true", "bf16-mixed", "bf16", "16-mixed", 16, "16"),
-    "plugins": (None, [], ()),
-}
-
-#: What ``lightning_trainer`` passes itself (the values above, checked, stand for these).
-_SET_HERE = {*_FOLLOWS_THE_TRIAL, "accelerator", "use_distributed_sampler"}
+#: What ``lightning_trainer`` passes itself (the values of FOLLOWS_THE_TRIAL, checked, stand for these).
+_SET_HERE = {*FOLLOWS_THE_TRIAL, "accelerator", "use_distributed_sampler"}
 
 
-def lightning_trainer(trial: SaturnTrial, *, metric: str = "val_loss", **kwargs: Any) -> pl.Trainer:
+def lightning_trainer(
+    trial: SaturnTrial, *, metric: str = "val_loss", checkpoints: bool = True, **kwargs: Any
+) -> pl.Trainer:
     """See :meth:`optuna_saturn.SaturnTrial.lightning_trainer`."""
-    _refuse_conflicts(trial, kwargs)
+    refuse_conflicts(
+        kwargs,
+        runs_as=f"this trial runs '{trial.strategy.name}' on {trial.world_size} device(s)",
+        device_type=trial.device.type,
+    )
     engine = trial._engine
     if trial.gradient_accumulation > 1:
         raise AccumulationError(
@@ -61,19 +64,11 @@ def lightning_trainer(trial: SaturnTrial, *, metric: str = "val_loss", **kwargs:
             f"'{trial.strategy.name}' (DeepSpeed) counts micro-batches itself and cannot follow the Trainer's "
             "accumulate_grad_batches > 1; the planner leaves it out for this trial."
         )
-    if kwargs.get("enable_checkpointing") and (engine.shards_parameters or engine.counts_micro_batches):
-        raise StrategyMismatch(
-            f"'{trial.strategy.name}' shards the model or its optimizer state over the ranks, and Lightning's "
-            "ModelCheckpoint would save one rank's shard as the whole; the planner leaves this strategy out for this "
-            "trial. Leave enable_checkpointing out (it is off in a trial) to let sharded strategies run it, and save "
-            "the final model with `state = trial.state_dict(trainer.strategy.model)` on every rank."
-        )
-    run = f"trial-{trial.number}" + (f"-profile-{trial.strategy.name}" if trial.is_profiling else "")
-    kwargs["default_root_dir"] = os.path.join(kwargs.get("default_root_dir") or "lightning_logs", run)
-    kwargs.setdefault("enable_checkpointing", False)  # a sweep's trials checkpoint through trial.checkpoint
+    own_folders(kwargs, f"trial-{trial.number}" + (f"-profile-{trial.strategy.name}" if trial.is_profiling else ""))
+    kwargs["enable_checkpointing"] = wants_checkpoints(kwargs)  # (the trial checkpoints through trial.checkpoint)
     kwargs.setdefault("enable_progress_bar", False)  # one bar per rank per trial would flood the workers' logs
     kwargs.setdefault("enable_model_summary", False)
-    kwargs["callbacks"] = [*_as_list(kwargs.get("callbacks")), _TrialCallback(trial, metric)]
+    kwargs["callbacks"] = [*as_list(kwargs.get("callbacks")), TrialCallback(trial, metric, checkpoints=checkpoints)]
     accelerator = "cuda" if trial.device.type == "cuda" else "cpu"
     strategy = SaturnStrategy(trial)
     return pl.Trainer(
@@ -85,53 +80,6 @@ def lightning_trainer(trial: SaturnTrial, *, metric: str = "val_loss", **kwargs:
         plugins=[precision_plugin(strategy, kwargs.get("precision"))],
         use_distributed_sampler=False,
     )
-
-
-def _as_list(callbacks: Any) -> list:
-    if callbacks is None:
-        return []
-    return list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
-
-
-def _refuse_conflicts(trial: SaturnTrial, kwargs: dict[str, Any]) -> None:
-    refuse_conflicts(
-        kwargs,
-        runs_as=f"this trial runs '{trial.strategy.name}' on {trial.world_size} device(s)",
-        device_type=trial.device.type,
-    )
-
-
-def refuse_conflicts(kwargs: dict[str, Any], *, runs_as: str, device_type: str | None) -> None:
-    """A Trainer argument that would pick a strategy, devices or precision behind the trial's back: an error
-    naming the fix (the strategy and the device count are the sweep's choice for each trial). Also run when the
-    trial is described, before anything is launched (``device_type`` None: not known yet)."""
-    for name, allowed in _FOLLOWS_THE_TRIAL.items():
-        if name in kwargs and kwargs[name] not in allowed:
-            fix = {
-                "strategy": "list the strategies the sweep may use with SaturnExecutor(strategies=[...]) instead",
-                "devices": "each of the trial's processes drives one device; the sweep picks how many",
-                "num_nodes": "the sweep places the trial's processes",
-                "precision": "optuna-saturn runs 'bf16-mixed' and '16-mixed' (autocast) under every strategy, and "
-                "float32; a whole model in half precision ('-true') is a strategy's own business",
-                "plugins": "the trial's strategy sets up the process group and the devices",
-            }[name]
-            raise ValueError(f"trial.lightning_trainer({name}={kwargs[name]!r}): {runs_as}. Remove it: {fix}.")
-    accelerator = kwargs.get("accelerator", "auto")
-    wanted = {"cuda": ("auto", "gpu", "cuda"), "cpu": ("auto", "cpu")}.get(
-        device_type or "", ("auto", "cpu", "gpu", "cuda")
-    )
-    if accelerator not in wanted:
-        raise ValueError(
-            f"trial.lightning_trainer(accelerator={accelerator!r}): {runs_as}"
-            + (f", on {device_type}" if device_type else "")
-            + ". Remove it: the trial's devices decide."
-        )
-    if kwargs.get("use_distributed_sampler"):
-        raise ValueError(
-            "trial.lightning_trainer(use_distributed_sampler=True): each rank gets its rows of every global batch "
-            "from optuna-saturn, so that the trial trains on the same data under every strategy; Lightning's "
-            "DistributedSampler would give each rank a whole batch. Remove it."
-        )
 
 
 class SaturnStrategy(Strategy):
@@ -207,6 +155,27 @@ class SaturnStrategy(Strategy):
                 config.scheduler.optimizer = optimizer
         self.optimizers = [optimizer]
         self.setup_precision_plugin()
+        schedulers = self.lr_scheduler_configs
+        _, state = self._trial._load_checkpoint(self.model, optimizer, schedulers[0].scheduler if schedulers else None)
+        if state is not None:  # an earlier run of this trial checkpointed: the fit goes on from there
+            restore_lightning_state(trainer, state)
+
+    def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
+        """What a ModelCheckpoint file keeps of the optimizer: its state under single and DDP; nothing under a
+        strategy that shards it (each rank holds a part, and the file is rank 0's). The model in the file is
+        whole under every strategy (:meth:`lightning_module_state_dict`); the trial's own checkpoint keeps every
+        rank's part of the optimizer for resuming."""
+        engine = self._trial._engine
+        if engine.shards_parameters or engine.counts_micro_batches:
+            return {}
+        return super().optimizer_state(optimizer)
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        """One decision for every rank (EarlyStopping's, ModelCheckpoint's): all agree, or any says so."""
+        if self.world_size == 1:
+            return decision
+        votes = self.reduce(torch.tensor(int(decision), device=self.root_device), reduce_op="sum")
+        return bool(votes == self.world_size) if all else bool(votes > 0)
 
     def process_dataloader(self, dataloader: object) -> object:
         return self._trial.prepare(dataloader) if isinstance(dataloader, DataLoader) else dataloader
@@ -283,56 +252,3 @@ class SaturnStrategy(Strategy):
         self.precision_plugin.teardown()
         if self.accelerator is not None:
             self.accelerator.teardown()
-
-
-class _TrialCallback(pl.Callback):
-    """The trainer's optimizer steps are the trial's steps; its validations are the trial's reports."""
-
-    def __init__(self, trial: SaturnTrial, metric: str) -> None:
-        self._trial = trial
-        self._metric = metric
-        self._steps: Any = None
-        self._counted = 0
-        self._reported: set[int] = set()
-
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._steps = iter(self._trial.steps(int(trainer.estimated_stepping_batches)))
-        self._counted = trainer.global_step
-        self._advance(trainer)  # step 0 begins
-
-    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
-        while self._steps is not None and self._counted < trainer.global_step:  # an optimizer step ended
-            self._counted += 1
-            self._advance(trainer)
-
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._steps is not None:
-            self._steps.close()
-            self._steps = None
-
-    def _advance(self, trainer: pl.Trainer) -> None:
-        """End the step that ran, begin the next; a profiling run's loop ends after its timed steps."""
-        try:
-            next(self._steps)
-        except StopIteration:
-            self._steps = None
-            trainer.should_stop = True
-
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.sanity_checking or trainer.state.fn != "fit":
-            return
-        metrics = trainer.callback_metrics
-        if self._metric not in metrics:
-            raise KeyError(
-                f"trial.lightning_trainer(metric={self._metric!r}): the validation logged no such metric (it "
-                f"logged {sorted(metrics)}). Log it with self.log({self._metric!r}, ...) in validation_step, or pass "
-                "the metric to report and prune on."
-            )
-        step = trainer.global_step
-        if step in self._reported:
-            return
-        self._reported.add(step)
-        value = float(metrics[self._metric])
-        self._trial.report(value, step)
-        if self._trial.should_prune():  # the study's pruner decides once, for every rank
-            raise optuna.TrialPruned(f"pruned at step {step} ({self._metric}={value})")

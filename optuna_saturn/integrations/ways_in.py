@@ -4,14 +4,20 @@ the script keeps its shape; the frameworks are imported only when their way in i
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+    import transformers
+
+    from optuna_saturn.integrations.accelerate import SaturnAccelerator
 
 
 class WaysIn:
     """Mixed into :class:`~optuna_saturn.SaturnTrial` (and mirrored by the stand-in trial that describes an
     objective before anything is launched)."""
 
-    def accelerator(self, **kwargs: Any) -> Any:
+    def accelerator(self, **kwargs: Any) -> SaturnAccelerator:
         """An ``accelerate.Accelerator`` for a script written with Accelerate, with the trial's strategy applied.
 
         Use it where the script says ``Accelerator(...)``; ``accelerator.prepare``, ``backward``,
@@ -24,7 +30,7 @@ class WaysIn:
 
         return SaturnAccelerator(self, **kwargs)
 
-    def prepare_trainer(self, trainer: Any, *, metric: str = "eval_loss") -> Any:
+    def prepare_trainer(self, trainer: transformers.Trainer, *, metric: str = "eval_loss") -> transformers.Trainer:
         """Run a ``transformers.Trainer`` under this trial's strategy; returns the same trainer.
 
         ::
@@ -44,26 +50,30 @@ class WaysIn:
 
         return prepare_trainer(self, trainer, metric=metric)
 
-    def lightning_trainer(self, *, metric: str = "val_loss", **kwargs: Any) -> Any:
+    def lightning_trainer(self, *, metric: str = "val_loss", checkpoints: bool = True, **kwargs: Any) -> pl.Trainer:
         """A ``lightning.Trainer(**kwargs)`` that runs this trial's strategy; use it where the script says
         ``lightning.Trainer(...)``.
 
         ::
 
-            trainer = trial.lightning_trainer(max_steps=200, gradient_clip_val=1.0)
-            trainer.fit(module, train_loader, val_loader)
+            trainer = trial.lightning_trainer(max_steps=200, callbacks=[EarlyStopping("val_loss")])
+            trainer.fit(module, datamodule=data)
             return trainer.callback_metrics["val_loss"].item()
 
         What differs from a plain ``Trainer``: the model, its optimizer and the DataLoaders go through the trial's
         engine, inside the sweep's process group (FSDP really shards and ZeRO is really ZeRO, on CPU too), and a
         DataLoader's ``batch_size`` is the global batch, as written for one process; each rank gets its rows.
-        Leave ``strategy``, ``devices``, ``num_nodes`` and ``plugins`` out: the sweep picks them for each trial
-        (a conflicting value is refused with the fix). Each validation reports ``callback_metrics[metric]`` at the
-        global step and prunes every rank when the study's pruner says so; the optimizer steps are the trial's
-        steps (progress, runtime profiling). Logs go to ``<default_root_dir>/trial-<number>``; Lightning's
-        checkpointing and progress bar are off unless asked for. See
-        :mod:`optuna_saturn.integrations.lightning`.
+        Leave ``strategy``, ``devices``, ``num_nodes``, ``plugins`` and ``accelerator`` out: the sweep picks them
+        for each trial (conflicting values are refused, all at once, each with its fix). Each validation reports
+        ``callback_metrics[metric]`` at the global step and prunes every rank when the study's pruner says so;
+        the optimizer steps are the trial's steps (progress, runtime profiling). With ``checkpoints`` (the
+        default), the trial checkpoints through ``trial.checkpoint`` after each validation, with Lightning's loop
+        and callback states: a trial whose worker dies, or that the sweep moves, goes on from there. Logs go to
+        ``<default_root_dir>/trial-<number>``, a CSV or TensorBoard logger's to its own ``trial-<number>``
+        version, a ``ModelCheckpoint(dirpath=...)``'s files to ``<dirpath>/trial-<number>``; Lightning's
+        checkpointing is on when a ``ModelCheckpoint`` is given, and its files hold the whole model under every
+        strategy. See :mod:`optuna_saturn.integrations.lightning`.
         """
         from optuna_saturn.integrations.lightning import lightning_trainer
 
-        return lightning_trainer(self, metric=metric, **kwargs)
+        return lightning_trainer(self, metric=metric, checkpoints=checkpoints, **kwargs)

@@ -127,6 +127,7 @@ class ProcessPool:
                     "token": token,
                     "objective": self._recipe,
                     "trial_number": task.session.trial.number,
+                    "trial": task.session.snapshot(),
                     "strategy": task.strategy.to_json(),
                     "profile": task.profile,
                     "gradient_accumulation": job.gradient_accumulation,

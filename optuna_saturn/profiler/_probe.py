@@ -32,6 +32,7 @@ from optuna_saturn.profiler._memory import optimizer_states
 from optuna_saturn.profiler._probe_hf import ProbeAccelerator, describe_trainer
 from optuna_saturn.profiler._probe_stop import ProbeDone
 from optuna_saturn.profiler._without_gpus import without_gpus
+from optuna_saturn.study_view import StudyView
 from optuna_saturn.worker.process_state import restored_process_state
 
 _logger = optuna.logging.get_logger("optuna.saturn.profiler")
@@ -128,6 +129,7 @@ class _ProbeTrial:
         self.world_size = 1
         self.is_main_process = True
         self.is_profiling = False
+        self.is_real_run = False  # (describing, or the pool's warm-up: never the run that counts)
         self.gradient_accumulation = 1
         self.device = torch.device("meta")  # where the model's parameters are: nothing runs on them
         self.model: torch.nn.Module | None = None
@@ -149,9 +151,60 @@ class _ProbeTrial:
     def suggest_categorical(self, name: str, choices: Any):
         return self._suggest("suggest_categorical", name, list(choices))
 
+    def suggest_uniform(self, name: str, low: float, high: float):
+        return self._suggest("suggest_float", name, low, high)
+
+    def suggest_loguniform(self, name: str, low: float, high: float):
+        return self._suggest("suggest_float", name, low, high, log=True)
+
+    def suggest_discrete_uniform(self, name: str, low: float, high: float, q: float):
+        return self._suggest("suggest_float", name, low, high, step=q)
+
+    def set_constraint(self, key: str, value: float) -> None:
+        pass  # (the real run sets it)
+
+    def _read(self, name: str, default: Any) -> Any:
+        with self._lock:
+            return getattr(self._trial, name, default)
+
     @property
     def params(self) -> dict:
         return dict(self._trial.params)
+
+    @property
+    def distributions(self) -> dict:
+        return self._read("distributions", {})
+
+    @property
+    def user_attrs(self) -> dict:
+        return self._read("user_attrs", {})
+
+    @property
+    def constraints(self) -> dict:
+        return self._read("constraints", {})
+
+    @property
+    def relative_params(self) -> dict:
+        return self._read("relative_params", {})
+
+    @property
+    def datetime_start(self) -> Any:
+        return self._read("datetime_start", None)
+
+    @property
+    def study(self) -> StudyView:
+        """The same read-only view the worker's trial gives."""
+        study = self._read("study", None)
+        if study is None:
+            return StudyView({})
+        with self._lock:
+            return StudyView(
+                {
+                    "study_name": study.study_name,
+                    "directions": [d.name for d in study.directions],
+                    "user_attrs": study.user_attrs,
+                }
+            )
 
     def report(self, value: float, step: int) -> None:
         pass
@@ -181,7 +234,7 @@ class _ProbeTrial:
     def accelerator(self, **kwargs: Any) -> Any:
         return ProbeAccelerator(self)
 
-    def lightning_trainer(self, *, metric: str = "val_loss", **kwargs: Any) -> Any:
+    def lightning_trainer(self, *, metric: str = "val_loss", checkpoints: bool = True, **kwargs: Any) -> Any:
         from optuna_saturn.profiler._probe_lightning import ProbeLightningTrainer
 
         return ProbeLightningTrainer(self, kwargs)

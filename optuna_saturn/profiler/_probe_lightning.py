@@ -24,7 +24,7 @@ class ProbeLightningTrainer:
     arguments are checked as the real one checks them, so a conflict is reported before anything is launched."""
 
     def __init__(self, probe: _ProbeTrial, kwargs: dict[str, Any]) -> None:
-        from optuna_saturn.integrations.lightning import refuse_conflicts
+        from optuna_saturn.integrations._lightning_arguments import refuse_conflicts
 
         refuse_conflicts(kwargs, runs_as="the sweep picks each trial's strategy and devices", device_type=None)
         self._probe = probe

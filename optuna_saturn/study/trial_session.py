@@ -10,8 +10,18 @@ import optuna
 from optuna_saturn.clock import Clock
 from optuna_saturn.study.gateway import ATTR
 from optuna_saturn.study.outbox import retrying
+from optuna_saturn.study.trial_snapshot import trial_snapshot
 
-_SUGGEST_METHODS = frozenset({"suggest_float", "suggest_int", "suggest_categorical"})
+_SUGGEST_METHODS = frozenset(
+    {
+        "suggest_float",
+        "suggest_int",
+        "suggest_categorical",
+        "suggest_uniform",
+        "suggest_loguniform",
+        "suggest_discrete_uniform",
+    }
+)
 
 
 class TrialSession:
@@ -41,6 +51,15 @@ class TrialSession:
         self.move_requested = False  # the sweep moves the trial elsewhere at its next checkpoint (elastic resize)
         self._reported: set[int] | None = None  # steps with an intermediate value (inherited ones included)
         self._loops: dict[int, int] = {}  # loop index -> its steps (epochs, when the objective loops per epoch)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The real trial as a run starts, for the worker's trial to read without asking."""
+
+        def take() -> dict[str, Any]:
+            with self._lock:
+                return trial_snapshot(self.trial)
+
+        return retrying(take, what=f"read trial {self.trial.number}")
 
     def handle(self, op: str, message: dict) -> Any:
         if op == "hello":
@@ -82,6 +101,9 @@ class TrialSession:
             return self.trial.should_prune()
         if op == "set_user_attr":
             self.trial.set_user_attr(message["key"], message["value"])
+            return None
+        if op == "set_constraint":
+            self.trial.set_constraint(message["key"], float(message["value"]))
             return None
         if op == "params":
             return self.trial.params

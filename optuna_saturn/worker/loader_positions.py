@@ -35,6 +35,7 @@ class PositionedLoader(LoaderView):
         self._pass_states: dict[str, Any] | None = None
         self._yielded = 0
         self._ended = True
+        self._passes = 0  # passes begun
         self._resume: dict[str, Any] | None = None
         users = loader
         while isinstance(users, LoaderView):  # (a rank's view: the user's loader underneath)
@@ -52,6 +53,7 @@ class PositionedLoader(LoaderView):
             now = capture()  # the checkpoint's global states (trial.restore set them)
             restore(resume["states"], self._generators)
         self._pass_states, self._yielded, self._ended = capture(self._generators), 0, False
+        self._passes += 1
         batches = iter(self.loader)
         if resume is not None:
             for _ in range(int(resume["yielded"])):
@@ -59,15 +61,18 @@ class PositionedLoader(LoaderView):
                     break
                 self._yielded += 1
             restore(now)  # (the loader's own generators stay where replaying the pass left them)
-        return self._counted(batches)
+        return self._counted(batches, self._passes)
 
-    def _counted(self, batches: Iterator[Any]) -> Iterator[Any]:
+    def _counted(self, batches: Iterator[Any], this_pass: int) -> Iterator[Any]:
         try:
             for batch in batches:
                 self._yielded += 1
                 yield batch
         finally:  # exhausted, or left (a ``break`` closes the iterator): the next pass starts anew
-            self._ended = True
+            # (unless a newer pass began already: a loop that makes its next iterator before it drops the last
+            # one, as Lightning's does at an epoch's start, closes the old pass after the new one began)
+            if this_pass == self._passes:
+                self._ended = True
 
     def position(self) -> dict[str, Any] | None:
         """Its current pass's start and progress; between passes, its own generators' states (or None)."""

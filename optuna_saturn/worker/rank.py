@@ -147,6 +147,7 @@ def _run_once(
         control_group=place.control_group,
         profile=spec.get("profile"),
         checkpoint=spec.get("checkpoint"),
+        known=spec.get("trial"),
     )
     try:
         return _outcome(spec, place, objective, trial, channel)

@@ -1,0 +1,88 @@
+"""A Lightning script as users write it runs as an optuna-saturn trial under every strategy: a LightningDataModule,
+ModelCheckpoint, EarlyStopping and a CSVLogger, each trial in folders of its own; and a trial whose worker is
+killed goes on from its last checkpoint, as an uninterrupted run would have."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning_objectives
+import optuna
+import pytest
+import torch
+from optuna.trial import TrialState
+from support import kill_a_worker_once
+
+from optuna_saturn import SaturnExecutor
+
+pytestmark = pytest.mark.launch
+
+PARAMS = {"learning_rate": 3e-3}
+
+
+@pytest.mark.parametrize("strategy,devices", [("single", 1), ("ddp", 2), ("fsdp", 2)])
+def test_checkpoints_early_stopping_a_csv_logger_and_a_datamodule(
+    saturn_options, tmp_path, monkeypatch, strategy, devices
+):
+    monkeypatch.setenv("SATURN_TEST_LIGHTNING_DIR", str(tmp_path / "lightning"))
+    monkeypatch.setenv("SATURN_TEST_PATIENCE", "1")  # stops at its second validation, step 6, on every rank
+    study = optuna.create_study()
+    study.enqueue_trial(PARAMS)
+    SaturnExecutor(devices=devices, strategies=[strategy], **saturn_options).optimize(
+        study, lightning_objectives.lightning_real_script, n_trials=1
+    )
+    (trial,) = study.trials
+    assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
+    assert trial.user_attrs["saturn:strategy"] == strategy
+    assert trial.user_attrs["global_step"] == 6  # of 18: EarlyStopping stopped it, on every rank at once
+    best = Path(trial.user_attrs["best_model_path"])
+    assert best.parent == tmp_path / "lightning" / "best" / f"trial-{trial.number}" and best.is_file()
+    saved = torch.load(best, map_location="cpu", weights_only=False)["state_dict"]
+    whole = lightning_objectives.TinyGPT2(1e-3).state_dict()
+    assert {k: tuple(v.shape) for k, v in saved.items()} == {k: tuple(v.shape) for k, v in whole.items()}
+    log_dir = Path(trial.user_attrs["log_dir"])
+    assert log_dir == tmp_path / "lightning" / "csv" / "gpt2" / f"trial-{trial.number}"
+    assert "val_loss" in (log_dir / "metrics.csv").read_text().splitlines()[0]
+    assert sorted(p.name for p in (tmp_path / "lightning" / "csv" / "gpt2").iterdir()) == [f"trial-{trial.number}"]
+
+
+@pytest.mark.parametrize("strategy,devices,worker", [("single", 1, "saturn-worker-0"), ("ddp", 2, "saturn-worker-1")])
+def test_a_killed_lightning_trial_goes_on_from_its_last_checkpoint(
+    saturn_options, tmp_path, monkeypatch, strategy, devices, worker
+):
+    """Validation every 3 steps, the trial's checkpoint after each (at steps 4, 7, 10, ...); the first run hangs
+    after step 11 and its worker is killed: the trial runs again from step 10 and ends with an uninterrupted
+    run's validation loss."""
+    monkeypatch.setenv("SATURN_TEST_LIGHTNING_DIR", str(tmp_path / "reference"))
+    reference = optuna.create_study()
+    reference.enqueue_trial(PARAMS)
+    options = {**saturn_options, "log_dir": tmp_path / "reference-runs"}
+    SaturnExecutor(devices=devices, strategies=[strategy], **options).optimize(
+        reference, lightning_objectives.lightning_real_script, n_trials=1
+    )
+    assert reference.trials[0].state == TrialState.COMPLETE, reference.trials[0].user_attrs.get("saturn:fail_reason")
+
+    monkeypatch.setenv("SATURN_TEST_LIGHTNING_DIR", str(tmp_path / "killed"))
+    monkeypatch.setenv("SATURN_TEST_HANG_AT", "11")
+    storage = f"sqlite:///{tmp_path / 'study.sqlite3'}"
+    study = optuna.create_study(study_name="killed", storage=storage)
+    study.enqueue_trial(PARAMS)
+    killer = kill_a_worker_once(
+        storage, "killed", worker, lambda t: 9 in t.intermediate_values and _checkpointed(t, 10)
+    )
+    SaturnExecutor(devices=devices, strategies=[strategy], **saturn_options).optimize(
+        study, lightning_objectives.lightning_real_script, n_trials=1
+    )
+    killer.join(timeout=5)
+    first, again = optuna.load_study(study_name="killed", storage=storage).trials
+    assert first.state == TrialState.FAIL
+    assert again.state == TrialState.COMPLETE, again.user_attrs.get("saturn:fail_reason")
+    assert again.user_attrs["saturn:retry_of"] == first.number and again.user_attrs["saturn:resumed_from_step"] == 10
+    assert again.user_attrs["global_step"] == 18
+    assert again.value == pytest.approx(reference.trials[0].value, rel=1e-4)
+    for step in (12, 15, 18):
+        assert again.intermediate_values[step] == pytest.approx(reference.trials[0].intermediate_values[step], rel=1e-4)
+
+
+def _checkpointed(trial: optuna.trial.FrozenTrial, step: int) -> bool:
+    return (trial.user_attrs.get("saturn:checkpoint") or {}).get("step") == step

@@ -1,0 +1,61 @@
+"""The trial an objective gets offers every public member of ``optuna.Trial`` for the installed Optuna, and each
+does what Optuna's does: suggestions and constraints land on the real trial, reads answer on one rank alone.
+A new Optuna release that adds a member fails the first test, naming it."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+from member_objectives import ends_itself, every_member
+from optuna.trial import TrialState
+
+from optuna_saturn import SaturnExecutor, SaturnTrial
+from optuna_saturn.profiler._probe import _ProbeTrial
+
+
+def _public(cls: type) -> set[str]:
+    return {name for name in dir(cls) if not name.startswith("_")}
+
+
+@pytest.mark.parametrize("ours", [SaturnTrial, _ProbeTrial], ids=["worker", "describing"])
+def test_every_public_member_of_optuna_trial_is_offered(ours):
+    probe = _ProbeTrial(optuna.create_study().ask(), __import__("threading").Lock())
+    offered = _public(ours) | (set(vars(probe)) if ours is _ProbeTrial else set())
+    missing = sorted(_public(optuna.Trial) - offered)
+    assert not missing, f"optuna.Trial members the objective's trial lacks: {missing}"
+
+
+@pytest.mark.launch
+@pytest.mark.parametrize("devices,strategies", [(1, ["single"]), (2, ["ddp"])], ids=["single", "ddp"])
+def test_every_member_works_as_optunas_own(saturn_options, devices, strategies):
+    study = optuna.create_study(study_name="members")
+    study.set_user_attr("team", "vision")
+    study.enqueue_trial({"lr": 0.01, "width": 8, "act": "tanh", "u": 0.75, "lu": 0.01, "du": 0.5})
+    SaturnExecutor(devices=devices, strategies=strategies, **saturn_options).optimize(study, every_member, n_trials=1)
+    (frozen,) = study.trials
+    assert frozen.state == TrialState.COMPLETE, frozen.user_attrs.get("saturn:fail_reason")
+    seen = frozen.user_attrs["seen"]
+    assert seen["number"] == frozen.number
+    assert seen["params"] == frozen.params
+    assert seen["distributions"] == {k: repr(v) for k, v in frozen.distributions.items()}
+    assert frozen.constraints == {"c0": 0.25} and seen["constraints"] == {"c0": 0.25}
+    assert frozen.user_attrs["mine"] == {"width": 8} == seen["mine"] and "saturn:options" in seen["user_attrs"]
+    assert seen["datetime_start"] == frozen.datetime_start.isoformat()
+    assert seen["relative_params"] == {}
+    assert (seen["study_name"], seen["direction"]) == ("members", "MINIMIZE")
+    assert seen["study_user_attrs"]["team"] == "vision"
+    assert "callback" in seen["study_trials_error"] and "study_name" in seen["study_trials_error"]
+
+
+@pytest.mark.launch
+def test_keyboard_interrupt_or_exit_in_the_objective_fails_only_its_trial(saturn_options):
+    """Raised in a worker, not in the user's process: FAIL with the reason, and the sweep goes on (Optuna's
+    study.optimize would re-raise them; docs/failures.md says where the two differ)."""
+    study = optuna.create_study()
+    for how in (1, 2, 0):
+        study.enqueue_trial({"how": how})
+    SaturnExecutor(devices=1, strategies=["single"], **saturn_options).optimize(study, ends_itself, n_trials=3)
+    states = {t.params["how"]: t.state for t in study.trials}
+    assert states == {1: TrialState.FAIL, 2: TrialState.FAIL, 0: TrialState.COMPLETE}
+    reasons = {t.params["how"]: t.user_attrs.get("saturn:fail_reason", "") for t in study.trials}
+    assert "KeyboardInterrupt" in reasons[1] and "SystemExit" in reasons[2]
