@@ -337,6 +337,19 @@ def test_png_export(study: optuna.Study, tmp_path, monkeypatch, exporter: str) -
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5_000
 
 
+def test_a_kaleido_that_hangs_is_killed_and_chromium_writes_the_png(study: optuna.Study, tmp_path, monkeypatch):
+    """Kaleido's browser once hung a CI run for good inside ``write_image``: it now runs in a process group of its
+    own, killed at its time limit (here 0.05 s, before it can start), and the Chromium screenshot takes over."""
+    need_chromium()
+    require(importlib.util.find_spec("kaleido") is not None, "kaleido")
+    from optuna_saturn.report import export
+
+    monkeypatch.setattr(export, "KALEIDO_SECONDS", 0.05)
+    path = tmp_path / "chart.png"
+    assert write_png(schedule_figure(read_study(study)), path, width=900) == "chromium"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 # -- progress ---------------------------------------------------------------------------------------------------------
 def tracker_with_two_trials() -> SweepTracker:
     tracker = SweepTracker()

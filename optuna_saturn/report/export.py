@@ -2,14 +2,17 @@
 
 PNG goes through kaleido (plotly's exporter, which drives a local Chrome/Chromium) when it is installed; without
 it, a headless Chromium screenshot of the HTML does the same job. Either way nothing is fetched from the network:
-the HTML embeds plotly.js.
+the HTML embeds plotly.js. Kaleido runs in a process of its own with a time limit: its browser has been seen to
+hang for good (a CI run waited on it), and a report must not.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -28,6 +31,17 @@ CHROMIUM_FLAGS = (
     "--disable-sync",
     "--hide-scrollbars",
 )
+
+
+#: How long kaleido may take for one PNG before the Chromium screenshot is used instead.
+KALEIDO_SECONDS = 90.0
+
+_KALEIDO = """
+import sys
+import plotly.io
+figure = plotly.io.read_json(sys.argv[1])
+figure.write_image(sys.argv[2], format="png", width=int(sys.argv[3]), height=int(sys.argv[4]))
+"""
 
 
 class ExportError(RuntimeError):
@@ -53,9 +67,9 @@ def write_png(fig: go.Figure, path: str | os.PathLike, *, width: int = 1200, hei
         kaleido_error: Exception | None = None
     else:
         try:
-            fig.write_image(path, format="png", width=width, height=height)
+            _kaleido_png(fig, path, width=width, height=height)
             return "kaleido"
-        except Exception as exc:  # e.g. kaleido finds no Chrome: try Chromium directly
+        except (subprocess.SubprocessError, OSError) as exc:  # e.g. kaleido finds no Chrome: Chromium directly
             kaleido_error = exc
     browser = find_chromium()
     if browser is None:
@@ -66,6 +80,29 @@ def write_png(fig: go.Figure, path: str | os.PathLike, *, width: int = 1200, hei
         )
     _chromium_screenshot(browser, fig, path, width=width, height=height)
     return "chromium"
+
+
+def _kaleido_png(fig: go.Figure, path: Path, *, width: int, height: int) -> None:
+    """``fig.write_image``, in a process group of its own (kaleido's browser with it), killed after
+    :data:`KALEIDO_SECONDS`."""
+    with tempfile.TemporaryDirectory(prefix="saturn-kaleido-") as tmp:
+        figure = Path(tmp) / "figure.json"
+        figure.write_text(fig.to_json(), encoding="utf-8")
+        process = subprocess.Popen(
+            [sys.executable, "-c", _KALEIDO, str(figure), str(path), str(width), str(height)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            _, errors = process.communicate(timeout=KALEIDO_SECONDS)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise
+        if process.returncode != 0 or not path.exists():
+            raise subprocess.SubprocessError(errors.strip()[-500:] or f"exit code {process.returncode}")
 
 
 def find_chromium() -> str | None:
