@@ -142,7 +142,10 @@ def objective(trial) -> float:
             trial.report(loss, step + 1)
             if trial.should_prune():
                 raise optuna.TrialPruned()
-    return validation_loss()
+    final = validation_loss()
+    if trial.is_real_run and trial.is_main_process:  # (not while describing or profiling: they stop early)
+        print(f"trial {trial.number}: validation loss {final:.4f} after {TRAIN_STEPS} steps, {trial.params}")
+    return final
 
 
 def main(

@@ -1,10 +1,15 @@
 """The documentation's screenshots, taken with headless Chromium (issue 28):
 
 - ``docs/site-home.png``: the documentation site's home page, as ``mkdocs build`` renders it;
+- ``docs/site-ways-in.png``: the Lightning page of "Ways in", with its example rendered (issue 37: a formatter
+  had turned the include into one line of text);
 - ``docs/notebook-progress.png``: the live progress display of ``examples/notebook.ipynb``, as its sweep cell
-  left it, from a real run of the notebook in a Jupyter kernel (nbclient; about two minutes on 2 cores).
+  left it, from a real run of the notebook in a Jupyter kernel (nbclient; about two minutes on 2 cores). The
+  notebook is saved back with that run's outputs, so GitHub shows what a run prints.
 
-    python scripts/docs_screenshots.py [--only site|notebook]
+    unshare -n sh -c 'ip link set lo up && exec "$@"' sh python scripts/docs_screenshots.py [--only site|notebook]
+
+(a loopback-only network namespace: the notebook's sweep starts process groups, DESIGN.md decision 9).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 
 
-def site_home(out: Path) -> None:
+def site_pages(home: Path, ways_in: Path) -> None:
     from optuna_saturn.report.export import screenshot
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -30,7 +35,9 @@ def site_home(out: Path) -> None:
             check=True,
             env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
         )
-        screenshot((Path(tmp) / "index.html").as_uri(), out, width=1280, height=900)
+        screenshot((Path(tmp) / "index.html").as_uri(), home, width=1280, height=900)
+        page = (Path(tmp) / "ways-in" / "lightning" / "index.html").as_uri()
+        screenshot(page, ways_in, width=1100, height=4200)  # (the whole page: the example is at its end)
 
 
 def notebook_progress(out: Path) -> None:
@@ -44,6 +51,7 @@ def notebook_progress(out: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "examples"), os.environ.get("PYTHONPATH", "")])
         nbclient.NotebookClient(notebook, timeout=900, resources={"metadata": {"path": tmp}}).execute()
+        nbformat.write(notebook, ROOT / "examples" / "notebook.ipynb")  # (with this real run's outputs)
         table = next(o["data"]["text/html"] for o in sweep.outputs if "text/html" in o.get("data", {}))
         page = Path(tmp) / "progress.html"
         page.write_text(
@@ -60,11 +68,11 @@ def main() -> None:
     parser.add_argument("--only", choices=["site", "notebook"])
     args = parser.parse_args()
     if args.only in (None, "site"):
-        site_home(DOCS / "site-home.png")
-        print(f"wrote {DOCS / 'site-home.png'}")
+        site_pages(DOCS / "site-home.png", DOCS / "site-ways-in.png")
+        print(f"wrote {DOCS / 'site-home.png'} and {DOCS / 'site-ways-in.png'}")
     if args.only in (None, "notebook"):
         notebook_progress(DOCS / "notebook-progress.png")
-        print(f"wrote {DOCS / 'notebook-progress.png'}")
+        print(f"wrote {DOCS / 'notebook-progress.png'} and examples/notebook.ipynb with its outputs")
 
 
 if __name__ == "__main__":

@@ -122,13 +122,22 @@ def test_schedule_chart_is_on_the_study_page(tmp_path: Path, saturn_options: dic
         )
         chart = driver.find_element(By.ID, chart_id)
         text = chart.text
-        assert TITLE in text
+        title, subtitle = TITLE.removesuffix("</sup>").split("<br><sup>")
+        assert title in text and subtitle in text
+        fits = driver.execute_script(  # the title lies inside the chart's card (its edges clipped it)
+            "const c = document.getElementById(arguments[0]); const t = c.querySelector('.g-gtitle text');"
+            "const a = t.getBoundingClientRect(), b = c.getBoundingClientRect();"
+            "return [a.width, a.right, b.right, a.top, b.top]",
+            chart_id,
+        )
+        assert fits[0] > 0 and fits[1] <= fits[2] and fits[3] >= fits[4] + 4, fits
         assert "cpu:0" in text and "cpu:1" in text  # one row per device
         assert "makespan" in text and "lower bound" in text
         labels = driver.execute_script(  # the data plotly drew, as the browser holds it
             "return document.getElementById(arguments[0]).data.flatMap(t => t.text || [])", chart_id
         )
-        assert sorted(set(labels) - {""}) == sorted(f"#{t.number} single" for t in study.trials)
+        expected = [f"#{t.number} single" for t in study.trials] + [f"#{t.number} planned" for t in study.trials]
+        assert sorted(set(labels) - {""}) == sorted(expected)  # what ran, and the planned outlines, labelled
         bars = chart.find_elements(By.CSS_SELECTOR, "g.trace.bars g.point")
         assert len(bars) >= 2 * len(study.trials)  # an outline (planned) and a filled (actual) bar per trial
         assert "Saturn schedule" in driver.find_element(By.TAG_NAME, "body").text  # the plan note

@@ -50,3 +50,17 @@ def test_the_notebook_runs_its_sweep_in_cells(tmp_path, monkeypatch):
     assert any(
         "application/vnd.plotly.v1+json" in o.get("data", {}) or "text/html" in o.get("data", {}) for o in schedule
     ), schedule
+
+
+def test_the_notebook_is_saved_with_the_outputs_of_a_real_run():
+    """GitHub and a reader's Jupyter show what a run prints before anyone runs it (scripts/docs_screenshots.py
+    saves it after a real run)."""
+    import nbformat
+
+    notebook = nbformat.read(EXAMPLES / "notebook.ipynb", as_version=4)
+    sweep = next(cell for cell in notebook.cells if "SaturnExecutor(" in cell.source)
+    tables = [o["data"]["text/html"] for o in sweep.outputs if "text/html" in o.get("data", {})]
+    assert tables and "COMPLETE" in tables[-1] and "RUNNING" not in tables[-1]
+    assert all(
+        cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code" and "import" not in cell.source
+    )

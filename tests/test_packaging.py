@@ -64,3 +64,14 @@ def test_ci_installs_and_tests_with_the_readmes_own_commands():
     assert install in ci, f".ci/run does not run the README's install: {install}"
     for command in tests.split(" && "):
         assert command in ci, f".ci/run does not run the README's test line's {command!r}"
+
+
+def test_the_licence_is_mit_and_no_doc_names_an_unserved_package():
+    """pyproject.toml said MIT with no LICENSE file; the docs and a CLI error told users to install
+    ``optuna-saturn[...]``, a name no package index serves (install from the clone, with extras)."""
+    licence = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert licence.startswith("MIT License") and "WITHOUT WARRANTY OF ANY KIND" in licence
+    assert (ROOT / "CHANGELOG.md").read_text(encoding="utf-8").startswith("# Changelog")
+    texts = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "optuna_saturn").rglob("*.py")]
+    unserved = [str(p.relative_to(ROOT)) for p in texts if "optuna-saturn[" in p.read_text(encoding="utf-8")]
+    assert not unserved, f"these name optuna-saturn[...], which no index serves: {unserved}"

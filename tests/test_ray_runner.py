@@ -137,7 +137,7 @@ def test_the_runner_options_say_what_is_wrong():
 
 # -- real sweeps on a two-node cluster ---------------------------------------------------------------------------------
 def _sweep_on_a_ray_cluster(mode: str, tmp_path) -> dict:
-    require(importlib.util.find_spec("ray") is not None, "Ray", fix="pip install 'optuna-saturn[ray]'")
+    require(importlib.util.find_spec("ray") is not None, "Ray", fix="pip install 'ray[default]' (the ray extra)")
     require(
         bool(shutil.which("unshare") and shutil.which("ip")),
         "unshare or ip (util-linux, iproute2)",
@@ -308,7 +308,7 @@ def test_two_network_namespace_hosts_run_a_sweep_and_survive_the_kill_of_one_ray
     host. A sweep spreads over both (a DDP trial inside one host); then a second sweep, whose trial on the worker
     host loses its raylet (kill -9), is planned on the head's host again. Nothing listens outside these
     namespaces."""
-    require(importlib.util.find_spec("ray") is not None, "Ray", fix="pip install 'optuna-saturn[ray]'")
+    require(importlib.util.find_spec("ray") is not None, "Ray", fix="pip install 'ray[default]' (the ray extra)")
     require(os.geteuid() == 0 and bool(shutil.which("ip")), "root and iproute2 (ip netns)", fix="run as root")
     before = _listening_ray()
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")

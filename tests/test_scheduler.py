@@ -269,3 +269,16 @@ def test_listeners_hear_when_the_workers_are_ready_and_the_plain_view_says_so_at
     lines = out.getvalue().splitlines()
     assert "starting a worker on each" in lines[0]
     assert any("workers ready on 2 device(s) after 3.0 s" in line for line in lines)
+
+
+def test_the_sweeps_summary_on_the_study_stays_short_however_many_trials():
+    """``saturn:last_sweep`` is what optuna-dashboard shows in the study's attributes: a few numbers, not one per
+    trial (its ask times were a list of every trial's)."""
+    import json
+
+    jobs = [single(f"j{i}", 1.0 + i % 7) for i in range(300)]
+    study = study_of(jobs)
+    run_simulation(jobs, Cluster([8]), study=study)
+    summary = study.user_attrs["saturn:last_sweep"]
+    assert summary["trials"] == 300 and summary["ask_seconds"]["count"] == 300
+    assert len(json.dumps(summary)) < 800, summary

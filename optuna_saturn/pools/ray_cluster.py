@@ -9,7 +9,10 @@ from typing import Any
 
 from optuna_saturn.devices import Device, DeviceSpec
 
-_INSTALL_HINT = "runner='ray' needs Ray: pip install 'optuna-saturn[ray]' (or pip install 'ray[default]')."
+_INSTALL_HINT = (
+    "runner='ray' needs Ray: pip install 'ray[default]' (the ray extra: pip install '.[ray]' from optuna-saturn's "
+    "clone)."
+)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 
 from optuna_saturn.report.schedule import SweepRecord, TrialRun, device_sort_key, read_study
 
-TITLE = "Saturn schedule: trials per device, planned vs actual"
+TITLE = "Saturn schedule<br><sup>trials per device: bars ran, grey outlines planned</sup>"
 STATE_COLOURS = {"COMPLETE": "#2e9e5b", "PRUNED": "#f0a030", "FAIL": "#d64545", "RUNNING": "#3b7dd8"}
 PLANNED_NAME = "planned"
 PROFILING_NAME = "profiling"
@@ -54,7 +54,15 @@ def schedule_figure(sweeps: Sequence[SweepRecord], *, title: str = TITLE) -> go.
             fig, sweep, offset=sweep.started_at - origin, label=f"sweep {index + 1}: " if len(sweeps) > 1 else ""
         )
     fig.update_layout(
-        title={"text": title, "x": 0.01, "y": 0.99, "yanchor": "top", "yref": "container", "font": {"size": 15}},
+        title={
+            "text": title,
+            "x": 0.01,
+            "y": 0.97,
+            "yanchor": "top",
+            "yref": "container",
+            "pad": {"t": 14},  # (optuna-dashboard's card cuts the top few pixels of its plots)
+            "font": {"size": 15},
+        },
         barmode="overlay",
         bargap=0.25,
         xaxis={"title": "seconds since the sweep started", "rangemode": "tozero", "zeroline": True},
@@ -66,7 +74,7 @@ def schedule_figure(sweeps: Sequence[SweepRecord], *, title: str = TITLE) -> go.
             "type": "category",
         },
         legend={"orientation": "h", "yanchor": "top", "y": -0.22, "xanchor": "left", "x": 0.0},
-        margin={"l": 70, "r": 60, "t": 105, "b": 90},
+        margin={"l": 70, "r": 60, "t": 120, "b": 90},
         height=max(360, 200 + 48 * len(rows)),
         plot_bgcolor="white",
         hoverlabel={"align": "left"},
@@ -96,7 +104,7 @@ def _bars(
             ys.append(device)
             bases.append(offset + begin)
             lengths.append(max(length, 0.0))
-            texts.append("" if outline else f"#{run.number} {run.strategy or ''}".strip())
+            texts.append(f"#{run.number} planned" if outline else f"#{run.number} {run.strategy or ''}".strip())
             hovers.append(_hover(run))
     marker: dict[str, Any] = (
         {"color": "rgba(0,0,0,0)", "line": {"color": "#8a8a8a", "width": 1.2}}
@@ -112,10 +120,11 @@ def _bars(
         marker=marker,
         width=0.8 if outline else 0.5,
         text=texts,
-        textposition="inside",
+        # an outline's label after its end, in grey (inside, it would sit under the bar of what ran)
+        textposition="outside" if outline else "inside",
         insidetextanchor="start",
         textangle=0,
-        textfont={"color": "white", "size": 11},
+        textfont={"color": "#6a6a6a", "size": 10} if outline else {"color": "white", "size": 11},
         hovertext=hovers,
         hoverinfo="text",
         cliponaxis=False,

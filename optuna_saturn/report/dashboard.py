@@ -44,7 +44,8 @@ def _dashboard_api() -> tuple[Callable, Callable]:
         from optuna_dashboard import save_note, save_plotly_graph_object
     except ImportError as exc:  # an optional extra
         raise ImportError(
-            "Publishing to optuna-dashboard needs it installed: pip install 'optuna-saturn[dashboard]'."
+            "Publishing to optuna-dashboard needs it installed: pip install optuna-dashboard plotly kaleido (the "
+            "dashboard extra: pip install '.[dashboard]' from optuna-saturn's clone)."
         ) from exc
     return save_note, save_plotly_graph_object
 

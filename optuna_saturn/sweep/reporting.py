@@ -84,9 +84,16 @@ def summary(
         "planning_seconds": round(planning_seconds, 3),
         "plans": planning.version,
         "describing_seconds": round(sum(asking.ask_seconds), 3),
-        "ask_seconds": [round(s, 3) for s in asking.ask_seconds],
+        "ask_seconds": _spread(asking.ask_seconds),  # (a summary: one number per trial grows without bound)
         "workers_ready": {str(state.devices[d]): round(t, 3) for d, t in sorted(state.ready_at.items())},
     }
+
+
+def _spread(seconds: Sequence[float]) -> dict[str, float | int]:
+    ordered = sorted(seconds)
+    if not ordered:
+        return {"count": 0}
+    return {"count": len(ordered), "median": round(ordered[len(ordered) // 2], 3), "max": round(ordered[-1], 3)}
 
 
 def _tail(path: Path) -> str:
