@@ -232,3 +232,57 @@ def test_two_sweeps_racing_for_each_queued_trial_take_each_one_once(storage):
     assert {s: len(g.held_trials()) for s, g in zip(("sweep-0", "sweep-1"), gateways)} == {
         s: sum(w == [s] for w in taken.values()) for s in ("sweep-0", "sweep-1")
     }
+
+
+@pytest.mark.launch
+def test_a_storage_outage_during_recovery_ends_the_round_not_the_sweep(saturn_options, tmp_path, monkeypatch, caplog):
+    """Recovery runs every 30 s (here 0.3 s) and reads the whole study: an outage then (here every round after the
+    first fails) used to leave the loop and stop every running trial (reliability review, finding 1)."""
+    from optuna_saturn.study import ownership
+    from optuna_saturn.sweep import loop
+
+    real, rounds = ownership.take_over, []
+
+    def flaky(*args, **kwargs):
+        rounds.append(time.monotonic())
+        if len(rounds) > 1:
+            raise sqlalchemy.exc.OperationalError("SELECT", {}, sqlite3.OperationalError("database is locked"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ownership, "take_over", flaky)
+    monkeypatch.setattr(loop, "RECOVER_SECONDS", 0.3)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.sqlite3'}")
+    for offset in (1.0, 2.0, 3.0):
+        study.enqueue_trial({"offset": offset})
+    with caplog.at_level(logging.WARNING, logger="optuna.saturn"):
+        SaturnExecutor(devices=1, strategies=["single"], **saturn_options).optimize(study, objectives.curve, n_trials=3)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
+    assert len(rounds) >= 3  # the failed rounds came, and the sweep went on through them
+    assert "Recovery could not reach the storage (OperationalError" in caplog.text
+
+
+def test_a_result_told_while_another_sweep_ends_the_trial_is_kept_as_late_not_raised(tmp_path):
+    """Another sweep's recovery ends the trial (taken for an orphan) in the middle of this sweep's tell, between
+    its check and its writes: the tell used to raise (UpdateFinishedTrialError) and stop this sweep; the result is
+    now kept as the trial's late result, in the study and the outbox (reliability review, finding 5)."""
+    from optuna_saturn.study.ownership import _end_orphan
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    study = optuna.create_study(storage=url)
+    mine = StudyGateway(study, outbox=Outbox(tmp_path / "outbox"), owner=Owner.of_this_process().to_json())
+    trial = mine.ask_new()
+    trial.suggest_float("x", 0, 1)
+    other = StudyGateway(optuna.load_study(study_name=study.study_name, storage=url))
+    real, writes = study._storage.set_trial_user_attr, []
+
+    def interleaved(trial_id, key, value):
+        writes.append(key)
+        if len(writes) == 3:  # the other sweep's recovery lands while this one writes its result's attributes
+            _end_orphan(other, other.study.get_trials()[0], "silent for 61 s", again=True, by=Owner("b", "h", 1, 0.0))
+        return real(trial_id, key, value)
+
+    study._storage.set_trial_user_attr = interleaved
+    frozen = mine.tell(trial, TrialState.COMPLETE, [0.5], attrs={f"k{i}": i for i in range(10)})
+    assert frozen.state == TrialState.FAIL  # as the other sweep ended it
+    late = optuna.load_study(study_name=study.study_name, storage=url).user_attrs["saturn:late_result:0"]
+    assert late["state"] == "COMPLETE" and late["values"] == [0.5]

@@ -192,17 +192,42 @@ class StudyGateway:
             stored = self.study._storage.get_trial(trial._trial_id)
             if stored.state.is_finished():  # an attempt the storage took, though its answer was lost
                 return stored
-            for key, value in attrs.items():
-                trial.set_user_attr(key, value)
-            if state == TrialState.FAIL and log is not None:
-                self._keep_log(trial, log)
             try:
-                return self.study.tell(trial, values if state == TrialState.COMPLETE else None, state=state)
+                return self._write_result(trial, state, values, attrs, log)
             except STORAGE_ERRORS:
                 raise
-            except Exception as exc:
-                trial.set_user_attr(ATTR + "fail_reason", f"could not record the result: {exc}")
-                return self.study.tell(trial, state=TrialState.FAIL)
+            except Exception:
+                # another sweep's recovery ended the trial between the check above and these writes (its
+                # attributes, then the tell, are some twenty writes): what it stored is the trial now, and the
+                # caller keeps this result as a late one
+                stored = self.study._storage.get_trial(trial._trial_id)
+                if stored.state.is_finished():
+                    return stored
+                raise
+
+    def _write_result(
+        self,
+        trial: optuna.Trial,
+        state: TrialState,
+        values: list[float] | None,
+        attrs: dict[str, Any],
+        log: Path | None,
+    ) -> FrozenTrial:
+        for key, value in attrs.items():
+            trial.set_user_attr(key, value)
+        if state == TrialState.FAIL and log is not None:
+            self._keep_log(trial, log)
+        try:
+            return self.study.tell(trial, values if state == TrialState.COMPLETE else None, state=state)
+        except STORAGE_ERRORS:
+            raise
+        except optuna.exceptions.UpdateFinishedTrialError:
+            raise
+        except Exception as exc:  # the study refused the result (a value of the wrong shape, say): FAIL
+            if self.study._storage.get_trial(trial._trial_id).state.is_finished():
+                raise  # (not refused: ended by another sweep meanwhile)
+            trial.set_user_attr(ATTR + "fail_reason", f"could not record the result: {exc}")
+            return self.study.tell(trial, state=TrialState.FAIL)
 
     def tell_what_the_outbox_kept(self, orphaned: Callable[[FrozenTrial], bool]) -> list[int]:
         """Tell the results an earlier sweep kept in the outbox but the storage never got, for its trials that are

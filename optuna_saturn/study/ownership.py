@@ -30,6 +30,7 @@ from optuna.trial import FrozenTrial, TrialState
 from optuna_saturn.study import claims, liveness
 from optuna_saturn.study.gateway import ATTR, StudyGateway
 from optuna_saturn.study.liveness import HeartbeatWatch
+from optuna_saturn.study.outbox import STORAGE_ERRORS
 
 _logger = optuna.logging.get_logger("optuna.saturn")
 
@@ -219,3 +220,20 @@ def take_over(gateway: StudyGateway, me: Owner, *, max_retries: int, watch: Hear
     study_attrs = gateway.study.user_attrs  # (read once, not per trial)
     gateway.tell_what_the_outbox_kept(lambda trial: why_orphaned(trial, me, study_attrs, watch) is not None)
     return recover_orphans(gateway, me, max_retries=max_retries, watch=watch)
+
+
+def recovery_round(
+    gateway: StudyGateway, me: Owner, *, max_retries: int, watch: HeartbeatWatch | None = None
+) -> list[int]:
+    """:func:`take_over`, as the loop runs it every :data:`RECOVER_SECONDS`: a storage that fails during the round
+    (an outage of the length the sweep rides out elsewhere) ends the round, not the sweep. The next round does
+    the same work again: every step of it reads the trials anew."""
+    try:
+        return take_over(gateway, me, max_retries=max_retries, watch=watch)
+    except STORAGE_ERRORS as exc:
+        cause = exc.__cause__ or exc
+        _logger.warning(
+            f"Recovery could not reach the storage ({type(cause).__name__}: {str(cause).splitlines()[0]}); the sweep "
+            f"goes on, and the next round tries again in {RECOVER_SECONDS:.0f} s."
+        )
+        return []

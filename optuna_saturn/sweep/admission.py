@@ -6,7 +6,9 @@ trials. Mechanism only: what to do next is the policy's call, and every write go
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
+from optuna_saturn.study.outbox import retrying
 from optuna_saturn.study.ownership import inherit_intermediate_values
 from optuna_saturn.study.queue import ParameterNotFixed, QueuedTrial
 from optuna_saturn.sweep.actions import Actions
@@ -46,8 +48,11 @@ class Admission:
             if trial is None:
                 continue  # another sweep took it from the queue first
             self._do.own(trial)
-            inherit_intermediate_values(gateway, trial)
-            self._state.resumes[trial.number] = self._do.resumes.inherited(trial)
+            number = trial.number
+            retrying(partial(inherit_intermediate_values, gateway, trial), what=f"read trial {number}'s first run")
+            self._state.resumes[number] = retrying(
+                partial(self._do.resumes.inherited, trial), what=f"read trial {number}'s checkpoint"
+            )
             price = self._do.price(trial, describe=self._asking.describes_asked)
             self._asking.asked(self._now() - asked_at)
             self._do.admit(trial, price, asked_at, self._now(), profile_everything=self._asking.profile_only)

@@ -22,7 +22,7 @@ from optuna_saturn.clock import Clock
 from optuna_saturn.pools.protocol import JobEnd, Pool
 from optuna_saturn.study.liveness import Heartbeat, HeartbeatWatch
 from optuna_saturn.study.outbox import STORAGE_ERRORS
-from optuna_saturn.study.ownership import RECOVER_SECONDS, take_over
+from optuna_saturn.study.ownership import RECOVER_SECONDS, recovery_round
 from optuna_saturn.sweep import dispatch, reporting
 from optuna_saturn.sweep.actions import Actions
 from optuna_saturn.sweep.admission import Admission
@@ -170,7 +170,9 @@ class Sweep:
         if not self.settings.owned or self._clock.now() < self._next_recovery:
             return
         self._next_recovery = self._clock.now() + RECOVER_SECONDS
-        retried = take_over(self._gateway, self._do.owner, max_retries=self.settings.max_retries, watch=self._watch)
+        retried = recovery_round(
+            self._gateway, self._do.owner, max_retries=self.settings.max_retries, watch=self._watch
+        )
         if retried:
             self._queue.look_again()
             if self._state.n_trials is not None:
