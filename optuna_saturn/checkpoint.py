@@ -39,6 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from optuna_saturn.checkpoint_paths import make_private_folders
 from optuna_saturn.worker import trainer_state
 from optuna_saturn.worker.random_state import capture, restore
 
@@ -121,7 +122,7 @@ def save(
     partial = folder / f"step-{step}.partial"
     if context.rank == 0:
         shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
+        make_private_folders(partial)  # (0700 whatever the umask: a resume refuses folders others can change)
     trainer = _trainer_state(step, scheduler, list(loaders), context.world_size, group, extra)
     _barrier(context.world_size, group)  # the folder exists for every rank
     if fmt == DEEPSPEED:

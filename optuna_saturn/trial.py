@@ -9,6 +9,7 @@ instead of leaving the others hanging in a collective (the failure of optuna-exa
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -307,7 +308,17 @@ class SaturnTrial(RelayedTrial, WaysIn):
         if self._profile is not None or self._resume is None:
             return 0, None
         from optuna_saturn import checkpoint
+        from optuna_saturn.checkpoint_paths import refusal
 
+        root = os.path.dirname(self._checkpoint_dir) if self._checkpoint_dir else ""
+        refused = refusal(self._resume.path, root) if root else "this run has no checkpoint folder"
+        if refused:  # (checked again here, just before loading: the executor checked when it planned)
+            if self.rank == 0:
+                print(
+                    f"optuna-saturn: not loading {self._resume.path} ({refused}); starting from step 0.",
+                    file=sys.stderr,
+                )
+            return 0, None
         record = checkpoint.usable(self._resume)
         if record != self._resume and self.rank == 0:
             print(

@@ -90,7 +90,7 @@ def test_a_trial_killed_with_its_sweep_resumes_from_its_checkpoint(saturn_option
     assert Path(record["path"]).is_dir()
 
     study = optuna.load_study(study_name="killed", storage=storage)
-    options = {**saturn_options, "log_dir": tmp_path / "then"}
+    options = {**saturn_options, "log_dir": tmp_path / "first"}  # (run again as it was: its checkpoints are there)
     SaturnExecutor(devices=then[1], strategies=[then[0]], allow_shared_cores=True, **options).optimize(
         study, objectives.resumable, n_trials=0
     )

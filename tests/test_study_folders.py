@@ -56,16 +56,18 @@ def test_a_checkpoint_outside_the_studys_folders_or_writable_by_others_is_not_lo
     for folder in (tmp_path, *root.relative_to(tmp_path).parents, root, own.parent, own):
         os.chmod(tmp_path / folder, 0o755)
     assert resumes.refused(_record(own)) == ""
-    # the same study's folder under another log_dir (an earlier run of the study used another one)
-    earlier = tmp_path / "earlier" / "checkpoints" / "study-0123" / "trial-1" / "step-8"
-    earlier.mkdir(parents=True)
-    assert resumes.refused(_record(earlier)) == ""
+    # a folder named like the study's anywhere else on disk (another log_dir, or /tmp/<it>/...: anyone can make one)
+    elsewhere = tmp_path / "elsewhere" / "checkpoints" / "study-0123" / "trial-1" / "step-8"
+    elsewhere.mkdir(parents=True)
+    assert "this study's checkpoint folder" in resumes.refused(_record(elsewhere))
+    # a component missing when it is checked (it could be swapped in before the load)
+    assert "does not exist" in resumes.refused(_record(root / "trial-9" / "step-4"))
 
     other_study = tmp_path / "runs" / "checkpoints" / "study-4567" / "trial-3" / "step-4"
     other_study.mkdir(parents=True)
-    assert "a folder of this study's" in resumes.refused(_record(other_study))
-    assert "a folder of this study's" in resumes.refused(_record(root / "trial-3" / ".." / "trial-3" / "step-4"))
-    assert "a folder of this study's" in resumes.refused(_record(root / "other" / "step-4"))
+    assert "this study's checkpoint folder" in resumes.refused(_record(other_study))
+    assert "not a trial's checkpoint" in resumes.refused(_record(root / "trial-3" / ".." / "trial-3" / "step-4"))
+    assert "not a trial's checkpoint" in resumes.refused(_record(root / "other" / "step-4"))
 
     os.chmod(own, 0o777)
     assert "writable by others" in resumes.refused(_record(own))
@@ -76,7 +78,7 @@ def test_a_checkpoint_outside_the_studys_folders_or_writable_by_others_is_not_lo
     assert resumes.refused(_record(own)) == ""
     link = root / "trial-5"
     link.symlink_to(own.parent)
-    assert "a link" in resumes.refused(_record(link / "step-4"))
+    assert resumes.refused(_record(link / "step-4")) != ""  # (reached through a link: not where it says)
 
 
 @pytest.mark.launch
@@ -136,3 +138,47 @@ def test_a_long_log_comes_back_as_its_tail(tmp_path):
     assert tail(log, limit=100).endswith("the error\n") and "first 4910 bytes" in tail(log, limit=100)
     assert tail(log) == "x" * 5000 + "the error\n"
     assert tail(tmp_path / "none.log") == ""
+
+
+def test_checkpoint_folders_are_private_under_any_umask_and_a_retry_may_load_them(tmp_path):
+    """Under umask 002 (Debian's and Ubuntu's default for a user's own group) the checkpoint folders were created
+    group-writable, and the sweep refused its own checkpoints: every retried trial started over (review, #9)."""
+    import torch
+
+    from optuna_saturn.checkpoint_paths import refusal
+
+    class _SingleProcess:  # an engine's context on one process
+        class context:
+            rank, world_size, strategy = 0, 1, "single"
+
+        checkpoint_format = checkpoint.DCP
+
+    for folder in (tmp_path,):
+        os.chmod(folder, 0o755)
+    root = tmp_path / "runs" / "checkpoints" / "study-0123"
+    before = os.umask(0o002)
+    try:
+        model = torch.nn.Linear(2, 2)
+        record = checkpoint.save(_SingleProcess(), root / "trial-3", 4, model, None, None, group=None)
+    finally:
+        os.umask(before)
+    for folder in (root / "trial-3" / "step-4", root / "trial-3", root, root.parent, root.parent.parent):
+        assert oct(folder.stat().st_mode & 0o777) == "0o700", folder
+    assert refusal(record.path, root) == ""
+
+
+def test_the_worker_refuses_a_checkpoint_swapped_for_a_link_after_it_was_planned(tmp_path):
+    """The executor checks when it plans a resume; the worker checks again just before it loads: a step folder
+    replaced by a link meanwhile (to a tree someone else wrote) is not loaded."""
+    from optuna_saturn.checkpoint_paths import make_private_folders, refusal
+
+    root = tmp_path / "checkpoints" / "study-0123"
+    planned = root / "trial-3" / "step-4"
+    make_private_folders(planned)
+    os.chmod(tmp_path, 0o755)
+    assert refusal(planned, root) == ""
+    planted = tmp_path / "planted" / "trial-3" / "step-4"
+    planted.mkdir(parents=True)
+    planned.rmdir()
+    planned.symlink_to(planted)
+    assert refusal(planned, root) != ""

@@ -5,23 +5,21 @@ latest checkpoint under the options that can load it (``torch.distributed.checkp
 loads into its own ZeRO stage, through a universal checkpoint on another device count). If none can, or the
 checkpoint is gone, it runs from the start. Written into :attr:`SweepState.resumes`.
 
-A checkpoint is loaded by the workers, and loading one unpickles (DeepSpeed's, and the trainer's state), so a
-trial resumes only from a checkpoint in a folder of its own study's (named by the study's folder id), in folders
-owned by this user that no other user can change: whoever can write a trial attribute cannot make the workers
-load a file of their choosing.
+A checkpoint is loaded by the workers, and loading one unpickles (DeepSpeed's, DCP's metadata), so a trial
+resumes only from a checkpoint inside its study's checkpoint folder of this sweep, in folders owned by this user
+that no other user can change (:mod:`optuna_saturn.checkpoint_paths`): whoever can write a trial attribute
+cannot make the workers load a file of their choosing.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import stat
 from collections.abc import Callable
 from pathlib import Path
 
 import optuna
 
 from optuna_saturn import checkpoint
+from optuna_saturn.checkpoint_paths import refusal
 from optuna_saturn.pricing.prices import TrialPrice
 from optuna_saturn.strategy import Strategy
 from optuna_saturn.study.gateway import ATTR
@@ -69,34 +67,10 @@ class Resumes:
         return record
 
     def refused(self, record: checkpoint.CheckpointRecord) -> str:
-        """Why the workers must not load ``record``; "" if they may. It must be a trial's checkpoint in a folder
-        of this study's (``<checkpoints>/<the study's folder>/trial-N/step-K``: another run of the study may have
-        used another ``log_dir``), in folders only this user can change."""
-        path = Path(record.path)
-        trial_folder, study_folder = path.parent, path.parent.parent
-        if (
-            study_folder.name != self._root.name
-            or not re.fullmatch(r"trial-\d+", trial_folder.name)
-            or not re.fullmatch(r"step-\d+", path.name)
-            or not path.is_absolute()
-            or ".." in path.parts
-        ):
-            return f"it is not a trial's checkpoint in a folder of this study's ({self._root.name})"
-        for folder in (path, trial_folder, study_folder):
-            try:
-                info = folder.lstat()
-            except OSError:
-                continue  # (gone: said when it is looked for)
-            if folder.is_symlink() or info.st_uid != os.getuid() or info.st_mode & 0o022:
-                return f"{folder} is a link, another user's, or writable by others"
-        for above in study_folder.parents:  # (another user who may rename what is in them could swap it)
-            try:
-                info = above.stat()
-            except OSError:
-                continue
-            if info.st_uid not in (0, os.getuid()) or (info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX):
-                return f"{above} may be changed by another user"
-        return ""
+        """Why the workers must not load ``record``; "" if they may (:func:`optuna_saturn.checkpoint_paths.refusal`:
+        a trial's checkpoint in this study's checkpoint folder of this sweep, in folders only this user can
+        change; the worker checks again before it loads)."""
+        return refusal(record.path, self._root)
 
     def from_run(self, run: TrialRun, *, moved: bool = False) -> None:
         """The trial of ``run`` goes on from the checkpoint it saved (a moved trial always; after a failure only
