@@ -25,6 +25,7 @@ from optuna_saturn.pricing.pricer import Pricer
 from optuna_saturn.profiler import ProfileStore
 from optuna_saturn.progress import ProgressMode, make_progress
 from optuna_saturn.strategy import Strategy, nothing_to_choose, select_strategies
+from optuna_saturn.study.claims import refuse_lost_guarantees
 from optuna_saturn.study.interrupts import stop_signal
 from optuna_saturn.sweep import Sweep, SweepSettings
 from optuna_saturn.sweep.requests import run_folder
@@ -253,6 +254,7 @@ class SaturnExecutor:
                 raise TypeError(f"callbacks must be callables taking (study, frozen_trial), got {callback!r}.")
         if not isinstance(study, optuna.Study):
             raise TypeError(f"study must be an optuna.Study, got {type(study).__name__}.")
+        refuse_lost_guarantees(study._storage)
         if n_trials is not None and (not isinstance(n_trials, int) or n_trials < 0):
             raise ValueError(f"n_trials must be a non-negative int or None, got {n_trials!r}.")
         if timeout is not None and timeout <= 0:

@@ -283,6 +283,8 @@ def test_malformed_storage_url(tmp_path: Path) -> None:
     assert "Malformed storage URL" in message
     message = error_of(invoke("report", "--storage", f"sqlite:///{tmp_path / 'nope.db'}"))
     assert "No database file" in message and not (tmp_path / "nope.db").exists()
+    message = error_of(invoke("run", f"{OBJECTIVES}:quadratic", "--storage", "sqlite:///:memory:", "--devices", "1"))
+    assert "in-memory SQLite database" in message and "sqlite:///sweep.sqlite3" in message
 
 
 def test_more_devices_than_exist(tmp_path: Path) -> None:

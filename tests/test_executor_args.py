@@ -74,3 +74,14 @@ def test_catch_accepts_what_study_optimize_accepts():
     executor = SaturnExecutor(devices=1, strategies=["single"])
     for catch in ((), ValueError, (ValueError, RuntimeError), [KeyError]):
         executor.optimize(study, objectives.quadratic, n_trials=0, catch=catch, callbacks=[], gc_after_trial=True)
+
+
+def test_an_in_memory_sqlite_storage_is_refused_before_anything_runs():
+    """Each thread of a sweep (the heartbeat, the workers' requests) would see its own empty database."""
+    from optuna_saturn import SaturnExecutor
+
+    study = optuna.create_study(storage="sqlite:///:memory:")
+    with pytest.raises(ValueError, match=r"in-memory SQLite database.*sqlite:///sweep\.sqlite3"):
+        SaturnExecutor(devices=1, strategies=["single"], progress=None, dashboard=False).optimize(
+            study, lambda trial: 0.0, n_trials=1
+        )

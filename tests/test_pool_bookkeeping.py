@@ -133,3 +133,35 @@ def test_the_grace_timer_of_a_run_that_ended_spares_a_new_run_under_the_same_key
     finally:
         for process in (a, b, c, d):
             _kill(process)
+
+
+def test_a_cut_or_empty_rank_error_file_is_passed_over_and_an_error_is_written_whole(tmp_path):
+    """A rank's error file cut by a full disk or a kill used to raise out of the pool's wait and stop the sweep
+    (reliability review, finding 13): it is read past, and a rank writes its file under another name first."""
+    from optuna_saturn.worker.failures import error_file, first_failure, record_failure
+
+    prefix = str(tmp_path / "job-7")
+    record_failure(prefix, 1, "RuntimeError: boom", "crash")
+    with open(error_file(prefix, 0), "w", encoding="utf-8") as f:
+        f.write('{"rank": 0, "time": 1.0, "err')  # cut
+    open(error_file(prefix, 2), "w").close()  # empty
+    failure = first_failure(prefix)
+    assert failure is not None and failure.rank == 1 and failure.kind == "crash"
+    assert not list(tmp_path.glob("*.partial"))
+
+
+def test_a_rank_error_file_cut_while_written_never_takes_its_final_name(tmp_path, monkeypatch):
+    import errno
+    import json
+
+    from optuna_saturn.worker import failures
+
+    def disk_full(obj, f):
+        f.write(json.dumps(obj)[:10])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(failures.json, "dump", disk_full)
+    prefix = str(tmp_path / "job-8")
+    with pytest.raises(OSError):
+        failures.record_failure(prefix, 0, "RuntimeError: boom", "crash")
+    assert not (tmp_path / "job-8.rank0.error.json").exists() and failures.first_failure(prefix) is None

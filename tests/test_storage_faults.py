@@ -4,6 +4,7 @@ result waits on disk (the outbox) until the storage has it; what a dead sweep le
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import sqlite3
 import subprocess
@@ -286,3 +287,19 @@ def test_a_result_told_while_another_sweep_ends_the_trial_is_kept_as_late_not_ra
     assert frozen.state == TrialState.FAIL  # as the other sweep ended it
     late = optuna.load_study(study_name=study.study_name, storage=url).user_attrs["saturn:late_result:0"]
     assert late["state"] == "COMPLETE" and late["values"] == [0.5]
+
+
+def test_the_outbox_is_private_and_ignores_files_it_did_not_write(tmp_path):
+    """Its files are taken as results at the next start: under umask 002 anyone in the group could have put one
+    there (reliability review, finding 20)."""
+    before = os.umask(0o002)
+    try:
+        outbox = Outbox(tmp_path / "outbox" / "study-1")
+        kept = outbox.keep(Outgoing(1, 0, "COMPLETE", [0.5], {}))
+    finally:
+        os.umask(before)
+    assert oct((tmp_path / "outbox").stat().st_mode & 0o777) == "0o700" and oct(kept.stat().st_mode & 0o777) == "0o600"
+    planted = tmp_path / "outbox" / "study-1" / "trial-9-deadbeef.json"
+    planted.write_text(kept.read_text())
+    os.chown(planted, 12345, 12345)
+    assert [path for path, _ in outbox.pending()] == [kept]

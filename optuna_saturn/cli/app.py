@@ -163,6 +163,8 @@ def open_storage(url: str, *, must_exist: bool = False) -> optuna.storages.BaseS
     """An Optuna storage for ``url``, or an error that shows what a URL looks like."""
     import sqlalchemy.exc
 
+    from optuna_saturn.study.claims import refuse_lost_guarantees
+
     example = "sqlite:///sweep.sqlite3 (a file in this folder) or postgresql://user:password@host/database"
     if "://" not in url:
         fail(f"Malformed storage URL {without_password(url)!r}: use a database URL such as {example}.")
@@ -174,7 +176,11 @@ def open_storage(url: str, *, must_exist: bool = False) -> optuna.storages.BaseS
                 "run a sweep with `optuna-saturn run` to create one."
             )
     try:
-        return optuna.storages.get_storage(url)
+        storage = optuna.storages.get_storage(url)
+        refuse_lost_guarantees(storage)
+        return storage
+    except ValueError as exc:
+        fail(str(exc))
     except sqlalchemy.exc.ArgumentError:
         fail(f"Malformed storage URL {without_password(url)!r}: use a database URL such as {example}.")
     except sqlalchemy.exc.SQLAlchemyError as exc:

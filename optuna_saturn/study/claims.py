@@ -110,3 +110,18 @@ def _ours(stored: FrozenTrial, claimant: Claimant) -> bool:
         "runs it, it is ended and queued again once no live sweep's heartbeat has listed it for a minute."
     )
     return False
+
+
+def refuse_lost_guarantees(storage: BaseStorage) -> None:
+    """A storage whose guarantees the sweep relies on are lost, refused before anything runs: an in-memory SQLite
+    URL gives each thread its own empty database (the heartbeat's, the workers' requests'), so the sweep could
+    not even record a report (reliability review, finding 12)."""
+    rdb = getattr(storage, "_backend", storage)
+    if isinstance(rdb, RDBStorage) and rdb.url.startswith("sqlite"):
+        database = sqlalchemy.engine.make_url(rdb.url).database
+        if not database or database == ":memory:":
+            raise ValueError(
+                f"The study's storage {rdb.url!r} is an in-memory SQLite database, which each thread of the sweep "
+                "sees empty. Use a file (sqlite:///sweep.sqlite3), or Optuna's in-memory storage "
+                "(optuna.create_study() without a storage)."
+            )

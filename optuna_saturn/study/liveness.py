@@ -43,7 +43,10 @@ def heartbeat_key(sweep: str) -> str:
 
 
 def listed_trials(beat: Any) -> set[int] | None:
-    """The trials a heartbeat lists; None for a beat that lists none at all (one written before beats did)."""
+    """The trials a heartbeat lists: none for a null beat (its sweep ended, or never beat); None for a beat of
+    the old format, which lists no trials at all (so it may hold any)."""
+    if beat is None:
+        return set()
     if isinstance(beat, dict) and isinstance(beat.get("trials"), list):
         return {int(number) for number in beat["trials"]}
     return None

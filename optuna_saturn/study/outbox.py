@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import optuna
 import sqlalchemy.exc
 
+from optuna_saturn.checkpoint_paths import make_private_folders
 from optuna_saturn.study.interrupts import storage_call
 
 _logger = optuna.logging.get_logger("optuna.saturn")
@@ -82,11 +83,22 @@ class Outbox:
         self.folder = folder
 
     def keep(self, result: Outgoing) -> Path:
-        self.folder.mkdir(parents=True, exist_ok=True)
+        """The result on disk, whole and flushed, in a folder only this user can read or change (its files are
+        taken as trusted results at the next start: reliability review, finding 20)."""
+        make_private_folders(self.folder)
         path = self.folder / f"trial-{result.number}-{uuid.uuid4().hex[:8]}.json"
         partial = path.with_suffix(".partial")
-        partial.write_text(json.dumps(asdict(result)), encoding="utf-8")
+        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as f:
+            f.write(json.dumps(asdict(result)))
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(partial, path)  # a file that is there is whole
+        folder = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(folder)  # (the rename too survives a power loss)
+        finally:
+            os.close(folder)
         return path
 
     @staticmethod
@@ -99,6 +111,9 @@ class Outbox:
         out = []
         for path in sorted(self.folder.glob("trial-*.json")):
             try:
+                if path.stat().st_uid != os.getuid():
+                    _logger.warning(f"Ignoring a result file in the outbox that another user owns: {path}.")
+                    continue
                 out.append((path, Outgoing(**json.loads(path.read_text(encoding="utf-8")))))
             except (OSError, ValueError, TypeError):
                 _logger.warning(f"Ignoring an unreadable result file in the outbox: {path}.")

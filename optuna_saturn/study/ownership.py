@@ -86,22 +86,33 @@ class Owner:
         """Why this owner is gone, as ``judge`` (the sweep that asks, in this process) sees it, or None while it
         may still run its trials. ``beat``: its heartbeat as stored now (None: none, or it ended)."""
         where = f"its executor (pid {self.pid} on {self.host})"
+        if beat is None and self.sweep not in liveness.RUNNING_HERE:
+            # (a sweep writes its first beat before it asks a trial, and nulls it when it ends: a process that
+            # lives on, a notebook's kernel, says nothing of its sweep)
+            return f"{where} has no heartbeat: its sweep ended, or never started one"
         if self.same_machine_as(judge):
-            try:
-                process = psutil.Process(self.pid)
-                if process.create_time() == self.started and process.status() != psutil.STATUS_ZOMBIE:
-                    if self.pid == judge.pid and self.sweep not in liveness.RUNNING_HERE:
-                        return f"its sweep {self.sweep} ended in this process (pid {self.pid}) without ending it"
-                    return None
-            except psutil.NoSuchProcess:
-                pass
-            return f"{where} is gone"
-        if beat is None:  # (a sweep writes its first beat before it asks a trial, and nulls it when it ends)
-            return f"{where} has no heartbeat: it ended, or never started one"
+            lives = self._process_lives()
+            if lives and self.pid == judge.pid and self.sweep not in liveness.RUNNING_HERE:
+                return f"its sweep {self.sweep} ended in this process (pid {self.pid}) without ending it"
+            if lives is not None:
+                return None if lives else f"{where} is gone"
+            # (its /proc entry is hidden from this user: the heartbeat decides)
         silent = watch.silent_for(self.heartbeat_key, beat)
         if silent >= liveness.STALE_AFTER_SECONDS:
             return f"{where} is silent for {silent:.0f} s: its heartbeat has not changed since this sweep first saw it"
         return None
+
+    def _process_lives(self) -> bool | None:
+        """Whether this owner's process still runs (its pid, started when it says, within 2 s: the start time is
+        computed from the wall clock, which an NTP step or a VM's resume moves); None if this user may not see it
+        (``/proc`` mounted ``hidepid``)."""
+        try:
+            process = psutil.Process(self.pid)
+            return abs(process.create_time() - self.started) < 2.0 and process.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+        except psutil.AccessDenied:
+            return None
 
 
 def _boot_id() -> str:
@@ -131,8 +142,10 @@ def recover_orphans(
     study = bridge.study
     retried: list[int] = []
     with bridge.lock:
-        study_attrs = study.user_attrs
+        # the trials first, then the heartbeats: a sweep beats before it takes a trial, so the owner of any trial
+        # read here has beaten by the time its heartbeat is read (the other order could read no beat yet)
         running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        study_attrs = study.user_attrs
     for trial in running:
         reason = why_orphaned(trial, me, study_attrs, watch)
         if reason is None:

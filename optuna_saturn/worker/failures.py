@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 import time
 from dataclasses import asdict, dataclass
 
@@ -91,8 +92,10 @@ def record_failure(
 ) -> None:
     """Leave this rank's failure where the pool reads it when the job ends."""
     failure = RankFailure(rank, time.time(), error[:4000], kind, in_steps, strategy, trial)
-    with open(error_file(prefix, rank), "w", encoding="utf-8") as f:
+    path = error_file(prefix, rank)
+    with open(path + ".partial", "w", encoding="utf-8") as f:  # (a full disk or a kill cuts this one, not the file)
         json.dump(asdict(failure), f)
+    os.replace(path + ".partial", path)
 
 
 def first_failure(prefix: str) -> RankFailure | None:
