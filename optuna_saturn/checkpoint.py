@@ -301,19 +301,24 @@ def _trainer_state(
     rank holds alike (the checkpoint keeps one copy of what is not a tensor)."""
     blob: list[Any] = [None]
     if world_size == 1 or dist.get_rank(group) == 0:
-        blob = [
-            trainer_state.dumps(
-                {
-                    "step": int(step),
-                    "scheduler": None if scheduler is None else scheduler.state_dict(),
-                    "random": capture(cuda=True),
-                    "loaders": loaders,
-                    "extra": extra,
-                }
-            )
-        ]
+        try:
+            blob = [
+                trainer_state.dumps(
+                    {
+                        "step": int(step),
+                        "scheduler": None if scheduler is None else scheduler.state_dict(),
+                        "random": capture(cuda=True),
+                        "loaders": loaders,
+                        "extra": extra,
+                    }
+                )
+            ]
+        except (TypeError, ValueError) as exc:  # every rank raises it, not rank 0 alone (the others would wait)
+            blob = [exc]
     if world_size > 1:
         dist.broadcast_object_list(blob, src=0, group=group)
+    if isinstance(blob[0], Exception):
+        raise blob[0]
     return blob[0]
 
 

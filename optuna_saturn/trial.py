@@ -70,6 +70,7 @@ class SaturnTrial(RelayedTrial, WaysIn):
         self._models: list[torch.nn.Module] = []
         self._loaders: list[PositionedLoader] = []  # prepared DataLoaders, in the order prepared
         self._pending_positions: list[Any] = []  # a checkpoint's positions of loaders not prepared yet
+        self._positions_kept = True  # whether prepared loaders are positioned (off for Lightning's evaluation ones)
         self._micro_batch: MicroBatch | None = None  # while inside micro_batches()
         self._batch: RankRows | None = None  # this rank's rows of the batch a prepared loader yielded last
         self._steps_done = 0  # steps of the loops that ended (epochs before the current one)
@@ -144,6 +145,9 @@ class SaturnTrial(RelayedTrial, WaysIn):
                 loader = self._engine.prepare_dataloader(obj, self._on_batch)
                 if self._profile is not None:
                     prepared.append(ProfilingLoader(loader, self))
+                    continue
+                if not self._positions_kept:  # (an evaluation loader a framework prepares: its passes are whole)
+                    prepared.append(loader)
                     continue
                 positioned = PositionedLoader(loader)  # a checkpoint saves where its pass is
                 if self._pending_positions:  # (restored before it was prepared)
@@ -335,6 +339,7 @@ class SaturnTrial(RelayedTrial, WaysIn):
         for loader, position in zip(self._loaders, positions):
             loader.resume_at(position)
         self._pending_positions = positions[len(self._loaders) :]
+        self._resume = None  # (loaded: a second fit in this run goes on from where it stands, not from here)
         return self.resumed_from, extra
 
     def reduce_mean(self, value: float | torch.Tensor, weight: float | None = None) -> float:

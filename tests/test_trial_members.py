@@ -59,3 +59,23 @@ def test_keyboard_interrupt_or_exit_in_the_objective_fails_only_its_trial(saturn
     assert states == {1: TrialState.FAIL, 2: TrialState.FAIL, 0: TrialState.COMPLETE}
     reasons = {t.params["how"]: t.user_attrs.get("saturn:fail_reason", "") for t in study.trials}
     assert "KeyboardInterrupt" in reasons[1] and "SystemExit" in reasons[2]
+
+
+def test_a_snapshot_of_a_queued_trial_or_of_attributes_json_cannot_keep_never_fails():
+    """A profiling run may measure a queued trial not taken yet (a FixedTrial: no study, no trial id), and an
+    in-memory study keeps attributes of any type: either used to raise out of the pool's submit."""
+    import pathlib
+
+    from optuna_saturn.study.queue import QueuedTrial
+    from optuna_saturn.study.trial_snapshot import trial_snapshot
+
+    study = optuna.create_study(study_name="snap")
+    study.set_user_attr("where", pathlib.Path("/data"))
+    study.enqueue_trial({"lr": 0.1})
+    queued = QueuedTrial(study.get_trials(deepcopy=False)[0])
+    snapshot = trial_snapshot(queued, study)
+    assert snapshot["study"]["study_name"] == "snap" and snapshot["study"]["user_attrs"]["where"].endswith("'/data')")
+    asked = study.ask()
+    asked.set_user_attr("array", __import__("numpy").zeros(3))
+    assert trial_snapshot(asked)["user_attrs"]["array"].startswith("array(")
+    assert trial_snapshot(asked)["relative_params"] == {}  # (read without making the sampler sample)

@@ -9,6 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 import optuna
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+from optuna_saturn.worker import trainer_state
 
 if TYPE_CHECKING:
     from optuna_saturn.trial import SaturnTrial
@@ -86,11 +89,26 @@ class TrialCallback(pl.Callback):
 
 def lightning_state(trainer: pl.Trainer) -> dict[str, Any]:
     """The fit loop's progress and the callbacks' states (what Lightning's own checkpoint keeps besides the
-    model and the optimizer), rank 0's."""
-    return {
-        "loops": trainer.fit_loop.state_dict(),
-        "callbacks": {str(c.state_key): c.state_dict() for c in trainer.callbacks if not isinstance(c, TrialCallback)},
-    }
+    model and the optimizer), rank 0's. A callback whose state JSON cannot keep (the checkpoint's trainer state is
+    JSON, never a pickle) is left out, and said once: it starts afresh when the trial resumes."""
+    callbacks = {}
+    for callback in trainer.callbacks:
+        if isinstance(callback, TrialCallback):
+            continue
+        state = callback.state_dict()
+        try:
+            trainer_state.dumps(state)
+        except (TypeError, ValueError) as exc:
+            if callback.state_key not in _SAID:
+                _SAID.add(callback.state_key)
+                rank_zero_warn(f"optuna-saturn: {callback.state_key}'s state is not in the trial's checkpoint ({exc}).")
+            continue
+        callbacks[str(callback.state_key)] = state
+    return {"loops": trainer.fit_loop.state_dict(), "callbacks": callbacks}
+
+
+#: The callbacks whose state was said to be left out of the checkpoint.
+_SAID: set[str] = set()
 
 
 def restore_lightning_state(trainer: pl.Trainer, state: dict[str, Any]) -> None:

@@ -178,7 +178,17 @@ class SaturnStrategy(Strategy):
         return bool(votes == self.world_size) if all else bool(votes > 0)
 
     def process_dataloader(self, dataloader: object) -> object:
-        return self._trial.prepare(dataloader) if isinstance(dataloader, DataLoader) else dataloader
+        """The trial's rows of each batch. Only training loaders keep their position for a checkpoint: Lightning
+        prepares the validation loader first in one run (its sanity check) and after the training one in a
+        resumed run, and a validation pass is never cut by the trial's checkpoint (taken after it ends)."""
+        if not isinstance(dataloader, DataLoader):
+            return dataloader
+        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+        self._trial._positions_kept = trainer is None or trainer.training
+        try:
+            return self._trial.prepare(dataloader)
+        finally:
+            self._trial._positions_kept = True
 
     def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         """Lightning's order (the precision's hooks scale the loss under fp16, and call ``on_before_backward`` and

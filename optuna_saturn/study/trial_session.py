@@ -31,8 +31,11 @@ class TrialSession:
     thread at a time, whichever worker asks.
     """
 
-    def __init__(self, trial: optuna.Trial, study_lock: threading.Lock, clock: Clock) -> None:
+    def __init__(
+        self, trial: optuna.Trial, study_lock: threading.Lock, clock: Clock, *, study: optuna.Study | None = None
+    ) -> None:
         self.trial = trial
+        self._study = study  # (a queued trial, measured before it is taken, knows no study of its own)
         self._lock = study_lock
         self._clock = clock
         self.outcome: dict[str, Any] | None = None
@@ -57,7 +60,7 @@ class TrialSession:
 
         def take() -> dict[str, Any]:
             with self._lock:
-                return trial_snapshot(self.trial)
+                return trial_snapshot(self.trial, self._study)
 
         return retrying(take, what=f"read trial {self.trial.number}")
 

@@ -13,18 +13,32 @@ import optuna
 from optuna.distributions import distribution_to_json
 
 
-def trial_snapshot(trial: optuna.Trial) -> dict[str, Any]:
-    """The trial's readable members, and its study's name, directions and attributes, as plain JSON values."""
-    frozen = trial.study._storage.get_trial(trial._trial_id)
-    study = trial.study
+def trial_snapshot(trial: Any, study: optuna.Study | None = None) -> dict[str, Any]:
+    """The trial's readable members, and its study's name, directions and attributes, as plain JSON values.
+    ``trial``: the real ``optuna.Trial``, or a queued trial not taken yet (a profiling run measures one: its fixed
+    parameters and attributes, ``study`` the study it is queued in)."""
+    if isinstance(trial, optuna.Trial):
+        study = trial.study
+        frozen = study._storage.get_trial(trial._trial_id)
+        params, distributions, user_attrs = frozen.params, frozen.distributions, frozen.user_attrs
+        started = frozen.datetime_start
+        # (what the sampler already sampled jointly: reading trial.relative_params would make it sample now, and
+        # Optuna never does for a trial whose parameters the queue fixed)
+        relative = dict(getattr(trial, "_relative_params", None) or {})
+        constraints = trial.constraints
+    else:
+        params, distributions = dict(trial.params), dict(trial.distributions)
+        user_attrs, started, relative, constraints = dict(trial.user_attrs), None, {}, {}
     snapshot = {
-        "params": frozen.params,
-        "distributions": {name: distribution_to_json(d) for name, d in frozen.distributions.items()},
-        "user_attrs": frozen.user_attrs,
-        "datetime_start": None if frozen.datetime_start is None else frozen.datetime_start.isoformat(),
-        "relative_params": trial.relative_params,
-        "constraints": trial.constraints,
-        "study": {
+        "params": params,
+        "distributions": {name: distribution_to_json(d) for name, d in distributions.items()},
+        "user_attrs": user_attrs,
+        "datetime_start": None if started is None else started.isoformat(),
+        "relative_params": relative,
+        "constraints": constraints,
+        "study": {}
+        if study is None
+        else {
             "study_name": study.study_name,
             "directions": [d.name for d in study.directions],
             "user_attrs": study.user_attrs,
@@ -34,7 +48,11 @@ def trial_snapshot(trial: optuna.Trial) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
-    """numpy scalars (a sampler's relative parameters) as Python numbers."""
+    """numpy scalars (a sampler's relative parameters) as Python numbers; anything else JSON has no word for (an
+    in-memory storage keeps attributes of any type) as its text, rather than no snapshot at all."""
     if hasattr(value, "item"):
-        return value.item()
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+        try:
+            return value.item()
+        except (ValueError, TypeError):  # (an array of several values)
+            pass
+    return repr(value)

@@ -92,6 +92,7 @@ class Actions:
             profile_steps=settings.profile_steps,
             lock=gateway.lock,
             clock=clock,
+            study=study,
         )
         # whether every device reads a checkpoint another wrote: on one machine, or in a folder the user named
         resumes = Resumes(

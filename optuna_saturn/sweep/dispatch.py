@@ -76,7 +76,10 @@ def before_telling(ended: list[tuple[TrialRun | ProfileRun, JobEnd]]) -> bool:
     where every end is routine, a trial that ended with its result or pruned, every rank cleanly: such an end
     changes no option before it is told, where a profile, a failure or a move may."""
     return bool(ended) and all(
-        isinstance(run, TrialRun) and end.clean and (run.session.outcome or {}).get("op") in ("result", "pruned")
+        isinstance(run, TrialRun)
+        and end.clean
+        and not run.stalled
+        and (run.session.outcome or {}).get("op") in ("result", "pruned")
         for run, end in ended
     )
 

@@ -122,16 +122,17 @@ class Sweep:
     def _step(self) -> bool:
         """One round: what ended, what the pool's nodes did, then every policy's decisions. False at the end."""
         state, do = self._state, self._do
-        idle = (
-            not (state.waiting or state.running) and self._admission.may_ask()
-        )  # (the first trial: the pool starts meanwhile)
-        ended = state.ended(
-            self._pool.wait(0.0 if idle else 0.05 if state.waiting and not state.running else 0.25), self._now()
-        )
-        if dispatch.before_telling(ended):
-            for start in dispatch.starts(state, self._pool.ready(), self._view, self._now()):
-                do.start(start, self._now())
-        self._ended(ended)
+        idle = not (state.waiting or state.running) and self._admission.may_ask()  # (the first trial)
+        wait = 0.0 if idle else 0.05 if state.waiting and not state.running else 0.25
+        ends = self._pool.wait(wait)
+        ended_at = self._now()
+        ended = state.ended(ends, ended_at)
+        try:
+            if dispatch.before_telling(ended):
+                for start in dispatch.starts(state, self._pool.ready(), self._view, self._now()):
+                    do.start(start, self._now())
+        finally:  # (what ended is told whatever a start did: its result is never lost to it)
+            self._ended(ended, ended_at)
         ready = self._pool.ready()
         if state.note_ready(ready, self._now()):  # (every worker is up, for the first time)
             do.events.send("on_workers_ready", self._now())
@@ -184,19 +185,22 @@ class Sweep:
         self._planning_seconds += self._clock.now() - began
 
     # -- ends -------------------------------------------------------------------------------------------------------
-    def _ended(self, ended: Sequence[tuple[TrialRun | ProfileRun, JobEnd]]) -> None:
+    def _ended(self, ended: Sequence[tuple[TrialRun | ProfileRun, JobEnd]], at: float) -> None:
+        """``at``: when the loop saw them end (before it started the next trials, which may have come first)."""
         taught: int | bool | None = False  # the trial whose run taught the pricing (None: a profiling job)
         for run, end in ended:
             self._elastic.job_ended()
             if isinstance(run, ProfileRun):
                 self._do.profile_ended(run, end, self._now())
                 taught = None
-            elif self._trial_ended(run, end):
+            elif self._trial_ended(run, end, at=at):
                 taught = run.number
         if taught is not False:  # measurements came in: every waiting trial is priced again
             self._do.reprice(taught)
 
-    def _trial_ended(self, run: TrialRun, end: JobEnd, *, reason: str = "", call_back: bool = True) -> bool:
+    def _trial_ended(
+        self, run: TrialRun, end: JobEnd, *, reason: str = "", call_back: bool = True, at: float | None = None
+    ) -> bool:
         """Whether the run taught the pricing something (then the waiting trials are priced again)."""
         self._do.relay_progress(run)  # the last steps of a short trial land between two relays
         op = (run.session.outcome or {}).get("op")
@@ -214,7 +218,7 @@ class Sweep:
             run,
             end,
             self._state,
-            self._now(),
+            self._now() if at is None else at,
             run_again=run_again,
             reason=reason,
             profiling=self._profiling.where.get(run.number),
@@ -235,12 +239,8 @@ class Sweep:
         self._pool.close()
         try:
             for run in runs:
-                self._trial_ended(
-                    run,
-                    JobEnd(run.key, run.devices, False, "stopped"),
-                    reason=f"sweep stopped: {reason}",
-                    call_back=False,
-                )
+                stopped = JobEnd(run.key, run.devices, False, "stopped")
+                self._trial_ended(run, stopped, reason=f"sweep stopped: {reason}", call_back=False)
             for waiting in self._state.waiting.values():
                 if not waiting.queued:  # (a queued one is still in the queue: the next optimize runs it)
                     self._gateway.fail(waiting.trial, f"not started: sweep stopped: {reason}")
