@@ -18,8 +18,9 @@ import stat
 from pathlib import Path
 
 
-def refusal(path: str | os.PathLike, root: str | os.PathLike) -> str:
-    """Why the checkpoint at ``path`` must not be loaded; "" if it may (see the module's docstring)."""
+def refusal(path: str | os.PathLike, root: str | os.PathLike, *, on_disk: bool = True) -> str:
+    """Why the checkpoint at ``path`` must not be loaded; "" if it may (see the module's docstring).
+    ``on_disk=False``: a simulated pool's checkpoint, on no disk: only where it says it is can be checked."""
     given = Path(path)
     if (
         not given.is_absolute()
@@ -28,6 +29,9 @@ def refusal(path: str | os.PathLike, root: str | os.PathLike) -> str:
         or not re.fullmatch(r"step-\d+", given.name)
     ):
         return f"it is not a trial's checkpoint (<this study's checkpoint folder>/trial-N/step-K): {path}"
+    if not on_disk:
+        inside = given.parent.parent == Path(os.path.abspath(root))
+        return "" if inside else f"it is not a trial's checkpoint in this study's checkpoint folder {root}"
     try:
         real_root = Path(os.path.realpath(root, strict=True))
         real = Path(os.path.realpath(path, strict=True))

@@ -76,6 +76,8 @@ class ProcessPool:
         cluster = self.cluster  # read now: a node that joined is in it
         return {} if cluster is None else cluster.node(device.node).to_json()
 
+    checkpoints_on_disk = True
+
     def has_checkpoint(self, path: str) -> bool:
         return checkpoint.exists_at(path)
 

@@ -94,6 +94,9 @@ class Pool(Protocol):
     def node_of(self, device: Device) -> dict[str, Any]:
         """The cluster node ``device`` is on, as a trial's ``saturn:node`` records it; {} on one machine."""
 
+    #: Whether its checkpoints are files (a simulated pool's are on no disk: only their place is checked).
+    checkpoints_on_disk: bool
+
     def has_checkpoint(self, path: str) -> bool:
         """Whether the checkpoint a job saved at ``path`` can be loaded by the pool's next jobs (it is on their
         disk; a simulated pool's are wherever it says it saved them)."""

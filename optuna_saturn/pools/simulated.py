@@ -124,6 +124,9 @@ class SimulatedPool:
     def node_of(self, device: Device) -> dict[str, Any]:
         return {}
 
+    #: Its checkpoints are where it says it saved them, on no disk (the loop checks only their place).
+    checkpoints_on_disk = False
+
     def has_checkpoint(self, path: str) -> bool:
         return path in self._saved
 

@@ -100,6 +100,7 @@ class Actions:
             strategies,
             root=root,
             exists=pool.has_checkpoint,
+            on_disk=pool.checkpoints_on_disk,
             shared=settings.ray is None or settings.checkpoint_dir is not None,
         )
         return cls(

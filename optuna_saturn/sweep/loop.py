@@ -58,6 +58,7 @@ class Sweep:
     ) -> None:
         self.settings, self.study, self._pool, self._clock = settings, study, pool, clock
         self._state = state = SweepState(clock.now(), list(settings.devices), n_trials=n_trials)
+        self._called_back = bool(callbacks)
         self._do = Actions.for_sweep(
             settings,
             study,
@@ -110,12 +111,10 @@ class Sweep:
                 raise
             finally:
                 self._pool.close()
-        self._gateway.set_study_attr(
-            "last_sweep",
-            reporting.summary(
-                self._state, self._now(), self._asking, self._planning_seconds, self._planning, self._profiling
-            ),
+        summary = reporting.summary(
+            self._state, self._now(), self._asking, self._planning_seconds, self._planning, self._profiling
         )
+        self._gateway.set_study_attr("last_sweep", summary)
         _logger.info(f"Sweep finished in {self._now():.1f} s; logs in {self._do.run_dir}.")
         self._do.events.send("on_sweep_end", self._now(), False)
 
@@ -127,8 +126,8 @@ class Sweep:
         ends = self._pool.wait(wait)
         ended_at = self._now()
         ended = state.ended(ends, ended_at)
-        try:
-            if dispatch.before_telling(ended):
+        try:  # (with callbacks, each end is told first: a callback may stop the study, as in study.optimize)
+            if not self._called_back and dispatch.before_telling(ended):
                 for start in dispatch.starts(state, self._pool.ready(), self._view, self._now()):
                     do.start(start, self._now())
         finally:  # (what ended is told whatever a start did: its result is never lost to it)
@@ -159,9 +158,7 @@ class Sweep:
         if self._asking.stopped(state, self._now(), self._gateway.stop_requested):
             for number in self._asking.not_to_start(state, self._pool.ready(), self._now()):
                 state.forget(number)
-                _logger.info(
-                    f"Trial {number} was not started before the sweep stopped asking: it stays in the study's queue."
-                )
+                _logger.info(f"Trial {number} was not started before the sweep stopped asking: it stays queued.")
         more = self._profiling.pending if self.settings.profile_only else bool(state.waiting)
         return bool(more or state.running or self._admission.may_ask())
 
@@ -171,9 +168,8 @@ class Sweep:
         if not self.settings.owned or self._clock.now() < self._next_recovery:
             return
         self._next_recovery = self._clock.now() + RECOVER_SECONDS
-        retried = recovery_round(
-            self._gateway, self._do.owner, max_retries=self.settings.max_retries, watch=self._watch
-        )
+        owner, retries = self._do.owner, self.settings.max_retries
+        retried = recovery_round(self._gateway, owner, max_retries=retries, watch=self._watch)
         if retried:
             self._queue.look_again()
             if self._state.n_trials is not None:
@@ -188,13 +184,17 @@ class Sweep:
     def _ended(self, ended: Sequence[tuple[TrialRun | ProfileRun, JobEnd]], at: float) -> None:
         """``at``: when the loop saw them end (before it started the next trials, which may have come first)."""
         taught: int | bool | None = False  # the trial whose run taught the pricing (None: a profiling job)
-        for run, end in ended:
-            self._elastic.job_ended()
-            if isinstance(run, ProfileRun):
-                self._do.profile_ended(run, end, self._now())
-                taught = None
-            elif self._trial_ended(run, end, at=at):
-                taught = run.number
+        for index, (run, end) in enumerate(ended):
+            try:
+                self._elastic.job_ended()
+                if isinstance(run, ProfileRun):
+                    self._do.profile_ended(run, end, self._now())
+                    taught = None
+                elif self._trial_ended(run, end, at=at):
+                    taught = run.number
+            except BaseException:  # (a callback stopped the sweep: the ends not told yet are the abort's to end)
+                self._state.running.update((later.key, later) for later, _ in ended[index + 1 :])
+                raise
         if taught is not False:  # measurements came in: every waiting trial is priced again
             self._do.reprice(taught)
 
