@@ -85,24 +85,16 @@ class Actions:
         )
         strategies = {s.name: s for s in settings.strategies}
         root = (settings.checkpoint_dir or settings.log_dir / "checkpoints") / folder
+        run_dir = run_dir or run_folder(settings.log_dir, study.study_name)
+        steps, lock = settings.profile_steps, gateway.lock
         requests = JobRequests(
-            run_dir=run_dir or run_folder(settings.log_dir, study.study_name),
-            checkpoint_root=root,
-            strategies=strategies,
-            profile_steps=settings.profile_steps,
-            lock=gateway.lock,
-            clock=clock,
-            study=study,
+            run_dir=run_dir, checkpoint_root=root, strategies=strategies, profile_steps=steps, lock=lock, clock=clock
         )
+        requests.study = study  # (what a queued trial's snapshot names as its study)
         # whether every device reads a checkpoint another wrote: on one machine, or in a folder the user named
-        resumes = Resumes(
-            state,
-            strategies,
-            root=root,
-            exists=pool.has_checkpoint,
-            on_disk=pool.checkpoints_on_disk,
-            shared=settings.ray is None or settings.checkpoint_dir is not None,
-        )
+        shared = settings.ray is None or settings.checkpoint_dir is not None
+        resumes = Resumes(state, strategies, root=root, exists=pool.has_checkpoint, shared=shared)
+        resumes.on_disk = pool.checkpoints_on_disk  # (a simulated pool's checkpoints are on no disk)
         return cls(
             state,
             pool=pool,

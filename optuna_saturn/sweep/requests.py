@@ -32,10 +32,9 @@ class JobRequests:
         profile_steps: tuple[int, int],
         lock: threading.Lock,
         clock: Clock,
-        study: optuna.Study | None = None,
     ) -> None:
         self.run_dir = run_dir
-        self._study = study  # (what a queued trial's snapshot names as its study)
+        self.study: optuna.Study | None = None  # what a queued trial's snapshot names as its study
         self._checkpoint_root = checkpoint_root
         self._strategies = strategies
         self._profile_steps = profile_steps
@@ -47,7 +46,7 @@ class JobRequests:
     def trial(
         self, trial: optuna.Trial, option: Option, devices: tuple[int, ...], resume: checkpoint.CheckpointRecord | None
     ) -> JobRequest:
-        session = TrialSession(trial, self._lock, self._clock, study=self._study)
+        session = TrialSession(trial, self._lock, self._clock, study=self.study)
         earlier = self._trial_runs[trial.number]
         self._trial_runs[trial.number] += 1
         return JobRequest(
@@ -66,7 +65,7 @@ class JobRequests:
         warmup, timed = self._profile_steps
         tasks = tuple(
             Task(
-                TrialSession(entry.trial, self._lock, self._clock, study=self._study),
+                TrialSession(entry.trial, self._lock, self._clock, study=self.study),
                 entry.strategies[0],
                 profile={
                     "warmup": warmup,

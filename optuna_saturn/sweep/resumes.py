@@ -37,11 +37,10 @@ class Resumes:
         root: Path,
         shared: bool,
         exists: Callable[[str], bool],
-        on_disk: bool = True,
     ) -> None:
         self._state = state
         self._exists = exists  # whether the pool's jobs can load a checkpoint at a path
-        self._on_disk = on_disk  # (a simulated pool's checkpoints are on no disk)
+        self.on_disk = True  # whether checkpoints are files (a simulated pool's are on no disk)
         self._root = root  # the study's checkpoint folder in this sweep (its name is the study's folder id)
         self._strategies = strategies
         self._shared = shared  # every device reads a checkpoint another wrote (one machine, or a shared folder)
@@ -72,7 +71,7 @@ class Resumes:
         """Why the workers must not load ``record``; "" if they may (:func:`optuna_saturn.checkpoint_paths.refusal`:
         a trial's checkpoint in this study's checkpoint folder of this sweep, in folders only this user can
         change; the worker checks again before it loads)."""
-        return refusal(record.path, self._root, on_disk=self._on_disk)
+        return refusal(record.path, self._root, on_disk=self.on_disk)
 
     def from_run(self, run: TrialRun, *, moved: bool = False) -> None:
         """The trial of ``run`` goes on from the checkpoint it saved (a moved trial always; after a failure only
