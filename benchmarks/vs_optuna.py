@@ -145,6 +145,7 @@ class PlainTrial:
     is_main_process = True
     gradient_accumulation = 1
     is_profiling = False
+    is_real_run = True
 
     def __init__(self, trial: optuna.Trial) -> None:
         self._trial = trial

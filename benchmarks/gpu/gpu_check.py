@@ -118,6 +118,7 @@ class PlainTrial:
     is_main_process = True
     gradient_accumulation = 1
     is_profiling = False
+    is_real_run = True
 
     def __init__(self, trial, device) -> None:
         self._trial = trial
