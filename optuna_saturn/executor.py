@@ -25,8 +25,8 @@ from optuna_saturn.pricing.pricer import Pricer
 from optuna_saturn.profiler import ProfileStore
 from optuna_saturn.progress import ProgressMode, make_progress
 from optuna_saturn.strategy import Strategy, nothing_to_choose, select_strategies
-from optuna_saturn.study.claims import refuse_lost_guarantees
 from optuna_saturn.study.interrupts import stop_signal
+from optuna_saturn.study.storage_checks import refuse_lost_guarantees
 from optuna_saturn.sweep import Sweep, SweepSettings
 from optuna_saturn.sweep.requests import run_folder
 

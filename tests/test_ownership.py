@@ -18,11 +18,18 @@ from optuna.trial import TrialState
 from support import kill_a_worker_once
 
 from optuna_saturn import SaturnExecutor
+from optuna_saturn.study import liveness
 from optuna_saturn.study.gateway import StudyGateway
 from optuna_saturn.study.liveness import HeartbeatWatch
 from optuna_saturn.study.ownership import Owner, recover_orphans
 
 HERE = os.path.dirname(__file__)
+STALE = liveness.STALE_AFTER_SECONDS
+
+
+def _rounds(start: float, until: float) -> list[float]:
+    """The times of the recoveries after ``start``, every 30 s, and one at ``start + until``."""
+    return [start + t for t in range(30, int(until) - 1, 30)] + [start + until]
 
 
 def _dead_pid() -> int:
@@ -66,11 +73,11 @@ def test_only_the_trials_of_a_sweep_that_is_gone_are_ended_and_enqueued_again(tm
     watch = HeartbeatWatch(clock=lambda: clock[0])  # (this sweep's own clock: beats' times are never read)
 
     assert recover_orphans(StudyGateway(study), me, max_retries=1, watch=watch) == [1, 7, 9]
-    clock[0] += 59.0
-    beat(far, 2)
-    beat(contained, 2)
-    assert recover_orphans(StudyGateway(study), me, max_retries=1, watch=watch) == []  # not a minute yet
-    clock[0] += 2.0
+    for clock[0] in _rounds(1000.0, STALE - 1):  # (a recovery every 30 s)
+        beat(far, int(clock[0]))
+        beat(contained, int(clock[0]))
+        assert recover_orphans(StudyGateway(study), me, max_retries=1, watch=watch) == []  # not stale yet
+    clock[0] = 1000.0 + STALE + 1
     retried = recover_orphans(StudyGateway(study), me, max_retries=1, watch=watch)
 
     states = [t.state for t in study.trials]
@@ -90,10 +97,14 @@ def test_only_the_trials_of_a_sweep_that_is_gone_are_ended_and_enqueued_again(tm
     reasons = {t.number: t.user_attrs["saturn:fail_reason"] for t in study.trials if t.state == TrialState.FAIL}
     assert "is gone" in reasons[1] and "run again" in reasons[1]
     assert "max_retries" in reasons[2]
-    assert "is silent for 61 s" in reasons[4], reasons[4]  # on this sweep's clock, from when it first saw the beat
+    assert f"is silent for {STALE + 1:.0f} s" in reasons[4], reasons[
+        4
+    ]  # on this sweep's clock, from when it first saw the beat
     assert "ended" in reasons[7]
     assert "ended" in reasons[9], reasons[9]  # (a null beat, in a process that lives on)
-    assert "far-sweep has not listed it among its trials for 61 s" in reasons[8], reasons[8]  # a live sweep's
+    assert f"far-sweep has not listed it among its trials for {STALE + 1:.0f} s" in reasons[8], reasons[
+        8
+    ]  # a live sweep's
     waiting = [t for t in study.trials if t.state == TrialState.WAITING]
     assert [(t.system_attrs["fixed_params"], t.user_attrs["saturn:retry_of"]) for t in waiting] == [
         ({"x": 0.1}, 1),
@@ -116,7 +127,7 @@ def test_a_trial_claimed_but_owned_by_no_one_is_recovered_once_no_claimant_lists
     plain = study.ask()  # a plain study.optimize's trial: no owner, no claim
     me, clock = Owner.of_this_process(), [0.0]
     watch = HeartbeatWatch(clock=lambda: clock[0])
-    for now in (0.0, 30.0, 61.0):
+    for now in (0.0, *_rounds(0.0, STALE + 1)):
         clock[0] = now
         study.set_user_attr("saturn:heartbeat:sweep-a", {"beat": int(now), "at": now, "trials": []})  # alive
         retried = recover_orphans(StudyGateway(study), me, max_retries=1, watch=watch)
@@ -361,7 +372,9 @@ def test_a_trial_claimed_by_sweeps_that_all_ended_is_recovered_after_the_stale_p
     me, clock = Owner.of_this_process(), [0.0]
     watch = HeartbeatWatch(clock=lambda: clock[0])
     assert recover_orphans(StudyGateway(study), me, max_retries=1, watch=watch) == []
-    clock[0] += 61.0
+    for clock[0] in _rounds(0.0, STALE - 1):
+        assert recover_orphans(StudyGateway(study), me, max_retries=1, watch=watch) == []
+    clock[0] = STALE + 1
     assert recover_orphans(StudyGateway(study), me, max_retries=1, watch=watch) == [0]
 
 
@@ -381,5 +394,5 @@ def test_a_clock_step_or_a_hidden_proc_does_not_judge_a_live_sweep_gone(monkeypa
     clock = [0.0]
     watch = HeartbeatWatch(clock=lambda: clock[0])
     assert stepped.gone(beat, watch, judge=me) is None  # the heartbeat decides: first seen now
-    clock[0] += 61.0
-    assert "silent for 61 s" in stepped.gone(beat, watch, judge=me)
+    clock[0] += STALE + 1
+    assert f"silent for {STALE + 1:.0f} s" in stepped.gone(beat, watch, judge=me)

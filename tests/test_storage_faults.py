@@ -19,8 +19,10 @@ import sqlalchemy.exc
 from optuna.trial import TrialState
 
 from optuna_saturn import SaturnExecutor
+from optuna_saturn.study import moves
 from optuna_saturn.study.folders import study_folder
 from optuna_saturn.study.gateway import StudyGateway
+from optuna_saturn.study.liveness import STALE_AFTER_SECONDS
 from optuna_saturn.study.outbox import Outbox, Outgoing
 from optuna_saturn.study.ownership import Owner
 
@@ -117,7 +119,7 @@ def test_an_ask_whose_reply_is_lost_creates_one_trial_and_it_is_owned(tmp_path):
 # every write a take makes, in order: the claim, the move to RUNNING, the owner, the params, the attributes
 _TAKE_WRITES = [
     ("set_trial_user_attr", 1),
-    ("set_trial_state_values", 1),
+    ("move", 1),  # (one conditional write: optuna_saturn.study.moves)
     ("set_trial_user_attr", 2),
     ("set_trial_param", 1),
     ("set_trial_param", 2),
@@ -125,9 +127,12 @@ _TAKE_WRITES = [
 ]
 
 
-def _lose_replies(storage, method: str, *, nth: int, before=None) -> list[str]:
+def _lose_replies(monkeypatch, storage, method: str, *, nth: int, before=None) -> list[str]:
     """Make ``storage``'s ``nth`` call of ``method`` commit, then raise (its reply lost); ``before`` runs first
-    (another process's write, landing just before this one). Returns the log of calls."""
+    (another process's write, landing just before this one). Returns the log of calls. The move to RUNNING is
+    :func:`optuna_saturn.study.moves.move`'s, not a storage method."""
+    if method == "move":
+        storage = moves
     real, calls = getattr(storage, method), []
 
     def commit_then_fail(*args, **kwargs):
@@ -139,12 +144,12 @@ def _lose_replies(storage, method: str, *, nth: int, before=None) -> list[str]:
             raise sqlalchemy.exc.OperationalError("UPDATE", {}, Exception("the connection dropped"))
         return result
 
-    setattr(storage, method, commit_then_fail)
+    monkeypatch.setattr(storage, method, commit_then_fail)
     return calls
 
 
 @pytest.mark.parametrize("write", _TAKE_WRITES, ids=lambda w: f"{w[0]}-{w[1]}")
-def test_a_take_whose_reply_is_lost_at_any_write_takes_the_trial_once_and_owns_it(tmp_path, write):
+def test_a_take_whose_reply_is_lost_at_any_write_takes_the_trial_once_and_owns_it(tmp_path, monkeypatch, write):
     """Every write of a take (the claim, the move to RUNNING, the owner, the params), its reply lost after it
     committed: the take reads the trial back and goes on. One trial, RUNNING, owned by this sweep, with its
     params and attributes; nothing created twice, nothing left unowned."""
@@ -152,7 +157,7 @@ def test_a_take_whose_reply_is_lost_at_any_write_takes_the_trial_once_and_owns_i
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.sqlite3'}")
     study.enqueue_trial({"x": 0.25, "y": 2})
     queued = study.get_trials()[0]
-    calls = _lose_replies(study._storage, method, nth=nth)
+    calls = _lose_replies(monkeypatch, study._storage, method, nth=nth)
     owner = Owner.of_this_process()
     distributions = {"x": optuna.distributions.FloatDistribution(0, 1), "y": optuna.distributions.IntDistribution(0, 4)}
     trial = StudyGateway(study, owner=owner.to_json()).take(queued._trial_id, distributions, {"tag": "t"})
@@ -164,7 +169,7 @@ def test_a_take_whose_reply_is_lost_at_any_write_takes_the_trial_once_and_owns_i
 
 
 def test_two_sweeps_that_claim_one_trial_while_a_reply_is_lost_never_both_run_it_and_it_is_not_left_running(
-    tmp_path, caplog
+    tmp_path, caplog, monkeypatch
 ):
     """Sweep A's move to RUNNING commits but its reply is lost, just after sweep B claimed the trial too. A
     cannot tell whose move it was, so it steps back, and B finds it taken: neither runs it. No sweep's heartbeat
@@ -182,7 +187,7 @@ def test_two_sweeps_that_claim_one_trial_while_a_reply_is_lost_never_both_run_it
     def b_claims() -> None:
         study._storage.set_trial_user_attr(queued._trial_id, "saturn:claim:sweep-b", "b's nonce")
 
-    _lose_replies(study._storage, "set_trial_state_values", nth=1, before=b_claims)
+    _lose_replies(monkeypatch, study._storage, "move", nth=1, before=b_claims)
     with caplog.at_level(logging.WARNING, logger="optuna.saturn"):
         assert StudyGateway(study, owner=a.to_json()).take(queued._trial_id, {}, {}) is None
     assert "unclear whether this sweep (sweep-a)" in caplog.text
@@ -192,7 +197,7 @@ def test_two_sweeps_that_claim_one_trial_while_a_reply_is_lost_never_both_run_it
     clock = [0.0]
     watch = HeartbeatWatch(clock=lambda: clock[0])
     retried = []
-    for clock[0] in (0.0, 61.0):
+    for clock[0] in (0.0, *range(30, int(STALE_AFTER_SECONDS), 30), STALE_AFTER_SECONDS + 1):
         retried += recover_orphans(StudyGateway(other), Owner.of_this_process(), max_retries=1, watch=watch)
     states = [t.state for t in other.get_trials()]
     assert retried == [0] and states == [TrialState.FAIL, TrialState.WAITING]

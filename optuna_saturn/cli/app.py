@@ -163,7 +163,7 @@ def open_storage(url: str, *, must_exist: bool = False) -> optuna.storages.BaseS
     """An Optuna storage for ``url``, or an error that shows what a URL looks like."""
     import sqlalchemy.exc
 
-    from optuna_saturn.study.claims import refuse_lost_guarantees
+    from optuna_saturn.study.storage_checks import refuse_lost_guarantees
 
     example = "sqlite:///sweep.sqlite3 (a file in this folder) or postgresql://user:password@host/database"
     if "://" not in url:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import os
+import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -20,7 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from optuna_saturn.study import claims
 from optuna_saturn.study.claims import ATTR, Claimant
-from optuna_saturn.study.outbox import STORAGE_ERRORS, Outbox, Outgoing, retrying
+from optuna_saturn.study.outbox import STORAGE_ERRORS, Outbox, Outgoing, retrying, transient
 
 _logger = optuna.logging.get_logger("optuna.saturn")
 
@@ -42,14 +44,17 @@ class StudyGateway:
         self._outbox = outbox
         self._artifact_store = artifact_store
         self._owner = owner
-        self._held: set[int] = set()  # the RUNNING trials this gateway asked or took and has not told
+        # the RUNNING trials this gateway asked or took and has not told (number -> trial id), under a lock of
+        # their own: the heartbeat reads them while a slow sampler or storage call holds the study's lock
+        self._held: dict[int, int] = {}
+        self._held_lock = threading.Lock()
         self.stop_requested = False  # a callback called study.stop()
 
-    def held_trials(self) -> set[int]:
-        """The numbers of the RUNNING trials this gateway asked or took and has not ended (its heartbeat lists
-        them)."""
-        with self.lock:
-            return set(self._held)
+    def held_trials(self) -> dict[int, int]:
+        """The RUNNING trials this gateway asked or took and has not ended (its heartbeat lists them), as their
+        numbers and trial ids. Never waits on the study's lock."""
+        with self._held_lock:
+            return dict(self._held)
 
     def ask_new(self) -> optuna.Trial:
         """A new trial, never one of the study's queue: the sweep takes those itself (:meth:`take`), in the order
@@ -126,7 +131,8 @@ class StudyGateway:
     def _hold(self, trial_id: int) -> optuna.Trial:
         """(Under the lock.) A RUNNING trial this gateway now holds."""
         trial = optuna.Trial(self.study, trial_id)
-        self._held.add(trial.number)
+        with self._held_lock:
+            self._held[trial.number] = trial_id
         return trial
 
     def set_attrs(self, trial: optuna.Trial, attrs: dict[str, Any]) -> None:
@@ -152,49 +158,59 @@ class StudyGateway:
         result the study refuses (say, a value of the wrong shape) fails the trial instead: the sweep goes on.
         The result is in the outbox until the storage has it; while the storage fails, telling is retried."""
         attrs = {ATTR + key: value for key, value in (attrs or {}).items()}
+        if isinstance(attrs.get(ATTR + "fail_reason"), str):
+            attrs[ATTR + "fail_reason"] = capped_reason(attrs[ATTR + "fail_reason"])
+        if state == TrialState.FAIL and log is not None:  # (once, before telling, and outside the study's lock)
+            attrs.update(self._keep_log(trial, log))
         kept = (
             None
             if self._outbox is None
             else self._outbox.keep(Outgoing(trial._trial_id, trial.number, state.name, values, attrs))
         )
         frozen = retrying(
-            lambda: self._tell_now(trial, state, values, attrs, log), what=f"record trial {trial.number}'s result"
+            lambda: self._tell_now(trial, state, values, attrs), what=f"record trial {trial.number}'s result"
         )
-        with self.lock:
-            self._held.discard(trial.number)
-        if ended_by_another(frozen):
+        with self._held_lock:
+            self._held.pop(trial.number, None)
+        if not told_here(frozen, state, values, attrs):
             self._keep_late_result(frozen, state, values)  # (and in the outbox, which keeps it too)
         elif kept is not None:
             Outbox.done(kept)
         return frozen
 
     def _keep_late_result(self, stored: FrozenTrial, state: TrialState, values: list[float] | None) -> None:
-        """Another sweep ended this trial (it took this one for dead) before its result came: the result is kept,
-        in the study (``saturn:late_result:<number>``) and in the outbox, never thrown away."""
+        """Someone else ended this trial before its result came (another sweep that took this one for dead, or a
+        person's ``study.tell``): the result is kept, in the study (``saturn:late_result:<number>``) and in the
+        outbox, never thrown away."""
         owner = (stored.user_attrs.get(ATTR + "owner") or {}).get("sweep")
+        ended_by = stored.user_attrs.get(ATTR + "ended_by")
+        who = (
+            f"sweep {ended_by} had already ended it {stored.state.name}, taking this sweep ({owner}) for dead"
+            if ended_by is not None and ended_by != owner
+            else f"someone outside this sweep ({owner}) had already ended it {stored.state.name} (a study.tell?)"
+        )
         _logger.error(
-            f"Trial {stored.number} finished here ({state.name}, values {values}), but sweep "
-            f"{stored.user_attrs[ATTR + 'ended_by']} had already ended it {stored.state.name}, taking this sweep "
-            f"({owner}) for dead. The result is kept in the study's attribute saturn:late_result:{stored.number} "
-            "and in the outbox; the trial is not run again by this sweep."
+            f"Trial {stored.number} finished here ({state.name}, values {values}), but {who}. The result is kept in "
+            f"the study's attribute saturn:late_result:{stored.number} and in the outbox; the trial is not run again "
+            "by this sweep."
         )
         self.set_study_attr(f"late_result:{stored.number}", {"state": state.name, "values": values, "sweep": owner})
 
     def _tell_now(
-        self,
-        trial: optuna.Trial,
-        state: TrialState,
-        values: list[float] | None,
-        attrs: dict[str, Any],
-        log: Path | None,
+        self, trial: optuna.Trial, state: TrialState, values: list[float] | None, attrs: dict[str, Any]
     ) -> FrozenTrial:
         with self.lock:
             stored = self.study._storage.get_trial(trial._trial_id)
             if stored.state.is_finished():  # an attempt the storage took, though its answer was lost
                 return stored
             try:
-                return self._write_result(trial, state, values, attrs, log)
-            except STORAGE_ERRORS:
+                return self._write_result(trial, state, values, attrs)
+            except STORAGE_ERRORS as exc:
+                if transient(exc):
+                    raise
+                stored = self.study._storage.get_trial(trial._trial_id)
+                if stored.state.is_finished():
+                    return stored
                 raise
             except Exception:
                 # another sweep's recovery ended the trial between the check above and these writes (its
@@ -206,27 +222,20 @@ class StudyGateway:
                 raise
 
     def _write_result(
-        self,
-        trial: optuna.Trial,
-        state: TrialState,
-        values: list[float] | None,
-        attrs: dict[str, Any],
-        log: Path | None,
+        self, trial: optuna.Trial, state: TrialState, values: list[float] | None, attrs: dict[str, Any]
     ) -> FrozenTrial:
-        for key, value in attrs.items():
-            trial.set_user_attr(key, value)
-        if state == TrialState.FAIL and log is not None:
-            self._keep_log(trial, log)
         try:
+            for key, value in attrs.items():
+                trial.set_user_attr(key, value)
             return self.study.tell(trial, values if state == TrialState.COMPLETE else None, state=state)
-        except STORAGE_ERRORS:
-            raise
         except optuna.exceptions.UpdateFinishedTrialError:
             raise
-        except Exception as exc:  # the study refused the result (a value of the wrong shape, say): FAIL
+        except Exception as exc:  # the study refused the result (a value of the wrong shape, too long): FAIL
+            if isinstance(exc, STORAGE_ERRORS) and transient(exc):
+                raise
             if self.study._storage.get_trial(trial._trial_id).state.is_finished():
                 raise  # (not refused: ended by another sweep meanwhile)
-            trial.set_user_attr(ATTR + "fail_reason", f"could not record the result: {exc}")
+            trial.set_user_attr(ATTR + "fail_reason", capped_reason(f"could not record the result: {exc}"))
             return self.study.tell(trial, state=TrialState.FAIL)
 
     def tell_what_the_outbox_kept(self, orphaned: Callable[[FrozenTrial], bool]) -> list[int]:
@@ -288,15 +297,60 @@ class StudyGateway:
 
         retrying(set_it, what=f"set the study's {ATTR + key}", budget=budget)
 
-    def _keep_log(self, trial: optuna.Trial, log: Path) -> None:
+    def _keep_log(self, trial: optuna.Trial, log: Path) -> dict[str, Any]:
+        """Upload the last :data:`LOG_TAIL_BYTES` of a failed trial's log to the artifact store; the attribute that
+        names it. Everyone who reads the storage may read it, so only its tail (where the error is) goes there;
+        the whole log stays in the sweep's private log folder. A store that fails costs the upload, not the
+        result."""
         if self._artifact_store is None or not log.exists():
-            return
+            return {}
         from optuna.artifacts import upload_artifact
 
-        artifact_id = upload_artifact(
-            artifact_store=self._artifact_store, file_path=str(log), study_or_trial=trial, mimetype="text/plain"
-        )
-        trial.set_user_attr(ATTR + "log_artifact_id", artifact_id)
+        try:
+            with log.open("rb") as source, tempfile.TemporaryDirectory(prefix="saturn-log-") as folder:
+                size = source.seek(0, os.SEEK_END)
+                source.seek(max(0, size - LOG_TAIL_BYTES))
+                tail = Path(folder) / log.name
+                tail.write_bytes(source.read())
+                artifact_id = upload_artifact(
+                    artifact_store=self._artifact_store,
+                    file_path=str(tail),
+                    study_or_trial=trial,
+                    mimetype="text/plain",
+                )
+        except Exception:
+            _logger.warning(f"Could not upload trial {trial.number}'s log to the artifact store.", exc_info=True)
+            return {}
+        return {ATTR + "log_artifact_id": artifact_id}
+
+
+#: How much of a failed trial's log is uploaded to the artifact store (its end, where the error is).
+LOG_TAIL_BYTES = 1 << 20
+#: The longest ``saturn:fail_reason`` kept in the study (optuna-dashboard shows it; a whole traceback of a
+#: library's error can run to megabytes, and a MySQL TEXT column holds 64 KiB).
+FAIL_REASON_CHARS = 2048
+
+
+def capped_reason(reason: str, limit: int = FAIL_REASON_CHARS) -> str:
+    """``reason`` within ``limit`` characters: its start (what failed) and its end (the error), the middle left
+    out with a note of how much."""
+    if len(reason) <= limit:
+        return reason
+    head = limit // 4
+    marker = f"\n[... {len(reason) - limit} characters left out; the trial's log has them ...]\n"
+    return reason[:head] + marker + reason[len(reason) - (limit - head - len(marker)) :]
+
+
+def told_here(stored: FrozenTrial, state: TrialState, values: list[float] | None, attrs: dict[str, Any]) -> bool:
+    """Whether ``stored`` is this sweep's tell of the trial (``state`` and ``values``, or the FAIL it falls back to
+    when the study refuses them), and not an end someone else recorded first."""
+    if ended_by_another(stored):
+        return False
+    if stored.state == state:
+        return state != TrialState.COMPLETE or stored.values == values
+    return stored.state == TrialState.FAIL and str(stored.user_attrs.get(ATTR + "fail_reason", "")).startswith(
+        "could not record the result"
+    )
 
 
 def ended_by_another(trial: FrozenTrial) -> bool:

@@ -22,16 +22,23 @@ from typing import Any
 
 import optuna
 
+from optuna_saturn.study.claims import ATTR
 from optuna_saturn.study.gateway import StudyGateway
+from optuna_saturn.study.handles import own_handle, set_study_attr
+from optuna_saturn.study.outbox import retrying
 
 _logger = optuna.logging.get_logger("optuna.saturn")
 
 #: How often a sweep writes its heartbeat.
 HEARTBEAT_SECONDS = 5.0
 #: A sweep whose heartbeat has not changed for this long (on the reader's clock) is gone, and a RUNNING trial
-#: that no live sweep listed for this long is no one's: twelve missed heartbeats, so a storage that is slow for a
-#: while, or an executor busy planning, is not taken for dead.
-STALE_AFTER_SECONDS = 60.0
+#: that no live sweep listed for this long is no one's. Longer than a storage call is retried for
+#: (:data:`~optuna_saturn.study.outbox.RETRY_SECONDS`, 120 s) plus a beat: a sweep that is still riding out an
+#: outage of its storage is not yet taken for dead by the sweeps that reach it.
+STALE_AFTER_SECONDS = 150.0
+#: A judge that did not look for longer than this (its own process stopped, its storage down, its loop busy)
+#: does not count the time it missed as others' silence: twice the time between two recoveries.
+JUDGE_STALL_SECONDS = 60.0
 #: The sweeps running in this process now. A sweep that ended here (say, stopped by a storage that stayed down)
 #: is gone although its pid still lives: the next ``optimize`` in the same session must recover its trials.
 RUNNING_HERE: set[str] = set()
@@ -60,6 +67,20 @@ class HeartbeatWatch:
         self._clock = clock
         self._beats: dict[str, tuple[Any, float]] = {}  # heartbeat key -> (its value, when it was first seen)
         self._unlisted: dict[int, float] = {}  # trial number -> since when no live sweep listed it
+        self._last_round: float | None = None
+        #: orphans this sweep ended whose retry is not yet queued (a storage that failed between the two): the
+        #: next round queues them
+        self.retries_due: dict[int, Any] = {}
+
+    def new_round(self) -> None:
+        """A recovery starts: time this judge could not observe (it stalled for longer than
+        :data:`JUDGE_STALL_SECONDS`) is taken out of every silence it counts."""
+        now = self._clock()
+        if self._last_round is not None and now - self._last_round > JUDGE_STALL_SECONDS:
+            missed = now - self._last_round
+            self._beats = {key: (beat, seen + missed) for key, (beat, seen) in self._beats.items()}
+            self._unlisted = {number: since + missed for number, since in self._unlisted.items()}
+        self._last_round = now
 
     def silent_for(self, key: str, beat: Any) -> float:
         """For how long ``key``'s beat has been ``beat``, as far as this watch saw (0 the first time)."""
@@ -86,19 +107,23 @@ class HeartbeatWatch:
 class Heartbeat:
     """Writes a sweep's heartbeat to the study every :data:`HEARTBEAT_SECONDS` while in a ``with`` block, listing
     the trials the gateway holds; on leaving, sets its key to null (the sweep has ended). The sweep counts as
-    running in this process (:data:`RUNNING_HERE`) meanwhile."""
+    running in this process (:data:`RUNNING_HERE`) meanwhile.
+
+    The beat goes through a storage handle of its own and never takes the study's lock: a sampler that thinks for
+    a minute under that lock, or a long write, must not make the others take this sweep for dead."""
 
     def __init__(self, gateway: StudyGateway, sweep: str) -> None:
         self._gateway = gateway
         self._sweep = sweep
-        self._key = heartbeat_key(sweep)
+        self._key = ATTR + heartbeat_key(sweep)
         self._count = 0
+        self._storage = own_handle(gateway.study._storage)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="saturn-heartbeat", daemon=True)
 
     def __enter__(self) -> Heartbeat:
         RUNNING_HERE.add(self._sweep)
-        self._write()
+        retrying(self._write, what="write the sweep's first heartbeat")
         self._thread.start()
         return self
 
@@ -107,18 +132,18 @@ class Heartbeat:
         self._stop.set()
         self._thread.join()
         try:  # (one try: a sweep stopping because its storage is down must not wait for it again)
-            self._gateway.set_study_attr(self._key, None, budget=0.0)
-        except Exception:  # a storage that is down: the others take the silent beat for an end, a minute later
+            set_study_attr(self._storage, self._gateway.study, self._key, None)
+        except Exception:  # a storage that is down: the others take the silent beat for an end, 150 s later
             _logger.warning("Could not record the sweep's end in its heartbeat.", exc_info=True)
 
     def _write(self) -> None:
         self._count += 1
         beat = {"beat": self._count, "at": round(time.time(), 3), "trials": sorted(self._gateway.held_trials())}
-        self._gateway.set_study_attr(self._key, beat)
+        set_study_attr(self._storage, self._gateway.study, self._key, beat)
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_SECONDS):
             try:
                 self._write()
-            except Exception:  # a storage hiccup: the next beat tries again; a minute of them makes us stale
+            except Exception:  # a storage hiccup: the next beat tries again; 150 s of them make us stale
                 _logger.warning("Could not write the sweep's heartbeat to the storage; trying again.", exc_info=True)

@@ -7,7 +7,8 @@ killed between the two) is told by the next ``optimize`` on the same study, befo
 that is still RUNNING; it would otherwise be ended FAIL as a dead sweep's orphan and run again.
 
 Storage calls themselves are retried with back-off (:func:`retrying`) on the errors a restarting database or a
-locked SQLite file raise; other errors (a value the study refuses) are not the storage's and are raised at once.
+locked SQLite file raise (:func:`transient`); other errors (a value the study refuses, a value too long for its
+column) are raised at once.
 """
 
 from __future__ import annotations
@@ -30,15 +31,58 @@ from optuna_saturn.study.interrupts import storage_call
 _logger = optuna.logging.get_logger("optuna.saturn")
 T = TypeVar("T")
 
-#: Errors of a storage that may answer again: a database restarting or unreachable, a locked SQLite file, a
-#: journal file on a flaky file system. (Optuna's RDB storage raises StorageInternalError for a failed commit.)
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """The transport errors of the optional backends (gRPC proxies, Redis journals), where they are installed."""
+    found: list[type[BaseException]] = []
+    try:
+        import grpc
+
+        found.append(grpc.RpcError)
+    except ImportError:
+        pass
+    try:
+        import redis.exceptions
+
+        found += [redis.exceptions.ConnectionError, redis.exceptions.TimeoutError]
+    except ImportError:
+        pass
+    return tuple(found)
+
+
+#: Errors a storage raises, whether or not it may answer again (:func:`transient` tells). (Optuna's RDB storage
+#: wraps every SQLAlchemy error of a commit in StorageInternalError.)
 STORAGE_ERRORS: tuple[type[BaseException], ...] = (
     optuna.exceptions.StorageInternalError,
     sqlalchemy.exc.OperationalError,
     sqlalchemy.exc.InterfaceError,
     sqlalchemy.exc.TimeoutError,
     OSError,
+    *_transport_errors(),
 )
+_TRANSIENT_CAUSES = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError, sqlalchemy.exc.TimeoutError)
+_GRPC_TRANSIENT = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED", "UNKNOWN"})
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether the storage may answer ``exc``'s call if asked again: a database restarting or unreachable, a
+    locked SQLite file, a journal file on a flaky file system, a gRPC proxy or Redis server that is down. A
+    permanent data error (a value too long for MySQL's TEXT column, which Optuna also wraps in
+    StorageInternalError) is not: retrying it for minutes would only stop the sweep later."""
+    if isinstance(exc, optuna.exceptions.StorageInternalError):
+        cause = exc.__cause__ or exc.__context__
+        return isinstance(cause, _TRANSIENT_CAUSES) or (cause is not None and transient(cause))
+    if isinstance(exc, sqlalchemy.exc.DBAPIError) and not isinstance(exc, _TRANSIENT_CAUSES):
+        return bool(exc.connection_invalidated)
+    code = getattr(exc, "code", None)
+    if callable(code):  # a grpc.RpcError: its status code says whether the server was unreachable
+        try:
+            return getattr(code(), "name", "") in _GRPC_TRANSIENT
+        except Exception:
+            return False
+    return isinstance(exc, STORAGE_ERRORS)
+
+
 #: How long a storage call is retried before the sweep gives up on the storage (results stay in the outbox).
 RETRY_SECONDS = 120.0
 _FIRST_WAIT, _LONGEST_WAIT = 0.2, 10.0
@@ -54,7 +98,7 @@ def retrying(call: Callable[[], T], *, what: str, budget: float | None = None) -
             with storage_call():  # (a Ctrl-C meanwhile waits for the call to return)
                 return call()
         except STORAGE_ERRORS as exc:
-            if time.monotonic() + wait > deadline:
+            if not transient(exc) or time.monotonic() + wait > deadline:
                 raise
             cause = exc.__cause__ or exc  # (Optuna wraps the database's own error, which says what happened)
             _logger.warning(

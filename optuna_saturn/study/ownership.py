@@ -27,7 +27,7 @@ import optuna
 import psutil
 from optuna.trial import FrozenTrial, TrialState
 
-from optuna_saturn.study import claims, liveness
+from optuna_saturn.study import claims, liveness, moves
 from optuna_saturn.study.gateway import ATTR, StudyGateway
 from optuna_saturn.study.liveness import HeartbeatWatch
 from optuna_saturn.study.outbox import STORAGE_ERRORS
@@ -139,8 +139,9 @@ def recover_orphans(
     what this sweep saw at its earlier recoveries (a fresh one sees no heartbeat stop). Returns the numbers of
     the trials enqueued again."""
     watch = watch if watch is not None else HeartbeatWatch()
+    watch.new_round()
     study = bridge.study
-    retried: list[int] = []
+    retried = _queue_retries_due(bridge, watch)
     with bridge.lock:
         # the trials first, then the heartbeats: a sweep beats before it takes a trial, so the owner of any trial
         # read here has beaten by the time its heartbeat is read (the other order could read no beat yet)
@@ -154,10 +155,20 @@ def recover_orphans(
         if not _end_orphan(bridge, trial, reason, again=again, by=me):
             continue  # another sweep ended it first, and runs it again if it may
         if again:
-            run_again(bridge, trial)
-            retried.append(trial.number)
+            watch.retries_due[trial.number] = trial
     watch.forget_all_but({trial.number for trial in running})
-    return retried
+    return retried + _queue_retries_due(bridge, watch)
+
+
+def _queue_retries_due(bridge: StudyGateway, watch: HeartbeatWatch) -> list[int]:
+    """Queue the retries of the orphans this sweep ended; one the storage failed to take stays due, for the next
+    round (a FAIL trial is never recovered again, so a retry lost here would be lost for good)."""
+    queued = []
+    for number, trial in list(watch.retries_due.items()):
+        run_again(bridge, trial)
+        del watch.retries_due[number]
+        queued.append(number)
+    return queued
 
 
 def why_orphaned(trial: FrozenTrial, me: Owner, study_attrs: dict[str, Any], watch: HeartbeatWatch) -> str | None:
@@ -204,12 +215,14 @@ def _end_orphan(bridge: StudyGateway, trial: FrozenTrial, reason: str, *, again:
     note = "; its params run again as a new trial" if again else "; not retried (max_retries reached)"
     with bridge.lock:
         storage = bridge.study._storage
-        try:
+        try:  # (the reason first: a finished trial takes no attribute)
             storage.set_trial_user_attr(trial._trial_id, ATTR + "fail_reason", reason + note)
             storage.set_trial_user_attr(trial._trial_id, ATTR + "ended_by", by.sweep)
-            bridge.study.tell(trial.number, state=TrialState.FAIL)
-        except (optuna.exceptions.UpdateFinishedTrialError, ValueError):  # ("Cannot tell a FAIL trial")
+        except optuna.exceptions.UpdateFinishedTrialError:
             return False
+        if not moves.move(storage, trial._trial_id, expected=TrialState.RUNNING, to=TrialState.FAIL):
+            return False  # (one write that only one sweep makes: two that end one orphan at once queue one retry)
+        bridge.study._thread_local.cached_all_trials = None
     _logger.warning(f"Trial {trial.number} was left RUNNING: {reason}. It ended FAIL{note}.")
     return True
 

@@ -1,0 +1,116 @@
+"""On a SQLite file, each move of a trial is made by one sweep only, with no lock file: two sweeps that end one
+orphan at once queue one retry, two users of one file both take trials, and a storage that is not safe to share
+is refused before anything runs (reliability review, findings 7, 10 and 12)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+import threading
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from optuna_saturn.study import ownership
+from optuna_saturn.study.gateway import StudyGateway
+from optuna_saturn.study.ownership import Owner, recover_orphans
+from optuna_saturn.study.storage_checks import file_system_of, refuse_lost_guarantees
+
+
+def test_two_sweeps_that_end_one_orphan_at_the_same_moment_queue_it_once(tmp_path, monkeypatch):
+    """Both sweeps read the orphan RUNNING before either ends it (a barrier between the read and the writes):
+    SQLite's reads are outside the write's transaction, so both ended it and both queued a retry (finding 7)."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    study = optuna.create_study(storage=url)
+    trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    trial.set_user_attr("saturn:owner", Owner("dead", "another-host", 1, 0.0).to_json())  # no heartbeat: gone
+    both_read = threading.Barrier(2, timeout=20)
+    decide = ownership.why_orphaned
+
+    def after_both_read(*args, **kwargs):
+        reason = decide(*args, **kwargs)
+        both_read.wait()
+        return reason
+
+    monkeypatch.setattr(ownership, "why_orphaned", after_both_read)
+    queued: dict[str, list[int]] = {}
+
+    def sweep(name: str) -> None:
+        other = optuna.load_study(study_name=study.study_name, storage=optuna.storages.RDBStorage(url))
+        queued[name] = recover_orphans(StudyGateway(other), Owner(name, "h2", 2, 0.0), max_retries=1)
+
+    threads = [threading.Thread(target=sweep, args=(f"sweep-{i}",)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(len(numbers) for numbers in queued.values()) == [0, 1], queued
+    trials = optuna.load_study(study_name=study.study_name, storage=url).trials
+    assert [(t.state, t.user_attrs.get("saturn:retry_of")) for t in trials] == [
+        (TrialState.FAIL, None),
+        (TrialState.WAITING, 0),
+    ]
+
+
+@pytest.fixture
+def shared_folder():
+    """A folder every user can reach (pytest's own tmp_path lies under a private one)."""
+    folder = tempfile.mkdtemp(prefix="saturn-shared-")
+    os.chmod(folder, 0o777)
+    yield pathlib.Path(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_two_users_of_one_sqlite_file_both_take_trials_and_no_lock_file_is_made(shared_folder):
+    """The take's lock file was created 0600 by the first user: the second's takes failed with EACCES, retried
+    as a storage error for two minutes, then the sweep stopped (finding 10). Now a take is one conditional write
+    that SQLite itself makes once."""
+    db = shared_folder / "shared.sqlite3"
+    study = optuna.create_study(storage=f"sqlite:///{db}", study_name="shared")
+    for x in (0.1, 0.2):
+        study.enqueue_trial({"x": x})
+    os.chmod(db, 0o666)
+    ids = [t._trial_id for t in study.trials]
+    for uid, trial_id in zip((1001, 1002), ids):
+        pid = os.fork()
+        if pid == 0:  # (a user of its own)
+            code = 1
+            try:
+                os.setgid(uid)
+                os.setuid(uid)
+                mine = optuna.load_study(study_name="shared", storage=f"sqlite:///{db}")
+                code = 0 if StudyGateway(mine, owner={"sweep": f"user-{uid}"}).take(trial_id, {}, {}) else 2
+            except BaseException as exc:
+                print(f"uid {uid}: {exc!r}", file=sys.stderr, flush=True)
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, f"uid {uid} could not take its trial"
+    assert [t.state for t in optuna.load_study(study_name="shared", storage=f"sqlite:///{db}").trials] == [
+        TrialState.RUNNING,
+        TrialState.RUNNING,
+    ]
+    assert not list(shared_folder.glob("*.lock"))
+
+
+def test_sqlite_on_a_network_file_system_and_in_memory_are_refused(tmp_path, monkeypatch):
+    """SQLite's locks are unsafe over NFS and Lustre: two hosts could take one trial (finding 10c). The error
+    says where the file is and what to use instead."""
+    from optuna_saturn.study import storage_checks
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 's.db'}")
+    refuse_lost_guarantees(storage)  # a local disk
+    assert file_system_of(tmp_path / "s.db") not in storage_checks.NETWORK_FILE_SYSTEMS
+    monkeypatch.setattr(storage_checks, "file_system_of", lambda path: "nfs4")
+    with pytest.raises(ValueError, match=r"network file system \(nfs4\).*postgresql://"):
+        refuse_lost_guarantees(storage)
+    with pytest.raises(ValueError, match="in-memory SQLite"):
+        refuse_lost_guarantees(optuna.storages.RDBStorage("sqlite:///:memory:"))
+
+
+def test_the_file_system_of_a_path_is_read_from_the_mount_table():
+    assert file_system_of(pathlib.Path("/proc/self/status")) == "proc"
