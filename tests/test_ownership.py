@@ -14,6 +14,7 @@ import objectives
 import optuna
 import psutil
 import pytest
+import sqlalchemy.exc
 from optuna.trial import TrialState
 from support import kill_a_worker_once
 
@@ -396,3 +397,43 @@ def test_a_clock_step_or_a_hidden_proc_does_not_judge_a_live_sweep_gone(monkeypa
     assert stepped.gone(beat, watch, judge=me) is None  # the heartbeat decides: first seen now
     clock[0] += STALE + 1
     assert f"silent for {STALE + 1:.0f} s" in stepped.gone(beat, watch, judge=me)
+
+
+def test_a_judge_that_stalled_does_not_count_its_own_stall_as_the_others_silence(tmp_path):
+    """The judging sweep's own process stopped for five minutes (Ctrl-Z, a laptop asleep, an outage that held
+    every sweep): at its first round after, a live sweep whose beat it last saw before the stall is not judged
+    dead before it could beat again (finding 14)."""
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.sqlite3'}")
+    far = Owner("far-sweep", "another-host", 1, 0.0)
+    study.set_user_attr(f"saturn:{far.heartbeat_key}", {"beat": 1, "at": 0.0, "trials": [0]})
+    _running_trial_of(study, far)
+    me, clock = Owner.of_this_process(), [0.0]
+    watch = HeartbeatWatch(clock=lambda: clock[0])
+    assert recover_orphans(StudyGateway(study), me, max_retries=1, watch=watch) == []
+    clock[0] = 300.0  # (the judge was stopped)
+    assert recover_orphans(StudyGateway(study), me, max_retries=1, watch=watch) == []
+    for clock[0] in _rounds(300.0, STALE + 1):  # but silence it watches is counted
+        retried = recover_orphans(StudyGateway(study), me, max_retries=1, watch=watch)
+    assert retried == [0]
+
+
+def test_a_retry_the_storage_failed_to_queue_is_queued_at_the_next_round(tmp_path, monkeypatch):
+    """The orphan ended FAIL, then the storage failed before its retry was queued: no sweep recovers a FAIL
+    trial, so that retry was lost for good (finding 18). It stays due, and the next round queues it."""
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.sqlite3'}")
+    study.set_user_attr("saturn:heartbeat:ended", None)
+    _running_trial_of(study, Owner("ended", "another-host", 1, 0.0))
+    enqueue, failures = study.enqueue_trial, [sqlalchemy.exc.OperationalError("INSERT", {}, Exception("down"))]
+
+    def fail_once(*args, **kwargs):
+        if failures:
+            raise failures.pop()
+        return enqueue(*args, **kwargs)
+
+    monkeypatch.setattr(study, "enqueue_trial", fail_once)
+    watch, me = HeartbeatWatch(), Owner.of_this_process()
+    with pytest.raises(sqlalchemy.exc.OperationalError):
+        recover_orphans(StudyGateway(study), me, max_retries=1, watch=watch)
+    assert [t.state for t in study.trials] == [TrialState.FAIL]
+    assert recover_orphans(StudyGateway(study), me, max_retries=1, watch=watch) == [0]
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.WAITING]
