@@ -92,7 +92,7 @@ def test_schedule_chart_is_on_the_study_page(tmp_path: Path, saturn_options: dic
     publisher = DashboardPublisher(min_interval=0.0)
     executor = SaturnExecutor(devices=2, strategies=["single"], listeners=[publisher], **saturn_options)
     executor.optimize(study, objectives.curve, n_trials=3)
-    assert publisher.published >= 3  # plans, starts and ends were published as the sweep went
+    assert publisher.published >= 2  # as the sweep went (its thread draws what changed), and at its end
 
     port = free_port()
     server = subprocess.Popen(

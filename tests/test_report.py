@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import sys
+import threading
 import time
 
 import optuna
@@ -271,7 +272,7 @@ def test_publish_saves_the_chart_and_note(study: optuna.Study) -> None:
 
 def test_publisher_draws_waiting_and_running_trials_and_throttles() -> None:
     clock = [0.0]
-    publisher = DashboardPublisher(min_interval=5.0, clock=lambda: clock[0])
+    publisher = DashboardPublisher(min_interval=5.0, background=False, clock=lambda: clock[0])
     study = optuna.create_study()
     trials = [study.ask() for _ in range(2)]
     for trial in trials:
@@ -310,6 +311,42 @@ def test_publisher_draws_waiting_and_running_trials_and_throttles() -> None:
     assert publisher.published == 2
     publisher.on_sweep_end(study, 9.0, False)  # always written at the end
     assert publisher.published == 3
+
+
+def test_the_publisher_never_blocks_the_sweep_and_charts_only_its_last_trials(tmp_path, monkeypatch) -> None:
+    """A publish of a long study took 1.6 s in the loop's thread, every 5 s (reliability review, finding 3). The
+    events now return while a publish is under way, which runs on a storage handle of its own and charts the
+    last ``max_trials`` trials of this sweep only."""
+    from optuna_saturn.report import dashboard
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}")
+    release, calls = threading.Event(), []
+
+    def slow_publish(target, records, *, note):
+        calls.append((target, records))
+        release.wait(timeout=60)
+
+    monkeypatch.setattr(dashboard, "publish", slow_publish)
+    publisher = DashboardPublisher(min_interval=0.0, max_trials=5)
+    publisher.on_sweep_start(study, ["cpu:0"], time.time())
+
+    def events() -> None:
+        for _ in range(20):
+            trial = study.ask()
+            trial.set_user_attr("saturn:sweep_started_at", 0.0)
+            publisher.on_trial_end(study, study.tell(trial, 1.0), 1.0)
+
+    sweep = threading.Thread(target=events)
+    sweep.start()
+    sweep.join(timeout=30)
+    blocked = sweep.is_alive()
+    release.set()
+    sweep.join()
+    assert not blocked, "the sweep's events waited for a publish"
+    assert calls and calls[0][0]._storage is not study._storage  # a handle of its own
+    publisher.on_sweep_end(study, 2.0, False)
+    (record,) = calls[-1][1]
+    assert [run.number for run in record.runs] == [15, 16, 17, 18, 19]
 
 
 # -- export -----------------------------------------------------------------------------------------------------------

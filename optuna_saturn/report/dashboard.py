@@ -7,7 +7,9 @@ sweep of hours can be watched live and the final picture stays with the study.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -18,6 +20,7 @@ from optuna_saturn.planner import Plan
 from optuna_saturn.report.chart import schedule_figure
 from optuna_saturn.report.schedule import WAITING, SweepRecord, TrialRun, read_study, read_sweeps, run_from_trial
 from optuna_saturn.report.summary import plan_note
+from optuna_saturn.study.handles import own_handle
 
 GRAPH_OBJECT_ID = "saturn-schedule"  # the chart's id: the dashboard renders it as #user-defined-plot:saturn-schedule
 _logger = optuna.logging.get_logger("optuna.saturn")
@@ -51,16 +54,18 @@ def _dashboard_api() -> tuple[Callable, Callable]:
 
 
 class DashboardPublisher(SweepListener):
-    """Re-publishes the chart and note as a sweep goes: on plans, trial starts and ends (throttled), and at the end.
+    """Re-publishes the chart and note of this sweep as it goes: on plans, trial starts and ends, and at the end.
 
-    Publishing writes the whole chart to the storage, so it happens at most every ``min_interval`` seconds; an
-    update that falls inside the interval is published by the next event after it (progress reports included),
-    and always at the end of the sweep. While trials run, progress reports also redraw the chart every
-    ``refresh_interval`` seconds, so that running bars grow even when no trial starts or ends.
+    Why a thread of its own: a publish writes the whole chart to the storage (optuna-dashboard keeps it in
+    2 KB pieces, one write each), which on a long sweep takes seconds. The sweep's events only note what changed,
+    under a small lock, and return; the publisher's thread writes through a storage handle of its own, at most
+    every ``min_interval`` seconds, or ten times as long as its last publish took, whichever is longer. While
+    trials run it also redraws every ``refresh_interval`` seconds, so that running bars grow. The last
+    ``max_trials`` trials that ended are charted (this sweep's only: a study of 20,000 trials costs what a study
+    of ``max_trials`` does), with the trials waiting and running. At the sweep's end the final chart is written.
 
-    Trials that are planned or running are drawn from what this listener was told, since their ``saturn:*``
-    attributes are only written when they end. A failed write is logged and retried at the next update: a busy
-    database must not cost the sweep its chart.
+    A failed write is logged once and tried again at the next update: a busy database must not cost the sweep
+    its chart. ``background=False`` publishes from the caller's thread instead (a deterministic test, a script).
     """
 
     def __init__(
@@ -69,93 +74,179 @@ class DashboardPublisher(SweepListener):
         min_interval: float = 5.0,
         refresh_interval: float = 30.0,
         note: bool = True,
+        max_trials: int = 500,
+        background: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         _dashboard_api()  # fail now, not at the first plan, when optuna-dashboard is missing
+        if max_trials < 1:
+            raise ValueError(f"max_trials must be at least 1, got {max_trials}.")
         self.min_interval = min_interval
         self.refresh_interval = refresh_interval
         self.note = note
+        self.max_trials = max_trials
+        self.background = background
         self._clock = clock
+        self._changes = threading.Condition()  # guards everything below that the events write
         self._last: float | None = None
         self._dirty = False
+        self._stopping = False
         self._warned = False
         self._pool: tuple[str, ...] = ()
         self._started_at: float | None = None
         self._live: dict[int, TrialRun] = {}
+        self._ended: collections.OrderedDict[int, TrialRun] = collections.OrderedDict()
+        self._stored: dict[int, TrialRun] = {}  # options and params of the live trials, read once each
+        self._thread: threading.Thread | None = None
+        self._target: optuna.Study | None = None  # the study, through the publisher's own storage handle
+        self.cost = 0.0  # how long the last publish took, in seconds
         self.published = 0  # how many times the chart was written (for tests and curious users)
 
-    # -- events -----------------------------------------------------------------------------------------------------
+    # -- events (the sweep's thread: note the change, return) -------------------------------------------------------
     def on_sweep_start(self, study: optuna.Study, devices: Sequence[str], started_at: float) -> None:
-        self._pool, self._started_at, self._live = tuple(devices), started_at, {}
+        with self._changes:
+            self._pool, self._started_at = tuple(devices), started_at
+            self._live, self._ended, self._stored, self._stopping = {}, collections.OrderedDict(), {}, False
+        if self.background:
+            self._target = optuna.load_study(study_name=study.study_name, storage=own_handle(study._storage))
+            self._thread = threading.Thread(target=self._publish_when_due, name="saturn-dashboard", daemon=True)
+            self._thread.start()
 
     def on_plan(self, study: optuna.Study, plan: Plan, trial_numbers: Sequence[int], now: float) -> None:
-        for a in plan.assignments:
-            number = int(a.job)
-            self._live[number] = TrialRun(
-                number=number,
-                state=WAITING,
-                strategy=a.option.strategy,
-                devices=tuple(self._label(i) for i in a.devices),
-                planned_start=now + a.start,
-                planned_end=now + a.end,
-            )
-        self._update(study)
+        with self._changes:
+            for a in plan.assignments:
+                number = int(a.job)
+                self._live[number] = TrialRun(
+                    number=number,
+                    state=WAITING,
+                    strategy=a.option.strategy,
+                    devices=tuple(self._label(i) for i in a.devices),
+                    planned_start=now + a.start,
+                    planned_end=now + a.end,
+                )
+            self._changed()
+        self._maybe_publish_here(study)
 
     def on_trial_start(self, study: optuna.Study, start: TrialStart) -> None:
-        self._live[start.number] = TrialRun(
-            number=start.number,
-            state="RUNNING",
-            strategy=start.strategy,
-            devices=tuple(start.devices),
-            planned_start=start.planned_start,
-            planned_end=start.planned_end,
-            actual_start=start.start,
-        )
-        self._update(study)
+        with self._changes:
+            self._live[start.number] = TrialRun(
+                number=start.number,
+                state="RUNNING",
+                strategy=start.strategy,
+                devices=tuple(start.devices),
+                planned_start=start.planned_start,
+                planned_end=start.planned_end,
+                actual_start=start.start,
+            )
+            self._changed()
+        self._maybe_publish_here(study)
 
     def on_trial_progress(self, study: optuna.Study, progress: TrialProgress) -> None:
-        if self._dirty or self._last is None or self._clock() - self._last >= self.refresh_interval:
-            self._update(study)
+        self._maybe_publish_here(study)  # (the thread redraws running bars on its own)
 
     def on_trial_end(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, now: float) -> None:
-        self._live.pop(trial.number, None)
-        self._update(study)
+        with self._changes:
+            self._live.pop(trial.number, None)
+            self._stored.pop(trial.number, None)
+            self._ended[trial.number] = run_from_trial(trial)
+            while len(self._ended) > self.max_trials:
+                self._ended.popitem(last=False)
+            self._changed()
+        self._maybe_publish_here(study)
 
     def on_sweep_end(self, study: optuna.Study, now: float, interrupted: bool) -> None:
-        self._live.clear()
-        self._update(study, force=True)
+        with self._changes:
+            self._live.clear()
+            self._stopping = True
+            self._changes.notify_all()
+        if self._thread is not None:
+            self._thread.join()  # (it finishes the publish it is in, if any)
+            self._thread = None
+        self._publish(self._target or study)  # the final picture, always
+        self._target = None
 
     # -- publishing -------------------------------------------------------------------------------------------------
     def records(self, study: optuna.Study) -> list[SweepRecord]:
-        """Every sweep of ``study``, this one with its waiting and running trials as this listener knows them."""
-        trials = study.get_trials(deepcopy=False)
-        stored = {t.number: t for t in trials}
+        """This sweep's record: the trials that ended (the last ``max_trials``), and its waiting and running ones
+        as this listener knows them, with their options and params as stored."""
+        with self._changes:
+            live, ended = list(self._live.values()), list(self._ended.values())
+        runs = ended + [self._with_stored(study, run) for run in live]
         elapsed = time.time() - self._started_at if self._started_at is not None else 0.0
-        live = []
-        for run in self._live.values():
-            if run.number in stored:  # options and params are in the storage already
-                base = run_from_trial(stored[run.number])
-                run = dataclasses.replace(run, options=base.options, params=base.params)
-            if run.state == "RUNNING":
-                run = dataclasses.replace(run, actual_end=max(elapsed, run.actual_start or 0.0))
-            live.append(run)
-        return read_sweeps(trials, live=live, live_started_at=self._started_at, pool=self._pool or None)
+        runs = [
+            dataclasses.replace(run, actual_end=max(elapsed, run.actual_start or 0.0))
+            if run.state == "RUNNING"
+            else run
+            for run in runs
+        ]
+        return read_sweeps((), live=runs, live_started_at=self._started_at, pool=self._pool or None)
 
-    def _update(self, study: optuna.Study, *, force: bool = False) -> None:
-        now = self._clock()
-        if not force and self._last is not None and now - self._last < self.min_interval:
-            self._dirty = True
+    def _with_stored(self, study: optuna.Study, run: TrialRun) -> TrialRun:
+        stored = self._stored.get(run.number)
+        if stored is None:
+            try:
+                trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, run.number)
+                stored = self._stored[run.number] = run_from_trial(study._storage.get_trial(trial_id))
+            except KeyError:  # (not in the storage yet)
+                return run
+        return dataclasses.replace(run, options=stored.options, params=stored.params)
+
+    def _changed(self) -> None:
+        """(Under the lock.) Something to draw: the thread wakes."""
+        self._dirty = True
+        self._changes.notify_all()
+
+    def _interval(self) -> float:
+        return max(self.min_interval, 10.0 * self.cost)
+
+    def _wait(self) -> float | None:
+        """(Under the lock.) Seconds until a publish is due, 0 if it is now, None if nothing is to draw."""
+        since = None if self._last is None else self._clock() - self._last
+        if self._dirty:
+            return 0.0 if since is None else max(0.0, self._interval() - since)
+        if since is not None and any(run.state == "RUNNING" for run in self._live.values()):
+            return max(0.0, max(self.refresh_interval, self._interval()) - since)
+        return None
+
+    def _maybe_publish_here(self, study: optuna.Study) -> None:
+        """Without a thread of its own: publish from the event's thread when due."""
+        if self.background:
             return
+        with self._changes:
+            due = self._wait() == 0.0
+        if due:
+            self._publish(study)
+
+    def _publish_when_due(self) -> None:
+        while True:
+            with self._changes:
+                wait = self._wait()
+                while not self._stopping and wait != 0.0:
+                    self._changes.wait(timeout=wait)
+                    wait = self._wait()
+                if self._stopping:
+                    return
+            assert self._target is not None
+            self._publish(self._target)
+
+    def _publish(self, study: optuna.Study) -> None:
+        started = time.monotonic()
+        with self._changes:
+            self._dirty = False
         try:
             publish(study, self.records(study), note=self.note)
         except Exception as exc:  # a locked database, a lost connection: try again at the next event
-            self._dirty = True
+            with self._changes:
+                self._dirty = True
+                self._last = self._clock()
             if not self._warned:
                 _logger.warning(f"Could not publish the schedule chart to the study ({exc!r}); will retry.")
                 self._warned = True
             return
-        self._last, self._dirty = now, False
-        self.published += 1
+        with self._changes:
+            self.cost = time.monotonic() - started
+            self._last = self._clock()
+            self.published += 1
 
     def _label(self, index: int) -> str:
         return self._pool[index] if index < len(self._pool) else f"device:{index}"
