@@ -21,6 +21,7 @@ import optuna
 from optuna_saturn.devices import Device
 from optuna_saturn.planner import Option
 from optuna_saturn.pricing.floors import no_better_than_linear_scaling
+from optuna_saturn.pricing.learned import LearnedOverheads, overheads
 from optuna_saturn.pricing.measured import record_of, within
 from optuna_saturn.pricing.prices import PricedOption, ProfileEntry, ProfileJob, TrialPrice, summary
 from optuna_saturn.pricing.step_time_model import CostModel, Prediction
@@ -85,7 +86,7 @@ class Pricer:
         self._failed: dict[str, ProfileRecord] = {}
         self._queued: set[str] = set()  # keys a profiling job will measure (queued or running)
         self.cost_model = CostModel()
-        self._learned: list[ProfileRecord] = []  # feasible profiles of this hardware, oldest first
+        self._learned = LearnedOverheads()  # feasible profiles of this hardware (the latest)
         self._reference_work = 0.0  # FLOPs of the first trial priced before anything was measured
         self._early: dict[int, str] = {}  # running trial -> the key of the profile its first steps made
         self._warned_probe = False
@@ -161,13 +162,12 @@ class Pricer:
     ) -> float:
         """A whole trial at a predicted step time: its loops, start-up and end as measured for this workload under
         other options (or, with none, as measured for any workload; with nothing measured at all, steps only)."""
-        basis = measured or self._learned
         steps = (
-            statistics.median(r.trial_steps(workload.total_steps) for r in basis)
+            statistics.median(r.trial_steps(workload.total_steps) for r in measured)
             if measured
             else float(workload.total_steps)
         )
-        if not basis and not any(True for _ in self.cost_model.families()):
+        if not measured and not self._learned and not any(True for _ in self.cost_model.families()):
             # Nothing measured on this hardware yet: the prior knows sizes, not seconds. Trials are priced by their
             # work relative to the first one described, which is given the placeholder length of a trial.
             work = workload.work.flops * steps
@@ -175,8 +175,7 @@ class Pricer:
             return (
                 NOMINAL_TRIAL_SECONDS * work / self._reference_work * prediction.seconds / self._prior_single(workload)
             )
-        startup = statistics.median(r.startup_seconds or 0.0 for r in basis) if basis else 0.0
-        after = statistics.median(r.after_loop_seconds for r in basis) if basis else 0.0
+        startup, after = overheads(measured) if measured else self._learned.overheads()
         return startup + steps * prediction.seconds + after
 
     def _prior_single(self, workload: Workload) -> float:
@@ -376,7 +375,7 @@ class Pricer:
     def _learn(self, record: ProfileRecord) -> None:
         if record.hardware != self._hardware or not record.feasible or not record.work_flops:
             return
-        self._learned.append(record)
+        self._learned.add(record)
         step = record.observed_step_seconds or record.step_seconds
         if step:
             family = (record.strategy, record.devices, record.gradient_accumulation)

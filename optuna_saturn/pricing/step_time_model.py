@@ -51,6 +51,10 @@ class Prediction:
     basis: str  # "fit", "scaled", "ratio" or "prior": how it was predicted
 
 
+#: How many workloads' step times a family of options keeps (its latest).
+POINTS_PER_FAMILY = 256
+
+
 class CostModel:
     """Step times per option family, learned from measurements; one per hardware kind."""
 
@@ -58,9 +62,15 @@ class CostModel:
         self._points: dict[Family, dict[Work, float]] = defaultdict(dict)
 
     def observe(self, family: Family, work: Work, step_seconds: float) -> None:
-        """A measured step time (the latest measurement of a workload replaces an earlier one)."""
+        """A measured step time (the latest measurement of a workload replaces an earlier one). A family keeps
+        its :data:`POINTS_PER_FAMILY` latest workloads: each prediction fits them, and a sweep whose workloads
+        all differ would otherwise fit a growing history at every price."""
         if step_seconds > 0 and math.isfinite(step_seconds):
-            self._points[family][work] = step_seconds
+            points = self._points[family]
+            points.pop(work, None)  # (re-inserted: the latest)
+            points[work] = step_seconds
+            while len(points) > POINTS_PER_FAMILY:
+                del points[next(iter(points))]
 
     def measured(self, family: Family, work: Work) -> float | None:
         return self._points.get(family, {}).get(work)

@@ -58,7 +58,8 @@ def replay_of(study: optuna.Study, *, sweep: int = -1, observed: bool = True) ->
     summary = study.user_attrs.get(ATTR + "last_sweep") or {}
     if summary.get("started_at") != started:  # (an earlier sweep: its own summary was overwritten)
         summary = {}
-    pool = trials[-1].user_attrs.get(ATTR + "pool") or []
+    # (one trial per pool records it: the latest that did)
+    pool = next((t.user_attrs[ATTR + "pool"] for t in reversed(trials) if t.user_attrs.get(ATTR + "pool")), [])
     ready = [float(v) for v in (summary.get("workers_ready") or {}).values()]
     index = {t.number: i for i, t in enumerate(trials)}
     return Replay(

@@ -100,17 +100,19 @@ class Outcomes:
             "actual_end": round(now, 3),
             "actual_runtime": round(now - run.started, 3),
             "sweep_started_at": state.started_at,
-            "pool": [str(d) for d in state.devices],
             "log": str(run.log),
             **self._node(state.devices[run.devices[0]]),
             "priced_by": "measured" if priced is None or priced.measured else priced.basis,
             "asked_at": round(waiting.asked_at, 3),
             "describe_seconds": round(waiting.describe_seconds, 3),
         }
+        pool = state.pool_to_record()
+        if pool is not None:
+            attrs["pool"] = pool
         if profiling:
             attrs["profiling"] = profiling
-        if len(waiting.prices) > 1:  # its price changed while it waited
-            attrs["prices"] = waiting.prices
+        if len(waiting.prices) > 1:  # its price changed while it waited (the first and latest prices kept)
+            attrs["prices"] = kept_prices(waiting.prices)
         started_at = state.started_at
         if session.objective_started_at is not None:
             attrs["objective_start"] = round(session.objective_started_at - started_at, 3)
@@ -157,3 +159,13 @@ class Outcomes:
             "tail_seconds": tail,
             "loop_steps": session.loop_steps,
         }
+
+
+#: How many of a trial's prices its ``saturn:prices`` keeps: the first, and the latest ones (a trial that waits
+#: behind a thousand others is re-priced after each end that teaches the pricer something).
+KEPT_PRICES = 8
+
+
+def kept_prices(prices: list[list]) -> list[list]:
+    """The first of ``prices`` and the latest ones, :data:`KEPT_PRICES` in all."""
+    return prices if len(prices) <= KEPT_PRICES else [prices[0], *prices[-(KEPT_PRICES - 1) :]]
