@@ -332,7 +332,7 @@ def test_a_result_that_comes_after_another_sweep_ended_its_trial_is_kept_not_thr
         frozen = StudyGateway(study, outbox=outbox).tell(trial, TrialState.COMPLETE, [0.5], attrs={"strategy": "ddp"})
     assert frozen.state == TrialState.FAIL  # the storage's word stands
     assert study.user_attrs["saturn:late_result:0"] == {"state": "COMPLETE", "values": [0.5], "sweep": live.sweep}
-    assert list(outbox.folder.glob("*.json"))  # and still on disk
+    assert list(outbox.late_folder.glob("*.json")) and not list(outbox.folder.glob("*.json"))  # set aside
     assert other.sweep in caplog.text and live.sweep in caplog.text
     assert [t.state for t in optuna.load_study(study_name=study.study_name, storage=storage).trials] == [
         TrialState.FAIL,
@@ -437,3 +437,81 @@ def test_a_retry_the_storage_failed_to_queue_is_queued_at_the_next_round(tmp_pat
     assert [t.state for t in study.trials] == [TrialState.FAIL]
     assert recover_orphans(StudyGateway(study), me, max_retries=1, watch=watch) == [0]
     assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.WAITING]
+
+
+def _end_as_another_sweep(storage: str, study_name: str, number: int) -> None:
+    """What a sweep that took the trial's sweep for dead does: its reason and name, then the move to FAIL."""
+    other = optuna.load_study(study_name=study_name, storage=storage)
+    trial = other.trials[number]
+    from optuna_saturn.study.ownership import _end_orphan
+
+    assert _end_orphan(StudyGateway(other), trial, "silent", again=False, by=Owner("other", "h", 1, 0.0))
+
+
+def test_a_run_whose_trial_another_sweep_ended_is_told_to_prune_and_its_writes_are_dropped(tmp_path):
+    """A paused sweep's trial was taken over: its run's next report or checkpoint raised in the executor, and the
+    objective failed (finding 6). The run is now told to prune itself, and its writes are dropped."""
+    from optuna_saturn.clock import WallClock
+    from optuna_saturn.study.trial_session import TrialSession
+
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    study = optuna.create_study(storage=storage)
+    gateway = StudyGateway(study, owner={"sweep": "paused"})
+    trial = gateway.ask_new()
+    session = TrialSession(trial, gateway.lock, WallClock())
+    session.handle("report", {"value": 1.0, "step": 1})
+    assert session.handle("should_prune", {}) is False
+    _end_as_another_sweep(storage, study.study_name, trial.number)
+    assert session.handle("report", {"value": 0.5, "step": 2}) is None
+    assert session.taken_over and session.handle("should_prune", {}) is True
+    assert session.handle("checkpointed", {"record": {"step": 2, "path": "/x"}}) is False  # (not a move)
+    stored = optuna.load_study(study_name=study.study_name, storage=storage).trials[0]
+    assert stored.state == TrialState.FAIL and stored.intermediate_values == {1: 1.0}
+
+
+def test_the_heartbeat_notes_held_trials_another_sweep_ended_and_lists_them_no_more(tmp_path, monkeypatch):
+    from optuna_saturn.study import liveness as beats
+
+    monkeypatch.setattr(beats, "HEARTBEAT_SECONDS", 3600.0)  # (the beat written on entering is the one looked at)
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    study = optuna.create_study(storage=storage)
+    gateway = StudyGateway(study, owner={"sweep": "paused"})
+    kept, taken = gateway.ask_new(), gateway.ask_new()
+    _end_as_another_sweep(storage, study.study_name, taken.number)
+    with beats.Heartbeat(gateway, "paused"):
+        assert gateway.taken_over() == {taken.number}
+        assert set(gateway.held_trials()) == {kept.number}
+
+
+@pytest.mark.launch
+def test_a_sweep_stops_the_run_of_a_trial_another_sweep_ended_and_keeps_no_late_result(
+    saturn_options, tmp_path, monkeypatch
+):
+    """The run of a trial that another sweep ended (taking this one for dead) is stopped at the next beat, not
+    left to run its whole minute; its device frees, and its end adds no retry and no late result."""
+    from optuna_saturn.study import liveness as beats
+
+    monkeypatch.setattr(beats, "HEARTBEAT_SECONDS", 0.5)
+    storage = f"sqlite:///{tmp_path / 'study.sqlite3'}"
+    study = optuna.create_study(storage=storage, study_name="taken")
+
+    def end_it_once_it_reports() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            running = study.get_trials(states=(TrialState.RUNNING,))
+            if running and running[0].intermediate_values:
+                _end_as_another_sweep(storage, "taken", running[0].number)
+                return
+            time.sleep(0.1)
+
+    ender = threading.Thread(target=end_it_once_it_reports, daemon=True)
+    ender.start()
+    started = time.monotonic()
+    SaturnExecutor(devices=1, strategies=["single"], allow_shared_cores=True, **saturn_options).optimize(
+        study, objectives.sleepy, n_trials=1
+    )
+    ender.join(timeout=5)
+    assert time.monotonic() - started < 50  # (its run alone takes 60 s)
+    (trial,) = optuna.load_study(study_name="taken", storage=storage).trials
+    assert trial.state == TrialState.FAIL and trial.user_attrs["saturn:ended_by"] == "other"
+    assert not [key for key in study.user_attrs if key.startswith("saturn:late_result")]

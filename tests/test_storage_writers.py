@@ -57,7 +57,7 @@ def test_a_result_ended_first_by_a_plain_study_tell_is_kept_and_said(tmp_path, c
     assert frozen.values == [0.25]  # the storage's word stands
     assert study.user_attrs[f"saturn:late_result:{trial.number}"]["values"] == [0.75]
     assert "someone outside this sweep" in caplog.text and "0.75" in caplog.text
-    assert list((tmp_path / "outbox").glob("*.json"))  # still on disk too
+    assert list((tmp_path / "outbox" / "late").glob("*.json"))  # on disk too, where no recovery clears it
 
 
 def test_a_long_fail_reason_is_capped_with_its_start_and_its_error(tmp_path):

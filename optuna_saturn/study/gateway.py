@@ -48,6 +48,7 @@ class StudyGateway:
         # their own: the heartbeat reads them while a slow sampler or storage call holds the study's lock
         self._held: dict[int, int] = {}
         self._held_lock = threading.Lock()
+        self._taken_over: set[int] = set()  # held trials another sweep ended, taking this one for dead
         self.stop_requested = False  # a callback called study.stop()
 
     def held_trials(self) -> dict[int, int]:
@@ -55,6 +56,22 @@ class StudyGateway:
         numbers and trial ids. Never waits on the study's lock."""
         with self._held_lock:
             return dict(self._held)
+
+    def note_taken_over(self, number: int) -> None:
+        """Another sweep ended held trial ``number``, taking this sweep for dead (the heartbeat saw it): its run
+        is stopped, and the heartbeat lists it no more."""
+        with self._held_lock:
+            if self._held.pop(number, None) is not None:
+                self._taken_over.add(number)
+                _logger.error(
+                    f"Trial {number} was ended by another sweep, which took this one for dead (a pause, a lost "
+                    "connection); this sweep stops its run, and the other runs it again."
+                )
+
+    def taken_over(self) -> set[int]:
+        """The trials :meth:`note_taken_over` noted."""
+        with self._held_lock:
+            return set(self._taken_over)
 
     def ask_new(self) -> optuna.Trial:
         """A new trial, never one of the study's queue: the sweep takes those itself (:meth:`take`), in the order
@@ -172,8 +189,10 @@ class StudyGateway:
         )
         with self._held_lock:
             self._held.pop(trial.number, None)
-        if not told_here(frozen, state, values, attrs):
-            self._keep_late_result(frozen, state, values)  # (and in the outbox, which keeps it too)
+        if not told_here(frozen, state, values):
+            self._keep_late_result(frozen, state, values)
+            if kept is not None:
+                self._outbox.set_aside(kept)  # (where no recovery clears it)
         elif kept is not None:
             Outbox.done(kept)
         return frozen
@@ -191,8 +210,8 @@ class StudyGateway:
         )
         _logger.error(
             f"Trial {stored.number} finished here ({state.name}, values {values}), but {who}. The result is kept in "
-            f"the study's attribute saturn:late_result:{stored.number} and in the outbox; the trial is not run again "
-            "by this sweep."
+            f"the study's attribute saturn:late_result:{stored.number} and in the outbox's late/ folder; the trial is "
+            "not run again by this sweep."
         )
         self.set_study_attr(f"late_result:{stored.number}", {"state": state.name, "values": values, "sweep": owner})
 
@@ -341,16 +360,14 @@ def capped_reason(reason: str, limit: int = FAIL_REASON_CHARS) -> str:
     return reason[:head] + marker + reason[len(reason) - (limit - head - len(marker)) :]
 
 
-def told_here(stored: FrozenTrial, state: TrialState, values: list[float] | None, attrs: dict[str, Any]) -> bool:
-    """Whether ``stored`` is this sweep's tell of the trial (``state`` and ``values``, or the FAIL it falls back to
-    when the study refuses them), and not an end someone else recorded first."""
-    if ended_by_another(stored):
-        return False
+def told_here(stored: FrozenTrial, state: TrialState, values: list[float] | None) -> bool:
+    """Whether ``stored`` is the end this sweep told (``state`` and ``values``, or the FAIL it falls back to when
+    the study refuses them), whoever wrote it: otherwise someone else ended the trial first, and this sweep's
+    result is a late one, to keep."""
     if stored.state == state:
         return state != TrialState.COMPLETE or stored.values == values
-    return stored.state == TrialState.FAIL and str(stored.user_attrs.get(ATTR + "fail_reason", "")).startswith(
-        "could not record the result"
-    )
+    reason = str(stored.user_attrs.get(ATTR + "fail_reason", ""))
+    return stored.state == TrialState.FAIL and reason.startswith("could not record the result")
 
 
 def ended_by_another(trial: FrozenTrial) -> bool:

@@ -138,8 +138,20 @@ class Heartbeat:
 
     def _write(self) -> None:
         self._count += 1
-        beat = {"beat": self._count, "at": round(time.time(), 3), "trials": sorted(self._gateway.held_trials())}
+        held = self._gateway.held_trials()
+        beat = {"beat": self._count, "at": round(time.time(), 3), "trials": sorted(held)}
         set_study_attr(self._storage, self._gateway.study, self._key, beat)
+        self._look_for_takeovers(held)
+
+    def _look_for_takeovers(self, held: dict[int, int]) -> None:
+        """Held trials that another sweep ended (it took this one for dead: a pause, a lost connection) are
+        noted, so that their runs stop at once and free their devices; otherwise they would run on until they
+        tell, and their checkpoints race the other sweep's retry."""
+        for number, trial_id in held.items():
+            stored = self._storage.get_trial(trial_id)
+            ended_by = stored.user_attrs.get(ATTR + "ended_by")
+            if stored.state.is_finished() and ended_by is not None and ended_by != self._sweep:
+                self._gateway.note_taken_over(number)
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_SECONDS):

@@ -149,6 +149,19 @@ class Outbox:
     def done(path: Path) -> None:
         path.unlink(missing_ok=True)
 
+    @property
+    def late_folder(self) -> Path:
+        """Late results: ones the storage refused because someone else had ended their trial. Kept for people to
+        read; never told, and never cleared by a recovery."""
+        return self.folder / "late"
+
+    def set_aside(self, path: Path) -> Path:
+        """Move kept result ``path`` to :attr:`late_folder`."""
+        make_private_folders(self.late_folder)
+        moved = self.late_folder / path.name
+        os.replace(path, moved)
+        return moved
+
     def pending(self) -> list[tuple[Path, Outgoing]]:
         if not self.folder.is_dir():
             return []

@@ -24,6 +24,15 @@ _SUGGEST_METHODS = frozenset(
 )
 
 
+#: What a run whose trial another sweep ended is answered (see :meth:`TrialSession._call_trial_locked`).
+_TAKEN_OVER_ANSWERS: dict[str, Any] = {
+    "should_prune": True,
+    "report": None,
+    "set_user_attr": None,
+    "set_constraint": None,
+}
+
+
 class TrialSession:
     """Serves one trial's channel and records how far it got and how it ended.
 
@@ -52,6 +61,7 @@ class TrialSession:
         self.checkpoint_steps: list[int] = []  # the steps the run checkpointed at
         self.checkpoint_seconds = 0.0  # how long its latest checkpoint took to save
         self.move_requested = False  # the sweep moves the trial elsewhere at its next checkpoint (elastic resize)
+        self.taken_over = False  # another sweep ended the trial (it took this one for dead): the run is to stop
         self._reported: set[int] | None = None  # steps with an intermediate value (inherited ones included)
         self._loops: dict[int, int] = {}  # loop index -> its steps (epochs, when the objective loops per epoch)
 
@@ -88,8 +98,18 @@ class TrialSession:
         return retrying(lambda: self._call_trial_locked(op, message), what=f"answer trial {self.trial.number}'s {op}")
 
     def _call_trial_locked(self, op: str, message: dict) -> Any:
+        """A run whose trial another sweep ended (it took this sweep for dead) is told to prune itself, and its
+        writes are dropped: the trial is no longer this run's, and the faults policy stops the run anyway."""
         with self._lock:
-            return self._call_trial(op, message)
+            if self.taken_over and op in _TAKEN_OVER_ANSWERS:
+                return _TAKEN_OVER_ANSWERS[op]
+            try:
+                return self._call_trial(op, message)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                self.taken_over = True  # (the trial ended under this run: another sweep ended it)
+                if op in _TAKEN_OVER_ANSWERS:
+                    return _TAKEN_OVER_ANSWERS[op]
+                raise
 
     def _call_trial(self, op: str, message: dict) -> Any:
         if op == "suggest":
@@ -132,7 +152,10 @@ class TrialSession:
             with self._lock:
                 self.trial.set_user_attr(ATTR + "checkpoint", record)
 
-        retrying(record_it, what=f"record trial {self.trial.number}'s checkpoint")
+        try:
+            retrying(record_it, what=f"record trial {self.trial.number}'s checkpoint")
+        except optuna.exceptions.UpdateFinishedTrialError:
+            self.taken_over = True  # (see _call_trial_locked)
         return self.move_requested
 
     def _progress(self, message: dict) -> None:

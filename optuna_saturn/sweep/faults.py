@@ -4,7 +4,8 @@
   planned runtime and fifty of its steps), or that took no step within that plus a whole run's planned runtime
   (one that resumes near its end still sets up in full) and, for a moved one, twice its last run's set-up, has a
   rank that hangs (a deadlocked collective or rendezvous, a stuck data loader) or died where its peers wait: it
-  is stopped. Its evaluation between steps must fit in the limit.
+  is stopped. Its evaluation between steps must fit in the limit. So is a trial that another sweep ended,
+  taking this one for dead (a pause, a lost connection): the other runs it again, and its devices free at once.
 - **A rank's death** (or a stall) is not the trial's fault: the trial ends FAIL with the reason and its params run
   again as a new trial (``max_retries`` times at most), from its checkpoint if it saved one.
 - **An option's fault.** A trial that ran out of memory, refused the trial's code (``StrategyMismatch``), or
@@ -16,6 +17,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ import optuna
 from optuna_saturn.pools.protocol import JobEnd
 from optuna_saturn.study.ownership import may_run_again
 from optuna_saturn.sweep.decisions import Fail, LeaveOut, Stop
+from optuna_saturn.sweep.settings import SweepSettings
 from optuna_saturn.sweep.state import SweepState, TrialRun
 from optuna_saturn.worker.failures import CRASH, MISMATCH, OUT_OF_MEMORY
 
@@ -36,16 +39,37 @@ MIN_STALL_SECONDS = 120.0
 
 
 class Faults:
-    def __init__(self, *, stall_timeout: float | None, max_retries: int, may_leave_out: bool) -> None:
+    def __init__(
+        self,
+        *,
+        stall_timeout: float | None,
+        max_retries: int,
+        may_leave_out: bool,
+        taken_over: Callable[[], set[int]] = set,
+    ) -> None:
         self._stall_timeout = stall_timeout
+        self._taken_over = taken_over  # the held trials another sweep ended (the heartbeat notes them)
         self.max_retries = max_retries
         self._may_leave_out = may_leave_out  # a pricer knows the trials' workloads, to leave options out for
+
+    @classmethod
+    def for_sweep(cls, settings: SweepSettings, *, may_leave_out: bool, taken_over: Callable[[], set[int]]) -> Faults:
+        return cls(
+            stall_timeout=settings.stall_timeout,
+            max_retries=settings.max_retries,
+            may_leave_out=may_leave_out,
+            taken_over=taken_over,
+        )
 
     def stalled(self, state: SweepState, now: float) -> list[Stop]:
         """Running trials to stop: their ranks stopped moving (see the module's docstring)."""
         stops = []
+        taken_over = self._taken_over()
         for run in state.trial_runs():
             if run.stalled:
+                continue
+            if run.session.taken_over or run.number in taken_over:
+                stops.append(Stop(run, "another sweep ended its trial, taking this one for dead; it runs it again"))
                 continue
             limit = self.stall_limit(run)
             if run.session.last_progress_at is None:  # not one step yet: its set-up may take up to its runtime

@@ -76,9 +76,7 @@ class Sweep:
         self._asking = Asking.for_sweep(settings, timeout=timeout, lookahead=batch_size, describes=pricer is not None)
         self._planning = Planning(settings)
         self._profiling = Profiling(pricer, budget=settings.profile_budget, profile_only=settings.profile_only)
-        self._faults = Faults(
-            stall_timeout=settings.stall_timeout, max_retries=settings.max_retries, may_leave_out=pricer is not None
-        )
+        self._faults = Faults.for_sweep(settings, may_leave_out=pricer is not None, taken_over=self._gateway.taken_over)
         self._elastic = Elastic(
             enabled=settings.elastic and not settings.profile_only,
             max_moves=settings.max_moves,
