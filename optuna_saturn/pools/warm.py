@@ -10,7 +10,6 @@ the pool host (:mod:`optuna_saturn.pools.warm_host`); the pool sees its connecti
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import os
@@ -38,6 +37,7 @@ from optuna_saturn.pools.launch_commands import (
     worker_environment,
 )
 from optuna_saturn.pools.logs import open_log
+from optuna_saturn.pools.process_identity import alive, kill_if_same, start_ticks
 from optuna_saturn.pools.protocol import JobEnd, JobRanks
 
 _logger = optuna.logging.get_logger("optuna.saturn.runner")
@@ -103,6 +103,7 @@ class WorkerPool:
         self._one_process = one_process  # a worker may run on several devices' cores (see forked_host)
         self._collective_timeout = collective_timeout
         self._lock = threading.Lock()
+        self._started: dict[int, int | None] = {}  # a worker's pid -> its start (process_identity.start_ticks)
         self._workers = [_Worker(i) for i in range(len(devices))]
         self._jobs: dict[Any, _Job] = {}
         self._ended: queue.Queue = queue.Queue()
@@ -184,7 +185,7 @@ class WorkerPool:
         with self._lock:
             pids = [w.pid for w in self._workers if w.pid]
         for pid in pids:  # a worker the host did not reach (it died first)
-            _kill(pid)
+            self._kill(pid)
         if self._token:
             self._server.unregister(self._token)
 
@@ -270,7 +271,7 @@ class WorkerPool:
             pids = [job.pids.get(d) for d in job.unfinished()]
         for pid in pids:
             if pid:
-                _kill(pid)
+                self._kill(pid)
         self._end_ranks_whose_worker_is_gone()
 
     def _end_ranks_whose_worker_is_gone(self) -> None:
@@ -287,7 +288,7 @@ class WorkerPool:
             overdue = job.stopped_at is not None and now - job.stopped_at > self._grace + STOP_DEADLINE_SECONDS
             for device in job.unfinished():
                 pid = job.pids.get(device)
-                if overdue or pid is None or not _alive(pid):
+                if overdue or pid is None or not alive(pid):
                     why = (
                         f"the rank on device {device} did not end {self._grace + STOP_DEADLINE_SECONDS:.0f} s "
                         "after it was stopped"
@@ -318,6 +319,7 @@ class WorkerPool:
                 if previous is not None and index not in previous.finished:
                     self._rank_ended(previous, index, False, f"the worker of device {index} died")
                 worker.pid, worker.connected, worker.job = pid, True, None
+                self._started[pid] = start_ticks(pid)  # (its pid is killed only while it still names it)
                 worker.orders = queue.Queue()
             return {"worker": index}
         if op == "next":
@@ -341,8 +343,11 @@ class WorkerPool:
             try:
                 return worker.orders.get(timeout=1.0)
             except queue.Empty:
-                if pid is None or not _alive(pid):  # it died while idle: end this request (the connection closes)
+                if pid is None or not alive(pid):  # it died while idle: end this request (the connection closes)
                     return {"exit": True}
+
+    def _kill(self, pid: int) -> None:
+        kill_if_same(pid, self._started.get(pid))
 
     def _closed(self, index: int, pid: int) -> None:
         """The connection of worker ``pid`` (device ``index``, as its hello said) closed: it exited or died. If it
@@ -384,26 +389,7 @@ class WorkerPool:
             job.stopped_at = job.stopped_at or time.monotonic()
             pids = [job.pids[d] for d in job.unfinished() if job.pids.get(d)]
         for pid in pids:
-            _kill(pid)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (exited, not yet reaped by the host) is not alive
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _kill(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, signal.SIGKILL)
+            self._kill(pid)
 
 
 def _last_unindented_line(log: Path) -> str:

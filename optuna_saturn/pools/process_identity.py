@@ -1,0 +1,57 @@
+"""Telling a process apart from a later one that got its pid, before signalling it.
+
+Why: a worker that died is reaped by the pool host at once, and its pid can be given to an unrelated process of
+the same user within moments; a ``kill`` of the recorded pid would then hit that process (reliability review,
+finding 21). A process is named by its pid and its start time in clock ticks since boot (``/proc/<pid>/stat``,
+field 22), which no later process with the same pid shares and no clock step changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+
+
+def start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot; None if it is gone (or not readable)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[-1].split()
+        return int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` names a live process (a zombie, exited but not yet reaped, is not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def kill_if_same(pid: int, ticks: int | None) -> None:
+    """SIGKILL ``pid`` only if it is still the process that started at ``ticks`` (None: not known, so any)."""
+    if ticks is not None and start_ticks(pid) != ticks:
+        return  # (gone, and its pid reused or free)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def become_subreaper() -> bool:
+    """Make this process the reaper of its descendants' orphans (Linux ``PR_SET_CHILD_SUBREAPER``): the data
+    loader workers of a worker that was killed are then reaped by the pool host's wait loop, not left as zombies
+    of PID 1, which in a container may be the executor, and reaps no one. False where the kernel refuses."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
