@@ -13,6 +13,7 @@ and pruner decide, in the process that owns them.
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import os
@@ -36,6 +37,8 @@ _UNAUTHENTICATED = 64
 _UNAUTHENTICATED_PER_PEER = 16
 #: The longest line an authenticated peer may send (a trial's report, its attributes, a profile).
 _LINE_BYTES = 16 * 1024 * 1024
+#: How long a worker keeps connecting again while the executor answers that it is busy.
+BUSY_RETRY_SECONDS = 120.0
 #: A rejected connection is logged at most once in this many seconds (with how many were rejected meanwhile).
 _REJECTION_LOG_SECONDS = 10.0
 
@@ -45,6 +48,11 @@ Handler = Callable[[str, dict], Any]
 
 class ProtocolError(ValueError):
     """A peer broke the channel's protocol: a line too long or not a JSON object, or no hello in time."""
+
+
+class ChannelBusy(ConnectionError):
+    """The executor had too many connections waiting for their hello (a stranger may be holding them): the worker
+    connects again, with back-off, for up to :data:`BUSY_RETRY_SECONDS`."""
 
 
 class AuthenticationFailed(ConnectionError):
@@ -102,7 +110,7 @@ class ChannelServer:
     def __init__(self, *, host: str | None = None) -> None:
         self._folder = tempfile.mkdtemp(prefix="optuna-saturn-")
         os.chmod(self._folder, 0o700)
-        self._handlers: dict[str, Handler] = {}
+        self._handlers: dict[str, tuple[str, Handler]] = {}  # a token's id -> its secret, and its handler
         self._lock = threading.Lock()
         self._waiting_total = 0  # connections without a hello yet, in all and per peer
         self._waiting: dict[str, int] = {}
@@ -135,14 +143,25 @@ class ChannelServer:
         return self._folder
 
     def register(self, handler: Handler) -> str:
-        token = secrets.token_hex(16)
+        """A fresh token for ``handler``: ``<id>.<secret>``. The id finds the handler; the secret, 128 random
+        bits, is compared in constant time (a dictionary lookup of the whole token would leak its prefix's
+        timing)."""
+        token_id, secret = secrets.token_hex(8), secrets.token_hex(16)
         with self._lock:
-            self._handlers[token] = handler
-        return token
+            self._handlers[token_id] = (secret, handler)
+        return f"{token_id}.{secret}"
 
     def unregister(self, token: str) -> None:
         with self._lock:
-            self._handlers.pop(token, None)
+            self._handlers.pop(token.partition(".")[0], None)
+
+    def _handler_of(self, token: str) -> Handler | None:
+        """(Under the lock.) The handler ``token`` names, if its secret is right."""
+        token_id, _, secret = token.partition(".")
+        found = self._handlers.get(token_id)
+        if found is None or not hmac.compare_digest(found[0].encode(), secret.encode()):
+            return None
+        return found[1]
 
     def close(self) -> None:
         self._server.shutdown()
@@ -161,6 +180,7 @@ class ChannelServer:
         peer = _peer(connection)
         if not self._admit(peer):
             self._rejected(f"too many connections without a hello (from {peer})")
+            _reply_error(wfile, ChannelBusy("too many connections are waiting to say hello; try again"))
             return
         try:
             self._serve_requests(_Lines(connection), wfile, served, hello, peer)
@@ -186,7 +206,7 @@ class ChannelServer:
         message = _message(hello) if hello else None
         with self._lock:
             handler = (
-                self._handlers.get(str(message.get("token", "")))
+                self._handler_of(str(message.get("token", "")))
                 if message is not None and message.get("op") == "hello"
                 else None
             )
@@ -305,6 +325,21 @@ class ChannelClient:
     and serialised by a lock."""
 
     def __init__(self, address: str, token: str, *, hello: dict | None = None) -> None:
+        self._lock = threading.Lock()
+        deadline, wait = time.monotonic() + BUSY_RETRY_SECONDS, 0.1
+        while True:
+            self._connect(address)
+            try:
+                self.call("hello", token=token, pid=os.getpid(), **(hello or {}))
+                return
+            except ChannelBusy:
+                self.close()
+                if time.monotonic() + wait > deadline:
+                    raise
+                time.sleep(wait)
+                wait = min(2 * wait, 5.0)
+
+    def _connect(self, address: str) -> None:
         if address.startswith("tcp://"):
             host, port = address[len("tcp://") :].rsplit(":", 1)
             self._socket = socket.create_connection((host, int(port)))
@@ -313,8 +348,6 @@ class ChannelClient:
             self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self._socket.connect(address)
         self._file = self._socket.makefile("rwb")
-        self._lock = threading.Lock()
-        self.call("hello", token=token, pid=os.getpid(), **(hello or {}))
 
     def call(self, op: str, **fields: Any) -> Any:
         with self._lock:
@@ -327,6 +360,8 @@ class ChannelClient:
         if not reply["ok"]:
             if reply["type"] == AuthenticationFailed.__name__:
                 raise AuthenticationFailed(f"The optuna-saturn executor refused this worker: {reply['error']}.")
+            if reply["type"] == ChannelBusy.__name__:
+                raise ChannelBusy(reply["error"])
             builtin = _RELAYED_BUILTINS.get(reply["type"])
             raise builtin(reply["error"]) if builtin else RemoteError(reply["type"], reply["error"])
         return reply["value"]
