@@ -31,6 +31,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _taken(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+        return False
+
+
 class PostgresServer:
     def __init__(self, folder: str | None = None) -> None:
         for tool in ("initdb", "pg_ctl", "runuser"):
@@ -54,10 +63,19 @@ class PostgresServer:
         return f"postgresql+psycopg2://{_USER}@127.0.0.1:{self.port}/{database}"
 
     def start(self) -> None:
-        options = f"-k {self.folder} -h 127.0.0.1 -p {self.port} -c fsync=off"
-        self._as_postgres(
-            ["pg_ctl", "-D", self.data, "-o", options, "-l", os.path.join(self.folder, "log"), "-w", "start"]
-        )
+        """Start the server; a port another process took since it was chosen (they are chosen free, then used)
+        is given up for another, a few times."""
+        for attempt in range(5):
+            options = f"-k {self.folder} -h 127.0.0.1 -p {self.port} -c fsync=off"
+            try:
+                self._as_postgres(
+                    ["pg_ctl", "-D", self.data, "-o", options, "-l", os.path.join(self.folder, "log"), "-w", "start"]
+                )
+                return
+            except RuntimeError:
+                if attempt == 4 or not _taken(self.port):
+                    raise
+                self.port = _free_port()
 
     def stop(self) -> None:
         self._as_postgres(["pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop"])

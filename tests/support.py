@@ -47,7 +47,11 @@ def kill_a_worker_once(
         study = optuna.load_study(study_name=study_name, storage=storage)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            trials = study.get_trials(deepcopy=False)
+            try:
+                trials = study.get_trials(deepcopy=False)
+            except Exception:  # (a locked SQLite file: look again, rather than end the killer in silence)
+                time.sleep(0.2)
+                continue
             if trials and ready(trials[0]):
                 for process in psutil.Process().children(recursive=True):
                     try:

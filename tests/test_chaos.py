@@ -87,12 +87,21 @@ def _sweep_killed_at(storage: str, log_dir: str, event: str, patience: float = 6
     return processes, landed
 
 
+def _lives(owner: dict) -> bool:
+    """Whether the owner's process lives: its pid, started when it says (a pid reused by another process is not
+    the owner's)."""
+    try:
+        return abs(psutil.Process(owner["pid"]).create_time() - owner["started"]) < 2.0
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _check(study: optuna.Study, completed: dict[int, float], *, max_retries: int) -> None:
     trials = study.get_trials()
     for trial in trials:
         if trial.state == TrialState.RUNNING:  # the killed sweep's: its owner must be gone by now
             owner = trial.user_attrs["saturn:owner"]
-            assert not psutil.pid_exists(owner["pid"]), f"trial {trial.number} is RUNNING under a live sweep"
+            assert not _lives(owner), f"trial {trial.number} is RUNNING under a live sweep"
         assert trial.user_attrs.get("saturn:retries", 0) <= max_retries
     for number, value in completed.items():
         assert trials[number].state == TrialState.COMPLETE and trials[number].value == value

@@ -317,7 +317,7 @@ def test_study_that_does_not_exist(tmp_path: Path) -> None:
     optuna.create_study(storage=storage, study_name="there")
     for command in ("plan", "simulate", "report"):
         message = error_of(invoke(command, "--storage", storage, "--study", "not-there"))
-        assert "Study 'not-there' does not exist" in message and "there" in message
+        assert "Study 'not-there' does not exist" in message and "Studies there: there." in message
 
 
 def test_study_without_saturn_trials(tmp_path: Path) -> None:

@@ -69,11 +69,15 @@ def test_zero_trials_is_a_no_op():
     assert study.trials == []
 
 
-def test_catch_accepts_what_study_optimize_accepts():
+def test_catch_accepts_what_study_optimize_accepts_and_refuses_what_it_refuses():
     study = optuna.create_study()
     executor = SaturnExecutor(devices=1, strategies=["single"])
     for catch in ((), ValueError, (ValueError, RuntimeError), [KeyError]):
         executor.optimize(study, objectives.quadratic, n_trials=0, catch=catch, callbacks=[], gc_after_trial=True)
+    assert study.trials == []
+    for wrong in ("ValueError", (ValueError, 3), [object]):
+        with pytest.raises(TypeError, match="catch must be exception classes"):
+            executor.optimize(study, objectives.quadratic, n_trials=0, catch=wrong)
 
 
 def test_an_in_memory_sqlite_storage_is_refused_before_anything_runs():

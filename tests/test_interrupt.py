@@ -37,6 +37,13 @@ def _alive(process: psutil.Process) -> bool:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def _running_trials(storage: str) -> list:
+    try:
+        return optuna.load_study(study_name="interrupted", storage=storage).get_trials(states=(TrialState.RUNNING,))
+    except Exception:  # (not created yet, or the file locked for a moment)
+        return []
+
+
 def test_interrupt_stops_every_process_and_ends_every_trial(saturn_options, tmp_path, signum):
     storage = f"sqlite:///{tmp_path / 'study.sqlite3'}"
     sweep = subprocess.Popen(
@@ -49,7 +56,10 @@ def test_interrupt_stops_every_process_and_ends_every_trial(saturn_options, tmp_
         assert sweep.poll() is None, "the sweep exited before its trials started"
         assert time.monotonic() < deadline, "trials did not start within 60 s"
         time.sleep(0.2)
-    time.sleep(5.0)  # the warm workers are up: give the trials time to start
+    while len(_running_trials(storage)) < 2:  # (both trials started: each is RUNNING in the study)
+        assert sweep.poll() is None, "the sweep exited before its trials started"
+        assert time.monotonic() < deadline, "trials did not start within 60 s"
+        time.sleep(0.2)
     descendants = parent.children(recursive=True)
     sweep.send_signal(signum)
     sweep.wait(timeout=60)

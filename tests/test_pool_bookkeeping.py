@@ -8,6 +8,7 @@ its replacement said hello first: the rank it ran never ended, and a stop then k
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -128,7 +129,10 @@ def test_the_grace_timer_of_a_run_that_ended_spares_a_new_run_under_the_same_key
         assert [(e.key, e.clean) for e in _ends(pool)] == [("trial-0", False)]
         # the trial is planned again under the same key on the fresh workers, before the first run's timer fires
         _start_job(pool, tmp_path, "trial-0", {0: c, 1: d})
-        time.sleep(1.0)
+        deadline = time.monotonic() + 30  # the first run's timer has fired (and spared the new run) once it is gone
+        while any(t.name == "saturn-grace" for t in threading.enumerate()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(t.name == "saturn-grace" for t in threading.enumerate())
         assert c.poll() is None and d.poll() is None
     finally:
         for process in (a, b, c, d):

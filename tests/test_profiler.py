@@ -362,8 +362,10 @@ def test_the_objective_after_its_loop_is_timed_even_when_it_expects_the_whole_lo
         objectives.evaluates_after_training, n_trials=1
     )
     (profile,) = study.trials[0].user_attrs["saturn:profiles"]
-    assert profile["feasible"] and 0.01 <= profile["step_seconds"] < 0.1
-    assert 0.5 <= profile["tail_seconds"] < 1.5
+    # (its steps sleep 0.01 s and its evaluation 0.5 s: each lower bound shows the part was timed where it belongs;
+    # the upper bounds are loose, as a loaded 2-core machine stretches both)
+    assert profile["feasible"] and 0.01 <= profile["step_seconds"] < 0.5
+    assert 0.5 <= profile["tail_seconds"] < 5.0
     assert profile["exit_seconds"] == 0.0  # a warm worker does not exit
 
 
@@ -375,7 +377,7 @@ def test_nested_epoch_loops_are_priced_as_the_whole_trial(saturn_options):
     executor = SaturnExecutor(devices=1, strategies=["single", "single-ckpt"], **saturn_options)  # (to price)
     profiles = executor.profile(objectives.epochs_with_evaluation, n_trials=1).trials[0].user_attrs["saturn:profiles"]
     (profile,) = [p for p in profiles if p["strategy"] == "single"]
-    assert profile["loops"] == 6 and 0.25 < profile["between_seconds"] < 0.6
+    assert profile["loops"] == 6 and 0.25 < profile["between_seconds"] < 3.0  # (0.3 s of evaluation between)
     study = optuna.create_study()
     executor.optimize(study, objectives.epochs_with_evaluation, n_trials=2)
     for trial in study.trials:

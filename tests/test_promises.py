@@ -4,7 +4,6 @@ a callback that raises."""
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 
@@ -22,17 +21,20 @@ def test_a_live_sweep_writes_its_heartbeat_every_5_s(saturn_options, tmp_path, m
     storage = f"sqlite:///{tmp_path / 'study.sqlite3'}"
     study = optuna.create_study(study_name="beats", storage=storage)
     monkeypatch.setenv("SATURN_TEST_SLEEPY_STEPS", "130")  # 13 s
-    seen: dict[int, float] = {}  # heartbeat's count -> when this test saw it first
+    seen: dict[int, float] = {}  # heartbeat's count -> its writer's time ("at")
     listed: set[int] = set()  # the trials the beats listed
     done = threading.Event()
 
     def watch() -> None:
         watcher = optuna.load_study(study_name="beats", storage=storage)
         while not done.wait(0.5):
-            beats = [v for k, v in watcher.user_attrs.items() if k.startswith("saturn:heartbeat:")]
+            try:
+                beats = [v for k, v in watcher.user_attrs.items() if k.startswith("saturn:heartbeat:")]
+            except Exception:  # (a locked file, read again at the next poll: a lost watcher would fail below)
+                continue
             for beat in beats:
                 if beat is not None:
-                    seen.setdefault(beat["beat"], time.monotonic())
+                    seen.setdefault(beat["beat"], beat["at"])
                     listed.update(beat["trials"])
 
     thread = threading.Thread(target=watch, daemon=True)
@@ -41,13 +43,14 @@ def test_a_live_sweep_writes_its_heartbeat_every_5_s(saturn_options, tmp_path, m
     done.set()
     thread.join()
     assert study.trials[0].state == TrialState.COMPLETE
-    beats = [seen[count] for count in sorted(seen)]
-    assert len(beats) >= 3, beats  # a 13 s trial: a beat at the start, then every 5 s
+    counts = sorted(seen)
+    assert len(counts) >= 2 and counts[-1] >= 3, seen  # a 13 s trial: a beat at the start, then every 5 s
     assert listed == {0}  # each beat lists the trials its sweep runs
     ended = [v for k, v in study.user_attrs.items() if k.startswith("saturn:heartbeat:")]
     assert ended == [None]  # the sweep ended: its beat is null
-    gaps = [b - a for a, b in itertools.pairwise(beats)]
-    assert all(4.0 <= gap <= 7.0 for gap in gaps[:-1]), gaps
+    # the writer's own times (the watcher's polls may miss a beat): 5 s apart, give or take a loaded machine
+    per_beat = (seen[counts[-1]] - seen[counts[0]]) / (counts[-1] - counts[0])
+    assert 4.5 <= per_beat <= 7.5, seen
 
 
 def test_a_segfaulting_rank_fails_its_trial_which_runs_again_once(saturn_options, monkeypatch):
