@@ -36,7 +36,6 @@ def _alive(process: psutil.Process) -> bool:
         return False
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def _running_trials(storage: str) -> list:
     try:
         return optuna.load_study(study_name="interrupted", storage=storage).get_trials(states=(TrialState.RUNNING,))
@@ -44,6 +43,7 @@ def _running_trials(storage: str) -> list:
         return []
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_stops_every_process_and_ends_every_trial(saturn_options, tmp_path, signum):
     storage = f"sqlite:///{tmp_path / 'study.sqlite3'}"
     sweep = subprocess.Popen(
