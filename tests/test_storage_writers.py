@@ -177,3 +177,23 @@ def test_the_heartbeat_never_waits_for_the_lock_to_list_its_trials(tmp_path):
         reader.start()
         reader.join(timeout=10)
     assert listed == [{trial.number: trial._trial_id}]
+
+
+def test_the_outbox_clears_old_partial_files_and_sets_an_unreadable_one_aside(tmp_path, caplog):
+    """A killed write left a ``.partial`` file for ever, and an unreadable file was warned about every 30 s
+    (finding 20)."""
+    import os
+
+    outbox = Outbox(tmp_path / "outbox")
+    outbox.folder.mkdir(mode=0o700)
+    old, fresh = outbox.folder / "trial-1-aaaa.partial", outbox.folder / "trial-2-bbbb.partial"
+    for partial in (old, fresh):
+        partial.write_text("{")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    broken = outbox.folder / "trial-3-cccc.json"
+    broken.write_text("{cut")
+    with caplog.at_level("WARNING", logger="optuna.saturn"):
+        assert outbox.pending() == [] and outbox.pending() == []
+    assert not old.exists() and fresh.exists()
+    assert not broken.exists() and (outbox.folder / "trial-3-cccc.json.unreadable").exists()
+    assert caplog.text.count("is set aside") == 1

@@ -13,6 +13,7 @@ column) are raised at once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -85,6 +86,8 @@ def transient(exc: BaseException) -> bool:
 
 #: How long a storage call is retried before the sweep gives up on the storage (results stay in the outbox).
 RETRY_SECONDS = 120.0
+#: A partial result file this old was left by a write that never finished (a kill, a full disk).
+_PARTIAL_SECONDS = 3600.0
 _FIRST_WAIT, _LONGEST_WAIT = 0.2, 10.0
 
 
@@ -163,8 +166,14 @@ class Outbox:
         return moved
 
     def pending(self) -> list[tuple[Path, Outgoing]]:
+        """The results kept here, this user's and whole. Partial files a killed write left are removed once old;
+        an unreadable file is renamed ``*.unreadable`` (said once, kept for a person to read)."""
         if not self.folder.is_dir():
             return []
+        for partial in self.folder.glob("trial-*.partial"):
+            with contextlib.suppress(OSError):
+                if time.time() - partial.stat().st_mtime > _PARTIAL_SECONDS:
+                    partial.unlink()
         out = []
         for path in sorted(self.folder.glob("trial-*.json")):
             try:
@@ -173,5 +182,7 @@ class Outbox:
                     continue
                 out.append((path, Outgoing(**json.loads(path.read_text(encoding="utf-8")))))
             except (OSError, ValueError, TypeError):
-                _logger.warning(f"Ignoring an unreadable result file in the outbox: {path}.")
+                _logger.warning(f"An unreadable result file in the outbox is set aside: {path}.unreadable")
+                with contextlib.suppress(OSError):
+                    os.replace(path, path.with_name(path.name + ".unreadable"))
         return out

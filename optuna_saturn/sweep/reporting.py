@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -97,8 +98,16 @@ def _spread(seconds: Sequence[float]) -> dict[str, float | int]:
 
 
 def _tail(path: Path) -> str:
+    """The log's last lines, read from its end (a failed trial's log may run to gigabytes)."""
     try:
-        lines = path.read_text(errors="replace").splitlines()
+        with path.open("rb") as log:
+            size = log.seek(0, os.SEEK_END)
+            log.seek(max(0, size - _LOG_TAIL_BYTES))
+            lines = log.read().decode(errors="replace").splitlines()
     except OSError:
         return ""
     return "\n".join("    " + line for line in lines[-_LOG_TAIL_LINES:])
+
+
+#: How much of a failed trial's log its tail is looked for in.
+_LOG_TAIL_BYTES = 64 * 1024
