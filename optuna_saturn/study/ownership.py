@@ -145,7 +145,9 @@ def recover_orphans(
     with bridge.lock:
         # the trials first, then the heartbeats: a sweep beats before it takes a trial, so the owner of any trial
         # read here has beaten by the time its heartbeat is read (the other order could read no beat yet)
-        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        running = bridge.unfinished_store().get_all_trials(
+            study._study_id, deepcopy=False, states=(TrialState.RUNNING,)
+        )
         study_attrs = study.user_attrs
     for trial in running:
         reason = why_orphaned(trial, me, study_attrs, watch)
@@ -233,7 +235,10 @@ def inherit_intermediate_values(bridge: StudyGateway, trial: optuna.Trial) -> No
         retry_of = trial.user_attrs.get(ATTR + "retry_of")
         if retry_of is None:
             return
-        earlier = bridge.study.get_trials(deepcopy=False)[int(retry_of)]
+        storage = bridge.study._storage
+        earlier = storage.get_trial(
+            storage.get_trial_id_from_study_id_trial_number(bridge.study._study_id, int(retry_of))
+        )
         for step, value in sorted(earlier.intermediate_values.items()):
             trial.report(value, step)
 
