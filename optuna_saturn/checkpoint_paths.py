@@ -29,9 +29,12 @@ def refusal(path: str | os.PathLike, root: str | os.PathLike, *, on_disk: bool =
         or not re.fullmatch(r"step-\d+", given.name)
     ):
         return f"it is not a trial's checkpoint (<this study's checkpoint folder>/trial-N/step-K): {path}"
+    # (as named, too: a path through someone's link to the root passes the check, then loads where the link points
+    # by then)
+    if given.parent.parent != Path(os.path.abspath(root)):
+        return f"it is not a trial's checkpoint in this study's checkpoint folder {root}"
     if not on_disk:
-        inside = given.parent.parent == Path(os.path.abspath(root))
-        return "" if inside else f"it is not a trial's checkpoint in this study's checkpoint folder {root}"
+        return ""
     try:
         real_root = Path(os.path.realpath(root, strict=True))
         real = Path(os.path.realpath(path, strict=True))

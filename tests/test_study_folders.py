@@ -182,3 +182,19 @@ def test_the_worker_refuses_a_checkpoint_swapped_for_a_link_after_it_was_planned
     planned.rmdir()
     planned.symlink_to(planted)
     assert refusal(planned, root) != ""
+
+
+def test_a_checkpoint_named_through_a_link_to_the_root_is_refused(tmp_path):
+    """A path through someone's link that points at the sweep's own root passed both checks, and the worker then
+    loaded wherever the link pointed by then (benchmarks/resume_race.py found it): the path must name the root
+    as the sweep does."""
+    from optuna_saturn.checkpoint_paths import make_private_folders, refusal
+
+    root = tmp_path / "checkpoints" / "study-0123"
+    own = root / "trial-3" / "step-4"
+    make_private_folders(own)
+    os.chmod(tmp_path, 0o755)
+    link = tmp_path / "elsewhere"
+    link.symlink_to(root)
+    assert refusal(own, root) == ""
+    assert "not a trial's checkpoint in this study's checkpoint folder" in refusal(link / "trial-3" / "step-4", root)

@@ -108,9 +108,10 @@ class StudyGateway:
         return retrying(create, what="ask for a trial")
 
     def unfinished_store(self) -> Any:
-        """The storage to read unfinished trials from: past Optuna's cache of an RDB storage, whose first read
-        loads every trial of the study with all its attributes before it filters them by state (13.5 s on a study
-        of 20,000 trials, for the 200 that wait; the database filters them in 0.02 s)."""
+        """The storage to read RUNNING trials from, for a look that writes nothing through Optuna's cache: past
+        that cache, whose first read loads every trial of the study with all its attributes before it filters
+        them by state (13.5 s on a study of 20,000 trials; the database filters them in 0.02 s). The queue is
+        read through the cache: a trial taken from it is written through the cache, which must know it."""
         return getattr(self.study._storage, "_backend", self.study._storage)
 
     def queued(self) -> list[FrozenTrial]:
@@ -118,7 +119,7 @@ class StudyGateway:
 
         def look() -> list[FrozenTrial]:
             with self.lock:
-                return self.unfinished_store().get_all_trials(
+                return self.study._storage.get_all_trials(
                     self.study._study_id, deepcopy=False, states=(TrialState.WAITING,)
                 )
 
