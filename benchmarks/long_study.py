@@ -30,7 +30,6 @@ sweep (the loop's thread) and print the top cumulative entries; that run's timin
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
 import datetime
 import functools
@@ -41,11 +40,11 @@ import pstats
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
 
 import _common  # noqa: F401
 import optuna
 import sqlalchemy
+from loop_scaling import event_rounds
 from optuna.storages._rdb import models  # (the bulk copy of past trials: Optuna's own tables)
 from optuna.trial import TrialState, create_trial
 from workloads import markdown_table, random_workload
@@ -55,7 +54,6 @@ from optuna_saturn.pools.simulated import Behaviour
 from optuna_saturn.pricing.known import JOB_PARAMETER, SimulatedJob
 from optuna_saturn.report.dashboard import DashboardPublisher
 from optuna_saturn.simulator import run_simulation
-from optuna_saturn.sweep.loop import Sweep
 
 ATTR = "saturn:"
 EVENT_METHODS = ("on_plan", "on_trial_start", "on_trial_end", "on_trial_progress")
@@ -75,28 +73,6 @@ def enqueued(study: optuna.Study, n: int) -> optuna.Study:
     for index in range(n):
         study.enqueue_trial({JOB_PARAMETER: index})
     return study
-
-
-@contextlib.contextmanager
-def event_rounds() -> Iterator[list[float]]:
-    """Seconds of each loop round that handled an event (a job ended or started, a trial arrived), measured as
-    ``loop_scaling.run_case`` does."""
-    rounds: list[float] = []
-    original = Sweep._step
-
-    def step(self):
-        began = time.perf_counter()
-        before = self._state.asked, len(self._state.running), len(self._state.waiting)
-        result = original(self)
-        if (self._state.asked, len(self._state.running), len(self._state.waiting)) != before:
-            rounds.append(time.perf_counter() - began)
-        return result
-
-    Sweep._step = step
-    try:
-        yield rounds
-    finally:
-        Sweep._step = original
 
 
 def timed(fn, seconds: list[float]):

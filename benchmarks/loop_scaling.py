@@ -10,10 +10,12 @@ Usage: ``python benchmarks/loop_scaling.py [--cases 1000:64 10000:512] [--tick 6
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 
 import _common  # noqa: F401
 from workloads import markdown_table, random_workload
@@ -23,6 +25,7 @@ from optuna_saturn.pools.simulated import SimulatedPool
 from optuna_saturn.simulator import simulate
 from optuna_saturn.sweep import dispatch
 from optuna_saturn.sweep.actions import Actions
+from optuna_saturn.sweep.admission import Admission
 from optuna_saturn.sweep.asking import Asking
 from optuna_saturn.sweep.elastic import Elastic
 from optuna_saturn.sweep.faults import Faults
@@ -40,7 +43,7 @@ PARTS = [
     (Planning, "due", "planning"),
     (dispatch, "starts", "dispatch"),
     (Actions, "start", "starting trials"),
-    (Sweep, "_ask", "asking and describing"),
+    (Admission, "ask", "asking and describing"),
     (Asking, "next", "asking and describing"),
     (OptionsView, "jobs_and_busy", "options view"),
     (Profiling, "measurements", "profiling policy"),
@@ -74,6 +77,28 @@ class ExclusiveTimer:
         return timed
 
 
+@contextlib.contextmanager
+def event_rounds() -> Iterator[list[float]]:
+    """The seconds of each loop round that handled an event (a job ended or started, a trial arrived), while in
+    the ``with`` block."""
+    rounds: list[float] = []
+    original = Sweep._step
+
+    def step(self):
+        began = time.perf_counter()
+        before = self._state.asked, len(self._state.running), len(self._state.waiting)
+        result = original(self)
+        if (self._state.asked, len(self._state.running), len(self._state.waiting)) != before:
+            rounds.append(time.perf_counter() - began)
+        return result
+
+    Sweep._step = step
+    try:
+        yield rounds
+    finally:
+        Sweep._step = original
+
+
 def run_case(trials: int, nodes: int, tick: float, seed: int, *, breakdown: bool = True) -> list:
     jobs, cluster = random_workload(trials, seed), Cluster([8] * nodes)
     timer, rounds, saved = ExclusiveTimer(), [], []
@@ -81,23 +106,13 @@ def run_case(trials: int, nodes: int, tick: float, seed: int, *, breakdown: bool
         original = getattr(holder, attribute)
         saved.append((holder, attribute, original))
         setattr(holder, attribute, timer.wrap(name, original))
-    original_step = Sweep._step
-
-    def step(self):  # a round that handled an event: a job ended or started, a trial arrived
-        began = time.perf_counter()
-        before = self._state.asked, len(self._state.running), len(self._state.waiting)
-        result = original_step(self)
-        if (self._state.asked, len(self._state.running), len(self._state.waiting)) != before:
-            rounds.append(time.perf_counter() - began)
-        return result
-
-    Sweep._step = step
     try:
-        began = time.perf_counter()
-        result = simulate(jobs, cluster, mode="replan", solver="auto", tick=tick, seed=seed)
-        wall = time.perf_counter() - began
+        with event_rounds() as measured:
+            began = time.perf_counter()
+            result = simulate(jobs, cluster, mode="replan", solver="auto", tick=tick, seed=seed)
+            wall = time.perf_counter() - began
+        rounds.extend(measured)
     finally:
-        Sweep._step = original_step
         for holder, attribute, original in saved:
             setattr(holder, attribute, original)
     rounds.sort()
