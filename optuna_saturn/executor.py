@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from optuna_saturn.capacity import device_capacity, parse_bytes, worker_memory_l
 from optuna_saturn.clock import WallClock
 from optuna_saturn.devices import DeviceSpec, largest_trial, resolve_devices
 from optuna_saturn.events import SweepListener
+from optuna_saturn.leases import leased
 from optuna_saturn.pools.launched import exclusive_mode_conflict
 from optuna_saturn.pools.processes import ProcessPool
 from optuna_saturn.pools.ray_cluster import discover
@@ -263,6 +265,8 @@ class SaturnExecutor:
         if not isinstance(batch, int) or batch < 1:
             raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}.")
         self._run(
+            study.study_name,
+            timeout,
             _real_sweep(
                 self._settings,
                 study,
@@ -272,7 +276,7 @@ class SaturnExecutor:
                 batch_size=batch,
                 callbacks=list(callbacks or ()),
                 gc_after_trial=bool(gc_after_trial),
-            )
+            ),
         )
 
     def profile(
@@ -299,10 +303,13 @@ class SaturnExecutor:
         for fixed in params:
             study.enqueue_trial(dict(fixed))
         settings = dataclasses.replace(self._settings, profile_only=True)
-        self._run(_real_sweep(settings, study, objective, n_trials=n_trials, timeout=None, batch_size=max(n_trials, 1)))
+        sweep = _real_sweep(settings, study, objective, n_trials=n_trials, timeout=None, batch_size=max(n_trials, 1))
+        self._run("(profiling)", None, sweep)
         return study
 
-    def _run(self, sweep: Sweep) -> None:
+    def _run(self, study_name: str, timeout: float | None, sweep: Sweep) -> None:
+        """Run ``sweep`` once this machine's devices are leased to it (:mod:`optuna_saturn.leases`: another sweep
+        on the machine may hold them; a Ray cluster's are Ray's to give)."""
         if os.environ.get(WORKER_ENV):
             raise RuntimeError(
                 "SaturnExecutor was called inside a worker process. Put the code that starts the sweep under "
@@ -312,8 +319,16 @@ class SaturnExecutor:
         level = saturn_logger.level
         if self._quiet_own_log:  # the progress display says the same, better
             saturn_logger.setLevel(logging.WARNING)
+        devices = [] if self._settings.ray is not None else self._settings.devices
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            with _sigterm_as_keyboard_interrupt():
+            with (
+                _sigterm_as_keyboard_interrupt(),
+                leased(devices, study=study_name, deadline=deadline, say=_logger.warning) as ready,
+            ):
+                if not ready:
+                    _logger.warning("The timeout passed while other sweeps held this sweep's devices: no trial ran.")
+                    return
                 sweep.run()
         finally:
             saturn_logger.setLevel(level)

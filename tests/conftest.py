@@ -7,6 +7,9 @@ import pytest
 from support import require
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Tests run sweeps that share devices on purpose (two sweeps on one study, a sweep killed while another runs):
+# device leases are off for them, and on in the tests of leases themselves (tests/test_leases.py).
+os.environ.setdefault("OPTUNA_SATURN_LEASES", "off")
 
 
 def _can_isolate_network() -> bool:

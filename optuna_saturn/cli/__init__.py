@@ -7,7 +7,7 @@ storage URL that does not parse, more devices than the machine has, an unknown s
 exist) end with a message that names the fix and exit code 2.
 """
 
-from optuna_saturn.cli import running, inspecting  # noqa: F401, I001  (their commands join the app, in this order)
+from optuna_saturn.cli import running, inspecting, devices  # noqa: F401, I001  (their commands join the app, in this order)
 from optuna_saturn.cli.app import app, main
 
 __all__ = ["app", "main"]

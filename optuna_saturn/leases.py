@@ -1,0 +1,214 @@
+"""Devices leased per machine: two sweeps on one machine (two users, two studies, two notebooks) never run on one
+device at once.
+
+Why: nothing else stops a second ``SaturnExecutor`` on the same host from running on the GPUs the first one holds.
+Each sweep's trials then run out of memory because of the other's, and the planner learns false limits. This is
+Optuna's own way to scale (several processes on one storage), and how a lab shares one server.
+
+How: one lock file per device in a folder every user of the machine can reach (``/tmp/optuna-saturn-leases``,
+sticky and world-writable like ``/tmp`` itself; ``OPTUNA_SATURN_LEASES`` names another, or ``off``). A sweep
+holds an exclusive ``flock`` on each of its devices' files for as long as it runs, and writes who it is into
+the file (user, pid, study). The kernel releases a lock when its process dies, however it dies, so a crashed
+holder's lease ends with it. A sweep whose devices another holds waits for them, saying who holds them, and
+starts once they are free. ``optuna-saturn devices`` shows who holds what. A Ray cluster's devices are not
+leased this way: Ray's own resources give each GPU to one actor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import getpass
+import json
+import os
+import stat
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from optuna_saturn.devices import Device
+
+#: Names the folder of the lease files, or turns leasing off ("off").
+LEASES_ENV = "OPTUNA_SATURN_LEASES"
+#: How often a waiting sweep tries its devices again.
+POLL_SECONDS = 0.5
+#: The descriptors of the leases this process holds. A forked child (the pool host, its workers) closes its copies
+#: at once: a lock lives while any copy of its descriptor is open, and a sweep killed with ``kill -9`` must free
+#: its devices then, not when its last worker notices. (Spawned programs never get them: they are close-on-exec.)
+_HELD: set[int] = set()
+
+
+def _close_inherited() -> None:
+    for descriptor in _HELD:
+        with contextlib.suppress(OSError):
+            os.close(descriptor)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited)
+
+
+def leases_folder() -> Path | None:
+    """Where this machine's leases are (None: leasing is off)."""
+    configured = os.environ.get(LEASES_ENV, "")
+    if configured.lower() in ("off", "0", "false", "no"):
+        return None
+    return Path(configured) if configured else Path(tempfile.gettempdir()) / "optuna-saturn-leases"
+
+
+def lease_name(device: Device) -> str:
+    """The lease file of ``device`` (its machine's index: every sweep on the machine names it alike)."""
+    return f"{device.kind}-{device.index}.lease"
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a device: as the holding sweep wrote it into the lease file."""
+
+    user: str
+    pid: int
+    study: str
+    since: float
+
+    def describe(self) -> str:
+        held = time.strftime("%H:%M:%S", time.localtime(self.since))
+        return f"{self.user}'s sweep of study {self.study!r} (pid {self.pid}, since {held})"
+
+
+class DeviceLeases:
+    """The leases one sweep takes on its devices (see the module's docstring)."""
+
+    def __init__(self, devices: Sequence[Device], *, folder: Path, study: str) -> None:
+        self._devices = list(devices)
+        self._folder = folder
+        self._study = study
+        self._held: dict[str, int] = {}  # lease name -> the open, locked file's descriptor
+
+    def take_free(self) -> list[Device]:
+        """Lease every device not yet held that no one else holds; returns the devices still missing."""
+        shared_folder(self._folder)
+        missing = []
+        for device in self._devices:
+            name = lease_name(device)
+            if name not in self._held and not self._take(name):
+                missing.append(device)
+        return missing
+
+    def wait_for_all(self, *, deadline: float | None, say: Callable[[str], None]) -> bool:
+        """Lease every device, waiting while others hold some (said once per change of who holds them); False if
+        ``deadline`` (monotonic) passed first."""
+        said = None
+        while True:
+            missing = self.take_free()
+            if not missing:
+                return True
+            holders = read_holders(self._folder, missing)
+            news = "; ".join(
+                f"{device} by {holder.describe() if holder else 'another sweep'}" for device, holder in holders
+            )
+            if news != said:
+                say(f"Waiting for devices another sweep on this machine holds: {news}.")
+                said = news
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(POLL_SECONDS)
+
+    def release(self) -> None:
+        for descriptor in self._held.values():
+            _HELD.discard(descriptor)
+            os.close(descriptor)  # (which releases the lock)
+        self._held.clear()
+
+    def _take(self, name: str) -> bool:
+        path = self._folder / name
+        try:
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        except OSError:  # (another user's file we may not open: held, as far as we can tell)
+            return False
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(descriptor)
+            return False
+        with contextlib.suppress(OSError):  # (0666 whatever the umask: the next holder may be another user)
+            if os.fstat(descriptor).st_uid == os.getuid():
+                os.fchmod(descriptor, 0o666)
+        holder = {"user": _user(), "pid": os.getpid(), "study": self._study, "since": time.time()}
+        with contextlib.suppress(OSError):
+            os.ftruncate(descriptor, 0)
+            os.pwrite(descriptor, json.dumps(holder).encode(), 0)
+        self._held[name] = descriptor
+        _HELD.add(descriptor)
+        return True
+
+
+@contextlib.contextmanager
+def leased(
+    devices: Sequence[Device], *, study: str, deadline: float | None, say: Callable[[str], None]
+) -> Iterator[bool]:
+    """Hold every device's lease while in the block (waiting for them first); yields False if ``deadline`` passed
+    before they were all free (the sweep then runs nothing). With leasing off, yields True at once."""
+    folder = leases_folder()
+    if folder is None:
+        yield True
+        return
+    leases = DeviceLeases(devices, folder=folder, study=study)
+    try:
+        yield leases.wait_for_all(deadline=deadline, say=say)
+    finally:
+        leases.release()
+
+
+def shared_folder(folder: Path) -> None:
+    """``folder``, made if missing, sticky and writable by every user (as ``/tmp``): each user's sweep creates
+    its own lease files there, and none may remove another's."""
+    try:
+        folder.mkdir(mode=0o777)
+        os.chmod(folder, 0o1777)
+    except FileExistsError:
+        info = folder.lstat()
+        if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+            raise RuntimeError(f"{folder} (device leases) is not a folder; remove it, or set {LEASES_ENV}.") from None
+
+
+def read_holders(folder: Path, devices: Sequence[Device]) -> list[tuple[Device, Holder | None]]:
+    """Who holds each of ``devices``, as their lease files say (None: unreadable, or not said)."""
+    return [(device, _holder(folder / lease_name(device))) for device in devices]
+
+
+def current_leases(folder: Path | None = None) -> list[tuple[str, Holder | None]]:
+    """The leases held now on this machine: each lease file's device and its holder. A file no one holds is
+    skipped (its lock is free)."""
+    folder = folder if folder is not None else leases_folder()
+    if folder is None or not folder.is_dir():
+        return []
+    held = []
+    for path in sorted(folder.glob("*.lease")):
+        try:
+            descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:  # someone holds it
+            held.append((path.stem.replace("-", ":", 1), _holder(path)))
+        finally:
+            os.close(descriptor)
+    return held
+
+
+def _holder(path: Path) -> Holder | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8") or "null")
+        return Holder(str(data["user"]), int(data["pid"]), str(data["study"]), float(data["since"]))
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # (no name for this uid: a container's)
+        return f"uid {os.getuid()}"
