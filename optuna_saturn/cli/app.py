@@ -176,7 +176,12 @@ def open_storage(url: str, *, must_exist: bool = False) -> optuna.storages.BaseS
                 "run a sweep with `optuna-saturn run` to create one."
             )
     try:
-        storage = optuna.storages.get_storage(url)
+        try:
+            storage = optuna.storages.get_storage(url)
+        except sqlalchemy.exc.OperationalError as exc:  # (another sweep made the tables of a new database first)
+            if "already exists" not in str(exc):
+                raise
+            storage = optuna.storages.get_storage(url)
         refuse_lost_guarantees(storage)
         return storage
     except ValueError as exc:
