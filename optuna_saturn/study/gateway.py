@@ -112,7 +112,8 @@ class StudyGateway:
         that cache, whose first read loads every trial of the study with all its attributes before it filters
         them by state (13.5 s on a study of 20,000 trials; the database filters them in 0.02 s). The queue is
         read through the cache: a trial taken from it is written through the cache, which must know it."""
-        return getattr(self.study._storage, "_backend", self.study._storage)
+        storage = self.study._storage
+        return storage._backend if isinstance(storage, optuna.storages._CachedStorage) else storage
 
     def queued(self) -> list[FrozenTrial]:
         """The study's queue: its WAITING trials (``study.enqueue_trial``), oldest first."""
