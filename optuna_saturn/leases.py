@@ -5,13 +5,17 @@ Why: nothing else stops a second ``SaturnExecutor`` on the same host from runnin
 Each sweep's trials then run out of memory because of the other's, and the planner learns false limits. This is
 Optuna's own way to scale (several processes on one storage), and how a lab shares one server.
 
-How: one lock file per device in a folder every user of the machine can reach (``/tmp/optuna-saturn-leases``,
-sticky and world-writable like ``/tmp`` itself; ``OPTUNA_SATURN_LEASES`` names another, or ``off``). A sweep
-holds an exclusive ``flock`` on each of its devices' files for as long as it runs, and writes who it is into
-the file (user, pid, study). The kernel releases a lock when its process dies, however it dies, so a crashed
-holder's lease ends with it. A sweep whose devices another holds waits for them, saying who holds them, and
-starts once they are free. ``optuna-saturn devices`` shows who holds what. A Ray cluster's devices are not
-leased this way: Ray's own resources give each GPU to one actor.
+How: one lock file per physical device in a folder every user of the machine can reach
+(``/tmp/optuna-saturn-leases``, sticky and world-writable like ``/tmp`` itself, whatever ``TMPDIR`` says;
+``OPTUNA_SATURN_LEASES`` names another, or ``off``). A GPU is named by its UUID (two sweeps with different
+``CUDA_VISIBLE_DEVICES`` number their GPUs alike, and one GPU differently), a CPU device by each of its cores
+(two sweeps that split the cores differently still meet on the cores they share). A sweep takes all its
+devices' locks at once or none (two sweeps that each took half would wait for each other for ever), holds an
+exclusive ``flock`` on them for as long as it runs, and writes who it is into the files (user, pid, study).
+The kernel releases a lock when its process dies, however it dies, so a crashed holder's lease ends with it. A
+sweep whose devices another holds waits for them, saying who holds them, and starts once they are free.
+``optuna-saturn devices`` shows who holds what. A Ray cluster's devices are not leased this way: Ray's own
+resources give each GPU to one actor.
 """
 
 from __future__ import annotations
@@ -22,12 +26,12 @@ import getpass
 import json
 import os
 import stat
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from optuna_saturn import nvml
 from optuna_saturn.devices import Device
 
 #: Names the folder of the lease files, or turns leasing off ("off").
@@ -55,12 +59,18 @@ def leases_folder() -> Path | None:
     configured = os.environ.get(LEASES_ENV, "")
     if configured.lower() in ("off", "0", "false", "no"):
         return None
-    return Path(configured) if configured else Path(tempfile.gettempdir()) / "optuna-saturn-leases"
+    return Path(configured) if configured else Path("/tmp/optuna-saturn-leases")  # (not TMPDIR: per user, per job)
 
 
-def lease_name(device: Device) -> str:
-    """The lease file of ``device`` (its machine's index: every sweep on the machine names it alike)."""
-    return f"{device.kind}-{device.index}.lease"
+def lease_names(device: Device) -> list[str]:
+    """The lease files of ``device``: names every sweep on the machine gives the same hardware."""
+    if device.kind == "cuda":
+        visible = [e.strip() for e in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if e.strip()]
+        entry = visible[device.index] if device.index < len(visible) else str(device.index)
+        return [f"cuda-{nvml.uuid_of(entry) or entry}.lease"]
+    if device.kind == "cpu" and device.cores:
+        return [f"cpu-core-{core}.lease" for core in device.cores]
+    return [f"{device.kind}-{device.index}.lease"]
 
 
 @dataclass(frozen=True)
@@ -87,13 +97,15 @@ class DeviceLeases:
         self._held: dict[str, int] = {}  # lease name -> the open, locked file's descriptor
 
     def take_free(self) -> list[Device]:
-        """Lease every device not yet held that no one else holds; returns the devices still missing."""
+        """Lease every device, all or none: returns the devices someone else holds (then none is held)."""
         shared_folder(self._folder)
-        missing = []
-        for device in self._devices:
-            name = lease_name(device)
-            if name not in self._held and not self._take(name):
-                missing.append(device)
+        missing = [
+            device
+            for device in self._devices
+            if not all(name in self._held or self._take(name) for name in lease_names(device))
+        ]
+        if missing:
+            self.release()  # (holding some while waiting for the rest could wait for ever, on a sweep doing the same)
         return missing
 
     def wait_for_all(self, *, deadline: float | None, say: Callable[[str], None]) -> bool:
@@ -124,9 +136,12 @@ class DeviceLeases:
     def _take(self, name: str) -> bool:
         path = self._folder / name
         try:
-            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-        except OSError:  # (another user's file we may not open: held, as far as we can tell)
-            return False
+            descriptor = _open_lease(path)
+        except PermissionError as exc:  # (another user's file, made private: no sweep can coordinate through it)
+            raise RuntimeError(
+                f"Cannot open the device lease {path} ({exc.strerror}): another user made it private. Remove it "
+                f"(as its owner or root), or set {LEASES_ENV} to another folder or to off."
+            ) from exc
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -175,7 +190,26 @@ def shared_folder(folder: Path) -> None:
 
 def read_holders(folder: Path, devices: Sequence[Device]) -> list[tuple[Device, Holder | None]]:
     """Who holds each of ``devices``, as their lease files say (None: unreadable, or not said)."""
-    return [(device, _holder(folder / lease_name(device))) for device in devices]
+    held = []
+    for device in devices:
+        holders = [_holder(folder / name) for name in lease_names(device)]
+        held.append((device, next((h for h in holders if h is not None), None)))
+    return held
+
+
+def _open_lease(path: Path) -> int:
+    """A lease file's descriptor, opened to write; created 0666 if missing. An existing one is opened without
+    ``O_CREAT``: in a sticky folder, ``fs.protected_regular`` refuses that to whoever does not own the file."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+    while True:
+        try:
+            return os.open(path, flags)
+        except FileNotFoundError:
+            pass
+        try:
+            return os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:  # (another sweep made it meanwhile: open theirs)
+            continue
 
 
 def current_leases(folder: Path | None = None) -> list[tuple[str, Holder | None]]:
@@ -193,7 +227,7 @@ def current_leases(folder: Path | None = None) -> list[tuple[str, Holder | None]
         try:
             fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError:  # someone holds it
-            held.append((path.stem.replace("-", ":", 1), _holder(path)))
+            held.append((path.stem, _holder(path)))
         finally:
             os.close(descriptor)
     return held

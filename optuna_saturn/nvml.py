@@ -112,3 +112,18 @@ def local_cores(entry: str) -> list[int]:
         except Exception:
             return []
         return [64 * i + bit for i, word in enumerate(words) for bit in range(64) if int(word) >> bit & 1]
+
+
+def uuid_of(entry: str) -> str | None:
+    """The UUID (``GPU-...`` or ``MIG-...``) of a ``CUDA_VISIBLE_DEVICES`` entry: the one name of a GPU that every
+    process on the machine agrees on, whatever its mask."""
+    if entry.startswith(("GPU-", "MIG-")):
+        return entry
+    with _session() as pynvml:
+        if pynvml is None:
+            return None
+        try:
+            uuid = pynvml.nvmlDeviceGetUUID(_handle(pynvml, entry))
+            return uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+        except Exception:
+            return None

@@ -38,8 +38,8 @@ def test_a_device_held_by_one_sweep_is_not_leased_to_another_until_it_is_release
     assert not second.wait_for_all(deadline=time.monotonic(), say=said.append)
     assert "cpu:1 by" in said[0] and "study 'first'" in said[0] and f"pid {os.getpid()}" in said[0]
     assert [(name, holder.study) for name, holder in current_leases(lease_folder)] == [
-        ("cpu:0", "first"),
-        ("cpu:1", "first"),
+        ("cpu-0", "first"),
+        ("cpu-1", "first"),
     ]
     first.release()
     assert second.take_free() == []
@@ -47,6 +47,30 @@ def test_a_device_held_by_one_sweep_is_not_leased_to_another_until_it_is_release
     second.release()
     assert current_leases(lease_folder) == []
     assert oct(lease_folder.stat().st_mode & 0o7777) == "0o1777"  # (every user's sweeps lease there)
+
+
+def test_a_sweep_takes_all_its_devices_or_none_so_two_never_wait_for_each_other(lease_folder):
+    """Two sweeps that each took half of their devices would each wait for the other's half for ever."""
+    other = DeviceLeases(DEVICES[1:], folder=lease_folder, study="other")
+    assert other.take_free() == []
+    waiting = DeviceLeases(DEVICES, folder=lease_folder, study="waiting")
+    assert waiting.take_free() == DEVICES[1:]
+    assert [name for name, _ in current_leases(lease_folder)] == ["cpu-1"]  # (cpu:0 was let go)
+    other.release()
+    assert waiting.take_free() == []
+    waiting.release()
+
+
+def test_devices_are_leased_by_their_hardware_not_by_their_number_in_one_sweep(monkeypatch):
+    """A sweep with CUDA_VISIBLE_DEVICES=1 calls the machine's second GPU cuda:0; CPU devices of two sweeps that
+    split the cores differently share cores, not numbers."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    monkeypatch.setattr(leases.nvml, "uuid_of", lambda entry: {"1": "GPU-second"}.get(entry))
+    assert leases.lease_names(Device("cuda", 0)) == ["cuda-GPU-second.lease"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-abc,GPU-xyz")
+    assert leases.lease_names(Device("cuda", 1)) == ["cuda-GPU-xyz.lease"]
+    wide, narrow = Device("cpu", 0, (0, 1, 2, 3)), Device("cpu", 1, (2, 3))
+    assert set(leases.lease_names(wide)) & set(leases.lease_names(narrow)) == {"cpu-core-2.lease", "cpu-core-3.lease"}
 
 
 def test_a_forked_child_does_not_keep_its_parents_leases(lease_folder):
@@ -86,6 +110,10 @@ def _sweep(storage: str, study: str, steps: int, log, output) -> subprocess.Pope
     )
 
 
+def _studies(folder) -> set[str]:
+    return {holder.study for _, holder in current_leases(folder) if holder is not None}
+
+
 def _wait_for(condition, seconds: float, what: str) -> float:
     began = time.monotonic()
     while not condition():
@@ -104,7 +132,7 @@ def test_two_sweeps_on_the_same_devices_take_turns_and_a_killed_one_frees_them_a
     with open(tmp_path / "first.out", "w") as first_out:  # (a minute: it holds the devices until killed)
         first = _sweep(storage, "first", 600, tmp_path / "first", first_out)
     try:
-        _wait_for(lambda: len(current_leases(lease_folder)) == 2, 60, "the first sweep did not lease its devices")
+        _wait_for(lambda: _studies(lease_folder) == {"first"}, 60, "the first sweep did not lease its devices")
         _wait_for(
             lambda: optuna.load_study(study_name="first", storage=storage).get_trials(states=(TrialState.RUNNING,)),
             90,
@@ -113,12 +141,10 @@ def test_two_sweeps_on_the_same_devices_take_turns_and_a_killed_one_frees_them_a
         with open(said, "w") as second_out:
             second = _sweep(storage, "second", 5, tmp_path / "second", second_out)
         _wait_for(lambda: "Waiting for devices" in said.read_text(), 90, "the second sweep did not wait")
-        assert {holder.study for _, holder in current_leases(lease_folder)} == {"first"}
+        assert _studies(lease_folder) == {"first"}
         os.killpg(first.pid, signal.SIGKILL)
         freed = _wait_for(
-            lambda: {holder.study for _, holder in current_leases(lease_folder)} == {"second"},
-            30,
-            "the killed sweep's devices were not leased to the second",
+            lambda: _studies(lease_folder) == {"second"}, 30, "the killed sweep's devices were not leased to the second"
         )
         assert freed < 5.0, freed
         second.wait(timeout=180)
@@ -141,7 +167,7 @@ def test_optuna_saturn_devices_shows_who_holds_what(lease_folder):
     assert held.take_free() == []
     command = [os.path.join(os.path.dirname(sys.executable), "optuna-saturn"), "devices"]
     shown = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout
-    assert "cpu:0:" in shown and "sweep of study 'mine'" in shown and f"pid {os.getpid()}" in shown
+    assert "cpu-0:" in shown and "sweep of study 'mine'" in shown and f"pid {os.getpid()}" in shown
     held.release()
     shown = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout
     assert "No sweep on this machine holds a device now" in shown
