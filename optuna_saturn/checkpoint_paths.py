@@ -30,8 +30,8 @@ def refusal(path: str | os.PathLike, root: str | os.PathLike, *, on_disk: bool =
     ):
         return f"it is not a trial's checkpoint (<this study's checkpoint folder>/trial-N/step-K): {path}"
     # (as named, too: a path through someone's link to the root passes the check, then loads where the link points
-    # by then)
-    if given.parent.parent != Path(os.path.abspath(root)):
+    # by then; the root as the sweep spells it, or resolved, as a saved checkpoint records it)
+    if given.parent.parent not in (Path(os.path.abspath(root)), Path(os.path.realpath(root))):
         return f"it is not a trial's checkpoint in this study's checkpoint folder {root}"
     if not on_disk:
         return ""

@@ -464,7 +464,8 @@ def test_a_run_whose_trial_another_sweep_ended_is_told_to_prune_and_its_writes_a
     _end_as_another_sweep(storage, study.study_name, trial.number)
     assert session.handle("report", {"value": 0.5, "step": 2}) is None
     assert session.taken_over and session.handle("should_prune", {}) is True
-    assert session.handle("checkpointed", {"record": {"step": 2, "path": "/x"}}) is False  # (not a move)
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):  # (so the worker prunes nothing)
+        session.handle("checkpointed", {"record": {"step": 2, "path": "/x"}})
     stored = optuna.load_study(study_name=study.study_name, storage=storage).trials[0]
     assert stored.state == TrialState.FAIL and stored.intermediate_values == {1: 1.0}
 

@@ -198,3 +198,17 @@ def test_a_checkpoint_named_through_a_link_to_the_root_is_refused(tmp_path):
     link.symlink_to(root)
     assert refusal(own, root) == ""
     assert "not a trial's checkpoint in this study's checkpoint folder" in refusal(link / "trial-3" / "step-4", root)
+
+
+def test_a_checkpoint_under_a_root_reached_through_the_users_own_link_is_loaded(tmp_path):
+    """A $HOME or a log folder that is a link to a data disk: the record holds the resolved path, the sweep names
+    the root through the link; both name the sweep's own root."""
+    from optuna_saturn.checkpoint_paths import make_private_folders, refusal
+
+    disk = tmp_path / "disk"
+    make_private_folders(disk / "checkpoints" / "study-0123" / "trial-3" / "step-4")
+    os.chmod(tmp_path, 0o755)
+    (tmp_path / "home").symlink_to(disk)
+    root = tmp_path / "home" / "checkpoints" / "study-0123"
+    resolved = (root / "trial-3" / "step-4").resolve()
+    assert refusal(resolved, root) == "" and refusal(root / "trial-3" / "step-4", root) == ""

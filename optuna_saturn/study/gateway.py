@@ -281,11 +281,15 @@ class StudyGateway:
                 if stored is not None and stored.number == result.number and stored.state == TrialState.RUNNING:
                     if not orphaned(stored):
                         continue  # its sweep lives: it tells it itself
-                    for key, value in result.attrs.items():
-                        self.study._storage.set_trial_user_attr(result.trial_id, key, value)
-                    state = TrialState[result.state]
-                    self.study.tell(result.number, result.values if state == TrialState.COMPLETE else None, state=state)
-                    told.append(result.number)
+                    try:
+                        for key, value in result.attrs.items():
+                            self.study._storage.set_trial_user_attr(result.trial_id, key, value)
+                        state = TrialState[result.state]
+                        values = result.values if state == TrialState.COMPLETE else None
+                        self.study.tell(result.number, values, state=state)
+                        told.append(result.number)
+                    except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
+                        pass  # (another sweep sharing the outbox told it first: it is the storage's now)
             Outbox.done(path)
         if told:
             _logger.warning(

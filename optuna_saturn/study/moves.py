@@ -38,7 +38,9 @@ def move(storage: BaseStorage, trial_id: int, *, expected: TrialState, to: Trial
 
 def _conditional_update(rdb: RDBStorage, trial_id: int, expected: TrialState, to: TrialState) -> bool:
     trials = models.TrialModel.__table__
-    now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)  # (Optuna stores naive UTC)
+    now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+    if not hasattr(models.TrialModel, "_datetime_start_utc"):  # (Optuna before 5 stores local time; 5, naive UTC)
+        now = datetime.datetime.now()
     values: dict[str, Any] = {"state": to}
     if to == TrialState.RUNNING:
         values["datetime_start"] = now

@@ -162,7 +162,10 @@ class Outbox:
         """Move kept result ``path`` to :attr:`late_folder`."""
         make_private_folders(self.late_folder)
         moved = self.late_folder / path.name
-        os.replace(path, moved)
+        try:
+            os.replace(path, moved)
+        except FileNotFoundError:  # (another sweep sharing the folder told or dropped it meanwhile)
+            return path
         return moved
 
     def pending(self) -> list[tuple[Path, Outgoing]]:

@@ -248,6 +248,7 @@ def take_over(gateway: StudyGateway, me: Owner, *, max_retries: int, watch: Hear
     an earlier sweep kept in the outbox for its trials that its death left RUNNING, then end and run again the
     other orphans. Returns the numbers of the trials enqueued again."""
     watch = watch if watch is not None else HeartbeatWatch()
+    watch.new_round()  # (before the outbox's orphans are judged: time this sweep stalled is not their silence)
     study_attrs = gateway.study.user_attrs  # (read once, not per trial)
     gateway.tell_what_the_outbox_kept(lambda trial: why_orphaned(trial, me, study_attrs, watch) is not None)
     return recover_orphans(gateway, me, max_retries=max_retries, watch=watch)

@@ -155,7 +155,10 @@ class TrialSession:
         try:
             retrying(record_it, what=f"record trial {self.trial.number}'s checkpoint")
         except optuna.exceptions.UpdateFinishedTrialError:
-            self.taken_over = True  # (see _call_trial_locked)
+            # (see _call_trial_locked) an error, not an answer: a worker told its record was stored would prune
+            # the checkpoint before it, which the other sweep's retry resumes from
+            self.taken_over = True
+            raise
         return self.move_requested
 
     def _progress(self, message: dict) -> None:
