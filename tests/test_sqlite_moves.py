@@ -50,6 +50,8 @@ def test_two_sweeps_that_end_one_orphan_at_the_same_moment_queue_it_once(tmp_pat
         thread.join(timeout=60)
     assert sorted(len(numbers) for numbers in queued.values()) == [0, 1], queued
     trials = optuna.load_study(study_name=study.study_name, storage=url).trials
+    winner = next(name for name, numbers in queued.items() if numbers)
+    assert trials[0].user_attrs["saturn:ended_by"] == winner  # (the loser wrote nothing)
     assert [(t.state, t.user_attrs.get("saturn:retry_of")) for t in trials] == [
         (TrialState.FAIL, None),
         (TrialState.WAITING, 0),
@@ -114,3 +116,17 @@ def test_sqlite_on_a_network_file_system_and_in_memory_are_refused(tmp_path, mon
 
 def test_the_file_system_of_a_path_is_read_from_the_mount_table():
     assert file_system_of(pathlib.Path("/proc/self/status")) == "proc"
+
+
+def test_a_sweep_that_loses_the_end_of_an_orphan_leaves_no_reason_on_it(tmp_path):
+    """The owner told its result between another sweep's look and its end: the trial is COMPLETE, and carries no
+    fail_reason or ended_by of the sweep that took it for an orphan (reliability review, finding 7)."""
+    from optuna_saturn.study.ownership import _end_orphan
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}")
+    trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    stale = study.trials[0]  # (what the other sweep read: RUNNING)
+    study.tell(trial, 0.5)
+    assert not _end_orphan(StudyGateway(study), stale, "silent", again=True, by=Owner("b", "h", 1, 0.0))
+    (stored,) = study.trials
+    assert stored.state == TrialState.COMPLETE and not [k for k in stored.user_attrs if k.startswith("saturn:")]

@@ -71,6 +71,8 @@ class HeartbeatWatch:
         #: orphans this sweep ended whose retry is not yet queued (a storage that failed between the two): the
         #: next round queues them
         self.retries_due: dict[int, Any] = {}
+        #: orphans this sweep is ending: one whose move's answer was lost is settled at the next round
+        self.ending: dict[int, Any] = {}
 
     def new_round(self) -> None:
         """A recovery starts: time this judge could not observe (it stalled for longer than

@@ -13,6 +13,7 @@ storages decide their moves in one place (the log's order, a lock), so their own
 from __future__ import annotations
 
 import datetime
+import json
 from typing import Any
 
 import optuna
@@ -22,21 +23,29 @@ from optuna.storages._rdb import models
 from optuna.trial import TrialState
 
 
-def move(storage: BaseStorage, trial_id: int, *, expected: TrialState, to: TrialState) -> bool:
-    """Move trial ``trial_id`` from ``expected`` to ``to``; False if it was not in ``expected`` when the storage
-    made the write (another process moved it first)."""
+def move(
+    storage: BaseStorage, trial_id: int, *, expected: TrialState, to: TrialState, attrs: dict[str, Any] | None = None
+) -> bool:
+    """Move trial ``trial_id`` from ``expected`` to ``to``, with user attributes ``attrs``; False if it was not in
+    ``expected`` when the storage made the write (another process moved it first). On an RDB storage the
+    attributes are written in the move's own transaction, only by the process that made it: a sweep that loses
+    the race leaves no reason or name of its own on a trial another ended."""
     rdb: Any = getattr(storage, "_backend", storage)  # (Optuna wraps an RDB storage in a cache)
     if isinstance(rdb, RDBStorage):
-        return _conditional_update(rdb, trial_id, expected, to)
+        return _conditional_update(rdb, trial_id, expected, to, attrs or {})
     if storage.get_trial(trial_id).state != expected:
         return False
     try:
+        for key, value in (attrs or {}).items():
+            storage.set_trial_user_attr(trial_id, key, value)
         return storage.set_trial_state_values(trial_id, to)
     except optuna.exceptions.UpdateFinishedTrialError:
         return False
 
 
-def _conditional_update(rdb: RDBStorage, trial_id: int, expected: TrialState, to: TrialState) -> bool:
+def _conditional_update(
+    rdb: RDBStorage, trial_id: int, expected: TrialState, to: TrialState, attrs: dict[str, Any]
+) -> bool:
     trials = models.TrialModel.__table__
     now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
     if not hasattr(models.TrialModel, "_datetime_start_utc"):  # (Optuna before 5 stores local time; 5, naive UTC)
@@ -49,5 +58,14 @@ def _conditional_update(rdb: RDBStorage, trial_id: int, expected: TrialState, to
     statement = (
         sqlalchemy.update(trials).where(trials.c.trial_id == trial_id, trials.c.state == expected).values(**values)
     )
+    attributes = models.TrialUserAttributeModel.__table__
     with rdb.engine.begin() as connection:
-        return connection.execute(statement).rowcount == 1
+        if connection.execute(statement).rowcount != 1:
+            return False
+        for key, value in attrs.items():
+            mine = (attributes.c.trial_id == trial_id) & (attributes.c.key == key)
+            connection.execute(sqlalchemy.delete(attributes).where(mine))
+            connection.execute(
+                sqlalchemy.insert(attributes).values(trial_id=trial_id, key=key, value_json=json.dumps(value))
+            )
+        return True

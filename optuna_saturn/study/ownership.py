@@ -141,6 +141,7 @@ def recover_orphans(
     watch = watch if watch is not None else HeartbeatWatch()
     watch.new_round()
     study = bridge.study
+    _settle_endings(bridge, me, watch, max_retries)
     retried = _queue_retries_due(bridge, watch)
     with bridge.lock:
         # the trials first, then the heartbeats: a sweep beats before it takes a trial, so the owner of any trial
@@ -154,12 +155,24 @@ def recover_orphans(
         if reason is None:
             continue
         again = may_run_again(trial, max_retries)
-        if not _end_orphan(bridge, trial, reason, again=again, by=me):
-            continue  # another sweep ended it first, and runs it again if it may
-        if again:
+        watch.ending[trial.number] = trial  # (until the move's answer comes: a lost one is settled next round)
+        if _end_orphan(bridge, trial, reason, again=again, by=me) and again:
             watch.retries_due[trial.number] = trial
+        del watch.ending[trial.number]  # (False: another sweep ended it first, and runs it again if it may)
     watch.forget_all_but({trial.number for trial in running})
     return retried + _queue_retries_due(bridge, watch)
+
+
+def _settle_endings(bridge: StudyGateway, me: Owner, watch: HeartbeatWatch, max_retries: int) -> None:
+    """Orphans whose end's answer was lost (the storage failed during the move, which may have committed): one
+    this sweep ended (its name is on it) is due for its retry; any other is left to the rounds to come."""
+    storage = bridge.study._storage
+    for number, trial in list(watch.ending.items()):
+        stored = storage.get_trial(trial._trial_id)
+        ours = stored.state == TrialState.FAIL and stored.user_attrs.get(ATTR + "ended_by") == me.sweep
+        if ours and may_run_again(trial, max_retries):
+            watch.retries_due[number] = trial
+        del watch.ending[number]
 
 
 def _queue_retries_due(bridge: StudyGateway, watch: HeartbeatWatch) -> list[int]:
@@ -215,16 +228,15 @@ def run_again(bridge: StudyGateway, trial: FrozenTrial) -> None:
 def _end_orphan(bridge: StudyGateway, trial: FrozenTrial, reason: str, *, again: bool, by: Owner) -> bool:
     """End ``trial`` FAIL with ``reason``; False if it had ended already (another sweep recovering it at once)."""
     note = "; its params run again as a new trial" if again else "; not retried (max_retries reached)"
+    attrs = {ATTR + "fail_reason": reason + note, ATTR + "ended_by": by.sweep}
     with bridge.lock:
-        storage = bridge.study._storage
-        try:  # (the reason first: a finished trial takes no attribute)
-            storage.set_trial_user_attr(trial._trial_id, ATTR + "fail_reason", reason + note)
-            storage.set_trial_user_attr(trial._trial_id, ATTR + "ended_by", by.sweep)
-        except optuna.exceptions.UpdateFinishedTrialError:
-            return False
-        if not moves.move(storage, trial._trial_id, expected=TrialState.RUNNING, to=TrialState.FAIL):
-            return False  # (one write that only one sweep makes: two that end one orphan at once queue one retry)
+        # (one write that only one sweep makes, with its reason: two that end one orphan at once queue one retry)
+        won = moves.move(
+            bridge.study._storage, trial._trial_id, expected=TrialState.RUNNING, to=TrialState.FAIL, attrs=attrs
+        )
         bridge.study._thread_local.cached_all_trials = None
+    if not won:
+        return False
     _logger.warning(f"Trial {trial.number} was left RUNNING: {reason}. It ended FAIL{note}.")
     return True
 
