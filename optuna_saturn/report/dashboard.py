@@ -20,7 +20,7 @@ from optuna_saturn.planner import Plan
 from optuna_saturn.report.chart import schedule_figure
 from optuna_saturn.report.schedule import WAITING, SweepRecord, TrialRun, read_study, read_sweeps, run_from_trial
 from optuna_saturn.report.summary import plan_note
-from optuna_saturn.study.handles import own_handle
+from optuna_saturn.study.handles import close_handle, own_handle
 
 GRAPH_OBJECT_ID = "saturn-schedule"  # the chart's id: the dashboard renders it as #user-defined-plot:saturn-schedule
 _logger = optuna.logging.get_logger("optuna.saturn")
@@ -163,6 +163,8 @@ class DashboardPublisher(SweepListener):
             self._thread.join()  # (it finishes the publish it is in, if any)
             self._thread = None
         self._publish(self._target or study)  # the final picture, always
+        if self._target is not None:
+            close_handle(self._target._storage, study._storage)
         self._target = None
 
     # -- publishing -------------------------------------------------------------------------------------------------
@@ -182,13 +184,17 @@ class DashboardPublisher(SweepListener):
         return read_sweeps((), live=runs, live_started_at=self._started_at, pool=self._pool or None)
 
     def _with_stored(self, study: optuna.Study, run: TrialRun) -> TrialRun:
-        stored = self._stored.get(run.number)
+        with self._changes:
+            stored = self._stored.get(run.number)
         if stored is None:
             try:
                 trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, run.number)
-                stored = self._stored[run.number] = run_from_trial(study._storage.get_trial(trial_id))
+                stored = run_from_trial(study._storage.get_trial(trial_id))
             except KeyError:  # (not in the storage yet)
                 return run
+            with self._changes:
+                if run.number in self._live:  # (not ended meanwhile: on_trial_end forgets it)
+                    self._stored[run.number] = stored
         return dataclasses.replace(run, options=stored.options, params=stored.params)
 
     def _changed(self) -> None:

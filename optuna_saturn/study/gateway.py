@@ -376,8 +376,10 @@ def told_here(stored: FrozenTrial, state: TrialState, values: list[float] | None
     """Whether ``stored`` is the end this sweep told (``state`` and ``values``, or the FAIL it falls back to when
     the study refuses them), whoever wrote it: otherwise someone else ended the trial first, and this sweep's
     result is a late one, to keep."""
+    if state != TrialState.COMPLETE:
+        return True  # (a FAIL or PRUNED end carries no value: nothing is lost to the storage's end, whoever's)
     if stored.state == state:
-        return state != TrialState.COMPLETE or stored.values == values
+        return stored.values == values
     reason = str(stored.user_attrs.get(ATTR + "fail_reason", ""))
     return stored.state == TrialState.FAIL and reason.startswith("could not record the result")
 

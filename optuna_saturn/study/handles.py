@@ -28,6 +28,12 @@ def own_handle(storage: BaseStorage) -> BaseStorage:
     return storage
 
 
+def close_handle(handle: BaseStorage, original: BaseStorage) -> None:
+    """Close the connections of a handle :func:`own_handle` made (a shared one is left alone)."""
+    if handle is not original and isinstance(handle, RDBStorage):
+        handle.engine.dispose()
+
+
 def set_study_attr(storage: BaseStorage, study: optuna.Study, key: str, value: Any) -> None:
     """Set a study's user attribute through ``storage`` (one of :func:`own_handle`'s)."""
     storage.set_study_user_attr(study._study_id, key, value)

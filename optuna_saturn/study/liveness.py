@@ -24,7 +24,7 @@ import optuna
 
 from optuna_saturn.study.claims import ATTR
 from optuna_saturn.study.gateway import StudyGateway
-from optuna_saturn.study.handles import own_handle, set_study_attr
+from optuna_saturn.study.handles import close_handle, own_handle, set_study_attr
 from optuna_saturn.study.outbox import retrying
 
 _logger = optuna.logging.get_logger("optuna.saturn")
@@ -137,6 +137,8 @@ class Heartbeat:
             set_study_attr(self._storage, self._gateway.study, self._key, None)
         except Exception:  # a storage that is down: the others take the silent beat for an end, 150 s later
             _logger.warning("Could not record the sweep's end in its heartbeat.", exc_info=True)
+        finally:
+            close_handle(self._storage, self._gateway.study._storage)
 
     def _write(self) -> None:
         self._count += 1
