@@ -2,8 +2,10 @@
 (``ray.cluster_utils.Cluster``), for ``tests/test_ray_runner.py``. Run it inside a loopback-only network namespace:
 ``python tests/ray_cluster_sweep.py MODE OUT.json`` with MODE ``spread`` (two nodes of two CPU devices, DDP and
 single trials, the study in a PostgreSQL server started in the same namespace), ``node-death`` (two nodes of one
-device; the worker node is removed while a trial runs there) or ``node-joins`` (one node of one device; a second
-joins once the first trial runs). Writes what the test checks as JSON."""
+device; the worker node is removed while a trial runs there), ``node-joins`` (one node of one device; a second
+joins once the first trial runs) or ``two-sweeps`` (one node of one device, two sweeps of two studies at once:
+Ray's resources, not optuna-saturn's leases, give the device to one at a time). Writes what the test checks as
+JSON."""
 
 from __future__ import annotations
 
@@ -98,7 +100,55 @@ def main(
     ``worker_ip`` and has its raylet at ``raylet_pid``; None: a ``Cluster`` started here. Whatever it starts is
     stopped, also when it fails."""
     with contextlib.ExitStack() as stack:
-        _sweep(mode, out, stack, address, raylet_pid, worker_ip)
+        if mode == "two-sweeps":
+            _two_sweeps(out, stack)
+        else:
+            _sweep(mode, out, stack, address, raylet_pid, worker_ip)
+
+
+def _two_sweeps(out: str, stack: contextlib.ExitStack) -> None:
+    """Two executors in two threads of one driver, on two studies, on a one-device cluster, at once."""
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False}
+    )
+    stack.callback(cluster.shutdown)
+    ray.init(address=cluster.address, log_to_driver=False, runtime_env={"env_vars": {"SATURN_TEST_SLEEPY_STEPS": "20"}})
+    stack.callback(ray.shutdown)
+    tmp = tempfile.mkdtemp(prefix="saturn-ray-test-")
+    storage = f"sqlite:///{tmp}/studies.db"
+    errors: list[str] = []
+
+    def sweep(name: str) -> None:
+        try:
+            study = optuna.create_study(storage=storage, study_name=name, load_if_exists=True)
+            executor = SaturnExecutor(
+                devices=1, strategies=["single"], runner="ray", log_dir=f"{tmp}/{name}", progress="plain",
+                dashboard=False, profile_store=f"{tmp}/profiles-{name}",
+            )  # fmt: skip
+            executor.optimize(study, objectives.sleepy, n_trials=2)
+        except BaseException as exc:  # (reported in the JSON: the test says what went wrong)
+            errors.append(f"{name}: {exc!r}")
+
+    optuna.storages.RDBStorage(storage)  # (the tables, once)
+    threads = [threading.Thread(target=sweep, args=(name,)) for name in ("first", "second")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    runs = [
+        {
+            "study": name,
+            "state": t.state.name,
+            "node": (t.user_attrs.get("saturn:node") or {}).get("node_id"),
+            # (when it ran on the device: a trial is asked, and RUNNING in the study, before its device frees)
+            "start": t.user_attrs["saturn:sweep_started_at"] + t.user_attrs["saturn:actual_start"],
+            "end": t.user_attrs["saturn:sweep_started_at"] + t.user_attrs["saturn:actual_end"],
+        }
+        for name in ("first", "second")
+        for t in optuna.load_study(study_name=name, storage=storage).trials
+    ]
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump({"errors": errors, "runs": runs}, f)
 
 
 def _sweep(

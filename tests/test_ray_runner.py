@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import itertools
 import json
 import os
 import shutil
@@ -205,6 +206,19 @@ def _check_node_death(result: dict) -> None:
     new = [t for t in trials.values() if "saturn:retry_of" not in t["attrs"]]
     assert len(new) == 3, "n_trials counts new trials; the retry comes on top"
     assert sum(t["state"] == "COMPLETE" for t in new) == 2
+
+
+@pytest.mark.launch
+def test_two_sweeps_on_one_ray_cluster_take_its_device_in_turn(tmp_path):
+    """On Ray, the cluster's own resources give a device to one sweep at a time (optuna-saturn's device leases are
+    for one machine): two sweeps of two studies started at once on a one-device cluster both complete, and their
+    trials never overlap on it."""
+    result = _sweep_on_a_ray_cluster("two-sweeps", tmp_path)
+    assert result["errors"] == []
+    runs = result["runs"]
+    assert [r["state"] for r in runs] == ["COMPLETE"] * 4
+    runs.sort(key=lambda r: r["start"])
+    assert all(a["end"] <= b["start"] for a, b in itertools.pairwise(runs)), runs  # (one device: one at a time)
 
 
 @pytest.mark.launch

@@ -134,7 +134,7 @@ class RayPool(NodeMembership):
         self._groups[node.name] = placement_group(
             [bundle(node)] * len(node.devices),
             strategy="STRICT_PACK",
-            name=f"optuna-saturn-{node.name}",
+            name=f"optuna-saturn-{self._config['sweep']}-{node.name}",  # (two sweeps may share the cluster)
             bundle_label_selector=[{"ray.io/node-id": node.node_id}] * len(node.devices),
         )
 
