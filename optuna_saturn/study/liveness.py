@@ -158,8 +158,17 @@ class Heartbeat:
                 self._gateway.note_taken_over(number)
 
     def _beat(self) -> None:
+        failing = False
         while not self._stop.wait(HEARTBEAT_SECONDS):
             try:
                 self._write()
-            except Exception:  # a storage hiccup: the next beat tries again; 150 s of them make us stale
-                _logger.warning("Could not write the sweep's heartbeat to the storage; trying again.", exc_info=True)
+            except Exception as exc:  # a storage hiccup: the next beat tries again; 150 s of them make us stale
+                cause = exc.__cause__ or exc  # (Optuna's wrapper says "invalid data"; the database says why)
+                _logger.warning(
+                    f"Could not write the sweep's heartbeat ({type(cause).__name__}: {str(cause).splitlines()[0]}); "
+                    "trying again every 5 s.",
+                    exc_info=not failing,  # (the traceback once per outage, not twelve a minute)
+                )
+                failing = True
+            else:
+                failing = False
