@@ -197,3 +197,34 @@ def test_the_outbox_clears_old_partial_files_and_sets_an_unreadable_one_aside(tm
     assert not old.exists() and fresh.exists()
     assert not broken.exists() and (outbox.folder / "trial-3-cccc.json.unreadable").exists()
     assert caplog.text.count("is set aside") == 1
+
+
+def test_a_run_whose_storage_stayed_down_past_the_retry_budget_runs_again(tmp_path, monkeypatch):
+    """A worker's report waited out the whole retry budget (an outage over 2 minutes): the error reached the
+    objective, and its trial ended FAIL as if its code had failed, never run again (the outage benchmark lost 1
+    of 4 results to a 135 s outage). The storage's fault: the trial runs again."""
+    from types import SimpleNamespace
+
+    from optuna_saturn.clock import WallClock
+    from optuna_saturn.pools.protocol import JobEnd
+    from optuna_saturn.study import outbox
+    from optuna_saturn.study.trial_session import TrialSession
+    from optuna_saturn.sweep.faults import Faults
+
+    monkeypatch.setattr(outbox, "RETRY_SECONDS", 0.3)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}")
+    gateway = StudyGateway(study)
+    trial = gateway.ask_new()
+    session = TrialSession(trial, gateway.lock, WallClock())
+
+    def down(*args, **kwargs):
+        raise sqlalchemy.exc.OperationalError("INSERT", {}, Exception("connection refused"))
+
+    monkeypatch.setattr(study._storage, "set_trial_intermediate_value", down)
+    with pytest.raises(sqlalchemy.exc.OperationalError):
+        session.handle("report", {"value": 1.0, "step": 1})
+    assert session.storage_failed
+    session.outcome = {"op": "fail", "error": "RemoteError: OperationalError"}  # (what the worker then says)
+    run = SimpleNamespace(number=trial.number, stalled="", session=session)
+    faults = Faults(stall_timeout=None, max_retries=1, may_leave_out=False)
+    assert faults.run_again(run, JobEnd("trial-0", (0,), False, "rank 0 failed"))

@@ -9,7 +9,7 @@ import optuna
 
 from optuna_saturn.clock import Clock
 from optuna_saturn.study.gateway import ATTR
-from optuna_saturn.study.outbox import retrying
+from optuna_saturn.study.outbox import STORAGE_ERRORS, retrying
 from optuna_saturn.study.trial_snapshot import trial_snapshot
 
 _SUGGEST_METHODS = frozenset(
@@ -62,6 +62,9 @@ class TrialSession:
         self.checkpoint_seconds = 0.0  # how long its latest checkpoint took to save
         self.move_requested = False  # the sweep moves the trial elsewhere at its next checkpoint (elastic resize)
         self.taken_over = False  # another sweep ended the trial (it took this one for dead): the run is to stop
+        # the storage stayed down past the retry budget while the run asked something of the trial: the run fails,
+        # but not by its code's fault, so it runs again (the faults policy)
+        self.storage_failed = False
         self._reported: set[int] | None = None  # steps with an intermediate value (inherited ones included)
         self._loops: dict[int, int] = {}  # loop index -> its steps (epochs, when the objective loops per epoch)
 
@@ -95,7 +98,13 @@ class TrialSession:
             self.outcome_at = self._clock.now()
             return None
         # (a storage restarting answers again: its calls wait for it, the worker's with them)
-        return retrying(lambda: self._call_trial_locked(op, message), what=f"answer trial {self.trial.number}'s {op}")
+        try:
+            return retrying(
+                lambda: self._call_trial_locked(op, message), what=f"answer trial {self.trial.number}'s {op}"
+            )
+        except STORAGE_ERRORS:
+            self.storage_failed = True
+            raise
 
     def _call_trial_locked(self, op: str, message: dict) -> Any:
         """A run whose trial another sweep ended (it took this sweep for dead) is told to prune itself, and its

@@ -114,10 +114,12 @@ class Faults:
         return LeaveOut(run, error, kind == OUT_OF_MEMORY)
 
     def run_again(self, run: TrialRun, end: JobEnd) -> bool:
-        """Whether the trial runs again: a rank died or hung, not the trial's code (nor its option: a trial that
-        ran out of memory is never run again on the same one), and it ran fewer than ``max_retries`` + 1 times."""
+        """Whether the trial runs again: a rank died or hung, or the storage stayed down while the run asked the
+        trial something, not the trial's code (nor its option: a trial that ran out of memory is never run again
+        on the same one), and it ran fewer than ``max_retries`` + 1 times."""
         silent = (run.session.outcome or {}).get("op") is None and not end.clean
-        faulted = bool(run.stalled) or (silent and failure_kind(run, end) not in (OUT_OF_MEMORY, MISMATCH))
+        faulted = bool(run.stalled) or run.session.storage_failed  # (the storage's fault: a long outage)
+        faulted = faulted or (silent and failure_kind(run, end) not in (OUT_OF_MEMORY, MISMATCH))
         if faulted and not may_run_again(run.session.trial, self.max_retries):
             _logger.warning(f"Trial {run.number} is not run again: it ran {self.max_retries + 1} times.")
             return False
