@@ -3,7 +3,7 @@ the first run stopped instead of from scratch.
 
 What is saved: the model, the optimizer, the LR scheduler, the random generators (rank 0's, as every rank draws
 from them alike: see :mod:`optuna_saturn.sharding`), where each prepared DataLoader's pass stands
-(:mod:`optuna_saturn.worker.loader_positions`: a run resumed mid-epoch trains on the batches the first run
+(:mod:`optuna_saturn.loader_positions`: a run resumed mid-epoch trains on the batches the first run
 would have) and the step. Where: one folder per trial, ``step-<k>`` in it, written under a temporary name, flushed to
 disk
 (``fsync``) and renamed when complete, so a checkpoint that a kill or a power loss cut short is never taken for
@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,9 +40,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from optuna_saturn.checkpoint_paths import make_private_folders
-from optuna_saturn.worker import trainer_state
-from optuna_saturn.worker.random_state import capture, restore
+from optuna_saturn import trainer_state
+from optuna_saturn.checkpoint_paths import make_private_folders, refusal
+from optuna_saturn.random_state import capture, restore
 
 DCP = "torch.distributed.checkpoint"
 DEEPSPEED = "deepspeed"
@@ -113,7 +114,7 @@ def save(
     extra: dict[str, Any] | None = None,
 ) -> CheckpointRecord:
     """Save the training state at ``step`` in ``folder`` (collective: every rank calls it), with ``loaders``
-    (where each prepared loader's pass stands, :mod:`optuna_saturn.worker.loader_positions`) and ``extra`` (a
+    (where each prepared loader's pass stands, :mod:`optuna_saturn.loader_positions`) and ``extra`` (a
     framework's own loop state, rank 0's, kept as JSON: Lightning's loops and callbacks). Returns the record, on
     every rank; older checkpoints of the trial are removed once this one is complete."""
     context = engine.context
@@ -161,6 +162,28 @@ def usable(record: CheckpointRecord) -> CheckpointRecord | None:
         *sorted((r for r in _steps(Path(record.path).parent) if r.step < record.step), key=lambda r: -r.step),
     ]
     return next((r for r in candidates if _intact(Path(r.path))), None)
+
+
+def resumable(record: CheckpointRecord, checkpoint_dir: str | None, *, say: bool) -> CheckpointRecord | None:
+    """The checkpoint a run of ``checkpoint_dir``'s trial resumes from: ``record``, or the newest intact one before
+    it when it is damaged; None when none is, or when ``record`` lies outside this sweep's checkpoint folder
+    (checked again here, just before loading: the executor checked when it planned). ``say``: tell the user why
+    (rank 0 does, once)."""
+    root = os.path.dirname(checkpoint_dir) if checkpoint_dir else ""
+    refused = refusal(record.path, root) if root else "this run has no checkpoint folder"
+    if refused:
+        if say:
+            print(f"optuna-saturn: not loading {record.path} ({refused}); starting from step 0.", file=sys.stderr)
+        return None
+    found = usable(record)
+    if found != record and say:
+        print(
+            f"optuna-saturn: the checkpoint at step {record.step} ({record.path}) is damaged: "
+            + (f"resuming from step {found.step} instead." if found else "starting from step 0."),
+            file=sys.stderr,
+            flush=True,
+        )
+    return found
 
 
 def _steps(folder: Path) -> list[CheckpointRecord]:

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
 from optuna_saturn.microbatch import batch_rows, partition, take_rows
-from optuna_saturn.worker.random_state import capture, restore
+from optuna_saturn.random_state import capture, restore
 
 
 @dataclass(frozen=True)

@@ -95,7 +95,7 @@ def test_mig_instances_are_one_device_each_for_one_device_strategies(monkeypatch
     assert largest_trial(devices) == 1
     chosen = select_strategies(["single", "ddp", "fsdp"], largest_trial(devices), device_kind="cuda")
     assert [s.name for s in chosen] == ["single"]
-    from optuna_saturn.pools.launch_commands import physical_gpus
+    from optuna_saturn.devices import physical_gpus
 
     assert physical_gpus(devices) == ["MIG-aaaa", "MIG-bbbb", "MIG-cccc"]  # one per worker's mask
 
@@ -288,7 +288,7 @@ def test_a_replacement_waits_for_its_gpus_memory_to_come_back():
 def test_each_job_starts_from_the_same_random_state_and_without_compiled_code(monkeypatch):
     """The CUDA generators are captured and put back like the CPU's (faked: no CUDA here), and torch.compile's
     caches are reset, so a trial's dropout masks and compiled frames do not depend on the worker's history."""
-    from optuna_saturn.worker.process_state import ProcessState
+    from optuna_saturn.process_state import ProcessState
 
     states = {"cuda": [torch.tensor([1], dtype=torch.uint8)]}
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)

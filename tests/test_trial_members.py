@@ -10,17 +10,17 @@ from member_objectives import ends_itself, every_member
 from optuna.trial import TrialState
 
 from optuna_saturn import SaturnExecutor, SaturnTrial
-from optuna_saturn.profiler._probe import _ProbeTrial
+from optuna_saturn.profiler._stand_in import StandInTrial
 
 
 def _public(cls: type) -> set[str]:
     return {name for name in dir(cls) if not name.startswith("_")}
 
 
-@pytest.mark.parametrize("ours", [SaturnTrial, _ProbeTrial], ids=["worker", "describing"])
+@pytest.mark.parametrize("ours", [SaturnTrial, StandInTrial], ids=["worker", "describing"])
 def test_every_public_member_of_optuna_trial_is_offered(ours):
-    probe = _ProbeTrial(optuna.create_study().ask(), __import__("threading").Lock())
-    offered = _public(ours) | (set(vars(probe)) if ours is _ProbeTrial else set())
+    probe = StandInTrial(optuna.create_study().ask(), __import__("threading").Lock())
+    offered = _public(ours) | (set(vars(probe)) if ours is StandInTrial else set())
     missing = sorted(_public(optuna.Trial) - offered)
     assert not missing, f"optuna.Trial members the objective's trial lacks: {missing}"
 

@@ -10,20 +10,26 @@ prepared model whose engine keeps them its own way are clipped by that engine; a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.utils
 import torch.nn.utils.clip_grad
 
-if TYPE_CHECKING:
-    from optuna_saturn.engines._base import Engine
+
+class ClipsGradients(Protocol):
+    """An engine that keeps its gradients its own way (DeepSpeed's ZeRO partitions) and so clips them itself."""
+
+    def clip_grad_norm(
+        self, model: torch.nn.Module, parameters: list[Any], max_norm: float, norm_type: float, **kwargs: Any
+    ) -> torch.Tensor: ...
+
 
 original_clip_grad_norm = torch.nn.utils.clip_grad.clip_grad_norm_
 original_clip_grad_value = torch.nn.utils.clip_grad.clip_grad_value_
 
 #: id(parameter) -> (the engine that owns its gradients, the prepared model), for this trial's models.
-_owners: dict[int, tuple[Engine, torch.nn.Module]] = {}
+_owners: dict[int, tuple[ClipsGradients, torch.nn.Module]] = {}
 
 
 def install() -> None:
@@ -33,7 +39,7 @@ def install() -> None:
         module.clip_grad_value_ = clip_grad_value_
 
 
-def register(engine: Engine, model: torch.nn.Module, parameters: list[torch.nn.Parameter]) -> None:
+def register(engine: ClipsGradients, model: torch.nn.Module, parameters: list[torch.nn.Parameter]) -> None:
     """Clipping these parameters' gradients is ``engine``'s job."""
     for p in parameters:
         _owners[id(p)] = (engine, model)
@@ -44,7 +50,7 @@ def forget_all() -> None:
     _owners.clear()
 
 
-def _owner(parameters: list[torch.Tensor]) -> tuple[Engine, torch.nn.Module] | None:
+def _owner(parameters: list[torch.Tensor]) -> tuple[ClipsGradients, torch.nn.Module] | None:
     owners = {id(_owners[id(p)][0]): _owners[id(p)] for p in parameters if id(p) in _owners}
     if len(owners) > 1:
         raise ValueError("clip_grad_norm_ got the parameters of several prepared models; clip each model alone.")

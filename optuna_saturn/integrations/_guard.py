@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 from optuna_saturn.engines import StrategyMismatch
 
 if TYPE_CHECKING:
-    from optuna_saturn.trial import SaturnTrial
+    from optuna_saturn.training_trial import TrainingTrial
 
-_running: SaturnTrial | None = None
+_running: TrainingTrial | None = None
 
 
 def install() -> None:
@@ -50,7 +50,7 @@ def install() -> None:
 
 
 @contextlib.contextmanager
-def running(trial: SaturnTrial) -> Iterator[None]:
+def running(trial: TrainingTrial) -> Iterator[None]:
     """While ``trial``'s objective runs in this process."""
     global _running
     install()

@@ -11,14 +11,14 @@ import lightning.pytorch as pl
 import optuna
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-from optuna_saturn.worker import trainer_state
+from optuna_saturn import trainer_state
 
 if TYPE_CHECKING:
-    from optuna_saturn.trial import SaturnTrial
+    from optuna_saturn.training_trial import TrainingTrial
 
 
 class TrialCallback(pl.Callback):
-    def __init__(self, trial: SaturnTrial, metric: str, *, checkpoints: bool) -> None:
+    def __init__(self, trial: TrainingTrial, metric: str, *, checkpoints: bool) -> None:
         self._trial = trial
         self._metric = metric
         self._checkpoints = checkpoints

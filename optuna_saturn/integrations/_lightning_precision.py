@@ -8,21 +8,22 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.utilities import GradClipAlgorithmType
 
 from optuna_saturn.engines._base import loss_scaler_mismatch
 
 if TYPE_CHECKING:
-    from optuna_saturn.integrations.lightning import SaturnStrategy
+    from optuna_saturn.training_trial import TrainingTrial
 
 
-def precision_plugin(strategy: SaturnStrategy, precision: Any) -> Precision:
+def precision_plugin(strategy: Strategy, trial: TrainingTrial, precision: Any) -> Precision:
     """The Trainer's ``precision``, applied whatever the trial's strategy (the strategy never changes it):
-    float32, or autocast to bfloat16 or float16 (with Lightning's loss scaler, under strategies that take one)."""
+    float32, or autocast to bfloat16 or float16 (with Lightning's loss scaler, under strategies that take one).
+    ``strategy`` is the Lightning strategy that runs ``trial``'s (its ``model`` is the prepared one)."""
     mixed = {"bf16-mixed": "bf16-mixed", "bf16": "bf16-mixed", "16-mixed": "16-mixed", "16": "16-mixed", 16: "16-mixed"}
     if precision not in mixed:
         return _ModelPrecision(strategy)
-    trial = strategy._trial
     if mixed[precision] == "16-mixed" and not trial._engine.takes_a_loss_scaler:
         raise loss_scaler_mismatch(trial.strategy.name)
     return _ModelMixedPrecision(strategy, mixed[precision], trial.device.type)
@@ -34,7 +35,7 @@ class _PreparedModelsParameters:
     model's parameters are the ones the engine routes clipping for (see :mod:`optuna_saturn.engines._clipping`).
     And the optimizer's step comes after the closure, not inside it: DeepSpeed's step takes no closure."""
 
-    _strategy: SaturnStrategy
+    _strategy: Strategy
 
     def main_params(self, optimizer: Any) -> Any:
         assert self._strategy.model is not None
@@ -54,7 +55,7 @@ class _PreparedModelsParameters:
 class _ModelPrecision(_PreparedModelsParameters, Precision):
     """Float32."""
 
-    def __init__(self, strategy: SaturnStrategy) -> None:
+    def __init__(self, strategy: Strategy) -> None:
         super().__init__()
         self._strategy = strategy
 
@@ -63,7 +64,7 @@ class _ModelMixedPrecision(_PreparedModelsParameters, MixedPrecision):
     """Autocast to bfloat16 or float16 around each step's forward pass (Lightning's ``MixedPrecision``); under fp16
     Lightning's loss scaler runs the step, as it does in one process."""
 
-    def __init__(self, strategy: SaturnStrategy, precision: Any, device: str) -> None:
+    def __init__(self, strategy: Strategy, precision: Any, device: str) -> None:
         super().__init__(precision, device)
         self._strategy = strategy
 

@@ -30,7 +30,7 @@ from optuna_saturn.engines._base import loss_scaler_mismatch
 from optuna_saturn.sharding import LoaderView
 
 if TYPE_CHECKING:
-    from optuna_saturn.trial import SaturnTrial
+    from optuna_saturn.training_trial import TrainingTrial
 
 #: Accelerator arguments that would pick a strategy (or precision handling) behind optuna-saturn's back.
 _STRATEGY_ARGUMENTS = (
@@ -68,7 +68,7 @@ class SaturnAccelerator(Accelerator):
       choice.
     """
 
-    def __init__(self, trial: SaturnTrial, *, count_steps: bool = True, **kwargs: Any) -> None:
+    def __init__(self, trial: TrainingTrial, *, count_steps: bool = True, **kwargs: Any) -> None:
         given = [name for name in _STRATEGY_ARGUMENTS if kwargs.get(name) is not None]
         if given:
             raise ValueError(

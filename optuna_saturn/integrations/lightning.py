@@ -37,14 +37,14 @@ from optuna_saturn.integrations._lightning_precision import precision_plugin
 from optuna_saturn.microbatch import AccumulationError
 
 if TYPE_CHECKING:
-    from optuna_saturn.trial import SaturnTrial
+    from optuna_saturn.training_trial import TrainingTrial
 
 #: What ``lightning_trainer`` passes itself (the values of FOLLOWS_THE_TRIAL, checked, stand for these).
 _SET_HERE = {*FOLLOWS_THE_TRIAL, "accelerator", "use_distributed_sampler"}
 
 
 def lightning_trainer(
-    trial: SaturnTrial, *, metric: str = "val_loss", checkpoints: bool = True, **kwargs: Any
+    trial: TrainingTrial, *, metric: str = "val_loss", checkpoints: bool = True, **kwargs: Any
 ) -> pl.Trainer:
     """See :meth:`optuna_saturn.SaturnTrial.lightning_trainer`."""
     refuse_conflicts(
@@ -77,7 +77,7 @@ def lightning_trainer(
         accelerator=accelerator,
         devices=1,
         num_nodes=1,
-        plugins=[precision_plugin(strategy, kwargs.get("precision"))],
+        plugins=[precision_plugin(strategy, trial, kwargs.get("precision"))],
         use_distributed_sampler=False,
     )
 
@@ -89,7 +89,7 @@ class SaturnStrategy(Strategy):
     Made by :meth:`~optuna_saturn.SaturnTrial.lightning_trainer`; not a strategy to pass to a Trainer yourself.
     One optimizer (automatic optimization) is supported, as by ``trial.prepare``."""
 
-    def __init__(self, trial: SaturnTrial) -> None:
+    def __init__(self, trial: TrainingTrial) -> None:
         super().__init__()
         self._trial = trial
         self._forward_redirection = _ForwardRedirection()

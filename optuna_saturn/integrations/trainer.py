@@ -24,10 +24,10 @@ from optuna_saturn.integrations.accelerate import SaturnAccelerator
 from optuna_saturn.microbatch import AccumulationError
 
 if TYPE_CHECKING:
-    from optuna_saturn.trial import SaturnTrial
+    from optuna_saturn.training_trial import TrainingTrial
 
 
-def prepare_trainer(trial: SaturnTrial, trainer: Trainer, *, metric: str = "eval_loss") -> Trainer:
+def prepare_trainer(trial: TrainingTrial, trainer: Trainer, *, metric: str = "eval_loss") -> Trainer:
     """See :meth:`optuna_saturn.SaturnTrial.prepare_trainer`."""
     if not isinstance(trainer, Trainer):
         raise TypeError(f"trial.prepare_trainer() takes a transformers.Trainer, got {type(trainer).__name__}.")
@@ -96,7 +96,7 @@ def _refuse_own_strategy(trainer: Trainer) -> None:
 
 
 def _save_gathered(
-    trial: SaturnTrial, trainer: Trainer, output_dir: str | None = None, _internal_call: bool = False
+    trial: TrainingTrial, trainer: Trainer, output_dir: str | None = None, _internal_call: bool = False
 ) -> None:
     """``trainer.save_model`` under a sharding strategy: every rank gives its shard, rank 0 saves the whole."""
     state = trial.state_dict(trainer.model_wrapped)
@@ -107,7 +107,7 @@ def _save_gathered(
 class _TrialCallback(TrainerCallback):
     """The trainer's optimizer steps are the trial's steps; its evaluations are the trial's reports."""
 
-    def __init__(self, trial: SaturnTrial, metric: str) -> None:
+    def __init__(self, trial: TrainingTrial, metric: str) -> None:
         self._trial = trial
         self._metric = metric
         self._steps: Iterator[int] | None = None

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from optuna_saturn.devices import Device
+from optuna_saturn.devices import Device, physical_gpus
 from optuna_saturn.strategy import Strategy
 
 WORKER_MODULE = "optuna_saturn.worker.launched"
@@ -137,25 +137,6 @@ def _accelerate(devices: Sequence[Device]) -> tuple[list[str], dict[str, str]]:
     if devices[0].kind == "cpu":
         env["ACCELERATE_USE_CPU"] = "1"
     return [*command, "-m", WORKER_MODULE], env
-
-
-def physical_gpus(devices: Sequence[Device]) -> list[str]:
-    """What to put in a trial's ``CUDA_VISIBLE_DEVICES`` for these GPUs.
-
-    A CUDA device's index counts the GPUs this process sees. When the process itself runs under a mask
-    (``CUDA_VISIBLE_DEVICES=4,5,6,7`` from SLURM, Kubernetes or a shared host), index 0 is the mask's first
-    entry, GPU 4: a child's mask must name the entries (indices, UUIDs or MIG names), not the indices."""
-    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if mask is None:
-        return [str(d.index) for d in devices]
-    entries = [entry.strip() for entry in mask.split(",") if entry.strip()]
-    missing = [d.index for d in devices if d.index >= len(entries)]
-    if missing:
-        raise RuntimeError(
-            f"CUDA device {missing[0]} is not in this process's CUDA_VISIBLE_DEVICES={mask!r} "
-            f"({len(entries)} entries). Pass devices= within what the mask shows."
-        )
-    return [entries[d.index] for d in devices]
 
 
 def _visible_devices(devices: Sequence[Device]) -> dict[str, str]:

@@ -27,15 +27,10 @@ from typing import Any
 import optuna
 
 from optuna_saturn.channel import ChannelServer
-from optuna_saturn.devices import Device, available_cores, pin_cores
+from optuna_saturn.devices import Device, available_cores, physical_gpus, pin_cores
 from optuna_saturn.pools.deepspeed_ops import build_missing
 from optuna_saturn.pools.forked_host import ForkedHost, why_not_fork
-from optuna_saturn.pools.launch_commands import (
-    extensions_cache,
-    network_isolation_prefix,
-    physical_gpus,
-    worker_environment,
-)
+from optuna_saturn.pools.launch_commands import extensions_cache, network_isolation_prefix, worker_environment
 from optuna_saturn.pools.logs import open_log
 from optuna_saturn.pools.process_identity import alive, kill_if_same, start_ticks
 from optuna_saturn.pools.protocol import JobEnd, JobRanks

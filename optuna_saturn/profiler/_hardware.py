@@ -37,8 +37,8 @@ def device_memory_bytes(devices: Sequence[Device]) -> int:
 def _gpu_model(device: Device) -> tuple[str, int]:
     """The GPU's name and memory, from NVML (the executor must not initialise CUDA: see
     :mod:`optuna_saturn.nvml`); from CUDA where NVML cannot tell."""
+    from optuna_saturn.devices import physical_gpus
     from optuna_saturn.nvml import gpu_model
-    from optuna_saturn.pools.launch_commands import physical_gpus
 
     model = gpu_model(physical_gpus([device])[0])
     if model is not None:

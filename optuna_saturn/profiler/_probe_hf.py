@@ -7,17 +7,14 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from optuna_saturn.profiler._probe_stop import ProbeDone
-
-if TYPE_CHECKING:
-    from optuna_saturn.profiler._probe import _ProbeTrial
+from optuna_saturn.profiler._description import Description, ProbeDone
 
 
-def describe_trainer(probe: _ProbeTrial, trainer: Any) -> None:
+def describe_trainer(probe: Description, trainer: Any) -> None:
     """The trainer's model, its training DataLoader and its number of optimizer steps (its one loop)."""
     args = trainer.args
     loader = trainer.get_train_dataloader()
@@ -45,7 +42,7 @@ class ProbeAccelerator:
     gradient_accumulation_steps = 1
     sync_gradients = True
 
-    def __init__(self, probe: _ProbeTrial) -> None:
+    def __init__(self, probe: Description) -> None:
         self._probe = probe
 
     @property

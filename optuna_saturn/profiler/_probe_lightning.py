@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from optuna_saturn.profiler._probe_stop import ProbeDone
-
-if TYPE_CHECKING:
-    from optuna_saturn.profiler._probe import _ProbeTrial
+from optuna_saturn.profiler._description import Description, ProbeDone
 
 #: Lightning's own default when neither ``max_epochs`` nor ``max_steps`` is given.
 _LIGHTNING_DEFAULT_EPOCHS = 1000
@@ -23,7 +20,7 @@ class ProbeLightningTrainer:
     and its training DataLoader, counts the optimizer steps the fit would take, and ends the description. The
     arguments are checked as the real one checks them, so a conflict is reported before anything is launched."""
 
-    def __init__(self, probe: _ProbeTrial, kwargs: dict[str, Any]) -> None:
+    def __init__(self, probe: Description, kwargs: dict[str, Any]) -> None:
         from optuna_saturn.integrations._lightning_arguments import refuse_conflicts
 
         refuse_conflicts(kwargs, runs_as="the sweep picks each trial's strategy and devices", device_type=None)

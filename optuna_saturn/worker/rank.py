@@ -28,10 +28,10 @@ from optuna_saturn.integrations import _guard as accelerate_guard
 from optuna_saturn.microbatch import AccumulationError
 from optuna_saturn.strategy import Strategy
 from optuna_saturn.trial import SaturnTrial, TrialMoved
+from optuna_saturn.trial_steps import ProfileComplete
 from optuna_saturn.worker.failures import OUT_OF_MEMORY, error_kind, record_failure
 from optuna_saturn.worker.gpu import rank_environment
 from optuna_saturn.worker.memory import RunMemory, collect, release_memory
-from optuna_saturn.worker.profiled_steps import ProfileComplete
 
 
 @dataclass(frozen=True)

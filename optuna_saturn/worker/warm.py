@@ -31,9 +31,9 @@ def prepare_process(config: dict) -> dict[str, Any]:
 
     from optuna_saturn.engines import _clipping
     from optuna_saturn.integrations import _guard as accelerate_guard
+    from optuna_saturn.process_state import reset_library_state
     from optuna_saturn.profiler._probe import warm_up
     from optuna_saturn.profiler._without_gpus import without_gpus
-    from optuna_saturn.worker.process_state import reset_library_state
 
     torch.set_num_threads(1)  # no thread pool before the forks: each worker sizes its own
     _clipping.install()  # before any objective's module imports clip_grad_norm_
@@ -212,9 +212,9 @@ class JobRunner:
         return clean, not clean or bool(why)
 
     def _run(self, job: dict) -> bool:
+        from optuna_saturn.process_state import ProcessState
         from optuna_saturn.worker.memory import release_memory
         from optuna_saturn.worker.one_process import membership
-        from optuna_saturn.worker.process_state import ProcessState
         from optuna_saturn.worker.rank import join_process_group, leave_process_group, run_job
 
         fn = _objective(self._objectives, job["objective"])

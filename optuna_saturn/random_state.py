@@ -2,7 +2,7 @@
 
 Used where a run must draw exactly as another did: the ranks of a sharded loader copy rank 0's states at each
 pass (:mod:`optuna_saturn.sharding`), a checkpoint keeps them (:mod:`optuna_saturn.checkpoint`), and a loader
-resumed mid-pass replays its pass's start (:mod:`optuna_saturn.worker.loader_positions`).
+resumed mid-pass replays its pass's start (:mod:`optuna_saturn.loader_positions`).
 """
 
 from __future__ import annotations

@@ -1,23 +1,23 @@
-"""The steps of a profiling run: a few timed steps of the trial's first loop, then its later loops counted.
+"""The steps of a trial's training loops (``trial.steps(n)``): counted and reported to the executor in a real run;
+in a profiling run, a few timed steps of the first loop, then its later loops counted.
 
-A profiling job runs the user's objective under a strategy to time it (:mod:`optuna_saturn.worker.rank`); its
-``trial.steps(n)`` come from here instead of the trial's own loop (:meth:`SaturnTrial.steps`).
+A profiling job runs the user's objective under a strategy to time it (:mod:`optuna_saturn.worker.rank`): its
+steps come from :func:`profiled_steps`, a real run's from :class:`LoopProgress`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch.utils.data import DataLoader
 
 from optuna_saturn.sharding import LoaderView, max_over_ranks
 
-if TYPE_CHECKING:
-    from optuna_saturn.trial import SaturnTrial
-
+#: A real run reports its progress at most this often (and at each loop's first and last step).
+PROGRESS_EVERY_SECONDS = 2.0
 #: A profiling run counts the objective's later loops (epochs) one step each; past this many it stops counting.
 _MAX_PROFILED_LOOPS = 10_000
 #: While a profiling run counts later loops, a prepared DataLoader yields at most this many batches per pass, so
@@ -66,54 +66,66 @@ class ProfilingLoader(LoaderView):
     """A prepared DataLoader in a profiling run: itself until the run starts counting later loops, then at most a
     few batches per pass."""
 
-    def __init__(self, loader: DataLoader, trial: SaturnTrial) -> None:
+    def __init__(self, loader: DataLoader, timings: Callable[[], StepTimings | None]) -> None:
         super().__init__(loader)
-        self._trial = trial
+        self._timings = timings  # the run's timings as they stand when a pass begins
 
     def __iter__(self) -> Iterator[Any]:
         batches = iter(self.loader)
-        timings = self._trial.profile_timings
+        timings = self._timings()
         if timings is None or not timings.fast_forward:
             return batches
         return (batch for _, batch in zip(range(_FAST_FORWARD_BATCHES), batches))
 
 
-def profiled_steps(trial: SaturnTrial, total: int) -> Iterator[int]:
-    """The first loop of a profiling run: warm-up steps, then timed ones (synchronised, so a step's time is its
-    device's). Timed steps that differ by more than :data:`RETIME_SPREAD` (slowest over fastest) were not settled
-    yet (ZeRO-3 records its prefetch trace, ``cudnn.benchmark`` tunes, DDP rebuilds its buckets): they are timed
-    once more, and the second set kept."""
-    timings = trial.profile_timings
+@dataclass(frozen=True)
+class ProfiledRanks:
+    """What the timed loop needs of the trial's ranks: how many steps to warm up and to time, a barrier that makes
+    a step's time its device's, and the control group over which the ranks agree to time again."""
+
+    warmup: int
+    timed: int
+    synchronize: Callable[[], None]
+    group: Any
+    world_size: int
+
+
+def profiled_steps(ranks: ProfiledRanks, timings: StepTimings | None, total: int) -> Generator[int, None, StepTimings]:
+    """A loop of a profiling run; returns the run's timings when it ends. The first loop runs warm-up steps, then
+    timed ones (synchronised, so a step's time is its device's). Timed steps that differ by more than
+    :data:`RETIME_SPREAD` (slowest over fastest) were not settled yet (ZeRO-3 records its prefetch trace,
+    ``cudnn.benchmark`` tunes, DDP rebuilds its buckets): they are timed once more, and the second set kept.
+    Later loops (``timings`` given) are counted."""
     if timings is not None:
         yield from _counted_loop(timings, total)
-        return
-    warmup, timed = int(trial._profile["warmup"]), int(trial._profile["timed"])
+        return timings
+    warmup, timed = ranks.warmup, ranks.timed
     budget = min(total, warmup + timed)
     first_step_at = time.time()
     durations: list[float] = []
-    trial._synchronize()
+    ranks.synchronize()
     step = 0
     while step < budget:
         began = time.perf_counter()
         yield step
-        trial._synchronize()
+        ranks.synchronize()
         if step >= warmup:
             durations.append(time.perf_counter() - began)
         step += 1
-        if step == budget == warmup + timed and total > budget and _spread_over_ranks(trial, durations) > RETIME_SPREAD:
+        if step == budget == warmup + timed and total > budget and _spread_over_ranks(ranks, durations) > RETIME_SPREAD:
             budget, durations = min(total, warmup + 2 * timed), []
     ended = time.time()
-    trial.profile_timings = StepTimings(first_step_at, durations, ended, [total], None, ended)
+    return StepTimings(first_step_at, durations, ended, [total], None, ended)
 
 
 #: Timed steps whose slowest is more than this times their fastest are timed again (once).
 RETIME_SPREAD = 1.2
 
 
-def _spread_over_ranks(trial: SaturnTrial, durations: list[float]) -> float:
+def _spread_over_ranks(ranks: ProfiledRanks, durations: list[float]) -> float:
     """The largest spread of any rank's timed steps: every rank re-times, or none does (one rank alone in its
     next step's gradient all-reduce while the others have left the loop is a collective mismatch)."""
-    return max_over_ranks(_spread(durations), group=trial._group, world_size=trial.world_size)
+    return max_over_ranks(_spread(durations), group=ranks.group, world_size=ranks.world_size)
 
 
 def _spread(durations: list[float]) -> float:
@@ -130,3 +142,43 @@ def _counted_loop(timings: StepTimings, total: int) -> Iterator[int]:
     if total > 0:
         yield 0
     timings.last_loop_ended_at = time.time()
+
+
+@dataclass
+class LoopProgress:
+    """A real run's progress over its loops (epochs, when the objective loops per epoch): each loop's steps are
+    counted and reported, synchronised, to the executor, which shows them and learns the trial's runtime."""
+
+    report: Callable[..., None]
+    synchronize: Callable[[], None]
+    loops: int = 0
+    steps_done: int = 0  # steps of the loops that ended
+    first_loop_started: float | None = None
+
+    def loop(self, start: int, budget: int) -> Iterator[int]:
+        loop, done = self.loops, self.steps_done
+        self.loops += 1
+        started = last_report = time.perf_counter()
+        if self.first_loop_started is None:
+            self.first_loop_started = started
+        taken = start
+        try:
+            for step in range(start, budget):
+                yield step
+                taken = step + 1
+                now = time.perf_counter()
+                if step == start or now - last_report >= PROGRESS_EVERY_SECONDS or step == budget - 1:
+                    self.synchronize()
+                    now = time.perf_counter()
+                    self.report(
+                        "progress",
+                        step=done + taken,
+                        total=done + budget,
+                        loop=loop,
+                        loop_total=budget,
+                        elapsed=now - self.first_loop_started,
+                        resumed=start,
+                    )
+                    last_report = now
+        finally:
+            self.steps_done = done + taken

@@ -22,8 +22,8 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from optuna_saturn.random_state import capture, restore
 from optuna_saturn.sharding import LoaderView
-from optuna_saturn.worker.random_state import capture, restore
 
 
 class PositionedLoader(LoaderView):

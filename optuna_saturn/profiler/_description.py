@@ -1,0 +1,27 @@
+"""What the description of a trial fills in, and how it ends: the stand-ins for a training framework (a
+``transformers.Trainer``, an ``Accelerator``, a Lightning ``Trainer``) fill in the same description as
+``trial.prepare`` + ``trial.steps``, then the objective is stopped from inside, once the probe has what it needs."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+from torch.utils.data import DataLoader
+
+
+class ProbeDone(BaseException):
+    """Raised out of the objective once the probe has seen what it needs (BaseException: not caught by the
+    objective's own ``except Exception``)."""
+
+
+class Description(Protocol):
+    """The stand-in trial as a framework's stand-in sees it: what it fills in, and ``prepare`` for the rest."""
+
+    device: torch.device
+    model: torch.nn.Module | None
+    optimizer: torch.optim.Optimizer | None
+    loader: DataLoader | None
+    total_steps: int | None
+
+    def prepare(self, *objects: Any, loaders_are_loops: bool = False) -> Any: ...
