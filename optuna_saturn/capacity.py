@@ -9,18 +9,16 @@ from collections.abc import Sequence
 from optuna_saturn.devices import Device
 from optuna_saturn.pools.ray_cluster import RayNode
 from optuna_saturn.profiler._hardware import device_memory_bytes
-from optuna_saturn.sweep.settings import SweepSettings
 
 
-def device_capacity(settings: SweepSettings, node: RayNode | None) -> int | None:
-    """The memory the planner gives each device: the user's ``device_memory`` where it is less than what the
-    devices have (a Ray node's, as measured there; this machine's, measured by the pricer when None)."""
-    given = settings.device_memory
+def device_capacity(given: int | None, devices: Sequence[Device], node: RayNode | None) -> int | None:
+    """The memory the planner gives each device: the user's ``device_memory`` (``given``) where it is less than
+    what the devices have (a Ray node's, as measured there; this machine's, measured by the pricer when None)."""
     if node is not None:
         return node.device_memory if given is None else min(given, node.device_memory)
-    if given is None or settings.devices[0].kind != "cuda":
+    if given is None or devices[0].kind != "cuda":
         return given
-    return min(given, device_memory_bytes(settings.devices))
+    return min(given, device_memory_bytes(devices))
 
 
 def worker_memory_limit_bytes(limit: float | str | None, devices: Sequence[Device], *, ray: bool) -> float | None:

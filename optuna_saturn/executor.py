@@ -15,22 +15,19 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from optuna_saturn.capacity import device_capacity, parse_bytes, worker_memory_limit_bytes
-from optuna_saturn.clock import WallClock
+from optuna_saturn.capacity import parse_bytes, worker_memory_limit_bytes
 from optuna_saturn.devices import DeviceSpec, largest_trial, resolve_devices
 from optuna_saturn.events import SweepListener
 from optuna_saturn.leases import leased
 from optuna_saturn.pools.launched import exclusive_mode_conflict
-from optuna_saturn.pools.processes import ProcessPool
 from optuna_saturn.pools.ray_cluster import discover
-from optuna_saturn.pricing.pricer import Pricer
 from optuna_saturn.profiler import ProfileStore
 from optuna_saturn.progress import ProgressMode, make_progress
-from optuna_saturn.strategy import Strategy, nothing_to_choose, select_strategies
+from optuna_saturn.real_sweep import RealSweepOptions, real_sweep
+from optuna_saturn.strategy import Strategy, select_strategies
 from optuna_saturn.study.interrupts import stop_signal
 from optuna_saturn.study.storage_checks import refuse_lost_guarantees
 from optuna_saturn.sweep import Sweep, SweepSettings
-from optuna_saturn.sweep.requests import run_folder
 
 WORKER_ENV = "OPTUNA_SATURN_WORKER"
 _logger = optuna.logging.get_logger("optuna.saturn.executor")
@@ -195,10 +192,22 @@ class SaturnExecutor:
             solver=solver,
             time_limit=plan_time_limit,
             log_dir=Path(log_dir),
-            isolate_network=isolate_network,
             artifact_store=artifact_store,
-            grace_period=grace_period,
             listeners=tuple(_default_listeners(progress, dashboard)) + tuple(listeners),
+            profile_budget=profile_budget,
+            profile_steps=(int(profile_steps[0]), int(profile_steps[1])),
+            max_retries=max_retries,
+            checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir),
+            keep_checkpoints=bool(keep_checkpoints),
+            stall_timeout=stall_timeout,
+            elastic=bool(elastic),
+        )
+        self._options = RealSweepOptions(
+            cluster=cluster,
+            isolate_network=isolate_network,
+            grace_period=grace_period,
+            worker_memory_limit=worker_memory_limit_bytes(worker_memory_limit, self.devices, ray=cluster is not None),
+            collective_timeout=float(collective_timeout),
             profile_store=(
                 None
                 if not profile
@@ -206,17 +215,7 @@ class SaturnExecutor:
                 if isinstance(profile_store, ProfileStore)
                 else ProfileStore(profile_store)
             ),
-            profile_budget=profile_budget,
-            profile_steps=(int(profile_steps[0]), int(profile_steps[1])),
-            worker_memory_limit=worker_memory_limit_bytes(worker_memory_limit, self.devices, ray=cluster is not None),
             device_memory=None if device_memory is None else parse_bytes(device_memory, "device_memory"),
-            max_retries=max_retries,
-            checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir),
-            keep_checkpoints=bool(keep_checkpoints),
-            stall_timeout=stall_timeout,
-            collective_timeout=float(collective_timeout),
-            elastic=bool(elastic),
-            ray=cluster,
         )
 
     def optimize(
@@ -267,8 +266,9 @@ class SaturnExecutor:
         self._run(
             study.study_name,
             timeout,
-            _real_sweep(
+            real_sweep(
                 self._settings,
+                self._options,
                 study,
                 objective,
                 n_trials=n_trials,
@@ -294,7 +294,7 @@ class SaturnExecutor:
         plan of measured options. Returns a throw-away in-memory study whose trials carry the ``saturn:profiles``
         and ``saturn:options`` user attributes; the trials themselves are never run.
         """
-        if self._settings.profile_store is None:
+        if self._options.profile_store is None:
             raise ValueError("profile() needs profiling on: create the executor with profile=True.")
         n_trials = len(params) + (n_trials or 0)
         if n_trials < 1:
@@ -303,7 +303,9 @@ class SaturnExecutor:
         for fixed in params:
             study.enqueue_trial(dict(fixed))
         settings = dataclasses.replace(self._settings, profile_only=True)
-        sweep = _real_sweep(settings, study, objective, n_trials=n_trials, timeout=None, batch_size=max(n_trials, 1))
+        sweep = real_sweep(
+            settings, self._options, study, objective, n_trials=n_trials, timeout=None, batch_size=max(n_trials, 1)
+        )
         self._run("(profiling)", None, sweep)
         return study
 
@@ -319,7 +321,7 @@ class SaturnExecutor:
         level = saturn_logger.level
         if self._quiet_own_log:  # the progress display says the same, better
             saturn_logger.setLevel(logging.WARNING)
-        devices = [] if self._settings.ray is not None else self._settings.devices
+        devices = [] if self._options.cluster is not None else self._settings.devices
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             with (
@@ -332,45 +334,6 @@ class SaturnExecutor:
                 sweep.run()
         finally:
             saturn_logger.setLevel(level)
-
-
-def _real_sweep(settings: SweepSettings, study: optuna.Study, objective: Callable[..., Any], **options: Any) -> Sweep:
-    """The sweep of ``study`` on real processes (this machine's or a Ray cluster's) and wall time."""
-    devices = settings.devices
-    largest = max(len(n.devices) for n in settings.ray.nodes) if settings.ray else largest_trial(devices)
-    node = None if settings.ray is None else settings.ray.nodes[0]  # (the nodes of a cluster are alike)
-    store = settings.profile_store
-    if nothing_to_choose(settings.strategies, largest) and not settings.profile_only:
-        # one option: an asked trial needs no description; it starts as soon as a device is free (the queue's
-        # trials are still described ahead: their runtimes decide the order)
-        settings = dataclasses.replace(settings, describe_asked=False)
-    pricing = (
-        None
-        if store is None
-        else lambda lock: Pricer(
-            objective=objective,
-            strategies=settings.strategies,
-            pool=devices,
-            store=store,
-            lock=lock,
-            max_devices=largest,
-            hardware=None if node is None else node.hardware,
-            device_memory=device_capacity(settings, node),
-        )
-    )
-    run_dir = run_folder(settings.log_dir, study.study_name)
-    pool = ProcessPool(
-        devices,
-        objective,
-        strategies=settings.strategies,
-        log_dir=run_dir,
-        isolate_network=settings.isolate_network,
-        grace_period=settings.grace_period,
-        memory_limit=settings.worker_memory_limit,
-        collective_timeout=settings.collective_timeout,
-        ray=settings.ray,
-    )
-    return Sweep(settings, study, pool=pool, clock=WallClock(), pricing=pricing, run_dir=run_dir, **options)
 
 
 def _without_launchers(strategies: list[Strategy], asked: Sequence[str] | None) -> list[Strategy]:

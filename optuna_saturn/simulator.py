@@ -221,7 +221,7 @@ def run_simulation(
             study,
             pool=pool,
             clock=clock,
-            pricing=lambda lock: prices,
+            prices=prices,
             n_trials=len(jobs) if n_trials is None else n_trials,
             timeout=timeout,
             batch_size=batch_size or len(devices),

@@ -375,7 +375,7 @@ def test_the_planner_leaves_out_what_cannot_fit_a_device_of_the_given_memory(tmp
     assert within(dataclasses.replace(record, feasible=False), 1.0).feasible is False
     with pytest.raises(ValueError, match="2GiB"):
         SaturnExecutor(devices=1, strategies=["single"], device_memory="lots")
-    assert SaturnExecutor(devices=1, strategies=["single"], device_memory="1.5GiB")._settings.device_memory == int(
+    assert SaturnExecutor(devices=1, strategies=["single"], device_memory="1.5GiB")._options.device_memory == int(
         1.5 * 2**30
     )
 

@@ -2,10 +2,11 @@
 
 A pool runs jobs on devices: a trial, or a profiling run of one or several trials, as one process group over the
 job's devices. The sweep's loop submits jobs, waits for their ends and stops them; it never asks how a pool does
-it. Four pools implement it:
+it. Two pools implement it:
 
-- :class:`~optuna_saturn.pools.processes.ProcessPool`: real processes on this machine (warm workers, or a
-  launcher for strategies whose launcher must own the processes) or on a Ray cluster's nodes;
+- :class:`~optuna_saturn.pools.processes.ProcessPool`: real processes, through a warm backend
+  (:class:`~optuna_saturn.pools.warm_backend.WarmBackend`: this machine's workers, or a Ray cluster's), or a
+  launcher for strategies whose launcher must own the processes;
 - :class:`~optuna_saturn.pools.simulated.SimulatedPool`: jobs that end at virtual times, for the simulator and
   for tests of scheduling rules that need no process.
 
@@ -96,6 +97,9 @@ class Pool(Protocol):
 
     #: Whether its checkpoints are files (a simulated pool's are on no disk: only their place is checked).
     checkpoints_on_disk: bool
+    #: Whether a checkpoint saved on one of its devices can be loaded on any other (one machine: yes; a cluster's
+    #: nodes: only from a folder they all mount, which the sweep is told by its ``checkpoint_dir``).
+    shares_checkpoints: bool
 
     def has_checkpoint(self, path: str) -> bool:
         """Whether the checkpoint a job saved at ``path`` can be loaded by the pool's next jobs (it is on their

@@ -36,6 +36,7 @@ from typing import Any
 
 import optuna
 
+from optuna_saturn.channel import ChannelServer
 from optuna_saturn.devices import Device
 from optuna_saturn.pools.protocol import JobEnd, JobRanks
 from optuna_saturn.pools.ray_actor import DeviceActor, remove_sweep_folder
@@ -66,6 +67,9 @@ class _RayJob(JobRanks):
 
 class RayPool(NodeMembership):
     """Warm workers on ``cluster``'s devices; see the module's docstring. Used from the sweep's thread only."""
+
+    #: Each node has its own disk: a checkpoint is read elsewhere only from a folder every node mounts.
+    shares_checkpoints = False
 
     def __init__(
         self,
@@ -112,8 +116,17 @@ class RayPool(NodeMembership):
         self._nodes_checked = 0.0
 
     # -- life cycle ----------------------------------------------------------------------------------------------
-    def start(self, preload: dict | None = None) -> None:
-        """Reserve every node's devices and start their actors; each imports ``preload`` (an objective recipe)."""
+    @property
+    def channel_host(self) -> str:
+        """The driver's address, which every node reaches."""
+        return self.cluster.driver_ip
+
+    def node_of(self, device: Device) -> dict[str, Any]:
+        return self.cluster.node(device.node).to_json()  # (read now: a node that joined is in it)
+
+    def start(self, channel: ChannelServer, preload: dict | None = None) -> None:
+        """Reserve every node's devices and start their actors; each imports ``preload`` (an objective recipe).
+        (The actors reach ``channel`` at the address each job's spec names.)"""
         self._ray = import_ray()
         self._actor_class = self._ray.remote(DeviceActor)
         self._config["preload"] = None if preload is None else self._portable(preload)

@@ -126,6 +126,7 @@ class SimulatedPool:
 
     #: Its checkpoints are where it says it saved them, on no disk (the loop checks only their place).
     checkpoints_on_disk = False
+    shares_checkpoints = True  # (one simulated machine)
 
     def has_checkpoint(self, path: str) -> bool:
         return path in self._saved

@@ -69,10 +69,14 @@ class WorkerPool:
     """Warm workers for ``devices``; see the module's docstring. Thread-safe: the channel's threads report to it,
     the scheduler's thread submits and waits."""
 
+    #: The channel listens on this machine's loopback.
+    channel_host: str | None = None
+    #: Every device is on this machine: any reads a checkpoint another wrote.
+    shares_checkpoints = True
+
     def __init__(
         self,
         devices: Sequence[Device],
-        server: ChannelServer,
         *,
         isolate_network: bool = False,
         memory_limit: float | None = None,
@@ -85,8 +89,7 @@ class WorkerPool:
         collective_timeout: float = COLLECTIVE_TIMEOUT_SECONDS,
     ) -> None:
         self.devices = list(devices)
-        self._server = server
-        self._folder = Path(server.folder)
+        self._server: ChannelServer | None = None  # (given at the start)
         self._isolate = isolate_network
         self._memory_limit = memory_limit
         self._log_dir = log_dir
@@ -108,9 +111,10 @@ class WorkerPool:
         self._checked_at = 0.0  # when the running jobs' workers were last looked at (monotonic)
 
     # -- life cycle ----------------------------------------------------------------------------------------------
-    def start(self, preload: dict | None = None) -> None:
+    def start(self, channel: ChannelServer, preload: dict | None = None) -> None:
         """Start the host and its workers; the host imports ``preload`` (an objective recipe) before forking them."""
-        self._token = self._server.register(self._handle)
+        self._server = channel
+        self._token = channel.register(self._handle)
         self._log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         config = {
             "devices": [d.to_json() for d in self.devices],
@@ -129,7 +133,7 @@ class WorkerPool:
         if self.devices[0].kind == "cuda":  # worker i sees the i-th only (optuna_saturn.worker.gpu)
             config["gpus"] = physical_gpus(self.devices)
             config["gpu_threads"] = max(1, len(available_cores()) // len(self.devices))
-        config_path = self._folder / "pool.json"
+        config_path = Path(channel.folder) / "pool.json"
         config_path.write_text(json.dumps(config), encoding="utf-8")
         os.chmod(config_path, 0o600)
         env = {
@@ -181,7 +185,7 @@ class WorkerPool:
             pids = [w.pid for w in self._workers if w.pid]
         for pid in pids:  # a worker the host did not reach (it died first)
             self._kill(pid)
-        if self._token:
+        if self._token and self._server is not None:
             self._server.unregister(self._token)
 
     # -- jobs -----------------------------------------------------------------------------------------------------
@@ -197,6 +201,9 @@ class WorkerPool:
     def lost(self) -> set[int]:
         """Devices that can no longer run jobs: none on one machine (a dead worker is replaced)."""
         return set()
+
+    def node_of(self, device: Device) -> dict[str, Any]:
+        return {}
 
     def starting(self) -> set[int]:
         """Devices whose worker is not up yet (the pool is starting, or a worker is being replaced)."""
@@ -219,7 +226,7 @@ class WorkerPool:
         """Run ``job`` (a spec for :func:`optuna_saturn.worker.rank.run_job`) on ``devices``, whose workers must be
         ready. Its end comes out of :meth:`wait`."""
         log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        rendezvous = self._folder / f"rendezvous-{next(self._rendezvous_ids)}"
+        rendezvous = Path(self._server.folder) / f"rendezvous-{next(self._rendezvous_ids)}"
         with self._lock:
             workers = [self._workers[d] for d in devices]
             if any(not w.connected or w.job is not None for w in workers):

@@ -163,7 +163,8 @@ class KnownPrices:
     def mark_failed(self, number: int, option: Option, error: str) -> None:
         self._left_out.add((self._job_of[number], option.choice))
 
-    mark_out_of_memory = mark_failed
+    def mark_out_of_memory(self, number: int, option: Option, error: str) -> None:
+        self.mark_failed(number, option, error)
 
     def workload(self, number: int) -> Workload | None:
         return self._workload(self._job_of[number]) if number in self._job_of else None

@@ -38,9 +38,10 @@ class StudyGateway:
         artifact_store: Any = None,
         outbox: Outbox | None = None,
         owner: dict[str, Any] | None = None,
+        lock: threading.Lock | None = None,
     ) -> None:
         self.study = study
-        self.lock = threading.Lock()
+        self.lock = lock or threading.Lock()  # (shared with whatever else calls the study: the pricer describes)
         self._outbox = outbox
         self._artifact_store = artifact_store
         self._owner = owner

@@ -4,6 +4,7 @@ the study. It decides nothing: each method does what a decision says, and record
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +18,7 @@ from optuna_saturn.clock import Clock
 from optuna_saturn.events import Broadcast, ProfileEvent, TrialMove, TrialProgress, TrialStart
 from optuna_saturn.pools.protocol import JobEnd, Pool
 from optuna_saturn.pricing.prices import TrialPrice
+from optuna_saturn.pricing.source import PriceSource
 from optuna_saturn.study.folders import study_folder
 from optuna_saturn.study.gateway import ATTR, StudyGateway, ended_by_another
 from optuna_saturn.study.outbox import Outbox
@@ -55,7 +57,7 @@ class Actions:
         self._requests, self.resumes, self.events, self.owner = requests, resumes, events, owner
         self._keep_checkpoints = keep_checkpoints
         self._callbacks, self._gc_after_trial = list(callbacks), gc_after_trial
-        self._pricer: Any = None
+        self._pricer: PriceSource | None = None
         self._view: OptionsView | None = None
         self._profiling: Profiling | None = None
 
@@ -71,6 +73,7 @@ class Actions:
         run_dir: Path | None,
         callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]],
         gc_after_trial: bool,
+        study_lock: threading.Lock | None = None,
     ) -> Actions:
         """The sweep's mechanisms: its study gateway (with an outbox where the storage is shared), the study's
         queue, the job requests and where trials resume from."""
@@ -82,6 +85,7 @@ class Actions:
             artifact_store=settings.artifact_store,
             outbox=outbox,
             owner=owner.to_json() if settings.owned else None,
+            lock=study_lock,
         )
         strategies = {s.name: s for s in settings.strategies}
         root = (settings.checkpoint_dir or settings.log_dir / "checkpoints") / folder
@@ -91,8 +95,8 @@ class Actions:
             run_dir=run_dir, checkpoint_root=root, strategies=strategies, profile_steps=steps, lock=lock, clock=clock
         )
         requests.study = study  # (what a queued trial's snapshot names as its study)
-        # whether every device reads a checkpoint another wrote: on one machine, or in a folder the user named
-        shared = settings.ray is None or settings.checkpoint_dir is not None
+        # whether every device reads a checkpoint another wrote: the pool's do, or they are in a folder the user named
+        shared = pool.shares_checkpoints or settings.checkpoint_dir is not None
         resumes = Resumes(state, strategies, root=root, exists=pool.has_checkpoint, shared=shared)
         resumes.on_disk = pool.checkpoints_on_disk  # (a simulated pool's checkpoints are on no disk)
         return cls(
@@ -109,7 +113,7 @@ class Actions:
             gc_after_trial=gc_after_trial,
         )
 
-    def use(self, *, pricer: Any, view: OptionsView, profiling: Profiling) -> None:
+    def use(self, *, pricer: PriceSource | None, view: OptionsView, profiling: Profiling) -> None:
         """What prices trials, the planner's view of them, and the profiling policy (follow-up jobs go there)."""
         self._pricer, self._view, self._profiling = pricer, view, profiling
 

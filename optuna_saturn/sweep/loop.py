@@ -13,13 +13,13 @@ import contextlib
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial
 
 from optuna_saturn.clock import Clock
 from optuna_saturn.pools.protocol import JobEnd, Pool
+from optuna_saturn.pricing.source import PriceSource
 from optuna_saturn.study.liveness import Heartbeat, HeartbeatWatch
 from optuna_saturn.study.outbox import STORAGE_ERRORS
 from optuna_saturn.study.ownership import RECOVER_SECONDS, recovery_round
@@ -48,7 +48,8 @@ class Sweep:
         *,
         pool: Pool,
         clock: Clock,
-        pricing: Callable[[threading.Lock], Any] | None,
+        prices: PriceSource | None,
+        study_lock: threading.Lock | None = None,
         n_trials: int | None,
         timeout: float | None,
         batch_size: int,
@@ -68,10 +69,10 @@ class Sweep:
             run_dir=run_dir,
             callbacks=callbacks,
             gc_after_trial=gc_after_trial,
+            study_lock=study_lock,
         )
         self._gateway, self._queue = self._do.gateway, self._do.queue
-        # what prices trials (describes them under the study's lock); None: runtime estimates alone
-        pricer = pricing(self._gateway.lock) if pricing is not None else None
+        pricer = prices  # (None: runtime estimates alone)
         self._view = OptionsView.for_sweep(settings, study, state.largest_node)
         self._asking = Asking.for_sweep(settings, timeout=timeout, lookahead=batch_size, describes=pricer is not None)
         self._planning = Planning(settings)

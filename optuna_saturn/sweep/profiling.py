@@ -17,6 +17,7 @@ from dataclasses import replace
 import optuna
 
 from optuna_saturn.pricing.prices import ProfileJob, TrialPrice
+from optuna_saturn.pricing.source import PriceSource
 from optuna_saturn.pricing.value_of_information import profile_gain, worth_measuring
 from optuna_saturn.sweep.decisions import Measure
 from optuna_saturn.sweep.options import OptionsView
@@ -28,7 +29,7 @@ _logger = optuna.logging.get_logger("optuna.saturn")
 class Profiling:
     """Keeps the profiling jobs to run, and what was measured or is being measured."""
 
-    def __init__(self, pricer: object | None, *, budget: float | None, profile_only: bool) -> None:
+    def __init__(self, pricer: PriceSource | None, *, budget: float | None, profile_only: bool) -> None:
         self._pricer = pricer  # groups the options to measure into jobs (None: nothing is ever measured)
         self._budget = budget
         self._profile_only = profile_only

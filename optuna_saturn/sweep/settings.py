@@ -10,8 +10,6 @@ from typing import Any
 from optuna_saturn.devices import Device
 from optuna_saturn.events import SweepListener
 from optuna_saturn.planner import Plan
-from optuna_saturn.pools.ray_cluster import RayCluster
-from optuna_saturn.profiler import ProfileStore
 from optuna_saturn.strategy import Strategy
 
 
@@ -22,11 +20,8 @@ class SweepSettings:
     solver: str
     time_limit: float
     log_dir: Path
-    isolate_network: bool = False
     artifact_store: Any = None
-    grace_period: float = 10.0
     listeners: Sequence[SweepListener] = ()
-    profile_store: ProfileStore | None = None  # None: plan from runtime estimates only
     profile_steps: tuple[int, int] = (2, 5)  # warm-up steps, timed steps
     profile_budget: float | None = None  # device-seconds of profiling jobs per sweep (None: as they pay)
     profile_only: bool = False  # measure every option, run no trial
@@ -38,10 +33,6 @@ class SweepSettings:
     plan_for_pruning: bool = False  # price trials at what they are expected to run under the study's pruner
     plan_to_next_rung: bool = False  # that too, and a trial likely pruned at its next rung gets its efficient options
     elastic: bool = True  # move a running trial that checkpoints to another option when the sweep ends sooner
-    worker_memory_limit: float | None = None  # bytes: a warm worker that grows past it is replaced
-    device_memory: int | None = None  # bytes one device may use (None: a GPU's memory, a CPU device's RAM share)
-    collective_timeout: float = 1800.0  # seconds one collective may wait for a peer before the job fails
-    ray: RayCluster | None = None  # the Ray runner's cluster (None: the local runner, on this machine's devices)
     # -- how the planner is used (the simulator varies them; a real sweep keeps the defaults) ---------------------
     replan: bool = True  # False: a trial keeps the place its first plan gave it ("static")
     min_improvement: float = 0.02  # a fresh plan replaces the one being executed when this much shorter
