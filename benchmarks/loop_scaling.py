@@ -23,9 +23,8 @@ from workloads import markdown_table, random_workload
 from optuna_saturn.planner import Cluster, lower_bound
 from optuna_saturn.pools.simulated import SimulatedPool
 from optuna_saturn.simulator import simulate
-from optuna_saturn.sweep import dispatch
-from optuna_saturn.sweep.actions import Actions
-from optuna_saturn.sweep.admission import Admission
+from optuna_saturn.sweep import dispatch, reporting
+from optuna_saturn.sweep.effects import intake, prices, starts
 from optuna_saturn.sweep.asking import Asking
 from optuna_saturn.sweep.elastic import Elastic
 from optuna_saturn.sweep.faults import Faults
@@ -38,18 +37,19 @@ from optuna_saturn.sweep.profiling import Profiling
 PARTS = [
     (SimulatedPool, "wait", "pool (simulated)"),
     (Sweep, "_ended", "job ends: telling, learning"),
-    (Actions, "reprice", "re-pricing"),
+    (prices, "reprice", "re-pricing"),
     (Planning, "plan", "planning"),
     (Planning, "due", "planning"),
     (dispatch, "starts", "dispatch"),
-    (Actions, "start", "starting trials"),
-    (Admission, "ask", "asking and describing"),
+    (starts, "start", "starting trials"),
+    (Sweep, "_ask", "asking and describing"),
+    (intake, "ask", "asking and describing"),
     (Asking, "next", "asking and describing"),
     (OptionsView, "jobs_and_busy", "options view"),
     (Profiling, "measurements", "profiling policy"),
     (Elastic, "move", "elastic policy"),
     (Faults, "stalled", "faults policy"),
-    (Actions, "relay_progress", "progress relay"),
+    (reporting, "relay_progress", "progress relay"),
 ]
 
 

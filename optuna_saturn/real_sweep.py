@@ -24,7 +24,7 @@ from optuna_saturn.pools.warm_backend import WarmBackend
 from optuna_saturn.pricing.pricer import Pricer
 from optuna_saturn.profiler import ProfileStore
 from optuna_saturn.strategy import nothing_to_choose
-from optuna_saturn.sweep import Sweep, SweepSettings
+from optuna_saturn.sweep import Sweep, SweepSettings, assemble
 from optuna_saturn.sweep.requests import run_folder
 
 
@@ -79,7 +79,7 @@ def real_sweep(
             else None
         ),
     )
-    return Sweep(
+    return assemble(
         settings,
         study,
         pool=pool,

@@ -31,7 +31,7 @@ from optuna_saturn.planner import Assignment, Cluster, Job, Option, Plan
 from optuna_saturn.pools.simulated import Behaviour, Fault, SimulatedPool
 from optuna_saturn.pricing.known import JOB_PARAMETER, KnownPrices, SimulatedJob
 from optuna_saturn.strategy import Strategy, load_strategies
-from optuna_saturn.sweep import Sweep, SweepSettings
+from optuna_saturn.sweep import SweepSettings, assemble
 
 MODES = ("static", "replan", "clairvoyant")
 
@@ -216,7 +216,7 @@ def run_simulation(
             tick=tick,
             progress_rates=observe_step_rate,
         )
-        Sweep(
+        assemble(
             settings,
             study,
             pool=pool,

@@ -71,6 +71,15 @@ class Survival:
                 if steps and steps[1]:
                     self.saw(steps[0] / steps[1], complete=False)
 
+    def saw_run(self, steps: int, total_steps: int, *, complete: bool) -> bool:
+        """A trial ended, having run ``steps`` of its ``total_steps`` (all, if ``complete``); whether what trials are
+        expected to run moved by a tenth or more (worth saying)."""
+        if self.blind or (not complete and not total_steps):
+            return False
+        before = self.expected_share()
+        self.saw(1.0 if complete else steps / total_steps, complete=complete)
+        return abs(self.expected_share() - before) >= 0.1
+
     def saw(self, share: float, *, complete: bool) -> None:
         """A trial ended, having run ``share`` of its steps."""
         if not complete:

@@ -28,9 +28,10 @@ from __future__ import annotations
 from enum import Enum
 
 from optuna_saturn.study.queue import MOST_QUEUED_TRIALS, QUEUED_TRIALS_PER_DEVICE
+from optuna_saturn.sweep.decisions import Admit, Fail
 from optuna_saturn.sweep.options import OptionsView
 from optuna_saturn.sweep.settings import SweepSettings
-from optuna_saturn.sweep.state import SweepState
+from optuna_saturn.sweep.state import SweepState, Waiting
 
 #: Ask the next trial when a device will have nothing to do within twice the time asking and describing a trial
 #: took lately, plus this margin: it is then planned before the device frees, and asked as late as that allows.
@@ -112,6 +113,13 @@ class Asking:
     def _slots(state: SweepState) -> int:
         """As many trials in flight as plain Optuna's ``n_jobs`` threads would hold: one per device."""
         return len(state.devices) - len(state.lost)
+
+    @staticmethod
+    def admission(waiting: Waiting) -> Admit | Fail:
+        """A trial asked and priced waits to be planned, or fails if no option fits it."""
+        if waiting.price.options:
+            return Admit(waiting)
+        return Fail(waiting, "no strategy fits this trial on these devices (every option ran out of memory or failed)")
 
     def asked(self, seconds: float) -> None:
         """Asking and describing a trial took ``seconds``."""

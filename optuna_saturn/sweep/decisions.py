@@ -74,6 +74,17 @@ class LeaveOut:
 
 
 @dataclass(frozen=True)
+class Learn:
+    """Teach the prices what trial ``number``'s run measured under ``option``: its steps are that option's profile
+    (outcomes; ``early``: the first steps of a run still going)."""
+
+    number: int
+    option: Option
+    lesson: dict[str, Any]
+    early: bool = False
+
+
+@dataclass(frozen=True)
 class Tell:
     """End ``run``'s trial in the study (outcomes); ``run_again`` if a rank died or hung, not the trial's code."""
 
@@ -83,4 +94,43 @@ class Tell:
     attrs: dict[str, Any]
     reason: str = ""
     run_again: bool = False
-    learn: dict[str, Any] | None = field(default=None)  # what the run teaches the pricing (learn_from_run's)
+    learn: Learn | None = field(default=None)  # what the run teaches the prices
+
+
+@dataclass(frozen=True)
+class Admit:
+    """``waiting``, asked and priced, waits to be planned (asking)."""
+
+    waiting: Waiting
+
+
+@dataclass(frozen=True)
+class Describe:
+    """Describe ``run``'s trial now, although it ran undescribed: it ran out of memory, and more micro-batches may
+    fit (faults)."""
+
+    run: TrialRun
+
+
+@dataclass(frozen=True)
+class Readmit:
+    """``waiting`` waits again, to be planned anew (faults: its option was left out; elastic: it moved)."""
+
+    waiting: Waiting
+    reason: str
+
+
+@dataclass(frozen=True)
+class Moved:
+    """``run``'s trial stopped at its checkpoint to move: it waits again, to go on from there under another option
+    than the one it left; ``moves`` is its record of moves, this one last (elastic)."""
+
+    run: TrialRun
+    moves: list[dict]
+
+
+@dataclass(frozen=True)
+class Unplan:
+    """These waiting trials lose their places: their devices were lost (planning)."""
+
+    numbers: tuple[int, ...]

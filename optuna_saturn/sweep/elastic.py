@@ -27,10 +27,10 @@ from collections.abc import Sequence
 from optuna_saturn import checkpoint
 from optuna_saturn.planner import Job, Option, Plan, best_resize, remaining_job
 from optuna_saturn.study.trial_session import TrialSession
-from optuna_saturn.sweep.decisions import RequestMove
+from optuna_saturn.sweep.decisions import Moved, RequestMove
 from optuna_saturn.sweep.options import OptionsView
 from optuna_saturn.sweep.planning import REPLAN_SECONDS, URGENT_SOLVER
-from optuna_saturn.sweep.state import SweepState
+from optuna_saturn.sweep.state import SweepState, TrialRun
 
 
 class Elastic:
@@ -45,6 +45,22 @@ class Elastic:
 
     def job_ended(self) -> None:
         self._due = True
+
+    @staticmethod
+    def moved(run: TrialRun, now: float, started_at: float) -> Moved:
+        """``run`` stopped at its checkpoint to move: it waits again, with this move added to its record (where it
+        ran, when it stopped, at which step, and its run's set-up, which its next move will pay again)."""
+        session, first_step = run.session, run.session.first_step_at
+        setup = None if first_step is None else round(first_step - started_at - run.started, 3)
+        move = {
+            "from": run.waiting.assignment.option.label,
+            "device_ids": list(run.devices),
+            "started": round(run.started, 3),
+            "at": round(now, 3),
+            "at_step": int(session.checkpoint["step"]),
+            "setup": setup,
+        }
+        return Moved(run, [*run.waiting.moves, move])
 
     def move(self, state: SweepState, view: OptionsView, now: float) -> RequestMove | None:
         if not self._enabled:

@@ -18,14 +18,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from dataclasses import replace
 
 import optuna
 
 from optuna_saturn.pools.protocol import JobEnd
+from optuna_saturn.pricing.prices import TrialPrice
 from optuna_saturn.study.ownership import may_run_again
-from optuna_saturn.sweep.decisions import Fail, LeaveOut, Stop
+from optuna_saturn.sweep.decisions import Describe, Fail, LeaveOut, Readmit, Stop
 from optuna_saturn.sweep.settings import SweepSettings
 from optuna_saturn.sweep.state import SweepState, TrialRun
 from optuna_saturn.worker.failures import CRASH, MISMATCH, OUT_OF_MEMORY
@@ -113,6 +113,24 @@ class Faults:
         error = end.error or (run.session.outcome or {}).get("error", "failed")
         return LeaveOut(run, error, kind == OUT_OF_MEMORY)
 
+    def describe_late(self, run: TrialRun, end: JobEnd) -> Describe | None:
+        """A trial that ran undescribed (nothing to choose) ran out of memory: describe it, for more micro-batches."""
+        if failure_kind(run, end) != OUT_OF_MEMORY or run.waiting.price.workload is not None:
+            return None
+        return Describe(run) if self._may_leave_out else None
+
+    @staticmethod
+    def after_leaving_out(left: LeaveOut, price: TrialPrice) -> Readmit | None:
+        """The trial waits for another option, if one is left (else it fails)."""
+        if not price.options:
+            return None
+        waiting = left.run.waiting
+        return Readmit(
+            replace(waiting, price=price, assignment=None, attempts=waiting.attempts + 1),
+            f"failed under {waiting.assignment.option.label}, the first run of that option for its workload "
+            f"({left.error}); the option is left out",
+        )
+
     def run_again(self, run: TrialRun, end: JobEnd) -> bool:
         """Whether the trial runs again: a rank died or hung, or the storage stayed down while the run asked the
         trial something, not the trial's code (nor its option: a trial that ran out of memory is never run again
@@ -151,35 +169,3 @@ def failure_kind(run: TrialRun, end: JobEnd) -> str | None:
     if outcome.get("op") == "fail":
         return OUT_OF_MEMORY if outcome.get("out_of_memory") else MISMATCH if outcome.get("mismatch") else CRASH
     return None
-
-
-def profile_results(
-    results: dict[int, list[dict]], end: JobEnd, log: Path, expected: int
-) -> tuple[dict[int, list[dict]], dict[str, Any] | None]:
-    """What a profiling job measured, by trial, as the rank that failed first tells it: rank 0 reports each
-    strategy, but when a peer ran out of memory first, rank 0 saw only that peer go away (a crash), or never
-    reported at all (it was stopped while it waited for the peer in a collective). Returns the results, with
-    such a crash report replaced by the out-of-memory, and the outcome of the strategy the job ended in without
-    rank 0's word, if any (its trial and strategy, where the failure names them; else the first unreported)."""
-    failure = end.failure
-    said: dict[str, Any] | None = None
-    if failure is not None and failure.kind == OUT_OF_MEMORY:
-        said = {"infeasible": True, "oom_in_steps": failure.in_steps, "error": str(failure)[:500]}
-    if said is not None and failure is not None and failure.strategy:
-        by_trial = results.get(failure.trial) if failure.trial is not None else None
-        for outcomes in [by_trial] if by_trial is not None else results.values():
-            for i, outcome in enumerate(outcomes):
-                if outcome.get("strategy") == failure.strategy and outcome.get("failed"):
-                    outcomes[i] = {**said, "strategy": failure.strategy}
-                    return results, None
-    reported = sum(len(v) for v in results.values())
-    ended_early = any(r.get("infeasible") or r.get("stop_launch") for rs in results.values() for r in rs)
-    if end.clean or ended_early or reported >= expected:
-        return results, None
-    outcome = said or {"failed": True, "error": end.error or f"the profiling job ended ({end.reason}) (log: {log})"}
-    named = failure is not None and failure.strategy
-    return results, {
-        **outcome,
-        "strategy": failure.strategy if named else None,
-        "trial": failure.trial if named else None,
-    }

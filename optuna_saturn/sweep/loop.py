@@ -2,93 +2,44 @@
 
 It waits on the pool, routes each event to the policies (:mod:`~optuna_saturn.sweep.asking`, ``planning``,
 ``dispatch``, ``profiling``, ``faults``, ``elastic``, ``outcomes``; ``options`` is their view of the trials), and
-has their decisions carried out (:mod:`~optuna_saturn.sweep.actions`). Only the loop and its actions talk to the
+has their decisions carried out (:mod:`~optuna_saturn.sweep.effects`). Only the loop and its effects talk to the
 pool and to the study, and time comes from the clock it is given: wall time in a real sweep, virtual time in a
-simulated one, where the same loop runs on a simulated pool.
+simulated one, where the same loop runs on a simulated pool. Its parts are built by
+:func:`~optuna_saturn.sweep.assemble.assemble`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
 import optuna
-from optuna.trial import FrozenTrial
 
-from optuna_saturn.clock import Clock
-from optuna_saturn.pools.protocol import JobEnd, Pool
-from optuna_saturn.pricing.source import PriceSource
+from optuna_saturn.pools.protocol import JobEnd
 from optuna_saturn.study.liveness import Heartbeat, HeartbeatWatch
 from optuna_saturn.study.outbox import STORAGE_ERRORS
 from optuna_saturn.study.ownership import RECOVER_SECONDS, recovery_round
 from optuna_saturn.sweep import dispatch, reporting
-from optuna_saturn.sweep.actions import Actions
-from optuna_saturn.sweep.admission import Admission
-from optuna_saturn.sweep.asking import Asking
-from optuna_saturn.sweep.elastic import Elastic
-from optuna_saturn.sweep.faults import Faults, failure_kind
-from optuna_saturn.sweep.options import OptionsView
-from optuna_saturn.sweep.outcomes import Outcomes
-from optuna_saturn.sweep.planning import Planning
-from optuna_saturn.sweep.profiling import Profiling
-from optuna_saturn.sweep.settings import SweepSettings
-from optuna_saturn.sweep.state import ProfileRun, SweepState, TrialRun
-from optuna_saturn.worker.failures import OUT_OF_MEMORY
+from optuna_saturn.sweep.asking import Next
+from optuna_saturn.sweep.decisions import Admit
+from optuna_saturn.sweep.effects import ends, intake, moves, prices
+from optuna_saturn.sweep.parts import Parts
+from optuna_saturn.sweep.state import ProfileRun, TrialRun
 
 _logger = optuna.logging.get_logger("optuna.saturn")
 
 
 class Sweep:
-    def __init__(
-        self,
-        settings: SweepSettings,
-        study: optuna.Study,
-        *,
-        pool: Pool,
-        clock: Clock,
-        prices: PriceSource | None,
-        study_lock: threading.Lock | None = None,
-        n_trials: int | None,
-        timeout: float | None,
-        batch_size: int,
-        callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = (),
-        gc_after_trial: bool = False,
-        run_dir: Path | None = None,
-    ) -> None:
-        self.settings, self.study, self._pool, self._clock = settings, study, pool, clock
-        self._state = state = SweepState(clock.now(), list(settings.devices), n_trials=n_trials)
-        self._called_back = bool(callbacks)
-        self._do = Actions.for_sweep(
-            settings,
-            study,
-            state,
-            pool=pool,
-            clock=clock,
-            run_dir=run_dir,
-            callbacks=callbacks,
-            gc_after_trial=gc_after_trial,
-            study_lock=study_lock,
-        )
-        self._gateway, self._queue = self._do.gateway, self._do.queue
-        pricer = prices  # (None: runtime estimates alone)
-        self._view = OptionsView.for_sweep(settings, study, state.largest_node)
-        self._asking = Asking.for_sweep(settings, timeout=timeout, lookahead=batch_size, describes=pricer is not None)
-        self._planning = Planning(settings)
-        self._profiling = Profiling(pricer, budget=settings.profile_budget, profile_only=settings.profile_only)
-        self._faults = Faults.for_sweep(settings, may_leave_out=pricer is not None, taken_over=self._gateway.taken_over)
-        self._elastic = Elastic(
-            enabled=settings.elastic and not settings.profile_only,
-            max_moves=settings.max_moves,
-            engines={s.name: s.engine for s in settings.strategies},
-        )
-        self._outcomes = Outcomes(node_of=pool.node_of)
-        self._do.use(pricer=pricer, view=self._view, profiling=self._profiling)
+    def __init__(self, parts: Parts) -> None:
+        self.settings, self._pool, self._clock = parts.settings, parts.pool, parts.clock
+        self._state, self._effects, self._view = parts.state, parts.effects, parts.view
+        self._asking, self._planning, self._profiling = parts.asking, parts.planning, parts.profiling
+        self._faults, self._elastic, self._outcomes = parts.faults, parts.elastic, parts.outcomes
+        self._world = parts.effects.world
+        self._do, self._gateway, self._called_back = self._effects.carry_out, self._world.gateway, parts.called_back
         self._planning_seconds = 0.0
         self._next_recovery = float("-inf")
         self._watch = HeartbeatWatch()  # (on the machine's clock: other sweeps' heartbeats change in real time)
-        self._admission = Admission(state, self._asking, self._view, self._do, now=self._now, plan=self._plan)
 
     def _now(self) -> float:
         """Seconds since the sweep started, on its clock."""
@@ -96,9 +47,10 @@ class Sweep:
 
     # -- the loop ---------------------------------------------------------------------------------------------------
     def run(self) -> None:
+        events = self._world.events
         self._recover()
-        self._do.events.send("on_sweep_start", [str(d) for d in self.settings.devices], self._state.started_at)
-        with Heartbeat(self._gateway, self._do.owner.sweep) if self.settings.owned else contextlib.nullcontext():
+        events.send("on_sweep_start", [str(d) for d in self.settings.devices], self._state.started_at)
+        with Heartbeat(self._gateway, self._world.owner.sweep) if self.settings.owned else contextlib.nullcontext():
             try:
                 self._pool.start()
                 while self._step():
@@ -106,7 +58,7 @@ class Sweep:
             except BaseException as exc:
                 reason = "interrupted (KeyboardInterrupt)" if isinstance(exc, KeyboardInterrupt) else repr(exc)
                 self._abort(reason)
-                self._do.events.send("on_sweep_end", self._now(), True)
+                events.send("on_sweep_end", self._now(), True)
                 raise
             finally:
                 self._pool.close()
@@ -114,52 +66,80 @@ class Sweep:
             self._state, self._now(), self._asking, self._planning_seconds, self._planning, self._profiling
         )
         self._gateway.set_study_attr("last_sweep", summary)
-        _logger.info(f"Sweep finished in {self._now():.1f} s; logs in {self._do.run_dir}.")
-        self._do.events.send("on_sweep_end", self._now(), False)
+        _logger.info(f"Sweep finished in {self._now():.1f} s; logs in {self._world.requests.run_dir}.")
+        events.send("on_sweep_end", self._now(), False)
 
     def _step(self) -> bool:
         """One round: what ended, what the pool's nodes did, then every policy's decisions. False at the end."""
-        state, do = self._state, self._do
-        idle = not (state.waiting or state.running) and self._admission.may_ask()  # (the first trial)
-        wait = 0.0 if idle else 0.05 if state.waiting and not state.running else 0.25
-        ends = self._pool.wait(wait)
+        state = self._state
+        idle = not (state.waiting or state.running) and self._may_ask()  # (the first trial)
+        ends = self._pool.wait(0.0 if idle else 0.05 if state.waiting and not state.running else 0.25)
         ended_at = self._now()
         ended = state.ended(ends, ended_at)
         try:  # (with callbacks, each end is told first: a callback may stop the study, as in study.optimize)
             if not self._called_back and dispatch.before_telling(ended):
-                for start in dispatch.starts(state, self._pool.ready(), self._view, self._now()):
-                    do.start(start, self._now())
+                self._dispatch()
         finally:  # (what ended is told whatever a start did: its result is never lost to it)
             self._ended(ended, ended_at)
-        ready = self._pool.ready()
-        if state.note_ready(ready, self._now()):  # (every worker is up, for the first time)
-            do.events.send("on_workers_ready", self._now())
+        if state.note_ready(self._pool.ready(), self._now()):  # (every worker is up, for the first time)
+            self._world.events.send("on_workers_ready", self._now())
         self._nodes()
-        for start in dispatch.starts(state, ready, self._view, self._now()):
-            do.start(start, self._now())
-        self._admission.ask()
+        self._dispatch()
+        self._ask()
         if self._planning.due(state, self._pool.ready()):
             self._plan()
-            for start in dispatch.starts(state, self._pool.ready(), self._view, self._now()):
-                do.start(start, self._now())
+            self._dispatch()
         self._asking.note_the_first_round(state)
-        do.request_move(self._elastic.move(state, self._view, self._now()))
-        for measure in self._profiling.measurements(
-            state, self._pool.ready(), self._view, self._planning.version, self._now()
-        ):
-            do.measure(measure, self._now())
+        move = self._elastic.move(state, self._view, self._now())
+        for decision in [move] if move else []:
+            self._do(decision)
+        ready, version = self._pool.ready(), self._planning.version
+        for measure in self._profiling.measurements(state, ready, self._view, version, self._now()):
+            self._do(measure)
         for run in state.trial_runs():
-            do.relay_progress(run)
-        do.learn_early(self._outcomes.early_lessons(state))
+            reporting.relay_progress(self._world.events, run)
+        taught = [learn.number for learn in self._outcomes.early_lessons(state) if self._do(learn)]
+        for number in taught:
+            prices.reprice(self._world, number)
         for stop in self._faults.stalled(state, self._now()):
-            do.stop(stop)
+            self._do(stop)
         self._recover()
         if self._asking.stopped(state, self._now(), self._gateway.stop_requested):
             for number in self._asking.not_to_start(state, self._pool.ready(), self._now()):
                 state.forget(number)
                 _logger.info(f"Trial {number} was not started before the sweep stopped asking: it stays queued.")
         more = self._profiling.pending if self.settings.profile_only else bool(state.waiting)
-        return bool(more or state.running or self._admission.may_ask())
+        return bool(more or state.running or self._may_ask())
+
+    def _dispatch(self) -> None:
+        for start in dispatch.starts(self._state, self._pool.ready(), self._view, self._now()):
+            self._do(start)
+
+    def _may_ask(self) -> bool:
+        return self._asking.may_ask(self._state, self._now(), self._gateway.stop_requested)
+
+    def _ask(self) -> None:
+        """Take trials in while the asking policy says so: the queue's fixed trials described ahead, while they
+        stay in the queue; else the queue's next trial, or a new one asked of the sampler."""
+        while self._may_ask():
+            taken = intake.describe_queued(self._world) if self._asking.room_to_describe(self._state) else None
+            if taken is None:
+                step = self._asking.next(self._state, self._now(), self._view)
+                if step is None:
+                    return
+                if step is Next.PLAN_FIRST:  # (what waits changed: plan it, then look again)
+                    self._plan()
+                    continue
+                taken = intake.ask(self._world, describe=self._asking.describes_asked)
+            if taken.waiting is None:
+                continue  # another sweep took it from the queue first
+            self._asking.asked(taken.seconds)
+            admitted = self._asking.admission(taken.waiting)
+            self._do(admitted)
+            if isinstance(admitted, Admit):
+                self._view.saw(taken.waiting)
+                if self._asking.profile_only:
+                    self._profiling.measure_every_option(taken.waiting.trial, taken.waiting.price)
 
     def _recover(self) -> None:
         """At the start, and every :data:`RECOVER_SECONDS` after: the trials of sweeps on the study that died end
@@ -167,27 +147,29 @@ class Sweep:
         if not self.settings.owned or self._clock.now() < self._next_recovery:
             return
         self._next_recovery = self._clock.now() + RECOVER_SECONDS
-        owner, retries = self._do.owner, self.settings.max_retries
+        owner, retries = self._world.owner, self.settings.max_retries
         retried = recovery_round(self._gateway, owner, max_retries=retries, watch=self._watch)
         if retried:
-            self._queue.look_again()
-            if self._state.n_trials is not None:
-                self._state.n_trials += len(retried)
+            self._world.queue.look_again()
+            self._state.runs_again(len(retried))
 
     def _plan(self) -> None:
         began = self._clock.now()
-        self._do.planned(self._planning.plan(self._state, self._view, self._now()))
+        planned = self._planning.plan(self._state, self._view, self._now())
+        self._do(planned) if planned is not None else self._state.planned(None)
         self._planning_seconds += self._clock.now() - began
 
     # -- ends -------------------------------------------------------------------------------------------------------
     def _ended(self, ended: Sequence[tuple[TrialRun | ProfileRun, JobEnd]], at: float) -> None:
         """``at``: when the loop saw them end (before it started the next trials, which may have come first)."""
-        taught: int | bool | None = False  # the trial whose run taught the pricing (None: a profiling job)
+        taught: int | bool | None = False  # the trial whose run taught the prices (None: a profiling job)
         for index, (run, end) in enumerate(ended):
             try:
                 self._elastic.job_ended()
                 if isinstance(run, ProfileRun):
-                    self._do.profile_ended(run, end, self._now())
+                    names = [str(self._state.devices[i]) for i in run.devices]
+                    where = self._profiling.ran(run, self._now(), names)
+                    self._profiling.follow_up(prices.profile_ended(self._world, run, end, where))
                     taught = None
                 elif self._trial_ended(run, end, at=at):
                     taught = run.number
@@ -195,41 +177,41 @@ class Sweep:
                 self._state.running.update((later.key, later) for later, _ in ended[index + 1 :])
                 raise
         if taught is not False:  # measurements came in: every waiting trial is priced again
-            self._do.reprice(taught)
+            prices.reprice(self._world, taught)
 
     def _trial_ended(
         self, run: TrialRun, end: JobEnd, *, reason: str = "", call_back: bool = True, at: float | None = None
     ) -> bool:
-        """Whether the run taught the pricing something (then the waiting trials are priced again)."""
-        self._do.relay_progress(run)  # the last steps of a short trial land between two relays
-        op = (run.session.outcome or {}).get("op")
+        """Whether the run taught the prices something (then the waiting trials are priced again)."""
+        reporting.relay_progress(self._world.events, run)  # the last steps of a short trial land between two relays
         if not reason:
-            if failure_kind(run, end) == OUT_OF_MEMORY and self._do.describe_late(run):
+            describe = self._faults.describe_late(run, end)
+            if describe is not None:
+                self._do(describe)
                 self._asking.describe_from_now()  # (more micro-batches may fit: that takes a description)
             left = self._faults.left_out(run, end)
-            if left is not None and self._do.leave_out(left):
+            readmit = left and self._faults.after_leaving_out(left, self._do(left))
+            if readmit:
+                self._do(readmit)
                 return True  # an option left out for its workload
-            if op == "moved":
-                self._do.continue_moved(run, self._now())
+            if (run.session.outcome or {}).get("op") == "moved":
+                self._do(self._elastic.moved(run, self._now(), self._state.started_at))
                 return True
         run_again = not reason and self._faults.run_again(run, end)
-        tell = self._outcomes.tell(
-            run,
-            end,
-            self._state,
-            self._now() if at is None else at,
-            run_again=run_again,
-            reason=reason,
-            profiling=self._profiling.where.get(run.number),
-        )
-        return self._do.tell(tell, call_back=call_back)
+        profiling = self._profiling.where.get(run.number)
+        now = self._now() if at is None else at
+        tell = self._outcomes.tell(run, end, self._state, now, run_again=run_again, reason=reason, profiling=profiling)
+        frozen = ends.tell(self._world, tell, call_back=call_back)
+        self._view.ended(run, frozen.state, tell.attrs["actual_runtime"])
+        return tell.learn is not None and self._do(tell.learn)
 
     def _nodes(self) -> None:
         """Devices of nodes that joined are planned on; those of nodes that died are not, nor the trials no node
         left can hold."""
-        if self._do.nodes(self._pool.joined(), self._pool.lost(), self._now()):
+        if moves.nodes(self._world, self._pool.joined(), self._pool.lost()):
+            self._do(self._planning.unplan_lost(self._state))
             for fail in self._faults.without_a_node(self._state):
-                self._do.fail(fail, self._now())
+                self._do(fail)
 
     def _abort(self, reason: str) -> None:
         """Stop every process, then end every trial this sweep holds in a clear state."""
@@ -245,5 +227,4 @@ class Sweep:
                     self._gateway.fail(waiting.trial, f"not started: sweep stopped: {reason}")
         except STORAGE_ERRORS:  # (what it could not tell is in the outbox: the next sweep tells it)
             _logger.exception("The storage failed while the sweep stopped; the next optimize ends its trials.")
-        self._state.running.clear()
-        self._state.waiting.clear()
+        self._state.abandoned()

@@ -12,9 +12,8 @@ predicted. The planner sees it corrected three ways:
   efficient options (it should not hold devices a likely survivor needs), and one that survives the rung has all
   of them again (so the elastic policy may grow it onto devices that pruned trials freed);
 - by caution and efficiency: an option nobody measured is weighed as if it took a share of its uncertainty
-  longer (it wins over a measured one only when it is better by more than it is likely off; whether to measure it
-  instead is the profiling policy's call), and among options that finish the plan equally soon the one that
-  spends fewer device-seconds is preferred.
+  longer (whether to measure it is the profiling policy's call), and among options that finish the plan equally
+  soon the one that spends fewer device-seconds is preferred.
 
 It also stands in for the trials not asked yet (future jobs), so that a trial asked alone does not take every
 device when the trials still to come would use them better.
@@ -26,6 +25,7 @@ import bisect
 from dataclasses import replace
 
 import optuna
+from optuna.trial import TrialState
 
 from optuna_saturn.planner import Job, Option, Reservation
 from optuna_saturn.pricing.survival import Survival
@@ -38,13 +38,13 @@ from optuna_saturn.sweep.weighing import fitting, most_efficient, tie_broken, we
 #: How many trials not asked yet the planner expects (per device, at most): enough to see that more work comes.
 FUTURE_TRIALS = 4
 FUTURE = "future-"
+_logger = optuna.logging.get_logger("optuna.saturn")
 
 
 class OptionsView:
-    """The planner's view of the sweep's trials. ``estimator`` is what the sweep learned from finished runs
-    (written by the loop when it carries out what the outcomes policy says to learn); ``survival``, how much of
-    their steps trials run under the study's pruner (learned the same way; default: pruning-blind), and whether
-    each trial is planned to its next rung (see the module's docstring)."""
+    """The planner's view of the sweep's trials. Its memory, written by its own methods only: ``estimator``, what
+    finished runs taught (:meth:`ended`); ``survival``, how much of their steps trials run under the study's pruner
+    (learned the same way; default: pruning-blind), and whether each is planned to its next rung (see above)."""
 
     @classmethod
     def for_sweep(cls, settings: SweepSettings, study: optuna.Study, largest_node: int) -> OptionsView:
@@ -67,6 +67,19 @@ class OptionsView:
         # every admitted trial's weighed options, as first priced, by their least device-seconds
         self._seen: list[tuple[float, int, list[Option]]] = []
         self._views: dict[int, tuple] = {}  # per trial: what its views depend on, and the views
+
+    def ended(self, run: TrialRun, state: TrialState, seconds: float) -> None:
+        """A run ended as ``state`` after ``seconds``: it teaches the estimates (runtime, step rate) and, under a
+        pruner, how much of their steps trials run."""
+        option, session = run.waiting.assignment.option, run.session
+        priced = run.waiting.price.option(option.choice)
+        if state == TrialState.COMPLETE and not session.resumed_from:
+            self.estimator.observe(option, seconds)
+        if state != TrialState.FAIL and priced and priced.record and session.step_seconds is not None:
+            self.estimator.observe_step_rate(priced.record.step_seconds, session.step_seconds)
+        ended, complete = state in (TrialState.COMPLETE, TrialState.PRUNED), state == TrialState.COMPLETE
+        if ended and self.survival.saw_run(session.step, session.total_steps or 0, complete=complete):
+            _logger.info(f"Trials are now {self.survival.describe()}.")
 
     def saw(self, waiting: Waiting) -> None:
         """A trial was admitted: it stands for the trials to come."""

@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 
 from optuna_saturn.devices import Device
 from optuna_saturn.pools.protocol import JobEnd
-from optuna_saturn.sweep.decisions import Tell
+from optuna_saturn.sweep.decisions import Learn, Tell
 from optuna_saturn.sweep.state import SweepState, TrialRun
 
 #: A run teaches its step rate once it took this many steps (or all of its steps, if it has fewer): a profiling run
@@ -33,7 +33,7 @@ class Outcomes:
         self._node_of = node_of
         self._taught_early: set[int] = set()  # trials whose runs taught their step rate while running
 
-    def early_lessons(self, state: SweepState) -> list[tuple[TrialRun, dict[str, Any]]]:
+    def early_lessons(self, state: SweepState) -> list[Learn]:
         """Running trials whose option nobody measured for their workload, and which have now taken enough steps
         to measure it (see the module's docstring), each with what it teaches (once per trial)."""
         lessons = []
@@ -47,7 +47,8 @@ class Outcomes:
             if priced is None or priced.measured:
                 continue
             self._taught_early.add(run.number)
-            lessons.append((run, self._lesson(run, state, tail=None)))
+            option = run.waiting.assignment.option
+            lessons.append(Learn(run.number, option, self._lesson(run, state, tail=None), early=True))
         return lessons
 
     def tell(
@@ -134,7 +135,7 @@ class Outcomes:
         return {"node": node} if node else {}
 
     @staticmethod
-    def _learned(run: TrialRun, state: SweepState, trial_state: TrialState) -> dict[str, Any] | None:
+    def _learned(run: TrialRun, state: SweepState, trial_state: TrialState) -> Learn | None:
         """What the run teaches the pricing: its real steps are its option's profile (or correct it). None when
         it failed, resumed (a part of the trial stands for no whole run), or took too few steps."""
         session = run.session
@@ -145,7 +146,7 @@ class Outcomes:
         tail = (
             (session.outcome_at - session.last_progress_at) if session.outcome_at and session.last_progress_at else None
         )
-        return Outcomes._lesson(run, state, tail=tail)
+        return Learn(run.number, run.waiting.assignment.option, Outcomes._lesson(run, state, tail=tail))
 
     @staticmethod
     def _lesson(run: TrialRun, state: SweepState, *, tail: float | None) -> dict[str, Any]:

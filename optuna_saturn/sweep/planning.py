@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from optuna_saturn.planner import Assignment, Plan, lower_bound, reflow, replan
-from optuna_saturn.sweep.decisions import Planned
+from optuna_saturn.sweep.decisions import Planned, Unplan
 from optuna_saturn.sweep.options import FUTURE, OptionsView
 from optuna_saturn.sweep.settings import SweepSettings
 from optuna_saturn.sweep.state import SweepState
@@ -54,6 +54,13 @@ class Planning:
         self.version = 0  # plans made
         self.first_makespan: float | None = None
         self._fresh: tuple[set[str], int, float] | None = None  # the last fresh plan: its trials, changes, end
+
+    @staticmethod
+    def unplan_lost(state: SweepState) -> Unplan:
+        """Devices were lost with their node: the trials planned on them lose their places until the next plan."""
+        return Unplan(
+            tuple(n for n, w in state.waiting.items() if w.assignment and set(w.assignment.devices) & state.lost)
+        )
 
     def due(self, state: SweepState, ready: set[int]) -> bool:
         """Whether to plan now: something changed, or the heuristics' plan is to be refined and no device waits.

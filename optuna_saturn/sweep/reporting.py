@@ -11,12 +11,22 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from optuna_saturn.devices import Device
+from optuna_saturn.events import Broadcast, TrialProgress
 from optuna_saturn.planner import Option
 from optuna_saturn.planner._types import option_label
 from optuna_saturn.pricing.prices import PricedOption, ProfileJob
-from optuna_saturn.sweep.state import SweepState
+from optuna_saturn.sweep.state import SweepState, TrialRun
 
 _LOG_TAIL_LINES = 20
+
+
+def relay_progress(events: Broadcast, run: TrialRun) -> None:
+    """Tell the listeners how far a running trial is, when it moved since they were last told."""
+    session = run.session
+    if session.step != run.reported_step:
+        run.reported_step = session.step
+        progress = TrialProgress(run.number, session.step, session.total_steps, session.step_seconds)
+        events.send("on_trial_progress", progress)
 
 
 def started(number: int, option: Option, devices: Sequence[Device], priced: PricedOption | None, log: Path) -> str:

@@ -77,7 +77,7 @@ class Resumes:
         """The trial of ``run`` goes on from the checkpoint it saved (a moved trial always; after a failure only
         if every device can read it)."""
         if run.session.checkpoint is not None and (moved or self._shared):
-            self._state.resumes[run.number] = checkpoint.CheckpointRecord.from_json(run.session.checkpoint)
+            self._state.resume_from(run.number, checkpoint.CheckpointRecord.from_json(run.session.checkpoint))
 
     def restricted(self, number: int, price: TrialPrice, *, leaving: tuple | None = None) -> TrialPrice:
         """``price`` with only the options that can load the trial's checkpoint (all of them, and from the start,
@@ -98,7 +98,7 @@ class Resumes:
                     f"Trial {number} runs again from the start: none of its options can load its "
                     f"{record.format} checkpoint of {record.world_size} rank(s)."
                 )
-                self._state.resumes[number] = None
+                self._state.resume_from(number, None)
         others = [p for p in price.options if p.option.choice != leaving]
         if leaving is not None and others:
             price.options = others

@@ -1,7 +1,8 @@
 """What a sweep knows: the trials that wait, the jobs that run, the devices it plans on.
 
-The policies read it and return decisions; the loop carries them out, and its transitions below are the only
-code that changes it. Each field says which decision writes it.
+The policies read it and return decisions; the loop and its effects carry them out, and the transitions below
+are the only code that changes its fields (the effects fill in a waiting trial's and a run's own fields). Each
+field says which decision or event writes it.
 """
 
 from __future__ import annotations
@@ -89,13 +90,13 @@ class SweepState:
     topology: Topology = field(init=False)  # the nodes the plan counts on (faults: Join, Lose)
     waiting: dict[int, Waiting] = field(default_factory=dict)  # admitted by asking, left by dispatch and ends
     running: dict[str, TrialRun | ProfileRun] = field(default_factory=dict)  # started by dispatch and profiling
-    #: per trial asked, the checkpoint its next run resumes from (written by asking, ends and elastic moves)
+    #: per trial asked, the checkpoint its next run resumes from (written by intake, ends and elastic moves)
     resumes: dict[int, checkpoint.CheckpointRecord | None] = field(default_factory=dict)
     asked: int = 0  # trials this sweep asked or took from the queue (asking)
     n_trials: int | None = None  # how many to run; retries add one each (ends: RunAgain)
     plan_dirty: bool = False  # something changed since the last plan (every transition; planning clears it)
     plan_order: list[int] = field(default_factory=list)  # the planned trials, by planned start (planning)
-    changes: int = 0  # counts what changes plans besides ends and arrivals: prices, nodes (the loop)
+    changes: int = 0  # counts what changes plans besides ends and arrivals: prices, nodes
     free_since: dict[int, float] = field(default_factory=dict)  # per device: when its last job ended
     idle_seconds: dict[int, float] = field(default_factory=dict)  # per device: time between jobs
     ready_at: dict[int, float] = field(default_factory=dict)  # per device: when its worker was first ready
@@ -124,7 +125,41 @@ class SweepState:
     def queued_waiting(self) -> int:
         return sum(w.queued for w in self.waiting.values())
 
-    # -- transitions (the loop's) -------------------------------------------------------------------------------
+    # -- transitions (the loop's and its effects') ----------------------------------------------------------------
+    def took(self) -> None:
+        """The sweep asked a trial, or took one from the study's queue: it counts towards ``n_trials``."""
+        self.asked += 1
+
+    def runs_again(self, count: int = 1) -> None:
+        """Trials run again (their rank died, or their sweep did): ``n_trials`` counts new trials."""
+        if self.n_trials is not None:
+            self.n_trials += count
+
+    def resume_from(self, number: int, record: checkpoint.CheckpointRecord | None) -> None:
+        """Trial ``number``'s next run resumes from ``record`` (None: from the start)."""
+        self.resumes[number] = record
+
+    def planned(self, order: list[int] | None) -> None:
+        """A plan was made (``order``: the planned trials by planned start), or found not needed (None)."""
+        self.plan_dirty = False
+        if order is not None:
+            self.plan_order = order
+
+    def priced_again(self) -> None:
+        """The waiting trials' prices changed: they are planned again."""
+        self.plan_dirty = True
+        self.changes += 1
+
+    def unplan(self, numbers: Sequence[int]) -> None:
+        """These trials lose their planned places (their devices were lost)."""
+        for number in numbers:
+            self.waiting[number].assignment = None
+
+    def abandoned(self) -> None:
+        """The sweep stopped: it holds no trial any more."""
+        self.running.clear()
+        self.waiting.clear()
+
     def admit(self, waiting: Waiting) -> None:
         self.waiting[waiting.number] = waiting
         self.plan_dirty = True

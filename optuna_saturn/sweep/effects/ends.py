@@ -1,0 +1,74 @@
+"""Effects that end trials in the study: a run's trial told, a waiting trial failed, and what follows every end
+(the listeners, Optuna's callbacks, a run again, the checkpoints no longer needed)."""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from optuna_saturn import checkpoint
+from optuna_saturn.study.gateway import ATTR, ended_by_another
+from optuna_saturn.study.ownership import run_again
+from optuna_saturn.sweep import reporting
+from optuna_saturn.sweep.decisions import Fail, Tell
+from optuna_saturn.sweep.effects.world import World
+from optuna_saturn.sweep.state import TrialRun
+
+_logger = optuna.logging.get_logger("optuna.saturn")
+
+
+def tell(world: World, tell: Tell, *, call_back: bool = True) -> FrozenTrial:
+    """End the trial in the study; returns it as the study now has it (another sweep may have ended it first)."""
+    run = tell.run
+    frozen = world.gateway.tell(run.session.trial, tell.state, tell.values, attrs=tell.attrs, log=run.log)
+    if frozen.state in (TrialState.COMPLETE, TrialState.PRUNED) and not world.keep_checkpoints:
+        _remove_checkpoints(world, run)
+    if tell.run_again and frozen.state == TrialState.FAIL and not ended_by_another(frozen):
+        _run_again(world, frozen)  # (one another sweep ended has been run again by it)
+    reporting.log_finished(frozen, tell.attrs["actual_runtime"], tell.reason, run.log)
+    after_trial(world, frozen, tell.attrs["actual_end"], call_back=call_back)
+    return frozen
+
+
+def fail(world: World, fail: Fail) -> None:
+    """End a waiting trial FAIL with the reason (one still in the study's queue stays there)."""
+    world.state.forget(fail.waiting.number)
+    if fail.waiting.queued:
+        _logger.warning(f"Trial {fail.waiting.number} stays in the study's queue: {fail.reason}.")
+        return
+    frozen = world.gateway.fail(fail.waiting.trial, fail.reason, attrs={"profiles": fail.waiting.price.profiles})
+    _logger.warning(f"Trial {fail.waiting.number} failed: {fail.reason}.")
+    after_trial(world, frozen, world.now())
+
+
+def after_trial(world: World, frozen: FrozenTrial, now: float, *, call_back: bool = True) -> None:
+    """What follows every trial's end: the listeners, then Optuna's callbacks and ``gc_after_trial``, in this
+    process, as ``study.optimize`` does (not for trials the sweep's own interruption ended)."""
+    world.events.send("on_trial_end", frozen, now)
+    if call_back:
+        world.gateway.call_back(world.callbacks, frozen)
+    world.queue.look_again()  # its params run again, or a callback enqueued trials: ahead of new trials
+    if world.gc_after_trial:
+        gc.collect()
+
+
+def _run_again(world: World, frozen: FrozenTrial) -> None:
+    """A trial whose rank died or hung: its params run again next, resuming from its checkpoint if it saved
+    one. ``n_trials`` still counts new trials."""
+    run_again(world.gateway, frozen)
+    world.state.runs_again()
+    _logger.warning(
+        f"Trial {frozen.number}'s params run again as a new trial"
+        + (" from its checkpoint." if ATTR + "checkpoint" in frozen.user_attrs else ".")
+    )
+
+
+def _remove_checkpoints(world: World, run: TrialRun) -> None:
+    """A trial that ended needs no checkpoint: neither its own nor the one it resumed from."""
+    checkpoint.remove(world.requests.checkpoint_folder(run.number))
+    resume = world.state.resumes.get(run.number)
+    if resume is not None:
+        checkpoint.remove(Path(resume.path).parent)

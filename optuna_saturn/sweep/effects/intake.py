@@ -1,0 +1,74 @@
+"""Effects that take trials in: one asked of the sampler or taken from the study's queue, or one of the queue's
+described while it stays there (another sweep may yet take it); owned, priced, and admitted to wait."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import optuna
+
+from optuna_saturn.study.outbox import retrying
+from optuna_saturn.study.ownership import inherit_intermediate_values
+from optuna_saturn.study.queue import ParameterNotFixed, QueuedTrial
+from optuna_saturn.sweep.decisions import Admit
+from optuna_saturn.sweep.effects.prices import price
+from optuna_saturn.sweep.effects.world import World
+from optuna_saturn.sweep.state import Waiting
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A trial taken in, priced: ``trial`` is None when another sweep took it from the queue first."""
+
+    trial: optuna.Trial | QueuedTrial | None
+    waiting: Waiting | None
+    seconds: float  # how long asking (or taking) and describing it took
+
+
+def ask(world: World, *, describe: bool) -> Taken:
+    """The queue's next trial, or a new one asked of the sampler; described if ``describe``."""
+    gateway, queue, state = world.gateway, world.queue, world.state
+    asked_at, queued = world.now(), queue.next_unseen(set(state.waiting))
+    trial = gateway.ask_new() if queued is None else queue.take(queued)
+    if trial is None:
+        return Taken(None, None, world.now() - asked_at)  # another sweep took it from the queue first
+    state.took()
+    number = trial.number
+    retrying(partial(inherit_intermediate_values, gateway, trial), what=f"read trial {number}'s first run")
+    inherited = retrying(partial(world.resumes.inherited, trial), what=f"read trial {number}'s checkpoint")
+    state.resume_from(number, inherited)
+    return _priced(world, trial, price(world, trial, describe=describe), asked_at)
+
+
+def describe_queued(world: World) -> Taken | None:
+    """Describe the queue's next trial from its fixed parameters, leaving it in the queue; None if there is none
+    to describe (it samples, or it is a retry: it is asked instead). A trial no option fits is taken, to fail."""
+    queue, state = world.queue, world.state
+    queued = queue.next_unseen(set(state.waiting))
+    if queued is None or not queue.may_describe(queued):
+        return None
+    started, known = world.now(), QueuedTrial(queued)
+    state.resume_from(known.number, None)
+    try:
+        priced = price(world, known, describe=True)
+    except ParameterNotFixed as exc:
+        queue.samples(queued.number, str(exc))
+        return None
+    trial = known if priced.options else queue.take(known)  # (taken to fail it, as an asked one)
+    if trial is None:
+        return Taken(None, None, world.now() - started)
+    if not priced.options:
+        state.took()
+    return _priced(world, trial, priced, started)
+
+
+def _priced(world: World, trial: optuna.Trial | QueuedTrial, priced, asked_at: float) -> Taken:
+    now = world.now()
+    options = [[-1, [p.option.to_json() for p in priced.options]]]
+    waiting = Waiting(trial, priced, asked_at=asked_at, describe_seconds=now - asked_at, prices=options)
+    return Taken(trial, waiting, now - asked_at)
+
+
+def admit(world: World, admit: Admit) -> None:
+    world.state.admit(admit.waiting)
