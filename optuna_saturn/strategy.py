@@ -79,6 +79,15 @@ class Strategy:
         less activation memory, and is slower, so the profiler tries the next one only after an out-of-memory."""
         return tuple(self.knobs.get("gradient_accumulation", (1,)))
 
+    def accumulation_factors_for(self, global_batch: int | None, devices: int) -> list[int]:
+        """The factors that split each device's share of a ``global_batch`` evenly over ``devices`` devices (all,
+        if the batch size is unknown; then a bad split is reported by the run)."""
+        factors = list(self.accumulation_factors)
+        if global_batch is None or global_batch % devices:
+            return factors
+        per_device = global_batch // devices
+        return [a for a in factors if per_device % a == 0] or factors[:1]
+
     def device_counts(self, pool_size: int) -> list[int]:
         """Every allowed device count that fits a pool (node) of ``pool_size`` devices."""
         return [n for n in range(1, pool_size + 1) if self.allows(n)]

@@ -24,6 +24,7 @@ from optuna_saturn.pricing.floors import no_better_than_linear_scaling
 from optuna_saturn.pricing.learned import LearnedOverheads, overheads
 from optuna_saturn.pricing.measured import record_of, within
 from optuna_saturn.pricing.prices import PricedOption, ProfileEntry, ProfileJob, TrialPrice, summary
+from optuna_saturn.pricing.profile_jobs import Wanted, grouped_into_jobs
 from optuna_saturn.pricing.step_time_model import CostModel, Prediction
 from optuna_saturn.pricing.unprofiled import NOMINAL_TRIAL_SECONDS
 from optuna_saturn.profiler import (
@@ -188,8 +189,7 @@ class Pricer:
         count (one-process strategies apart), each timing several trials' strategies in turn, least memory first
         (an out-of-memory run stops the job before what would need even more). Keys already measured, failed or
         wanted twice are skipped."""
-        groups: dict[tuple[int, int, bool], dict[int, list[tuple[Strategy, str]]]] = {}
-        trials: dict[int, optuna.Trial] = {}
+        kept: list[Wanted] = []
         seen: set[str] = set()
         for trial, (name, devices, accumulation) in wanted:
             workload = self._workloads.get(trial.number)
@@ -201,30 +201,8 @@ class Pricer:
                 continue
             seen.add(key)
             self._queued.add(key)
-            trials[trial.number] = trial
-            # a one-process strategy runs without its peers' process group: never in the same job as those
-            groups.setdefault((devices, accumulation, strategy.one_process), {}).setdefault(trial.number, []).append(
-                (strategy, key)
-            )
-        jobs = []
-        for (devices, accumulation, _), by_trial in groups.items():
-            entries = []
-            for number, members in by_trial.items():
-                workload = self._workloads[number]
-                members.sort(
-                    key=lambda m: model_state_bytes(
-                        workload.n_params,
-                        workload.bytes_per_param,
-                        m[0],
-                        devices,
-                        optimizer_states=workload.optimizer_states,
-                    )
-                )
-                entries.append(
-                    ProfileEntry(trials[number], workload, tuple(m[0] for m in members), tuple(m[1] for m in members))
-                )
-            jobs.append(ProfileJob(tuple(entries), devices, accumulation))
-        return sorted(jobs, key=lambda j: (-j.devices, j.name))
+            kept.append(Wanted(trial, workload, strategy, key, devices, accumulation))
+        return grouped_into_jobs(kept)
 
     def record(
         self, job: ProfileJob, results: dict[int, list[dict]], started_at: float, unreported: dict | None = None
@@ -235,7 +213,7 @@ class Pricer:
         alone (the job's own start-up, plus the objective's set-up under that strategy). A strategy that crashed
         or refused the trial's code gets a failed record, kept for this sweep: it is never planned for a trial of
         that key. ``unreported``: the job ended without rank 0's report of the strategy it was running (a peer
-        failed first: see :func:`optuna_saturn.sweep.faults.profile_results`); it is that trial's strategy's
+        failed first: see :func:`optuna_saturn.sweep.measuring.profile_results`); it is that trial's strategy's
         outcome, or, where it does not name one, the outcome of the first one not reported on.
         """
         out: list[tuple[ProfileEntry, Strategy, ProfileRecord | None]] = []
@@ -306,11 +284,10 @@ class Pricer:
         that profile; with one, its real rate is kept beside the timed one (``observed_step_seconds``). Returns
         whether it learned anything (then the waiting trials' prices may change). ``early``: the trial still runs,
         and its steps so far make a profile only where none exists; its end then replaces that profile."""
-        workload = self._workloads.get(number)
-        strategy = self._strategies.get(option.strategy)
-        if workload is None or strategy is None or step_seconds <= 0 or steps < 1:
+        common = self._run_record(number, option)
+        if common is None or step_seconds <= 0 or steps < 1:
             return False
-        key = self._key(workload, strategy, option.devices, option.gradient_accumulation)
+        key = common["key"]
         record = self._store.get(key)
         if early and record is not None:
             return False
@@ -320,7 +297,7 @@ class Pricer:
             self._early[number] = key
         if record is None:
             record = ProfileRecord(
-                **self._common(key, option.strategy, option.devices, option.gradient_accumulation, workload),
+                **common,
                 feasible=True,
                 step_seconds=step_seconds,
                 startup_seconds=startup_seconds,
@@ -344,32 +321,24 @@ class Pricer:
     def mark_failed(self, number: int, option: Option, error: str) -> None:
         """A real run under ``option`` crashed or refused the trial's code: like a failed profile, never planned
         for this workload in this sweep (and not stored)."""
-        workload = self._workloads.get(number)
-        if workload is None:
-            return
-        key = self._key(workload, self._strategies[option.strategy], option.devices, option.gradient_accumulation)
-        self._failed[key] = ProfileRecord(
-            **self._common(key, option.strategy, option.devices, option.gradient_accumulation, workload),
-            feasible=False,
-            failed=True,
-            error=error[:2000],
-        )
+        common = self._run_record(number, option)
+        if common is not None:
+            self._failed[common["key"]] = ProfileRecord(**common, feasible=False, failed=True, error=error[:2000])
 
     def mark_out_of_memory(self, number: int, option: Option, error: str) -> None:
         """A real run under ``option`` ran out of memory: the option is infeasible for this workload (and more
         micro-batches may fit)."""
-        workload = self._workloads.get(number)
-        if workload is None:
-            return
-        key = self._key(workload, self._strategies[option.strategy], option.devices, option.gradient_accumulation)
-        self._store.put(
-            ProfileRecord(
-                **self._common(key, option.strategy, option.devices, option.gradient_accumulation, workload),
-                feasible=False,
-                more_micro_batches_may_fit=True,
-                error=error[:500],
-            )
-        )
+        common = self._run_record(number, option)
+        if common is not None:
+            self._store.put(ProfileRecord(**common, feasible=False, more_micro_batches_may_fit=True, error=error[:500]))
+
+    def _run_record(self, number: int, option: Option) -> dict | None:
+        """What a record of trial ``number``'s run under ``option`` says of it (None: the trial was not described)."""
+        workload, strategy = self._workloads.get(number), self._strategies.get(option.strategy)
+        if workload is None or strategy is None:
+            return None
+        key = self._key(workload, strategy, option.devices, option.gradient_accumulation)
+        return self._common(key, option.strategy, option.devices, option.gradient_accumulation, workload)
 
     # -- the store --------------------------------------------------------------------------------------------------
     def _learn(self, record: ProfileRecord) -> None:
@@ -399,23 +368,13 @@ class Pricer:
         """Walk the strategy's accumulation factors, fewest micro-batches first, past those that ran out of
         memory. None: no factor splits this trial's batch on ``devices`` devices."""
         last, tried = None, ()
-        for accumulation in self._accumulation_factors(workload, strategy, devices):
+        for accumulation in strategy.accumulation_factors_for(workload.global_batch, devices):
             key = self._key(workload, strategy, devices, accumulation)
             last = _Resolved(accumulation, key, within(self._store.get(key), self._memory), tried)
             if last.record is None or last.record.feasible or not last.record.more_micro_batches_may_fit:
                 return last
             tried += (last.record,)
         return last
-
-    @staticmethod
-    def _accumulation_factors(workload: Workload, strategy: Strategy, devices: int) -> list[int]:
-        """The strategy's factors that split each device's share of the batch evenly (all, if the batch size is
-        unknown; then a bad split is reported by the run)."""
-        factors = list(strategy.accumulation_factors)
-        if workload.global_batch is None or workload.global_batch % devices:
-            return factors
-        per_device = workload.global_batch // devices
-        return [a for a in factors if per_device % a == 0] or factors[:1]
 
     def _candidates(self, workload: Workload) -> list[tuple[Strategy, int]]:
         """(strategy, device count) pairs whose model state can fit at all (analytic bound, no launch)."""
