@@ -39,6 +39,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from optuna_saturn.devices import Device
+from optuna_saturn.pools.launch_commands import network_isolation_prefix
+from optuna_saturn.pools.logs import open_log
+
+_logger = logging.getLogger("optuna.saturn.runner")
 
 
 def why_not_fork(devices: Sequence[Device], *, one_process: bool = False) -> str | None:
@@ -176,6 +180,28 @@ class ForkedHost:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+
+def start_host(
+    module: str, argument: str, *, env: Mapping[str, str], log: Path, isolate: bool, why_not_fork: str | None
+) -> ForkedHost | subprocess.Popen:
+    """The process that runs ``module``'s ``main(argument)``: a fork of this one, unless ``why_not_fork`` says why
+    not (then a fresh interpreter); in a loopback-only network namespace if ``isolate``."""
+    if why_not_fork is None:
+        return ForkedHost.start(f"{module}:main", argument, env=env, log=log, enter_namespace=isolate)
+    _logger.debug(f"The worker pool's host is a fresh interpreter: {why_not_fork}.")
+    command = [sys.executable, "-m", module, argument]
+    if isolate:
+        command = network_isolation_prefix() + command
+    with open_log(log) as out:
+        return subprocess.Popen(
+            command,
+            env={**os.environ, **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C reaches the executor only; it stops the pool as a whole
+        )
 
 
 def _redirect_output(log: Path) -> None:

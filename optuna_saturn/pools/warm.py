@@ -16,7 +16,6 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -29,9 +28,8 @@ import optuna
 from optuna_saturn.channel import ChannelServer
 from optuna_saturn.devices import Device, available_cores, physical_gpus, pin_cores
 from optuna_saturn.pools.deepspeed_ops import build_missing
-from optuna_saturn.pools.forked_host import ForkedHost, why_not_fork
-from optuna_saturn.pools.launch_commands import extensions_cache, network_isolation_prefix, worker_environment
-from optuna_saturn.pools.logs import open_log
+from optuna_saturn.pools.forked_host import ForkedHost, start_host, why_not_fork
+from optuna_saturn.pools.launch_commands import extensions_cache, worker_environment
 from optuna_saturn.pools.process_identity import alive, kill_if_same, start_ticks
 from optuna_saturn.pools.protocol import JobEnd, JobRanks
 
@@ -144,30 +142,15 @@ class WorkerPool:
         }
         if "deepspeed" in self._engines:  # before any timed or watched run: see deepspeed_ops
             build_missing(self.devices[0].kind, env, log=self._log_dir / "deepspeed-ops.log")
-        log = self._host_log
-        why_not = (
-            why_not_fork(self.devices, one_process=self._one_process)
-            if self._fork
-            else "forking the executor was turned off"
+        why_not = None if self._fork else "forking the executor was turned off"
+        self._host = start_host(
+            "optuna_saturn.pools.warm_host",
+            str(config_path),
+            env=env,
+            log=self._host_log,
+            isolate=self._isolate,
+            why_not_fork=why_not or why_not_fork(self.devices, one_process=self._one_process),
         )
-        if why_not is None:
-            self._host = ForkedHost.start(
-                "optuna_saturn.pools.warm_host:main", str(config_path), env=env, log=log, enter_namespace=self._isolate
-            )
-            return
-        _logger.debug(f"The worker pool's host is a fresh interpreter: {why_not}.")
-        command = [sys.executable, "-m", "optuna_saturn.pools.warm_host", str(config_path)]
-        if self._isolate:
-            command = network_isolation_prefix() + command
-        with open_log(log) as out:
-            self._host = subprocess.Popen(
-                command,
-                env={**os.environ, **env},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # Ctrl-C reaches the executor only; it stops the pool as a whole
-            )
 
     def close(self) -> None:
         """Stop every worker and the host."""
