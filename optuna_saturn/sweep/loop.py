@@ -90,9 +90,8 @@ class Sweep:
             self._plan()
             self._dispatch()
         self._asking.note_the_first_round(state)
-        move = self._elastic.move(state, self._view, self._now())
-        for decision in [move] if move else []:
-            self._do(decision)
+        if move := self._elastic.move(state, self._view, self._now()):
+            self._do(move)
         ready, version = self._pool.ready(), self._planning.version
         for measure in self._profiling.measurements(state, ready, self._view, version, self._now()):
             self._do(measure)

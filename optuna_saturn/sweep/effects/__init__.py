@@ -5,26 +5,9 @@ work, ``moves`` moves trials and devices, ``ends`` ends trials in the study."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from optuna_saturn.sweep.decisions import (
-    Admit,
-    Describe,
-    Fail,
-    Learn,
-    LeaveOut,
-    Measure,
-    Moved,
-    Planned,
-    Readmit,
-    RequestMove,
-    Start,
-    Stop,
-    Tell,
-    Unplan,
-)
 from optuna_saturn.sweep.effects import ends, intake, moves, prices, starts
 from optuna_saturn.sweep.effects.world import World
 
@@ -34,23 +17,11 @@ __all__ = ["Effects", "World"]
 class Effects:
     def __init__(self, world: World) -> None:
         self.world = world
-        handlers: dict[type, Callable[[World, Any], Any]] = {
-            Admit: intake.admit,
-            Describe: prices.describe,
-            Learn: prices.learn,
-            LeaveOut: prices.leave_out,
-            Planned: starts.planned,
-            Start: starts.start,
-            Measure: starts.measure,
-            Stop: moves.stop,
-            RequestMove: moves.request_move,
-            Moved: moves.moved,
-            Readmit: moves.readmit,
-            Unplan: moves.unplan,
-            Tell: ends.tell,
-            Fail: ends.fail,
+        self._handlers = {
+            kind: partial(handler, world)
+            for module in (intake, prices, starts, moves, ends)
+            for kind, handler in module.HANDLERS.items()
         }
-        self._handlers = {kind: partial(handler, world) for kind, handler in handlers.items()}
 
     def carry_out(self, decision: Any) -> Any:
         """Do what ``decision`` says; what it returns is the handler's (a price, the trial as told, ...)."""

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -72,3 +74,7 @@ def _remove_checkpoints(world: World, run: TrialRun) -> None:
     resume = world.state.resumes.get(run.number)
     if resume is not None:
         checkpoint.remove(Path(resume.path).parent)
+
+
+#: The decisions this module carries out, and how.
+HANDLERS: dict[type, Callable[..., Any]] = {Tell: tell, Fail: fail}

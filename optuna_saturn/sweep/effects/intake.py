@@ -3,8 +3,10 @@ described while it stays there (another sweep may yet take it); owned, priced, a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import optuna
 
@@ -72,3 +74,7 @@ def _priced(world: World, trial: optuna.Trial | QueuedTrial, priced, asked_at: f
 
 def admit(world: World, admit: Admit) -> None:
     world.state.admit(admit.waiting)
+
+
+#: The decisions this module carries out, and how.
+HANDLERS: dict[type, Callable[..., Any]] = {Admit: admit}

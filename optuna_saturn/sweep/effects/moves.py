@@ -3,7 +3,9 @@ option left out), places lost with their devices, nodes that joined or died."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import optuna
 
@@ -67,3 +69,13 @@ def nodes(world: World, joined: list[Device], lost: set[int]) -> set[int]:
     if newly_lost:
         _logger.warning(reporting.devices_lost(newly_lost, state))
     return newly_lost
+
+
+#: The decisions this module carries out, and how.
+HANDLERS: dict[type, Callable[..., Any]] = {
+    Stop: stop,
+    RequestMove: request_move,
+    Moved: moved,
+    Readmit: readmit,
+    Unplan: unplan,
+}

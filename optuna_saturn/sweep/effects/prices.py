@@ -3,6 +3,9 @@ measured taught to the prices; an option left out for a workload."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import optuna
 
 from optuna_saturn.events import ProfileEvent
@@ -109,3 +112,7 @@ def profile_ended(world: World, run: ProfileRun, end: JobEnd, where: dict[int, l
         log(f"Profiled {name} (trial {entry.trial.number}): {text}.")
         world.events.send("on_profile", ProfileEvent(entry.trial.number, name, "done", text))
     return follow_ups
+
+
+#: The decisions this module carries out, and how.
+HANDLERS: dict[type, Callable[..., Any]] = {Describe: describe, Learn: learn, LeaveOut: leave_out}

@@ -3,7 +3,9 @@ profiling job started."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import optuna
 
@@ -72,3 +74,7 @@ def measure(world: World, measure: Measure) -> None:
         for s in entry.strategies:
             name = reporting.option_name(s.name, measure.job)
             world.events.send("on_profile", ProfileEvent(entry.trial.number, name, "started"))
+
+
+#: The decisions this module carries out, and how.
+HANDLERS: dict[type, Callable[..., Any]] = {Planned: planned, Start: start, Measure: measure}
