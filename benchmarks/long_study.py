@@ -50,10 +50,10 @@ from optuna.trial import TrialState, create_trial
 from workloads import markdown_table, random_workload
 
 from optuna_saturn.planner import Cluster, Job
-from optuna_saturn.pools.simulated import Behaviour
-from optuna_saturn.pricing.known import JOB_PARAMETER, SimulatedJob
 from optuna_saturn.report.dashboard import DashboardPublisher
-from optuna_saturn.simulator import run_simulation
+from optuna_saturn.simulation.pool import Behaviour
+from optuna_saturn.simulation.prices import JOB_PARAMETER, SimulatedJob
+from optuna_saturn.simulation.simulator import run_simulation
 
 ATTR = "saturn:"
 EVENT_METHODS = ("on_plan", "on_trial_start", "on_trial_end", "on_trial_progress")

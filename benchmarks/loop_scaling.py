@@ -21,11 +21,11 @@ import _common  # noqa: F401
 from workloads import markdown_table, random_workload
 
 from optuna_saturn.planner import Cluster, lower_bound
-from optuna_saturn.pools.simulated import SimulatedPool
-from optuna_saturn.simulator import simulate
+from optuna_saturn.simulation.pool import SimulatedPool
+from optuna_saturn.simulation.simulator import simulate
 from optuna_saturn.sweep import dispatch, reporting
-from optuna_saturn.sweep.effects import intake, prices, starts
 from optuna_saturn.sweep.asking import Asking
+from optuna_saturn.sweep.effects import intake, prices, starts
 from optuna_saturn.sweep.elastic import Elastic
 from optuna_saturn.sweep.faults import Faults
 from optuna_saturn.sweep.loop import Sweep

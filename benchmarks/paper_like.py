@@ -19,7 +19,7 @@ from workloads import (
 
 from optuna_saturn.events import SweepListener
 from optuna_saturn.planner import Cluster, lower_bound, solve, validate
-from optuna_saturn.simulator import run_simulation
+from optuna_saturn.simulation.simulator import run_simulation
 
 SOLVERS = ["auto", "gurobi", "highs", "cpsat", "list", "greedy", "sequential-max", "task-parallel"]
 

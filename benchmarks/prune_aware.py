@@ -27,7 +27,7 @@ import _common  # noqa: F401
 from workloads import markdown_table, paper_like
 
 from optuna_saturn.planner import Cluster, Job, lower_bound
-from optuna_saturn.simulator import simulate
+from optuna_saturn.simulation.simulator import simulate
 
 RUNGS = (1 / 9, 1 / 3)
 

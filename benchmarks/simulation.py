@@ -16,7 +16,7 @@ import _common  # noqa: F401
 from workloads import markdown_table, noisy_outcomes, paper_like, random_workload
 
 from optuna_saturn.planner import Cluster
-from optuna_saturn.simulator import simulate
+from optuna_saturn.simulation.simulator import simulate
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """A sweep on real processes and wall time: the pool (a warm backend, and launched jobs where a strategy's launcher
 must own its processes) and the pricer, built from the executor's options. The simulator builds the same loop on
-a simulated pool and known prices instead (:mod:`optuna_saturn.simulator`)."""
+a simulated pool and known prices instead (:mod:`optuna_saturn.simulation.simulator`)."""
 
 from __future__ import annotations
 

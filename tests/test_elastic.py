@@ -14,7 +14,7 @@ from optuna.trial import TrialState
 
 from optuna_saturn import SaturnExecutor
 from optuna_saturn.planner import Cluster, Job, Option, Plan, Reservation, best_resize, remaining_job, validate
-from optuna_saturn.simulator import simulate
+from optuna_saturn.simulation.simulator import simulate
 
 try:
     from test_planner import random_jobs

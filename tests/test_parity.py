@@ -14,8 +14,8 @@ import optuna
 import pytest
 
 from optuna_saturn import SaturnExecutor
-from optuna_saturn.report.replay import replay_of
-from optuna_saturn.simulator import run_simulation
+from optuna_saturn.simulation.replay import replay_of
+from optuna_saturn.simulation.simulator import run_simulation
 
 #: (width, depth, batch, steps): single-device runtimes from 3 s to 17 s, 15% or more apart
 MIXED = [

@@ -13,12 +13,12 @@ import pytest
 from optuna_saturn.pools.processes import ProcessPool
 from optuna_saturn.pools.protocol import Pool
 from optuna_saturn.pools.ray import RayPool
-from optuna_saturn.pools.simulated import SimulatedPool
 from optuna_saturn.pools.warm import WorkerPool
 from optuna_saturn.pools.warm_backend import WarmBackend
-from optuna_saturn.pricing.known import KnownPrices
 from optuna_saturn.pricing.pricer import Pricer
 from optuna_saturn.pricing.source import PriceSource
+from optuna_saturn.simulation.pool import SimulatedPool
+from optuna_saturn.simulation.prices import KnownPrices
 
 PLUG_IN_POINTS = [
     (Pool, [ProcessPool, SimulatedPool]),

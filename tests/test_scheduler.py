@@ -1,5 +1,5 @@
 """Scheduling rules of the real sweep loop, on the simulated pool: no process starts, time is virtual, and each
-test takes a fraction of a second. Every trial is a job of :func:`optuna_saturn.simulator.run_simulation`,
+test takes a fraction of a second. Every trial is a job of :func:`optuna_saturn.simulation.simulator.run_simulation`,
 enqueued with its index as the parameter ``job``; its true runtime, prune and faults are the simulated world's."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from optuna.trial import TrialState
 from optuna_saturn.devices import Device
 from optuna_saturn.events import ProfileEvent, SweepListener
 from optuna_saturn.planner import Assignment, Cluster, Job, Option, Plan
-from optuna_saturn.pools.simulated import Behaviour, Fault
-from optuna_saturn.pricing.known import JOB_PARAMETER, SimulatedJob
-from optuna_saturn.simulator import run_simulation
+from optuna_saturn.simulation.pool import Behaviour, Fault
+from optuna_saturn.simulation.prices import JOB_PARAMETER, SimulatedJob
+from optuna_saturn.simulation.simulator import run_simulation
 
 
 def job(

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from optuna_saturn.planner import Cluster, Job, Option, Plan, solve, validate
-from optuna_saturn.simulator import simulate
+from optuna_saturn.simulation.simulator import simulate
 
 try:
     from test_planner import random_jobs

@@ -139,8 +139,8 @@ def simulate(
     from rich.table import Table
 
     from optuna_saturn.planner import Cluster, lower_bound
-    from optuna_saturn.report.replay import replay_of
-    from optuna_saturn.simulator import MODES, run_simulation
+    from optuna_saturn.simulation.replay import replay_of
+    from optuna_saturn.simulation.simulator import MODES, run_simulation
 
     if mode not in MODES:
         fail(f"--mode must be one of {', '.join(MODES)}, got {mode!r}.")

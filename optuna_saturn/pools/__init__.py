@@ -4,7 +4,7 @@ The pools of processes are the only part of optuna-saturn that starts processes:
 (:mod:`~optuna_saturn.pools.warm`, forked by :mod:`~optuna_saturn.pools.warm_host`) or on a Ray cluster
 (:mod:`~optuna_saturn.pools.ray`), and a launcher per job for strategies whose launcher must own the processes
 (:mod:`~optuna_saturn.pools.launched`), put together by :mod:`~optuna_saturn.pools.processes`. The simulated pool
-(:mod:`~optuna_saturn.pools.simulated`) starts none: its jobs end at virtual times.
+(:mod:`~optuna_saturn.simulation.pool`) starts none: its jobs end at virtual times.
 """
 
 from optuna_saturn.pools.protocol import JobEnd, JobRequest, Pool, PoolBroken, Task

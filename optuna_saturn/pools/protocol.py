@@ -7,7 +7,7 @@ it. Two pools implement it:
 - :class:`~optuna_saturn.pools.processes.ProcessPool`: real processes, through a warm backend
   (:class:`~optuna_saturn.pools.warm_backend.WarmBackend`: this machine's workers, or a Ray cluster's), or a
   launcher for strategies whose launcher must own the processes;
-- :class:`~optuna_saturn.pools.simulated.SimulatedPool`: jobs that end at virtual times, for the simulator and
+- :class:`~optuna_saturn.simulation.pool.SimulatedPool`: jobs that end at virtual times, for the simulator and
   for tests of scheduling rules that need no process.
 
 A job's ranks talk to the sweep through its trials' sessions (:class:`~optuna_saturn.study.trial_session.

@@ -28,8 +28,8 @@ from optuna_saturn.clock import VirtualClock
 from optuna_saturn.devices import Device
 from optuna_saturn.events import SweepListener, TrialMove, TrialStart
 from optuna_saturn.planner import Assignment, Cluster, Job, Option, Plan
-from optuna_saturn.pools.simulated import Behaviour, Fault, SimulatedPool
-from optuna_saturn.pricing.known import JOB_PARAMETER, KnownPrices, SimulatedJob
+from optuna_saturn.simulation.pool import Behaviour, Fault, SimulatedPool
+from optuna_saturn.simulation.prices import JOB_PARAMETER, KnownPrices, SimulatedJob
 from optuna_saturn.strategy import Strategy, load_strategies
 from optuna_saturn.sweep import SweepSettings, assemble
 

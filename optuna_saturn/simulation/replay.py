@@ -4,7 +4,7 @@ Each trial of the sweep becomes a simulated job: the options it was priced with 
 sweep saw them; its true runtime under the option it ran (``saturn:actual_runtime``), the others scaled alike;
 where it stopped (``saturn:steps``: a pruned trial stops at that share of its steps); its run's start-up before its
 first step; and the time describing it took the loop (``saturn:describe_seconds``). The sweep's workers' start
-comes from ``saturn:last_sweep``. Simulated with the real loop (:func:`optuna_saturn.simulator.run_simulation`),
+comes from ``saturn:last_sweep``. Simulated with the real loop (:func:`.simulator.run_simulation`),
 the replay tells how long those same trials would take on other clusters, and, on the same devices, how far the
 simulator is from what really happened.
 """
@@ -17,8 +17,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from optuna_saturn.planner import Cluster, Job, Option
-from optuna_saturn.pools.simulated import Behaviour
-from optuna_saturn.pricing.known import SimulatedJob
+from optuna_saturn.simulation.pool import Behaviour
+from optuna_saturn.simulation.prices import SimulatedJob
 
 ATTR = "saturn:"
 

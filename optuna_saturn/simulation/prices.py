@@ -1,6 +1,6 @@
 """Prices in a simulated sweep: each trial is one of a known set of jobs, priced by that job's options.
 
-The simulator runs the real loop on a simulated pool (:mod:`optuna_saturn.pools.simulated`); what the pricer of a
+The simulator runs the real loop on a simulated pool (:mod:`optuna_saturn.simulation.pool`); what the pricer of a
 real sweep learns by describing and profiling trials is given here. Each job is enqueued in the simulated study
 with its index as the fixed parameter ``job``; a trial is priced by the job it draws, and measuring one of its
 options (a profiling job, or its own first run) makes that option measured. ``known_ahead=False`` makes every
@@ -17,9 +17,9 @@ import optuna
 
 from optuna_saturn.clock import VirtualClock
 from optuna_saturn.planner import Job, Option
-from optuna_saturn.pools.simulated import Behaviour
 from optuna_saturn.pricing.prices import PricedOption, ProfileEntry, ProfileJob, TrialPrice
 from optuna_saturn.profiler import ProfileRecord, Workload
+from optuna_saturn.simulation.pool import Behaviour
 from optuna_saturn.strategy import Strategy
 from optuna_saturn.study.queue import ParameterNotFixed, QueuedTrial
 
