@@ -213,6 +213,9 @@ def test_faults_run_again_a_trial_whose_rank_died_silently_but_not_one_that_repo
     run = running(state, Option("single", 1, 10.0), (0,))
     died = JobEnd(run.key, (0,), False, "rank 0 died (SIGKILL)")
     assert faults.run_again(run, died)
+    run.waiting.retries = 1  # its params ran once before: max_retries reached
+    assert not faults.run_again(run, died)
+    run.waiting.retries = 0
     run.session.outcome = {"op": "fail", "error": "ValueError: bad"}
     assert not faults.run_again(run, died)
 
@@ -236,7 +239,7 @@ def test_elastic_moves_nothing_when_off_and_records_a_move_where_it_stopped():
 # -- outcomes -----------------------------------------------------------------------------------------------------
 def test_outcomes_tell_a_result_and_teach_an_unmeasured_option_early_and_once():
     state = state_of(1)
-    outcomes = Outcomes(node_of=lambda device: {})
+    outcomes = Outcomes()
     run = running(state, Option("single", 1, 100.0), (0,))
     run.waiting.price = priced(("single", 1, 100.0), measured=False)
     session = run.session
@@ -251,5 +254,9 @@ def test_outcomes_tell_a_result_and_teach_an_unmeasured_option_early_and_once():
     tell = outcomes.tell(run, JobEnd(run.key, (0,), True), state, 60.0, run_again=False)
     assert (tell.state, tell.values, tell.reason) == (TrialState.COMPLETE, [0.25], "")
     assert tell.attrs["actual_runtime"] == 60.0 and tell.learn is not None and not tell.learn.early
+    assert "node" not in tell.attrs  # on one machine: no node to record
+    state.nodes_seen({"": {"name": "head", "ip": "10.0.0.1"}})
+    told = outcomes.tell(run, JobEnd(run.key, (0,), True), state, 60.0, run_again=False)
+    assert told.attrs["node"] == {"name": "head", "ip": "10.0.0.1"}
     failed = outcomes.tell(run, JobEnd(run.key, (0,), True), state, 60.0, run_again=False, reason="sweep stopped")
     assert failed.state == TrialState.FAIL and failed.attrs["fail_reason"] == "sweep stopped" and failed.learn is None

@@ -54,6 +54,7 @@ def assemble(
     """The sweep of ``study`` on ``pool``, on ``clock``'s time; ``prices`` price its trials (None: runtime
     estimates alone), describing them under ``study_lock``, the lock every call into the study takes."""
     state = SweepState(clock.now(), list(settings.devices), n_trials=n_trials)
+    state.nodes_seen({d.node: pool.node_of(d) for d in settings.devices})
     folder = study_folder(study)  # (not the study's name: two storages may hold studies of one name)
     owner = Owner.of_this_process()
     gateway = StudyGateway(
@@ -113,6 +114,6 @@ def assemble(
                 max_moves=settings.max_moves,
                 engines={s.name: s.engine for s in settings.strategies},
             ),
-            Outcomes(node_of=pool.node_of),
+            Outcomes(),
         )
     )

@@ -24,7 +24,6 @@ import optuna
 
 from optuna_saturn.pools.protocol import JobEnd
 from optuna_saturn.pricing.prices import TrialPrice
-from optuna_saturn.study.ownership import may_run_again
 from optuna_saturn.sweep.decisions import Describe, Fail, LeaveOut, Readmit, Stop
 from optuna_saturn.sweep.settings import SweepSettings
 from optuna_saturn.sweep.state import SweepState, TrialRun
@@ -138,7 +137,7 @@ class Faults:
         silent = (run.session.outcome or {}).get("op") is None and not end.clean
         faulted = bool(run.stalled) or run.session.storage_failed  # (the storage's fault: a long outage)
         faulted = faulted or (silent and failure_kind(run, end) not in (OUT_OF_MEMORY, MISMATCH))
-        if faulted and not may_run_again(run.session.trial, self.max_retries):
+        if faulted and run.waiting.retries >= self.max_retries:
             _logger.warning(f"Trial {run.number} is not run again: it ran {self.max_retries + 1} times.")
             return False
         return faulted

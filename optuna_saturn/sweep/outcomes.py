@@ -13,7 +13,6 @@ a GPU may run for hours). Its end then revises that profile with the whole run.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from optuna.trial import TrialState
@@ -29,8 +28,7 @@ EARLY_LESSON_STEPS = 10
 
 
 class Outcomes:
-    def __init__(self, *, node_of: Callable[[Device], dict[str, Any]]) -> None:
-        self._node_of = node_of
+    def __init__(self) -> None:
         self._taught_early: set[int] = set()  # trials whose runs taught their step rate while running
 
     def early_lessons(self, state: SweepState) -> list[Learn]:
@@ -102,7 +100,7 @@ class Outcomes:
             "actual_runtime": round(now - run.started, 3),
             "sweep_started_at": state.started_at,
             "log": str(run.log),
-            **self._node(state.devices[run.devices[0]]),
+            **self._node(state, state.devices[run.devices[0]]),
             "priced_by": "measured" if priced is None or priced.measured else priced.basis,
             "asked_at": round(waiting.asked_at, 3),
             "describe_seconds": round(waiting.describe_seconds, 3),
@@ -129,9 +127,10 @@ class Outcomes:
             attrs["resumed_from_step"] = session.resumed_from
         return attrs
 
-    def _node(self, device: Device) -> dict[str, Any]:
+    @staticmethod
+    def _node(state: SweepState, device: Device) -> dict[str, Any]:
         """``saturn:node``: the Ray node a trial ran on (its name, Ray id and IP); absent on the local runner."""
-        node = self._node_of(device)
+        node = state.nodes.get(device.node)
         return {"node": node} if node else {}
 
     @staticmethod

@@ -36,6 +36,7 @@ class Waiting:
     attempts: int = 0  # runs that failed under an option tried for the first time (then left out)
     moves: list[dict] = field(default_factory=list)  # where the sweep moved it from while it ran (elastic resize)
     left: tuple | None = None  # the option (its choice) its last move left: not planned for it again
+    retries: int = 0  # runs of its params before this trial (saturn:retries), read when it was taken in
     asked_at: float = 0.0  # seconds since the sweep started, when it was asked (or described from the queue)
     describe_seconds: float = 0.0  # how long asking and describing it took the loop
     #: its prices while it waited: [the trial whose run taught the change (-1: as first priced; None: a profiling
@@ -101,6 +102,8 @@ class SweepState:
     idle_seconds: dict[int, float] = field(default_factory=dict)  # per device: time between jobs
     ready_at: dict[int, float] = field(default_factory=dict)  # per device: when its worker was first ready
     recorded_pool: tuple[str, ...] = ()  # the pool as a trial's saturn:pool last recorded it (ends)
+    #: per node name, the node as a trial's saturn:node records it (the pool's word: at the start, and as nodes join)
+    nodes: dict[str, dict] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.topology = Topology.of(self.devices)
@@ -206,6 +209,10 @@ class SweepState:
         for device in ready:
             self.ready_at.setdefault(device, now)
         return before < len(self.devices) <= len(self.ready_at)
+
+    def nodes_seen(self, records: dict[str, dict]) -> None:
+        """What the pool says of its nodes (by name), for the trials that run there to record."""
+        self.nodes.update(records)
 
     def nodes_changed(self, devices: Sequence[Device], lost: set[int], now: float) -> bool:
         """The devices (a node joined) or the lost ones (a node died) changed; False if no device is left."""

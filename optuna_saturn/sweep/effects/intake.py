@@ -10,6 +10,8 @@ from typing import Any
 
 import optuna
 
+from optuna_saturn.pricing.prices import TrialPrice
+from optuna_saturn.study.gateway import ATTR
 from optuna_saturn.study.outbox import retrying
 from optuna_saturn.study.ownership import inherit_intermediate_values
 from optuna_saturn.study.queue import ParameterNotFixed, QueuedTrial
@@ -65,10 +67,13 @@ def describe_queued(world: World) -> Taken | None:
     return _priced(world, trial, priced, started)
 
 
-def _priced(world: World, trial: optuna.Trial | QueuedTrial, priced, asked_at: float) -> Taken:
+def _priced(world: World, trial: optuna.Trial | QueuedTrial, priced: TrialPrice, asked_at: float) -> Taken:
     now = world.now()
     options = [[-1, [p.option.to_json() for p in priced.options]]]
-    waiting = Waiting(trial, priced, asked_at=asked_at, describe_seconds=now - asked_at, prices=options)
+    retries = int(trial.user_attrs.get(ATTR + "retries", 0))  # (a run again of a trial whose rank died, perhaps)
+    waiting = Waiting(
+        trial, priced, asked_at=asked_at, describe_seconds=now - asked_at, prices=options, retries=retries
+    )
     return Taken(trial, waiting, now - asked_at)
 
 

@@ -64,6 +64,7 @@ def nodes(world: World, joined: list[Device], lost: set[int]) -> set[int]:
     if not joined and lost <= state.lost:
         return set()
     newly_lost = lost - state.lost
+    state.nodes_seen({d.node: world.pool.node_of(d) for d in joined})
     if not state.nodes_changed([*state.devices, *joined], state.lost | lost, world.now()):
         return set()  # nothing left to plan on: the pool says so (PoolBroken) and the sweep ends
     if newly_lost:
