@@ -81,6 +81,8 @@ class Sweep:
             enabled=settings.elastic and not settings.profile_only,
             max_moves=settings.max_moves,
             engines={s.name: s.engine for s in settings.strategies},
+            seed=settings.seed,
+            plan_work=settings.plan_work,
         )
         self._outcomes = Outcomes(node_of=pool.node_of)
         self._do.use(pricer=pricer, view=self._view, profiling=self._profiling)
