@@ -6,7 +6,10 @@ solver gets depends on the machine's speed at that moment. ``benchmarks/prune_aw
 up to 3% (once 12%) between two runs of the same code, and a 22-job re-plan of its sweep ended 1.0092 or 1.0263 of
 its hint in two runs with Gurobi's 0.05 s. A busy process beside one of the two runs below slows that one's solvers
 by half or more, which is what made those figures move. The subprocesses also get different hash seeds, so an order
-that depends on a set of strings would show here too.
+that depends on a set of strings would show here too. The small sweep below is not cut by its budgets often enough
+to move under wall-clock limits too (three runs with them, one beside a busy core, gave the same figure): it guards
+against a wall-clock read or a hash order coming back into the simulated loop, and
+``test_the_work_limit_is_what_stops_the_search`` shows that the budgets, not convergence, stop a plan.
 """
 
 from __future__ import annotations
@@ -118,3 +121,15 @@ def test_a_work_limit_must_be_a_finite_number_of_units() -> None:
     for units in (-1.0, float("inf"), float("nan")):
         with pytest.raises(ValueError, match=r"WorkLimit\.units"):
             WorkLimit(units)
+
+
+def test_the_work_limit_is_what_stops_the_search() -> None:
+    """The search above stops because its budget ran out, not because it converged: four times the work finds a
+    shorter plan. Under a wall-clock limit that stop came wherever the machine's speed put it, so the same call gave
+    different plans; with a work limit it comes at the same place on any machine."""
+    jobs, cluster = random_jobs(12, 11), Cluster([8, 4])
+    busy = (Reservation(0, (0, 3), 60.0, "r0"),)
+    short, long = (
+        solve(jobs, cluster, "search", busy=busy, seed=5, work_limit=WorkLimit(units)) for units in (0.1, 0.4)
+    )
+    assert long.makespan < short.makespan - 1.0
