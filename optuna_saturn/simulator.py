@@ -104,6 +104,7 @@ def simulate(
     (pruning-blind planning; the clairvoyant mode always is, as it prices with the pruned runtimes themselves).
     ``plan_to_next_rung``: that too, and a trial more likely pruned at its next rung than not is offered only its
     most efficient options until it survives the rung (:mod:`optuna_saturn.sweep.options`).
+    ``time_limit`` is the planner's budget per plan in work units, not seconds (see :func:`run_simulation`).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be 'static', 'replan' or 'clairvoyant', got {mode!r}.")
