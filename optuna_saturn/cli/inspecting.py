@@ -124,7 +124,12 @@ def simulate(
     solver: SolverOption = "auto",
     time_limit: Annotated[
         float,
-        typer.Option("--time-limit", min=0.0, help="Seconds the planner may use per plan (the sweep caps it at 0.1)."),
+        typer.Option(
+            "--time-limit",
+            min=0.0,
+            help="Work the planner may use per plan, in units of planner.WorkLimit (about a second each; the sweep "
+            "caps it at 0.025): not seconds, so the answer is the same on any machine.",
+        ),
     ] = 2.0,
     runtimes: RuntimesOption = "observed",
     sweep: Annotated[

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from optuna_saturn.planner._baselines import sequential_max, task_parallel
 from optuna_saturn.planner._bounds import lower_bound
+from optuna_saturn.planner._budget import WorkLimit
 from optuna_saturn.planner._options import prune_options
 from optuna_saturn.planner._replan import reflow, repair, replan
 from optuna_saturn.planner._resize import Resize, best_resize, remaining_job
@@ -23,6 +24,7 @@ __all__ = [
     "Plan",
     "Reservation",
     "Resize",
+    "WorkLimit",
     "best_resize",
     "lower_bound",
     "plan_problems",

@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from optuna_saturn.planner._budget import WorkLimit
 from optuna_saturn.planner._devices import assign_devices, compact
 from optuna_saturn.planner._types import Cluster, Job, Option, Plan, Reservation
 
@@ -29,11 +30,15 @@ def solve_cpsat(
     hint: Plan,
     lower_bound: float = 0.0,
     workers: int = 1,
+    work_limit: WorkLimit | None = None,
 ) -> Plan | None:
     """Improve on ``hint`` (a valid plan) within ``time_limit``; None if CP-SAT found nothing.
 
     ``workers=1`` (the default) makes a run reproducible for a given ``seed`` whenever it ends before the time
-    limit; more workers search faster but are not deterministic.
+    limit; more workers search faster but are not deterministic. Given ``work_limit``, CP-SAT stops at its
+    deterministic time instead of the wall clock, on one worker, so the same inputs and ``seed`` give the same plan
+    on any machine (``workers`` is then ignored: several workers are deterministic only in CP-SAT's interleaved
+    search, which this backend does not set up).
     """
     try:
         from ortools.sat.python import cp_model
@@ -95,8 +100,12 @@ def solve_cpsat(
 
     solver = cp_model.CpSolver()
     p = solver.parameters
-    p.max_time_in_seconds = max(time_limit, 0.01)
-    p.num_workers = workers
+    if work_limit is None:
+        p.max_time_in_seconds = max(time_limit, 0.01)
+        p.num_workers = workers
+    else:  # (no wall-clock limit at all: one that bound would make the plan depend on the machine again)
+        p.max_deterministic_time = max(work_limit.cpsat_seconds, 1e-4)
+        p.num_workers = 1
     p.random_seed = seed
     p.log_search_progress = False
     status = solver.solve(m)

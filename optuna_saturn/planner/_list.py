@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from optuna_saturn.planner._budget import WorkLimit
 from optuna_saturn.planner._frees import NodeFrees
 from optuna_saturn.planner._types import Assignment, Cluster, Job, Option, Plan, Reservation
 
@@ -68,13 +69,17 @@ def list_schedule(
     upper: float | None = None,
     time_limit: float = 5.0,
     steps: int = 48,
+    work_limit: WorkLimit | None = None,
 ) -> Plan:
     """Best plan over target makespans between ``lower`` and ``upper`` (geometric grid), two job orders each.
 
     Options of a job are its cheapest ones under the target; a job whose cheapest options would end past the
     target may also take any option that finishes earlier (so the tail is not left to a slow, thin option).
+    Targets are tried until ``time_limit`` seconds have passed, or, given ``work_limit``, until that many options
+    were weighed (then the wall clock is not read, and the plan is the same on any machine).
     """
     t0 = time.perf_counter()
+    weighed = 0
     if not jobs:
         return Plan((), solver="list")
     largest = max(cluster.nodes)
@@ -114,11 +119,16 @@ def list_schedule(
                 )
                 for j, opts in seq
             ]
+            weighed += sum(len(opts) for _, opts in seq) + sum(len(opts) for _, opts in widened)
             plan = schedule_in_order(widened, cluster, busy=busy)
             ms = max(a.end for a in plan)
             if ms < best_ms - 1e-9:
                 best, best_ms = plan, ms
-        if time.perf_counter() - t0 > time_limit:
+        if (
+            (weighed >= work_limit.list_placements)
+            if work_limit is not None
+            else (time.perf_counter() - t0 > time_limit)
+        ):
             break
     assert best is not None
     return Plan(tuple(sorted(best, key=lambda a: (a.start, a.job))), solver="list")

@@ -29,6 +29,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from optuna_saturn.planner._budget import WorkLimit
 from optuna_saturn.planner._devices import compact
 from optuna_saturn.planner._types import Assignment, Cluster, Job, Option, Plan, Reservation
 
@@ -288,8 +289,11 @@ class MilpResult:
     bound: float
 
 
-def solve_gurobi(model: LinearModel, *, time_limit: float, seed: int, start: list[float] | None) -> MilpResult:
-    """Solve with gurobipy (one thread). Raises ``SolverUnavailable`` on import, licence or size-limit errors."""
+def solve_gurobi(
+    model: LinearModel, *, time_limit: float, seed: int, start: list[float] | None, work_limit: WorkLimit | None = None
+) -> MilpResult:
+    """Solve with gurobipy (one thread). Raises ``SolverUnavailable`` on import, licence or size-limit errors.
+    Given ``work_limit``, Gurobi stops at its work units (deterministic on one thread) instead of the wall clock."""
     try:
         import gurobipy as gp
         import numpy
@@ -302,7 +306,10 @@ def solve_gurobi(model: LinearModel, *, time_limit: float, seed: int, start: lis
         g = gp.Model(env=env)
         g.Params.Threads = 1
         g.Params.Seed = seed
-        g.Params.TimeLimit = max(time_limit, 0.01)
+        if work_limit is None:
+            g.Params.TimeLimit = max(time_limit, 0.01)
+        else:
+            g.Params.WorkLimit = max(work_limit.gurobi_work, 1e-4)
         g.Params.MIPGap = 1e-6
         vtypes = [gp.GRB.INTEGER if i else gp.GRB.CONTINUOUS for i in model.integer]
         upper = [u if math.isfinite(u) else gp.GRB.INFINITY for u in model.upper]
@@ -339,20 +346,27 @@ def solve_gurobi(model: LinearModel, *, time_limit: float, seed: int, start: lis
         raise SolverUnavailable(f"Gurobi failed: {e} (errno {getattr(e, 'errno', None)})") from e
 
 
-def solve_highs(model: LinearModel, *, time_limit: float, seed: int, start: list[float] | None) -> MilpResult:
-    """Solve with HiGHS (one thread, fixed random seed)."""
+def solve_highs(
+    model: LinearModel, *, time_limit: float, seed: int, start: list[float] | None, work_limit: WorkLimit | None = None
+) -> MilpResult:
+    """Solve with HiGHS (one thread, fixed random seed). Given ``work_limit``, HiGHS stops at a node limit instead of
+    the wall clock, and is not run at all where the budget does not cover its root node (no solution, as when a
+    time limit runs out first)."""
     try:
         import highspy
     except ImportError as e:  # pragma: no cover
         raise SolverUnavailable(f"highspy is not installed ({e})") from e
+    nodes = None if work_limit is None else work_limit.highs_nodes(sum(len(idx) for idx, _, _, _ in model.rows))
+    if nodes == 0:
+        return MilpResult(None, False, -math.inf)
     # The core class: the Python wrapper prints a banner on construction even before options can silence it.
     h = highspy._core._Highs() if hasattr(highspy, "_core") else highspy.Highs()
     for k, v in {
         "output_flag": False,
         "random_seed": seed,
-        "time_limit": max(time_limit, 0.01),
         "mip_rel_gap": 1e-6,
         "threads": 1,
+        **({"time_limit": max(time_limit, 0.01)} if nodes is None else {"mip_max_nodes": nodes}),
     }.items():
         h.setOptionValue(k, v)
     inf = highspy.kHighsInf
@@ -405,11 +419,13 @@ def solve_block_milp(
     seed: int,
     hint: Plan | None,
     lower_bound: float,
+    work_limit: WorkLimit | None = None,
 ) -> Plan | None:
-    """Build the block model, solve it with ``backend`` and decode; None if no solution was found in time."""
+    """Build the block model, solve it with ``backend`` and decode; None if no solution was found in time (or, given
+    ``work_limit``, within that work: see :func:`solve_gurobi` and :func:`solve_highs`)."""
     bm = build_block_model(jobs, cluster, busy=busy, lower_bound=lower_bound)
     start = warm_start(bm, jobs, hint, busy) if hint is not None else None
-    result = BACKENDS[backend](bm.model, time_limit=time_limit, seed=seed, start=start)
+    result = BACKENDS[backend](bm.model, time_limit=time_limit, seed=seed, start=start, work_limit=work_limit)
     if result.values is None:
         return None
     assignments = decode(bm, jobs, result.values, cluster, busy)

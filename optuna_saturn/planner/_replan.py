@@ -13,6 +13,7 @@ import bisect
 import itertools
 from collections.abc import Sequence
 
+from optuna_saturn.planner._budget import WorkLimit
 from optuna_saturn.planner._list import allot, schedule_in_order
 from optuna_saturn.planner._options import check_inputs
 from optuna_saturn.planner._solve import solve
@@ -30,17 +31,21 @@ def replan(
     seed: int = 0,
     min_improvement: float = 0.02,
     min_gain: float = 0.0,
+    work_limit: WorkLimit | None = None,
 ) -> Plan:
     """Re-plan the pending ``jobs`` (times from now) given running trials in ``busy``.
 
     ``previous`` is the plan being executed (any time origin: only its options, nodes, devices and order are
     reused). The fresh plan replaces the repaired previous one only if its makespan is lower by more than
     ``min_improvement`` (relative) and by more than ``min_gain`` seconds. ``plan.info["replan"]`` says which won
-    ("kept", "replaced" or "fresh" when there was nothing to keep), with both makespans.
+    ("kept", "replaced" or "fresh" when there was nothing to keep), with both makespans. ``work_limit``: see
+    :func:`~optuna_saturn.planner.solve` (a budget of work in place of ``time_limit``: the same plan on any machine).
     """
     check_inputs(jobs, cluster, busy)
     kept = repair(previous, jobs, cluster, busy=busy) if previous is not None else None
-    fresh = solve(jobs, cluster, solver=solver, time_limit=time_limit, busy=busy, seed=seed, hint=kept)
+    fresh = solve(
+        jobs, cluster, solver=solver, time_limit=time_limit, busy=busy, seed=seed, hint=kept, work_limit=work_limit
+    )
     if kept is None:
         fresh.info.update(replan="fresh", fresh_makespan=fresh.makespan)
         return fresh

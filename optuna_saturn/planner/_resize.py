@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from optuna_saturn.planner._budget import WorkLimit
 from optuna_saturn.planner._replan import replan
 from optuna_saturn.planner._solve import solve
 from optuna_saturn.planner._types import Cluster, Job, Option, Plan, Reservation
@@ -51,6 +52,7 @@ def best_resize(
     min_improvement: float = 0.02,
     min_gain: Mapping[str, float] | None = None,
     seed: int = 0,
+    work_limit: WorkLimit | None = None,
 ) -> Resize | None:
     """The one move of a running job (``movable``: the running jobs that checkpoint, each as
     :func:`remaining_job` describes it, named as its ``busy`` reservation) that shortens the plan of ``jobs`` the
@@ -58,8 +60,11 @@ def best_resize(
     more than ``min_gain[job]`` seconds. Pass the move's restart cost as ``min_gain`` (it is in the moved job's
     runtime already): the plan does not foresee prunes, and a moved trial pruned soon after gains nothing for the
     cost paid; in the simulator (``benchmarks/elastic_resize.py``) that margin turns small losses at high restart
-    costs into no moves, and keeps the gains at low ones."""
-    kept = replan(previous, jobs, cluster, busy=busy, solver=solver, time_limit=time_limit, seed=seed)
+    costs into no moves, and keeps the gains at low ones. ``work_limit`` bounds each of its plans by work instead of
+    by ``time_limit`` (see :func:`~optuna_saturn.planner.solve`): the same move on any machine."""
+    kept = replan(
+        previous, jobs, cluster, busy=busy, solver=solver, time_limit=time_limit, seed=seed, work_limit=work_limit
+    )
     # (the fresh plan without the move, too: re-planning the waiting jobs alone must not count as the move's gain)
     kept_end = max([min(kept.makespan, kept.info.get("fresh_makespan", kept.makespan)), *(r.until for r in busy)])
     best: Resize | None = None
@@ -68,7 +73,7 @@ def best_resize(
         if moved is None:
             continue
         others = [r for r in busy if r is not reservation]
-        plan = solve([*jobs, moved], cluster, solver=solver, time_limit=time_limit, busy=others, seed=seed)
+        plan = solve([*jobs, moved], cluster, solver, time_limit, busy=others, seed=seed, work_limit=work_limit)
         end = _end(plan, others)
         threshold = min(kept_end * (1.0 - min_improvement), kept_end - (min_gain or {}).get(reservation.job, 0.0))
         if end < threshold - 1e-9 and (best is None or end < best.makespan):

@@ -14,6 +14,7 @@ import random
 import time
 from collections.abc import Sequence
 
+from optuna_saturn.planner._budget import WorkLimit
 from optuna_saturn.planner._list import allot, schedule_in_order
 from optuna_saturn.planner._types import Cluster, Job, Option, Plan, Reservation
 
@@ -29,18 +30,24 @@ def iterated_list(
     time_limit: float,
     seed: int = 0,
     lower_bound: float = 0.0,
+    work_limit: WorkLimit | None = None,
 ) -> Plan:
     """The best plan found within ``time_limit``, starting from ``start`` (a valid plan of ``jobs``); never worse
-    than ``start``. Seeded, but bounded by time: a faster machine tries more plans."""
+    than ``start``. Seeded, but bounded by time: a faster machine tries more plans. Given ``work_limit``, the search
+    stops once it has weighed that many options instead, and the plan depends only on the inputs and ``seed``."""
     t0 = time.perf_counter()
+    weighed, most = 0, None if work_limit is None else work_limit.search_placements
     rng = random.Random(seed)
     by_name = {j.name: j for j in jobs}
     best_seq: _Sequence = [
         (by_name[a.job], (a.option,)) for a in sorted(start.assignments, key=lambda a: (a.start, a.job))
     ]
     best_plan, best = None, start.makespan
-    while time.perf_counter() - t0 < time_limit and best > lower_bound * (1 + 1e-9):
+    while best > lower_bound * (1 + 1e-9) and (
+        weighed < most if most is not None else time.perf_counter() - t0 < time_limit
+    ):
         seq = _fresh(jobs, best, rng) if rng.random() < 0.5 else _swapped(best_seq, rng)
+        weighed += sum(len(options) for _, options in seq)
         plan = schedule_in_order(seq, cluster, busy=busy)
         makespan = max(a.end for a in plan)
         if makespan <= best + 1e-9:

@@ -1,13 +1,16 @@
-"""``solve``: heuristics first (always a valid plan), then the chosen backend improves it within the time limit."""
+"""``solve``: heuristics first (always a valid plan), then the chosen backend improves it within the time limit (or
+the work limit: :mod:`optuna_saturn.planner._budget`)."""
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Sequence
 
 from optuna_saturn.planner._baselines import sequential_max, task_parallel
 from optuna_saturn.planner._bounds import lower_bound
+from optuna_saturn.planner._budget import WorkLimit
 from optuna_saturn.planner._cpsat import solve_cpsat
 from optuna_saturn.planner._greedy import greedy
 from optuna_saturn.planner._list import list_schedule
@@ -38,6 +41,7 @@ def solve(
     busy: Sequence[Reservation] = (),
     seed: int = 0,
     hint: Plan | None = None,
+    work_limit: WorkLimit | None = None,
 ) -> Plan:
     """Plan ``jobs`` on ``cluster``, minimising the makespan. ``busy`` holds devices already taken.
 
@@ -45,6 +49,12 @@ def solve(
     scheduling), is warm-started with it, and its answer is kept only if it is shorter, so a backend can never
     make the plan worse; the returned plan always passes ``validate``. ``time_limit`` covers the whole call.
     ``hint``, a valid plan of the same jobs (e.g. the previous plan, repaired), joins the warm-start candidates.
+
+    ``work_limit`` replaces ``time_limit`` (which is then ignored) with a budget of work: the backends stop at work
+    limits, never at the wall clock, so the same inputs and ``seed`` give the same plan on any machine, however busy
+    (what the simulator needs: see :class:`WorkLimit`). It is split between the stages as a time limit is: a
+    quarter for the list heuristic; in "auto", 0.4 for the MILP and 0.6 for CP-SAT, or 0.6 for the search and 0.4
+    for CP-SAT on more than 60 jobs; all of it for a single backend.
     """
     t0 = time.perf_counter()
     if solver not in SOLVERS:
@@ -62,7 +72,13 @@ def solve(
     if solver == "greedy":
         return _finish(plain, jobs, cluster, busy, lb, t0)
     listed = list_schedule(
-        pruned, cluster, busy=busy, lower=lb, upper=plain.makespan, time_limit=max(0.05, 0.25 * time_limit)
+        pruned,
+        cluster,
+        busy=busy,
+        lower=lb,
+        upper=plain.makespan,
+        time_limit=max(0.05, 0.25 * time_limit),
+        work_limit=None if work_limit is None else WorkLimit(max(0.05, 0.25 * work_limit.units)),
     )
     candidates = [plain, listed]
     if hint is not None and not plan_problems(hint, jobs, cluster, busy=busy):
@@ -75,30 +91,32 @@ def solve(
         return max(0.0, time_limit - (time.perf_counter() - t0))
 
     intervals = sum(len(j.options) for j in pruned) * len(cluster.nodes)
+    # (stage, its share of the time left when it starts, its share of a work limit)
     if solver == "auto":
         if len(jobs) <= _AUTO_MILP_JOBS:
-            stages = [(_milp_name(), 0.4), ("cpsat", 1.0)]
+            stages = [(_milp_name(), 0.4, 0.4), ("cpsat", 1.0, 0.6)]
         elif intervals <= _AUTO_CPSAT_INTERVALS:  # the search finds most of the gain; CP-SAT starts from it
-            stages = [("search", 0.6), ("cpsat", 1.0)]
+            stages = [("search", 0.6, 0.6), ("cpsat", 1.0, 0.4)]
         else:
-            stages = [("search", 1.0)]
+            stages = [("search", 1.0, 1.0)]
     else:
-        stages = [(solver, 1.0)]
+        stages = [(solver, 1.0, 1.0)]
     notes: dict = {}
-    for name, share in stages:
-        if best.makespan <= lb * (1 + 1e-9) or left() <= 0.02:
+    for name, share, work_share in stages:
+        if best.makespan <= lb * (1 + 1e-9) or (work_limit is None and left() <= 0.02):
             break
         candidate = _run_backend(
             name,
             pruned,
             cluster,
             busy,
-            left() * share,
+            left() * share if work_limit is None else math.inf,
             seed,
             best,
             lb,
             notes,
             level=logging.WARNING if solver == name else logging.INFO,
+            work_limit=None if work_limit is None else work_limit.share(work_share),
         )
         if candidate is not None and candidate.makespan < best.makespan - 1e-9:
             best = candidate
@@ -124,6 +142,7 @@ def _run_backend(
     lb: float,
     notes: dict,
     level: int = logging.WARNING,
+    work_limit: WorkLimit | None = None,
 ) -> Plan | None:
     """Run one backend; on ``SolverUnavailable`` log and fall back (recorded in ``notes``).
 
@@ -131,12 +150,31 @@ def _run_backend(
     """
     notes.setdefault("backends", []).append(name)
     if name == "search":
-        return iterated_list(jobs, cluster, start=hint, busy=busy, time_limit=time_limit, seed=seed, lower_bound=lb)
+        return iterated_list(
+            jobs,
+            cluster,
+            start=hint,
+            busy=busy,
+            time_limit=time_limit,
+            seed=seed,
+            lower_bound=lb,
+            work_limit=work_limit,
+        )
     if name == "cpsat":
-        return solve_cpsat(jobs, cluster, busy=busy, time_limit=time_limit, seed=seed, hint=hint, lower_bound=lb)
+        return solve_cpsat(
+            jobs, cluster, busy=busy, time_limit=time_limit, seed=seed, hint=hint, lower_bound=lb, work_limit=work_limit
+        )
     try:
         return solve_block_milp(
-            jobs, cluster, backend=name, busy=busy, time_limit=time_limit, seed=seed, hint=hint, lower_bound=lb
+            jobs,
+            cluster,
+            backend=name,
+            busy=busy,
+            time_limit=time_limit,
+            seed=seed,
+            hint=hint,
+            lower_bound=lb,
+            work_limit=work_limit,
         )
     except SolverUnavailable as e:
         if name != "gurobi":
@@ -146,7 +184,9 @@ def _run_backend(
         fallback = "highs" if _block_vars(jobs, cluster) <= _MILP_MAX_VARS else "cpsat"
         _logger.log(level, "gurobi backend unavailable: %s; falling back to %r.", e, fallback)
         notes["fallback"] = f"gurobi -> {fallback}: {e}"
-        return _run_backend(fallback, jobs, cluster, busy, time_limit, seed, hint, lb, notes, level=level)
+        return _run_backend(
+            fallback, jobs, cluster, busy, time_limit, seed, hint, lb, notes, level=level, work_limit=work_limit
+        )
 
 
 def _block_vars(jobs: Sequence[Job], cluster: Cluster) -> int:

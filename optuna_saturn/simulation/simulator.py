@@ -27,7 +27,7 @@ from optuna.trial import FrozenTrial
 from optuna_saturn.clock import VirtualClock
 from optuna_saturn.devices import Device
 from optuna_saturn.events import SweepListener, TrialMove, TrialStart
-from optuna_saturn.planner import Assignment, Cluster, Job, Option, Plan
+from optuna_saturn.planner import Assignment, Cluster, Job, Option, Plan, WorkLimit
 from optuna_saturn.simulation.pool import Behaviour, Fault, SimulatedPool
 from optuna_saturn.simulation.prices import JOB_PARAMETER, KnownPrices, SimulatedJob
 from optuna_saturn.strategy import Strategy, load_strategies
@@ -104,6 +104,7 @@ def simulate(
     (pruning-blind planning; the clairvoyant mode always is, as it prices with the pruned runtimes themselves).
     ``plan_to_next_rung``: that too, and a trial more likely pruned at its next rung than not is offered only its
     most efficient options until it survives the rung (:mod:`optuna_saturn.sweep.options`).
+    ``time_limit`` is the planner's budget per plan in work units, not seconds (see :func:`run_simulation`).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be 'static', 'replan' or 'clairvoyant', got {mode!r}.")
@@ -176,7 +177,11 @@ def run_simulation(
 ) -> SimulationResult:
     """The real loop on ``jobs`` (see :func:`simulate`), with ``faults`` injected into the simulated pool. A
     ``study`` given must hold ``jobs`` enqueued (their index as the parameter ``job``); by default an in-memory
-    one is made."""
+    one is made.
+
+    The sweep plans by work, not by the wall clock (``time_limit`` is read as units of
+    :class:`~optuna_saturn.planner.WorkLimit`), so the same arguments give the same sweep, to the second, on any
+    machine, however busy."""
     clock = VirtualClock()
     devices = simulated_devices(cluster)
     strategies = simulated_strategies(o.strategy for j in jobs for o in j.job.options)
@@ -198,6 +203,7 @@ def run_simulation(
             replan=mode != "static",
             min_improvement=min_improvement,
             seed=seed,
+            plan_work=WorkLimit(time_limit),
             first_plan=_numbered(plan, jobs) if plan is not None else None,
             max_moves=max_moves,
             owned=False,

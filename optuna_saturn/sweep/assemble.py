@@ -113,6 +113,8 @@ def assemble(
                 enabled=settings.elastic and not settings.profile_only,
                 max_moves=settings.max_moves,
                 engines={s.name: s.engine for s in settings.strategies},
+                seed=settings.seed,
+                plan_work=settings.plan_work,
             ),
             Outcomes(),
         )

@@ -25,19 +25,29 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from optuna_saturn import checkpoint
-from optuna_saturn.planner import Job, Option, Plan, best_resize, remaining_job
+from optuna_saturn.planner import Job, Option, Plan, WorkLimit, best_resize, remaining_job
 from optuna_saturn.study.trial_session import TrialSession
 from optuna_saturn.sweep.decisions import Moved, RequestMove
 from optuna_saturn.sweep.options import OptionsView
-from optuna_saturn.sweep.planning import REPLAN_SECONDS, URGENT_SOLVER
+from optuna_saturn.sweep.planning import REPLAN_SECONDS, URGENT_SOLVER, work_limit
 from optuna_saturn.sweep.state import SweepState, TrialRun
 
 
 class Elastic:
     """Whether to move a running trial now (see the module's docstring)."""
 
-    def __init__(self, *, enabled: bool, engines: dict[str, str], max_moves: int = 2) -> None:
+    def __init__(
+        self,
+        *,
+        enabled: bool,
+        engines: dict[str, str],
+        max_moves: int = 2,
+        seed: int = 0,
+        plan_work: WorkLimit | None = None,
+    ) -> None:
         self._enabled = enabled
+        self._seed = seed
+        self._work_limit = work_limit(plan_work)  # (None: its plans stop at REPLAN_SECONDS, as the sweep's do)
         self._engines = engines  # strategy -> its engine (what its checkpoint is)
         self._max_moves = max_moves  # per trial (a plan's estimates are noisy: no ping-pong on them)
         self._due = False  # a job ended since moves were last weighed
@@ -110,6 +120,8 @@ class Elastic:
             solver=URGENT_SOLVER,
             time_limit=REPLAN_SECONDS,
             min_gain=costs,
+            seed=self._seed,
+            work_limit=self._work_limit,
         )
         if move is None:
             return None

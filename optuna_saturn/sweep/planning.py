@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from optuna_saturn.planner import Assignment, Plan, lower_bound, reflow, replan
+from optuna_saturn.planner import Assignment, Plan, WorkLimit, lower_bound, reflow, replan
 from optuna_saturn.sweep.decisions import Planned, Unplan
 from optuna_saturn.sweep.options import FUTURE, OptionsView
 from optuna_saturn.sweep.settings import SweepSettings
@@ -28,6 +28,11 @@ from optuna_saturn.sweep.state import SweepState
 
 #: Plans happen while devices may wait for them, and take a core: keep them short.
 REPLAN_SECONDS = 0.1
+#: The same cap counted in work, for a sweep that plans by work (``SweepSettings.plan_work``: the simulator). Chosen so
+#: that the solvers do about what they did in ``REPLAN_SECONDS``: on a re-plan's small models most of that time
+#: went to loading them, which work does not count (Gurobi reached 0.01 work units, CP-SAT 0.002 deterministic
+#: seconds; :mod:`optuna_saturn.planner._budget`).
+REPLAN_WORK = WorkLimit(0.025)
 #: The planner's backend while a device waits for the plan: its heuristics alone (greedy and moldable list
 #: scheduling, a few milliseconds; the first CP-SAT plan of a process also imports OR-Tools, 0.4 s).
 URGENT_SOLVER = "list"
@@ -46,6 +51,7 @@ class Planning:
     def __init__(self, settings: SweepSettings) -> None:
         self._solver = settings.solver
         self._time_limit = min(settings.time_limit, REPLAN_SECONDS)
+        self._work_limit = work_limit(settings.plan_work)
         self._min_improvement = settings.min_improvement if settings.replan else float("inf")
         self._seed = settings.seed
         self._first_plan = settings.first_plan
@@ -97,6 +103,7 @@ class Planning:
                 time_limit=self._time_limit,
                 seed=self._seed,
                 min_improvement=min_improvement,
+                work_limit=self._work_limit,
             )
             self._refine = urgent and plan.makespan > plan.lower_bound * (1 + REFINE_GAP)
             self._fresh = (
@@ -148,3 +155,9 @@ class Planning:
         """The waiting trials' current plan, as the planner sees it (node-local devices)."""
         previous = [state.topology.to_local(w.assignment) for w in state.waiting.values() if w.assignment is not None]
         return Plan(tuple(previous)) if previous else None
+
+
+def work_limit(plan_work: WorkLimit | None) -> WorkLimit | None:
+    """A plan's budget of work in a sweep that plans by work (capped at ``REPLAN_WORK``, as its time limit is capped
+    at ``REPLAN_SECONDS``); None in one that plans by the wall clock."""
+    return None if plan_work is None else WorkLimit(min(plan_work.units, REPLAN_WORK.units))

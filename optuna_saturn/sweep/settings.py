@@ -9,7 +9,7 @@ from typing import Any
 
 from optuna_saturn.devices import Device
 from optuna_saturn.events import SweepListener
-from optuna_saturn.planner import Plan
+from optuna_saturn.planner import Plan, WorkLimit
 from optuna_saturn.strategy import Strategy
 
 
@@ -37,6 +37,10 @@ class SweepSettings:
     replan: bool = True  # False: a trial keeps the place its first plan gave it ("static")
     min_improvement: float = 0.02  # a fresh plan replaces the one being executed when this much shorter
     seed: int = 0
+    # None: plans stop at wall-clock limits (a real sweep: a plan that waits for a slow machine costs devices' time);
+    # a WorkLimit: at that much work, so that the same seed gives the same sweep on any machine (the simulator, whose
+    # clock is virtual). The planning policy's per-plan caps apply to both.
+    plan_work: WorkLimit | None = None
     first_plan: Plan | None = None  # the plan of the first trials, instead of solving it (a replay)
     max_moves: int = 2  # elastic moves per trial
     # -- what a storage shared with other sweeps needs (off in a simulation's in-memory study) -------------------
