@@ -13,8 +13,9 @@ from optuna_saturn.planner._bounds import lower_bound
 from optuna_saturn.planner._budget import WorkLimit
 from optuna_saturn.planner._cpsat import solve_cpsat
 from optuna_saturn.planner._greedy import greedy
+from optuna_saturn.planner._linear import SolverUnavailable
 from optuna_saturn.planner._list import list_schedule
-from optuna_saturn.planner._milp import SolverUnavailable, solve_block_milp
+from optuna_saturn.planner._milp import solve_block_milp
 from optuna_saturn.planner._options import check_inputs, prune_jobs
 from optuna_saturn.planner._search import iterated_list
 from optuna_saturn.planner._types import Cluster, Job, Plan, Reservation
