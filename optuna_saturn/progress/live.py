@@ -148,7 +148,9 @@ class RichProgress(SweepListener):
         for handler in logging.getLogger("optuna").handlers:
             if isinstance(handler, logging.StreamHandler) and handler.stream in original:
                 target = sys.stderr if handler.stream is original[0] else sys.stdout
-                self._swapped.append((handler, handler.setStream(target)))
+                previous = handler.setStream(target)
+                if previous is not None:  # (None: rich did not redirect it, off a terminal; nothing to put back)
+                    self._swapped.append((handler, previous))
 
     def _restore_logs(self) -> None:
         for handler, stream in self._swapped:
