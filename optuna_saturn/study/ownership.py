@@ -108,7 +108,8 @@ class Owner:
         (``/proc`` mounted ``hidepid``)."""
         try:
             process = psutil.Process(self.pid)
-            return abs(process.create_time() - self.started) < 2.0 and process.status() != psutil.STATUS_ZOMBIE
+            lives: bool = abs(process.create_time() - self.started) < 2.0 and process.status() != psutil.STATUS_ZOMBIE
+            return lives  # (psutil has no types here)
         except psutil.NoSuchProcess:
             return False
         except psutil.AccessDenied:
