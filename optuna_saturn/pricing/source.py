@@ -32,7 +32,9 @@ class PriceSource(Protocol):
         """Every option the trial may run as, measured or predicted (describing it first if it is new). ``trial``
         is an ``optuna.Trial``, or a trial still in the study's queue (its parameters fixed)."""
 
-    def profile_jobs(self, wanted: Sequence[tuple[optuna.Trial, tuple[str, int, int]]]) -> list[ProfileJob]:
+    def profile_jobs(
+        self, wanted: Sequence[tuple[optuna.Trial | optuna.trial.FixedTrial, tuple[str, int, int]]]
+    ) -> list[ProfileJob]:
         """The options to measure (trial, option choice), grouped into profiling jobs."""
 
     def record(

@@ -21,7 +21,10 @@ SCALING_EFFICIENCY_PER_DOUBLING = 0.9
 
 
 def prior_speedup(devices: int) -> float:
-    return devices * SCALING_EFFICIENCY_PER_DOUBLING ** math.log2(devices)
+    speedup: float = devices * SCALING_EFFICIENCY_PER_DOUBLING ** math.log2(
+        devices
+    )  # (typeshed: float ** float is Any)
+    return speedup
 
 
 class RuntimeEstimator:

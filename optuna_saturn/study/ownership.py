@@ -211,7 +211,7 @@ def why_orphaned(trial: FrozenTrial, me: Owner, study_attrs: dict[str, Any], wat
     return f"no live sweep runs it: {whose} has not listed it among its trials for {unlisted:.0f} s"
 
 
-def may_run_again(trial: FrozenTrial, max_retries: int) -> bool:
+def may_run_again(trial: FrozenTrial | optuna.Trial, max_retries: int) -> bool:
     """Whether a trial (whose own run was a retry, perhaps) may be run again once more."""
     return int(trial.user_attrs.get(ATTR + "retries", 0)) < max_retries
 
