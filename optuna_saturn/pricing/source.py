@@ -45,8 +45,20 @@ class PriceSource(Protocol):
     def follow_ups(self, job: ProfileJob, recorded: Recorded) -> list[ProfileJob]:
         """The jobs that measure what ``job`` did not reach."""
 
-    def learn_from_run(self, number: int, option: Option, **lesson: Any) -> bool:
-        """A trial's real run under ``option`` as that option's profile; whether any price changes."""
+    def learn_from_run(
+        self,
+        number: int,
+        option: Option,
+        *,
+        step_seconds: float,
+        steps: int,
+        startup_seconds: float | None,
+        tail_seconds: float | None,
+        loop_steps: list[int],
+        early: bool = False,
+    ) -> bool:
+        """A trial's real run under ``option`` as that option's profile (its lesson: the steps' rate and count,
+        the start-up before them, the objective after them, its loops); whether any price changes."""
 
     def mark_failed(self, number: int, option: Option, error: str) -> None:
         """A run under ``option`` crashed in a way the option may be at fault: never planned for the workload."""
