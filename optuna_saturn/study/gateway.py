@@ -161,7 +161,7 @@ class StudyGateway:
             self._held[trial.number] = trial_id
         return trial
 
-    def set_attrs(self, trial: optuna.Trial, attrs: dict[str, Any]) -> None:
+    def set_attrs(self, trial: optuna.Trial | optuna.trial.FixedTrial, attrs: dict[str, Any]) -> None:
         """``saturn:``-prefixed user attributes of a trial that is still running."""
 
         def set_them() -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import optuna
 
+from optuna_saturn.pricing.prices import TrialPrice
 from optuna_saturn.study.outbox import retrying
 from optuna_saturn.study.ownership import inherit_intermediate_values
 from optuna_saturn.study.queue import ParameterNotFixed, QueuedTrial
@@ -65,7 +66,7 @@ def describe_queued(world: World) -> Taken | None:
     return _priced(world, trial, priced, started)
 
 
-def _priced(world: World, trial: optuna.Trial | QueuedTrial, priced, asked_at: float) -> Taken:
+def _priced(world: World, trial: optuna.Trial | QueuedTrial, priced: TrialPrice, asked_at: float) -> Taken:
     now = world.now()
     options = [[-1, [p.option.to_json() for p in priced.options]]]
     waiting = Waiting(trial, priced, asked_at=asked_at, describe_seconds=now - asked_at, prices=options)
