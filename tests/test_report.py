@@ -462,4 +462,4 @@ def test_make_progress_modes() -> None:
     assert isinstance(make_progress("auto", stream=io.StringIO()), PlainProgress)  # not a terminal
     assert isinstance(make_progress("rich", stream=io.StringIO()), RichProgress)
     with pytest.raises(ValueError, match="progress mode"):
-        make_progress("loud")  # type: ignore[arg-type]
+        make_progress("loud")  # type: ignore[arg-type]  # an unknown mode on purpose: its error is tested
