@@ -24,8 +24,8 @@ from optuna_saturn.planner import Cluster, lower_bound
 from optuna_saturn.pools.simulated import SimulatedPool
 from optuna_saturn.simulator import simulate
 from optuna_saturn.sweep import dispatch, reporting
-from optuna_saturn.sweep.effects import intake, prices, starts
 from optuna_saturn.sweep.asking import Asking
+from optuna_saturn.sweep.effects import intake, prices, starts
 from optuna_saturn.sweep.elastic import Elastic
 from optuna_saturn.sweep.faults import Faults
 from optuna_saturn.sweep.loop import Sweep
