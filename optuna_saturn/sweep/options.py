@@ -39,8 +39,7 @@ from optuna_saturn.sweep.weighing import fitting, most_efficient, tie_broken, we
 FUTURE_TRIALS = 4
 FUTURE = "future-"
 _logger = optuna.logging.get_logger("optuna.saturn")
-#: A trial's views: (corrected options, weighed options, the planner's job, the quickest runtime and devices).
-_Views = tuple[list[Option], list[Option], Job, tuple[float, int]]
+_Views = tuple[list[Option], list[Option], Job, tuple[float, int]]  # a trial's views: see OptionsView._view
 
 
 class OptionsView:
@@ -68,8 +67,7 @@ class OptionsView:
         self.measuring = MeasuringTimes(profile_steps)
         # every admitted trial's weighed options, as first priced, by their least device-seconds
         self._seen: list[tuple[float, int, list[Option]]] = []
-        # per trial: what its views depend on, and the views
-        self._views: dict[int, tuple[tuple, list[Option], list[Option], Job, tuple[float, int]]] = {}
+        self._views: dict[int, tuple[tuple, list[Option], list[Option], Job, tuple[float, int]]] = {}  # key, views
 
     def ended(self, run: TrialRun, state: TrialState, seconds: float) -> None:
         """A run ended as ``state`` after ``seconds``: it teaches the estimates (runtime, step rate) and, under a
@@ -79,7 +77,6 @@ class OptionsView:
         if state == TrialState.COMPLETE and not session.resumed_from:
             self.estimator.observe(option, seconds)
         if state != TrialState.FAIL and priced and priced.record and session.step_seconds is not None:
-            assert priced.record.step_seconds is not None  # (a priced option's record is feasible: it timed steps)
             self.estimator.observe_step_rate(priced.record.step_seconds, session.step_seconds)
         ended, complete = state in (TrialState.COMPLETE, TrialState.PRUNED), state == TrialState.COMPLETE
         if ended and self.survival.saw_run(session.step, session.total_steps or 0, complete=complete):
@@ -142,8 +139,7 @@ class OptionsView:
         corrected: list[Option] = []
         for priced in waiting.price.options:
             option, record = priced.option, priced.record
-            if record is not None and not record.observed and workload is not None:
-                assert record.step_seconds is not None  # (a priced option's record is feasible: it timed steps)
+            if record is not None and record.step_seconds is not None and not record.observed and workload is not None:
                 loop_seconds = record.trial_steps(workload.total_steps) * record.step_seconds
                 option = replace(option, runtime=self.estimator.corrected(option.runtime, loop_seconds))
             left = 1.0 - reached  # its steps after the checkpoint, of which it is expected to run a share
