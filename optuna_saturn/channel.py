@@ -222,6 +222,7 @@ class ChannelServer:
             return
         served.append(handler)
         self._leave(peer)
+        assert message is not None  # (a handler is found only for a hello)
         hello_said.update(message)
         while message is not None:
             try:

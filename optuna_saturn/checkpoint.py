@@ -33,6 +33,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -110,7 +111,7 @@ def save(
     scheduler: Any,
     *,
     group: Any,
-    loaders: list[Any] = (),
+    loaders: Sequence[Any] = (),
     extra: dict[str, Any] | None = None,
 ) -> CheckpointRecord:
     """Save the training state at ``step`` in ``folder`` (collective: every rank calls it), with ``loaders``
@@ -127,7 +128,8 @@ def save(
     trainer = _trainer_state(step, scheduler, list(loaders), context.world_size, group, extra)
     _barrier(context.world_size, group)  # the folder exists for every rank
     if fmt == DEEPSPEED:
-        model.save_checkpoint(str(partial), tag=_TAG, client_state={"saturn": trainer})
+        deepspeed_engine: Any = model  # (a DeepSpeedEngine: deepspeed has no types)
+        deepspeed_engine.save_checkpoint(str(partial), tag=_TAG, client_state={"saturn": trainer})
     else:
         import torch.distributed.checkpoint as dcp
 
@@ -273,7 +275,8 @@ def _load_deepspeed(engine: Any, record: CheckpointRecord, model: Any, optimizer
         )
     finally:
         model._config.load_universal_checkpoint = False
-    return (client or {})["saturn"]
+    trainer: bytes = (client or {})["saturn"]  # (what save() gave DeepSpeed as its client state)
+    return trainer
 
 
 def to_universal(source: Path, target: Path) -> None:
@@ -342,7 +345,8 @@ def _trainer_state(
         dist.broadcast_object_list(blob, src=0, group=group)
     if isinstance(blob[0], Exception):
         raise blob[0]
-    return blob[0]
+    trainer: bytes = blob[0]  # (trainer_state.dumps's blob, rank 0's on every rank)
+    return trainer
 
 
 def _barrier(world_size: int, group: Any) -> None:

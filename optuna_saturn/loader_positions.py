@@ -42,7 +42,7 @@ class PositionedLoader(LoaderView):
             users = users.loader
         self._persistent = bool(getattr(users, "persistent_workers", False))
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # torch types it as a private iterator
         resume, self._resume = self._resume, None
         if resume is not None and resume.get("states") is None:  # between passes: the loader's own generators
             for generator, state in zip(self._generators, resume.get("generators", [])):
@@ -60,6 +60,7 @@ class PositionedLoader(LoaderView):
                 if next(batches, _END) is _END:
                     break
                 self._yielded += 1
+            assert now is not None  # (captured above, for the same resume)
             restore(now)  # (the loader's own generators stay where replaying the pass left them)
         return self._counted(batches, self._passes)
 

@@ -13,9 +13,9 @@ the DataLoader, keeps every optimizer step seeing exactly the samples it would s
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -84,7 +84,8 @@ def take_rows(batch: Any, lo: int, hi: int) -> Any:
     if isinstance(batch, Mapping):
         items = {k: take_rows(v, lo, hi) for k, v in batch.items()}
         try:
-            return type(batch)(items)  # dict, OrderedDict, transformers' BatchEncoding
+            # dict, OrderedDict, transformers' BatchEncoding: a concrete mapping's class, built from one mapping
+            return cast(Callable[[dict[Any, Any]], Any], type(batch))(items)
         except TypeError:
             return items
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple

@@ -135,7 +135,8 @@ class RelayedTrial:
             self._relay("set_constraint", key=key, value=value)
 
     def _known_part(self, name: str) -> dict[str, Any]:
-        return self._known.setdefault(name, {})
+        part: dict[str, Any] = self._known.setdefault(name, {})  # (its parts are dicts: params, user_attrs, ...)
+        return part
 
     @property
     def params(self) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -81,7 +81,8 @@ class LoaderView(DataLoader):
     def __len__(self) -> int:
         return len(self.loader)
 
-    def __iter__(self) -> Iterator[Any]:
+    # (torch's stub says DataLoader.__iter__ returns its private _BaseDataLoaderIter; any iterator serves a loop)
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # torch types it as a private iterator
         return iter(self.loader)
 
     def __getattr__(self, name: str) -> Any:
@@ -104,7 +105,7 @@ class ShardedDataLoader(LoaderView):
         self._on_batch = on_batch
         self._persistent: DataLoader | None = None
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # torch types it as a private iterator
         # Eager, as DataLoader.__iter__ is: the random states are shared, and the inner iterator (which draws its
         # workers' base seed) is created, at iter() time, exactly when a single process would draw.
         self._share_random_states()
@@ -128,7 +129,8 @@ class ShardedDataLoader(LoaderView):
         """A DataLoader over this rank's indices of each global batch: the user's settings, the user's batch
         sampler underneath (persistent workers need the same loader every epoch)."""
         if self._persistent is not None:
-            self._persistent.batch_sampler.shares = shares
+            # (the loader built below: its batch sampler is a _RankBatchSampler)
+            cast(_RankBatchSampler, self._persistent.batch_sampler).shares = shares
             return self._persistent
         user = self.loader
         loader = DataLoader(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -51,6 +52,7 @@ def _encode(value: Any, where: str) -> Any:
     if isinstance(value, torch.Tensor):
         flat = value.detach().cpu().contiguous().reshape(-1)
         return {_TENSOR: [str(flat.dtype).removeprefix("torch."), list(value.shape), _bytes_of(flat)]}
+    numpy: ModuleType | None
     try:
         import numpy
     except ImportError:  # pragma: no cover (torch needs NumPy for little; it may be absent)

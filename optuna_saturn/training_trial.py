@@ -5,7 +5,7 @@ training frameworks, which are built on these."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -359,7 +359,7 @@ class TrainingTrial(RelayedTrial):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def steps(self, total: int, *, start: int = 0) -> Iterator[int]:
+    def steps(self, total: int, *, start: int = 0) -> Generator[int, None, None]:
         """``range(start, total)`` that also times the steps and reports progress to the executor (``start``:
         the step :meth:`restore` returned, for a trial that resumes from its checkpoint).
 

@@ -70,7 +70,7 @@ class ProfilingLoader(LoaderView):
         super().__init__(loader)
         self._timings = timings  # the run's timings as they stand when a pass begins
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # torch types it as a private iterator
         batches = iter(self.loader)
         timings = self._timings()
         if timings is None or not timings.fast_forward:

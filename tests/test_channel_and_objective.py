@@ -64,4 +64,4 @@ def test_objective_references(tmp_path):
     recipe = describe_objective(closure, str(tmp_path))
     assert recipe["kind"] == "pickle" and load_objective(recipe)(None) == 3.0
     with pytest.raises(TypeError, match="callable"):
-        describe_objective(42, str(tmp_path))  # type: ignore[arg-type]
+        describe_objective(42, str(tmp_path))  # type: ignore[arg-type]  # not callable on purpose: its error is tested

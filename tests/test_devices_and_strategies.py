@@ -114,7 +114,7 @@ def test_unknown_or_impossible_strategies_are_reported():
     with pytest.raises(StrategyError, match="ddp needs >= 2"):
         select_strategies(["ddp"], 1)
     with pytest.raises(StrategyError, match="list of names"):
-        select_strategies("ddp", 2)  # type: ignore[arg-type]
+        select_strategies("ddp", 2)  # type: ignore[arg-type]  # a wrong type on purpose: its error is tested
     with pytest.raises(StrategyError, match="Unknown strategy"):
         SaturnExecutor(devices=1, strategies=["nope"])
 

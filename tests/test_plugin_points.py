@@ -28,8 +28,10 @@ PLUG_IN_POINTS = [
 
 
 def _members(protocol: type) -> set[str]:
-    """The protocol's methods and attributes (annotations), as it declares them."""
-    declared = {n for n, v in vars(protocol).items() if not n.startswith("_") and callable(v)}
+    """The protocol's methods, read-only attributes (properties) and attributes (annotations), as it declares them."""
+    declared = {
+        n for n, v in vars(protocol).items() if not n.startswith("_") and (callable(v) or isinstance(v, property))
+    }
     return declared | set(getattr(protocol, "__annotations__", {}))
 
 

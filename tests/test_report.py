@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import logging
 import sys
 import threading
 import time
@@ -441,9 +442,24 @@ def test_rich_progress_renders_a_table() -> None:
     assert "RUNNING" in text and "WAITING" in text and "3/10" in text and "sweep ETA" in text
 
 
+def test_rich_progress_off_a_terminal_leaves_the_log_handlers_writing() -> None:
+    # off a terminal rich redirects neither stream, so there is no stream to swap: the handlers keep theirs
+    console = Console(file=io.StringIO(), width=140)
+    handler = logging.StreamHandler(sys.stderr)
+    logging.getLogger("optuna").addHandler(handler)
+    try:
+        progress = RichProgress(console=console)
+        study = optuna.create_study()
+        progress.on_sweep_start(study, ["cpu:0"], time.time())
+        progress.on_sweep_end(study, 1.0, False)
+        assert handler.stream is sys.stderr
+    finally:
+        logging.getLogger("optuna").removeHandler(handler)
+
+
 def test_make_progress_modes() -> None:
     assert isinstance(make_progress("quiet"), QuietProgress)
     assert isinstance(make_progress("auto", stream=io.StringIO()), PlainProgress)  # not a terminal
     assert isinstance(make_progress("rich", stream=io.StringIO()), RichProgress)
     with pytest.raises(ValueError, match="progress mode"):
-        make_progress("loud")  # type: ignore[arg-type]
+        make_progress("loud")  # type: ignore[arg-type]  # an unknown mode on purpose: its error is tested

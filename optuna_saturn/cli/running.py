@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, TypeGuard
 
 import optuna
 import typer
@@ -30,7 +30,7 @@ from optuna_saturn.cli.app import (
 )
 from optuna_saturn.cli.loading import load_objective
 from optuna_saturn.cli.study_options import make_pruner, make_sampler
-from optuna_saturn.progress import PROGRESS_MODES, RichProgress, make_progress
+from optuna_saturn.progress import PROGRESS_MODES, ProgressMode, RichProgress, make_progress
 from optuna_saturn.study.urls import without_password
 
 
@@ -169,13 +169,13 @@ def run(
 ) -> None:
     """Run a sweep: add --n-trials trials to the study, each planned and launched on the device pool."""
     the_sampler, the_pruner = make_sampler(sampler, sampler_args, seed), make_pruner(pruner, pruner_args)
-    if progress not in PROGRESS_MODES:
+    if not _is_progress_mode(progress):
         fail(f"--progress must be one of {', '.join(PROGRESS_MODES)}, got {progress!r}.")
-    if direction not in ("minimize", "maximize"):
+    if not _is_direction(direction):
         fail(f"--direction must be minimize or maximize, got {direction!r}.")
-    mode = "quiet" if quiet else progress
+    mode: ProgressMode = "quiet" if quiet else progress
     function = load_objective(objective)
-    view = make_progress(mode)  # type: ignore[arg-type]
+    view = make_progress(mode)
     listeners: list[Any] = [view]
     publisher = _dashboard_publisher(dashboard)
     if publisher is not None:
@@ -371,3 +371,11 @@ def parse_devices(text: str) -> Any:
     if "," in text:
         return ints(text, "--devices")
     return text
+
+
+def _is_progress_mode(value: str) -> TypeGuard[ProgressMode]:
+    return value in PROGRESS_MODES
+
+
+def _is_direction(value: str) -> TypeGuard[Literal["minimize", "maximize"]]:
+    return value in ("minimize", "maximize")

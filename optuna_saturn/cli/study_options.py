@@ -38,7 +38,8 @@ def make_sampler(name: str | None, arguments: str | None, seed: int | None) -> o
         if not _takes(factory, "seed"):
             fail(f"--seed: {name} takes no seed argument. Leave --seed out, or pick a sampler that takes one.")
         kwargs["seed"] = seed
-    return _build(factory, kwargs, optuna.samplers.BaseSampler, "--sampler", name)
+    sampler: optuna.samplers.BaseSampler = _build(factory, kwargs, optuna.samplers.BaseSampler, "--sampler", name)
+    return sampler  # (_build checked that it is one)
 
 
 def make_pruner(name: str | None, arguments: str | None) -> optuna.pruners.BasePruner | None:
@@ -50,7 +51,10 @@ def make_pruner(name: str | None, arguments: str | None) -> optuna.pruners.BaseP
     if name in NO_PRUNER:
         name = "NopPruner"
     factory = _resolve(name, optuna.pruners, optuna.pruners.BasePruner, "--pruner")
-    return _build(factory, _arguments(arguments, "--pruner-args"), optuna.pruners.BasePruner, "--pruner", name)
+    pruner: optuna.pruners.BasePruner = _build(
+        factory, _arguments(arguments, "--pruner-args"), optuna.pruners.BasePruner, "--pruner", name
+    )
+    return pruner  # (_build checked that it is one)
 
 
 def _arguments(text: str | None, option: str) -> dict[str, Any]:

@@ -25,7 +25,8 @@ def engine_class(name: str) -> type[Engine]:
         module, attribute = ENGINES[name].split(":")
     except KeyError:
         raise ValueError(f"No engine {name!r} in this version; available: {sorted(ENGINES)}.") from None
-    return getattr(importlib.import_module(module), attribute)
+    engine: type[Engine] = getattr(importlib.import_module(module), attribute)  # (ENGINES names Engine classes)
+    return engine
 
 
 def engine_for(name: str, context: WorkerContext) -> Engine:

@@ -61,8 +61,11 @@ class Engine:
     that works.
     """
 
-    #: Each rank holds only a shard of the parameters: the user's module cannot be handed out whole.
-    shards_parameters = False
+    @property
+    def shards_parameters(self) -> bool:
+        """Each rank holds only a shard of the parameters: the user's module cannot be handed out whole."""
+        return False
+
     #: The engine counts micro-batches itself (DeepSpeed): accumulation driven from outside its own knob, such as
     #: Trainer's ``gradient_accumulation_steps``, cannot be followed.
     counts_micro_batches = False

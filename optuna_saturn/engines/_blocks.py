@@ -35,8 +35,9 @@ def outermost_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def enable_activation_checkpointing(model: torch.nn.Module) -> None:
     """Recompute each block's activations in backward instead of storing them."""
-    if hasattr(model, "gradient_checkpointing_enable"):  # transformers models know their own blocks
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable = getattr(model, "gradient_checkpointing_enable", None)
+    if enable is not None:  # transformers models know their own blocks
+        enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointImpl,

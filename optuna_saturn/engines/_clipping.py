@@ -34,9 +34,10 @@ _owners: dict[int, tuple[ClipsGradients, torch.nn.Module]] = {}
 
 def install() -> None:
     """Route torch's clipping functions through this module (idempotent)."""
-    for module in (torch.nn.utils, torch.nn.utils.clip_grad):
-        module.clip_grad_norm_ = clip_grad_norm_
-        module.clip_grad_value_ = clip_grad_value_
+    torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
+    torch.nn.utils.clip_grad_value_ = clip_grad_value_
+    torch.nn.utils.clip_grad.clip_grad_norm_ = clip_grad_norm_
+    torch.nn.utils.clip_grad.clip_grad_value_ = clip_grad_value_
 
 
 def register(engine: ClipsGradients, model: torch.nn.Module, parameters: list[torch.nn.Parameter]) -> None:

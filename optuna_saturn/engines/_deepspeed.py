@@ -55,17 +55,19 @@ class _EngineOptimizer(torch.optim.Optimizer):
         self._optimizer_load_state_dict_pre_hooks: OrderedDict = OrderedDict()
         self._optimizer_load_state_dict_post_hooks: OrderedDict = OrderedDict()
 
+    # (torch types param_groups and state as attributes: here they are read from the ZeRO optimizer)
     @property
-    def param_groups(self) -> list[dict]:  # type: ignore[override]
-        return self.optimizer.param_groups
+    def param_groups(self) -> list[dict]:  # type: ignore[override]  # an attribute in torch, see above
+        groups: list[dict] = self.optimizer.param_groups  # (deepspeed has no types)
+        return groups
 
     @property
-    def state(self) -> Any:  # type: ignore[override]
+    def state(self) -> Any:  # type: ignore[override]  # an attribute in torch, see above
         return self.optimizer.state
 
     _step_supports_amp_scaling = True  # (a scaler then says so before the step: see refuse_a_loss_scaler)
 
-    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]  # torch's overloads return the loss
         refuse_a_loss_scaler(self, self.engine_strategy)
         if closure is not None:
             raise ValueError("DeepSpeed's optimizer step takes no closure; compute the loss before optimizer.step().")
@@ -76,7 +78,8 @@ class _EngineOptimizer(torch.optim.Optimizer):
         pass  # the engine zeroes gradients in step()
 
     def state_dict(self) -> dict:
-        return self.optimizer.state_dict()
+        state: dict = self.optimizer.state_dict()  # (deepspeed has no types)
+        return state
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.optimizer.load_state_dict(state_dict)
@@ -130,7 +133,7 @@ class DeepSpeedEngine(Engine):
         super().release()
 
     @property
-    def shards_parameters(self) -> bool:  # type: ignore[override]
+    def shards_parameters(self) -> bool:
         return self.stage >= 3
 
     def user_module(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -210,11 +213,12 @@ class DeepSpeedEngine(Engine):
     ) -> None:
         accumulation = self.context.gradient_accumulation
         weight = weight * accumulation  # DeepSpeed divides by gradient_accumulation_steps itself
-        model.backward(loss * weight if weight != 1.0 else loss)
+        engine = _engine_of(model)
+        engine.backward(loss * weight if weight != 1.0 else loss)
         if not last_micro_batch:
             # DeepSpeed counts micro-batches in step(): before the boundary it only advances the count. The
             # user's optimizer.step() after the last micro-batch is the step at the boundary.
-            model.step()
+            engine.step()
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         if self.shards_parameters:
@@ -224,7 +228,9 @@ class DeepSpeedEngine(Engine):
     def full_state_dict(self, model: torch.nn.Module) -> dict[str, Any]:
         if not self.shards_parameters:
             return super().full_state_dict(model)
-        state = model._zero3_consolidated_16bit_state_dict()  # collective; the parameters' own dtype, on rank 0
+        state = _engine_of(
+            model
+        )._zero3_consolidated_16bit_state_dict()  # collective; the parameters' own dtype, on rank 0
         return dict(state) if self.context.rank == 0 and state else {}
 
     def clip_grad_norm(
@@ -242,12 +248,13 @@ class DeepSpeedEngine(Engine):
                 f"DeepSpeed ZeRO clips by the L2 norm only; use norm_type=2 (got {norm_type}), or leave DeepSpeed "
                 "strategies out of this sweep."
             )
-        if len({id(p) for p in parameters}) != len(list(model.module.parameters())):
+        engine = _engine_of(model)
+        if len({id(p) for p in parameters}) != len(list(engine.module.parameters())):
             raise ValueError(
                 "DeepSpeed ZeRO clips the whole model's gradients together; pass all of them: "
                 "clip_grad_norm_(model.parameters(), max_norm)."
             )
-        zero = model.optimizer
+        zero = engine.optimizer
         if hasattr(zero, "scaled_global_norm"):  # stages 1 and 2
             total = zero.scaled_global_norm()
         else:  # stage 3
@@ -256,4 +263,12 @@ class DeepSpeedEngine(Engine):
             total = combine_grad_norm_groups(zero._get_norm_groups())
         zero.clip_grad = max_norm
         # on the gradients' device, as torch returns it: no host sync each step (the user's .item() may sync)
-        return torch.as_tensor(total, dtype=torch.float32).detach() / zero.loss_scale
+        norm: torch.Tensor = torch.as_tensor(total, dtype=torch.float32).detach() / zero.loss_scale
+        return norm
+
+
+def _engine_of(model: torch.nn.Module | None) -> Any:
+    """The DeepSpeedEngine that ``prepare`` made of the user's model (deepspeed has no types)."""
+    if model is None:
+        raise ValueError("DeepSpeed trains through the model trial.prepare() returned: prepare the model first.")
+    return model

@@ -83,8 +83,9 @@ class FSDPEngine(Engine):
                 ) from exc
 
         # a bound method, as LR schedulers expect to find (they wrap step.__func__)
-        optimizer.step = types.MethodType(step_on_shards, optimizer)  # type: ignore[method-assign]
-        optimizer._step_supports_amp_scaling = True  # type: ignore[attr-defined]  (see refuse_a_loss_scaler)
+        optimizer.step = types.MethodType(step_on_shards, optimizer)  # type: ignore[method-assign]  # patched, see above
+        # (a flag torch's GradScaler reads, not in torch's types: see refuse_a_loss_scaler)
+        optimizer._step_supports_amp_scaling = True  # type: ignore[attr-defined]  # see above
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         self.refuse_unwrap()

@@ -45,8 +45,8 @@ def install() -> None:
             )
         return original(self, *args, **kwargs)
 
-    prepare._saturn_guard = True  # type: ignore[attr-defined]
-    Accelerator.prepare = prepare  # type: ignore[method-assign]
+    prepare._saturn_guard = True  # type: ignore[attr-defined]  # a marker on the function: installed once
+    Accelerator.prepare = prepare
 
 
 @contextlib.contextmanager

@@ -78,6 +78,7 @@ class TrialCallback(pl.Callback):
     def _save(self, trainer: pl.Trainer) -> None:
         strategy = trainer.strategy
         schedulers = trainer.lr_scheduler_configs
+        assert strategy.model is not None  # (saved at a training batch's end: the strategy holds the model)
         self._trial._save_checkpoint(
             trainer.global_step,
             strategy.model,
@@ -92,7 +93,7 @@ def lightning_state(trainer: pl.Trainer) -> dict[str, Any]:
     model and the optimizer), rank 0's. A callback whose state JSON cannot keep (the checkpoint's trainer state is
     JSON, never a pickle) is left out, and said once: it starts afresh when the trial resumes."""
     callbacks = {}
-    for callback in trainer.callbacks:
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]  # set by Lightning's connector, untyped
         if isinstance(callback, TrialCallback):
             continue
         state = callback.state_dict()
@@ -115,6 +116,6 @@ def restore_lightning_state(trainer: pl.Trainer, state: dict[str, Any]) -> None:
     """Where :func:`lightning_state` was: the fit loop goes on at its step, the callbacks as they stood."""
     trainer.fit_loop.load_state_dict(state["loops"])
     saved = state.get("callbacks", {})
-    for callback in trainer.callbacks:
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]  # set by Lightning's connector, untyped
         if str(callback.state_key) in saved:
             callback.load_state_dict(saved[str(callback.state_key)])

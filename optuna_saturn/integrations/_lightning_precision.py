@@ -29,7 +29,7 @@ def precision_plugin(strategy: Strategy, trial: TrainingTrial, precision: Any) -
     return _ModelMixedPrecision(strategy, mixed[precision], trial.device.type)
 
 
-class _PreparedModelsParameters:
+class _PreparedModelsParameters(Precision):
     """``gradient_clip_val`` clips the prepared model's gradients. Lightning clips the optimizer's parameters,
     which under ZeRO are the engine's flat partitions (their ``.grad`` is empty: nothing would be clipped); the
     model's parameters are the ones the engine routes clipping for (see :mod:`optuna_saturn.engines._clipping`).
@@ -41,7 +41,8 @@ class _PreparedModelsParameters:
         assert self._strategy.model is not None
         return self._strategy.model.parameters()
 
-    def optimizer_step(self, optimizer: Any, model: Any, closure: Any, **kwargs: Any) -> Any:
+    # (Lightning's own Precision.optimizer_step takes the model and the closure, unlike Fabric's it overrides)
+    def optimizer_step(self, optimizer: Any, model: Any, closure: Any, **kwargs: Any) -> Any:  # type: ignore[override]  # see above
         """The closure (forward, backward, clipping) first, then the step: DeepSpeed's step takes no closure.
         An optimizer that evaluates the closure several times (LBFGS) gets it, as in Lightning."""
         closure = functools.partial(self._wrap_closure, model, optimizer, closure)
@@ -68,7 +69,7 @@ class _ModelMixedPrecision(_PreparedModelsParameters, MixedPrecision):
         super().__init__(precision, device)
         self._strategy = strategy
 
-    def optimizer_step(self, optimizer: Any, model: Any, closure: Any, **kwargs: Any) -> Any:
+    def optimizer_step(self, optimizer: Any, model: Any, closure: Any, **kwargs: Any) -> Any:  # type: ignore[override]  # as above
         if self.scaler is not None:
             return MixedPrecision.optimizer_step(self, optimizer, model, closure, **kwargs)
         return super().optimizer_step(optimizer, model, closure, **kwargs)

@@ -150,13 +150,14 @@ class SaturnAccelerator(Accelerator):
         autocast of its own, and evaluates the module without the wrapper)."""
         if not self.native_amp or hasattr(model, "_original_forward"):
             return
-        model._original_forward = model.forward  # type: ignore[assignment]
+        # (torch types a module's attributes as tensors or modules; Accelerate keeps the forward there)
+        model._original_forward = model.forward  # type: ignore[assignment]  # see above
         autocast = get_mixed_precision_context_manager(self.native_amp, self.autocast_handler)
         forward = getattr(model.forward, "__func__", None)
         if forward is None:
-            model.forward = convert_outputs_to_fp32(autocast(model.forward))  # type: ignore[method-assign]
+            model.forward = convert_outputs_to_fp32(autocast(model.forward))
         else:
-            model.forward = MethodType(convert_outputs_to_fp32(autocast(forward)), model)  # type: ignore[method-assign]
+            model.forward = MethodType(convert_outputs_to_fp32(autocast(forward)), model)
 
     def prepare_model(
         self, model: torch.nn.Module, device_placement: Any = None, evaluation_mode: bool = False
@@ -165,7 +166,8 @@ class SaturnAccelerator(Accelerator):
             model = model if any(m is model for m in self._models) else model.to(self.device)
             self._autocast_forward(model)
             return model
-        return self.prepare(model)
+        prepared: torch.nn.Module = self.prepare(model)  # (one model in, one out)
+        return prepared
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: Any = None) -> Any:
         raise ValueError("Prepare the optimizer together with its model: accelerator.prepare(model, optimizer).")
@@ -265,7 +267,7 @@ class _CountedSteps(LoaderView):
         super().__init__(loader)
         self._accelerator = accelerator
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # torch types it as a private iterator
         models = self._accelerator._models
         if not models or not models[-1].training:
             return iter(self.loader)

@@ -127,7 +127,8 @@ class SaturnStrategy(Strategy):
         return self._trial.world_size > 1
 
     def setup_environment(self) -> None:
-        rank_zero_only.rank = self._trial.rank  # Lightning logs and warns on global rank 0 only
+        # Lightning logs and warns on global rank 0 only (the rank is an attribute Lightning sets on its function)
+        rank_zero_only.rank = self._trial.rank  # type: ignore[attr-defined]  # see above
         super().setup_environment()
 
     # -- the model, its optimizer, the data: the trial's engine ---------------------------------------------------
@@ -208,18 +209,22 @@ class SaturnStrategy(Strategy):
 
     # -- forward passes go through the engine's wrapper (DDP's hooks, FSDP's gathers, DeepSpeed's engine) ---------
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        assert self.model is not None and self.lightning_module is not None  # (set up before any step)
         with self.precision_plugin.train_step_context():
             return self._forward_redirection(self.model, self.lightning_module, "training_step", *args, **kwargs)
 
     def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        assert self.model is not None and self.lightning_module is not None  # (set up before any step)
         with self.precision_plugin.val_step_context():
             return self._forward_redirection(self.model, self.lightning_module, "validation_step", *args, **kwargs)
 
     def test_step(self, *args: Any, **kwargs: Any) -> Any:
+        assert self.model is not None and self.lightning_module is not None  # (set up before any step)
         with self.precision_plugin.test_step_context():
             return self._forward_redirection(self.model, self.lightning_module, "test_step", *args, **kwargs)
 
     def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        assert self.model is not None and self.lightning_module is not None  # (set up before any step)
         with self.precision_plugin.predict_step_context():
             return self._forward_redirection(self.model, self.lightning_module, "predict_step", *args, **kwargs)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -75,7 +75,8 @@ def prepare_trainer(trial: TrainingTrial, trainer: Trainer, *, metric: str = "ev
     run = f"trial-{trial.number}" + (f"-profile-{trial.strategy.name}" if trial.is_profiling else "")
     args.output_dir = os.path.join(args.output_dir or "trainer_output", run)
     if engine.shards_parameters:
-        trainer.save_model = functools.partial(_save_gathered, trial, trainer)  # type: ignore[method-assign]
+        # (this trainer's save_model gathers the shards first: patched on the instance)
+        trainer.save_model = functools.partial(_save_gathered, trial, trainer)  # type: ignore[method-assign]  # see above
     trainer.add_callback(_TrialCallback(trial, metric))
     return trainer
 
@@ -110,11 +111,11 @@ class _TrialCallback(TrainerCallback):
     def __init__(self, trial: TrainingTrial, metric: str) -> None:
         self._trial = trial
         self._metric = metric
-        self._steps: Iterator[int] | None = None
+        self._steps: Generator[int, None, None] | None = None
         self._reported_steps: set[int] = set()
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._steps = iter(self._trial.steps(state.max_steps))
+        self._steps = self._trial.steps(state.max_steps)  # (a generator: closed when training ends)
         self._advance(control)  # step 0 begins
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -122,7 +123,7 @@ class _TrialCallback(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._steps is not None:
-            self._steps.close()  # type: ignore[attr-defined]
+            self._steps.close()
             self._steps = None
 
     def _advance(self, control: Any) -> None:

@@ -4,18 +4,22 @@ the script keeps its shape; the frameworks are imported only when their way in i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
     import transformers
 
     from optuna_saturn.integrations.accelerate import SaturnAccelerator
+    from optuna_saturn.training_trial import TrainingTrial
 
 
 class WaysIn:
     """Mixed into :class:`~optuna_saturn.SaturnTrial` (and mirrored by the stand-in trial that describes an
     objective before anything is launched)."""
+
+    def _training_trial(self) -> TrainingTrial:
+        return cast("TrainingTrial", self)  # (mixed into SaturnTrial alone, a TrainingTrial)
 
     def accelerator(self, **kwargs: Any) -> SaturnAccelerator:
         """An ``accelerate.Accelerator`` for a script written with Accelerate, with the trial's strategy applied.
@@ -28,7 +32,7 @@ class WaysIn:
         """
         from optuna_saturn.integrations.accelerate import SaturnAccelerator
 
-        return SaturnAccelerator(self, **kwargs)
+        return SaturnAccelerator(self._training_trial(), **kwargs)
 
     def prepare_trainer(self, trainer: transformers.Trainer, *, metric: str = "eval_loss") -> transformers.Trainer:
         """Run a ``transformers.Trainer`` under this trial's strategy; returns the same trainer.
@@ -48,7 +52,7 @@ class WaysIn:
         """
         from optuna_saturn.integrations.trainer import prepare_trainer
 
-        return prepare_trainer(self, trainer, metric=metric)
+        return prepare_trainer(self._training_trial(), trainer, metric=metric)
 
     def lightning_trainer(self, *, metric: str = "val_loss", checkpoints: bool = True, **kwargs: Any) -> pl.Trainer:
         """A ``lightning.Trainer(**kwargs)`` that runs this trial's strategy; use it where the script says
@@ -76,4 +80,4 @@ class WaysIn:
         """
         from optuna_saturn.integrations.lightning import lightning_trainer
 
-        return lightning_trainer(self, metric=metric, checkpoints=checkpoints, **kwargs)
+        return lightning_trainer(self._training_trial(), metric=metric, checkpoints=checkpoints, **kwargs)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class Option:
         return data
 
     @classmethod
-    def from_json(cls, data: dict) -> Option:
+    def from_json(cls, data: Mapping[str, Any]) -> Option:
         return cls(
             str(data["strategy"]),
             int(data["devices"]),

@@ -167,11 +167,11 @@ class ForkedHost:
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
+        while (returncode := self.poll()) is None:
             if deadline is not None and time.monotonic() > deadline:
                 raise subprocess.TimeoutExpired(f"pool host {self.pid}", timeout or 0.0)
             time.sleep(0.01)
-        return self.returncode  # type: ignore[return-value]
+        return returncode
 
     def send_signal(self, signum: int) -> None:
         if self.poll() is None:
@@ -225,8 +225,9 @@ def _redirect_output(log: Path) -> None:
         "stdout": open(1, "w", buffering=1, closefd=False),  # noqa: SIM115
         "stderr": open(2, "w", buffering=1, closefd=False),  # noqa: SIM115
     }
-    sys.stdout = sys.__stdout__ = streams["stdout"]
-    sys.stderr = sys.__stderr__ = streams["stderr"]
+    # (typeshed marks sys.__stdout__ and sys.__stderr__ Final; the forked host replaces them on purpose)
+    sys.stdout = sys.__stdout__ = streams["stdout"]  # type: ignore[misc]  # typeshed: Final, see above
+    sys.stderr = sys.__stderr__ = streams["stderr"]  # type: ignore[misc]  # typeshed: Final, see above
     loggers = [
         logging.getLogger(),
         *(v for v in logging.Logger.manager.loggerDict.values() if isinstance(v, logging.Logger)),

@@ -10,7 +10,7 @@ import os
 import shutil
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,10 +70,11 @@ def free_port() -> int:
     """A free TCP port on loopback, for launchers that need one named (in an isolated namespace any port is)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+        port: int = probe.getsockname()[1]  # (an AF_INET socket's name is (host, port))
+        return port
 
 
-def _torchrun(devices: Sequence[Device]) -> tuple[list[str], dict[str, str]]:
+def _torchrun(devices: Sequence[Device]) -> tuple[list[str], Mapping[str, str | None]]:
     # --standalone: a private c10d rendezvous on a free port, so concurrent trials never share one.
     command = [
         sys.executable,
@@ -90,7 +91,7 @@ def _torchrun(devices: Sequence[Device]) -> tuple[list[str], dict[str, str]]:
     return command, _visible_devices(devices)
 
 
-def _deepspeed(devices: Sequence[Device]) -> tuple[list[str], dict[str, str]]:
+def _deepspeed(devices: Sequence[Device]) -> tuple[list[str], Mapping[str, str | None]]:
     # The deepspeed launcher rewrites CUDA_VISIBLE_DEVICES itself from --include, which names physical GPUs: it
     # must see every GPU (no mask), and get the physical indices behind this process's own mask.
     command = [
@@ -102,7 +103,7 @@ def _deepspeed(devices: Sequence[Device]) -> tuple[list[str], dict[str, str]]:
         "--no_local_rank",
         "--module",
     ]
-    env: dict[str, str] = {}
+    env: dict[str, str | None] = {}  # (None: a variable the worker must not inherit)
     if devices[0].kind == "cuda":
         physical = physical_gpus(devices)
         if not all(p.isdigit() for p in physical):
@@ -112,14 +113,14 @@ def _deepspeed(devices: Sequence[Device]) -> tuple[list[str], dict[str, str]]:
                 "shipped DeepSpeed strategies are), or set CUDA_VISIBLE_DEVICES to indices."
             )
         command[3:3] = [f"--include=localhost:{','.join(physical)}"]
-        env["CUDA_VISIBLE_DEVICES"] = None  # type: ignore[assignment]  (removed below)
+        env["CUDA_VISIBLE_DEVICES"] = None  # (removed from the inherited environment by build_launch)
     else:
         command[3:3] = [f"--num_gpus={len(devices)}"]
         env.update(_visible_devices(devices))
     return [*command, WORKER_MODULE], env
 
 
-def _accelerate(devices: Sequence[Device]) -> tuple[list[str], dict[str, str]]:
+def _accelerate(devices: Sequence[Device]) -> tuple[list[str], Mapping[str, str | None]]:
     # On CPU, only ACCELERATE_USE_CPU=1 with --multi_gpu starts N synchronised processes (notes/cpu-facts.md).
     command = [
         sys.executable,
@@ -177,13 +178,13 @@ def build_launch(
 ) -> Launch:
     """The command and environment that start ``len(devices)`` workers of one trial."""
     command, extra_env = _LAUNCHERS[strategy.launcher](devices)
-    env = {
+    inherited = {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
         "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(extensions_cache())),
         **extra_env,
     }
-    env = {k: v for k, v in env.items() if v is not None}
+    env = {k: v for k, v in inherited.items() if v is not None}
     command = [*command, spec_path]
     if isolate_network:
         command = network_isolation_prefix() + command

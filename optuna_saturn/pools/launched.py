@@ -56,7 +56,7 @@ def exclusive_mode_conflict(devices: Sequence[Device], strategies: Sequence[Stra
 class _Launched:
     key: str
     devices: tuple[int, ...]
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
 
 
 class LaunchedJobs:
@@ -138,7 +138,8 @@ class LaunchedJobs:
 
 def _group_members(pid: int) -> list[psutil.Process]:
     try:
-        return psutil.Process(pid).children(recursive=True)
+        children: list[psutil.Process] = psutil.Process(pid).children(recursive=True)  # (psutil has no types here)
+        return children
     except psutil.Error:
         return []
 

@@ -52,6 +52,7 @@ def become_subreaper() -> bool:
     loader workers of a worker that was killed are then reaped by the pool host's wait loop, not left as zombies
     of PID 1, which in a container may be the executor, and reaps no one. False where the kernel refuses."""
     try:
-        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+        result: int = ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+        return result == 0
     except (OSError, AttributeError):
         return False

@@ -75,16 +75,24 @@ class ProcessPool:
     def lost(self) -> set[int]:
         return self._warm.lost() if self._started else set()
 
+    @property
+    def _channel(self) -> ChannelServer:
+        """The channel server, from the start to the close."""
+        if self._server is None:
+            raise RuntimeError("the process pool is not started, or was closed")
+        return self._server
+
     def submit(self, job: JobRequest) -> None:
         specs = []
-        errors = os.path.join(self._server.folder, safe(job.key))
+        server = self._channel
+        errors = os.path.join(server.folder, safe(job.key))
         self._errors[job.key] = errors
         for task in job.tasks:
-            token = self._server.register(task.session.handle)
+            token = server.register(task.session.handle)
             self._tokens.setdefault(job.key, []).append(token)
             specs.append(
                 {
-                    "channel": self._server.address,
+                    "channel": server.address,
                     "token": token,
                     "objective": self._recipe,
                     "trial_number": task.session.trial.number,
@@ -136,7 +144,7 @@ class ProcessPool:
     def _ended(self, end: JobEnd) -> JobEnd:
         """``end`` with the failure of its rank that failed first; its trials' tokens no longer open the channel."""
         for token in self._tokens.pop(end.key, []):
-            self._server.unregister(token)
+            self._channel.unregister(token)
         errors = self._errors.pop(end.key, None)
         failure = first_failure(errors) if errors is not None else None
         return JobEnd(end.key, end.devices, end.clean, end.reason, str(failure) if failure else None, failure)

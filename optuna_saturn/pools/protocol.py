@@ -97,9 +97,11 @@ class Pool(Protocol):
 
     #: Whether its checkpoints are files (a simulated pool's are on no disk: only their place is checked).
     checkpoints_on_disk: bool
-    #: Whether a checkpoint saved on one of its devices can be loaded on any other (one machine: yes; a cluster's
-    #: nodes: only from a folder they all mount, which the sweep is told by its ``checkpoint_dir``).
-    shares_checkpoints: bool
+
+    @property
+    def shares_checkpoints(self) -> bool:
+        """Whether a checkpoint saved on one of its devices can be loaded on any other (one machine: yes; a
+        cluster's nodes: only from a folder they all mount, which the sweep is told by its ``checkpoint_dir``)."""
 
     def has_checkpoint(self, path: str) -> bool:
         """Whether the checkpoint a job saved at ``path`` can be loaded by the pool's next jobs (it is on their

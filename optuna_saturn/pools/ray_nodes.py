@@ -6,6 +6,7 @@ membership, that one the actors and their jobs."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -43,6 +44,11 @@ class NodeMembership:
     _reserved_at: dict[str, float]
     _joined: list[Device]
     _nodes_checked: float
+    # RayPool's methods, which membership calls
+    _reserve: Callable[[RayNode], None]
+    _spawn: Callable[[int], None]
+    _replace: Callable[[int], None]
+    _rank_ended: Callable[[int, bool, str], None]
 
     def _check_nodes(self) -> None:
         """Which nodes died since the last look: their devices are lost and their jobs end unclean now (Ray may

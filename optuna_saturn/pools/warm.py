@@ -53,7 +53,7 @@ class _Worker:
     pid: int | None = None
     connected: bool = False
     job: Any = None  # the key of the job it runs
-    orders: queue.Queue = field(default_factory=queue.Queue)
+    orders: queue.Queue[dict] = field(default_factory=queue.Queue)
 
 
 @dataclass
@@ -209,12 +209,15 @@ class WorkerPool:
         """Run ``job`` (a spec for :func:`optuna_saturn.worker.rank.run_job`) on ``devices``, whose workers must be
         ready. Its end comes out of :meth:`wait`."""
         log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self._server is None:
+            raise RuntimeError(f"job {key!r} submitted to a worker pool that was not started")
         rendezvous = Path(self._server.folder) / f"rendezvous-{next(self._rendezvous_ids)}"
         with self._lock:
             workers = [self._workers[d] for d in devices]
             if any(not w.connected or w.job is not None for w in workers):
                 raise RuntimeError(f"devices {list(devices)} are not all ready for job {key!r}")
-            self._jobs[key] = _Job(key, tuple(devices), rendezvous, pids={d: self._workers[d].pid for d in devices})
+            pids = {d: w.pid for d, w in zip(devices, workers) if w.pid is not None}  # (all: connected ones have it)
+            self._jobs[key] = _Job(key, tuple(devices), rendezvous, pids=pids)
             for rank, worker in enumerate(workers):
                 worker.job = key
                 worker.orders.put(

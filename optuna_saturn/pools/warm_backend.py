@@ -21,12 +21,15 @@ from optuna_saturn.pools.protocol import JobEnd
 class WarmBackend(Protocol):
     """Warm workers for a pool's devices. Used from the sweep loop's thread only."""
 
-    #: Where the channel must listen for its workers to reach it: None for this machine's loopback, else an
-    #: address every node reaches.
-    channel_host: str | None
-    #: Whether a checkpoint written on one device can be loaded on any other (one machine: yes; the nodes of a
-    #: cluster: only from a folder they all mount, which the sweep is told separately).
-    shares_checkpoints: bool
+    @property
+    def channel_host(self) -> str | None:
+        """Where the channel must listen for its workers to reach it: None for this machine's loopback, else an
+        address every node reaches."""
+
+    @property
+    def shares_checkpoints(self) -> bool:
+        """Whether a checkpoint written on one device can be loaded on any other (one machine: yes; the nodes of
+        a cluster: only from a folder they all mount, which the sweep is told separately)."""
 
     def start(self, channel: ChannelServer, preload: dict | None = None) -> None:
         """Start a worker per device; each talks to ``channel`` and imports ``preload`` (the objective's recipe)."""

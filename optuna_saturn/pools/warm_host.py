@@ -89,9 +89,10 @@ def main(config_path: str) -> None:
         start(index)
     while workers:
         pid, status = os.wait()
-        index, started = workers.pop(pid, (None, 0.0))
-        if index is None:
+        entry = workers.pop(pid, None)
+        if entry is None:  # (not a worker: an orphan the host reaped as its subreaper)
             continue
+        index, started = entry
         code = os.waitstatus_to_exitcode(status)
         if code != 0:
             print(f"optuna-saturn: the worker of device {index} (pid {pid}) exited with code {code}.", flush=True)

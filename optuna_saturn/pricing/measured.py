@@ -4,7 +4,7 @@ a given memory (pure: no store, no pricing)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, overload
 
 from optuna_saturn.profiler import ProfileRecord
 
@@ -46,6 +46,10 @@ def record_of(outcome: dict[str, Any], common: dict[str, Any], *, overhead: floa
     )
 
 
+@overload
+def within(record: ProfileRecord, capacity: float) -> ProfileRecord: ...
+@overload
+def within(record: ProfileRecord | None, capacity: float) -> ProfileRecord | None: ...
 def within(record: ProfileRecord | None, capacity: float) -> ProfileRecord | None:
     """``record`` as it stands on devices of ``capacity`` bytes: a run that held more is infeasible there (on a GPU
     it would have run out of memory; a CPU device's capacity, ``device_memory=``, is a budget nothing enforces

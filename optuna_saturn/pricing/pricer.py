@@ -125,7 +125,7 @@ class Pricer:
             if resolved is None:
                 continue
             failed = self._failed.get(resolved.key)
-            shown = [*resolved.tried, *([resolved.record or failed] if resolved.record or failed else [])]
+            shown = [*resolved.tried, *filter(None, [resolved.record or failed])]
             price.profiles.extend(summary(r) for r in shown)
             if failed is not None or (resolved.record is not None and not resolved.record.feasible):
                 continue  # crashed, refused the trial's code, or no micro-batch count fits
@@ -184,11 +184,11 @@ class Pricer:
         return self.cost_model.predict(("single", 1, 1), workload.work).seconds
 
     # -- profiling jobs -------------------------------------------------------------------------------------------
-    def profile_jobs(self, wanted: Sequence[tuple[optuna.Trial, tuple[str, int, int]]]) -> list[ProfileJob]:
-        """Group the options to measure (trial, option choice) into jobs: one per device count and micro-batch
-        count (one-process strategies apart), each timing several trials' strategies in turn, least memory first
-        (an out-of-memory run stops the job before what would need even more). Keys already measured, failed or
-        wanted twice are skipped."""
+    def profile_jobs(
+        self, wanted: Sequence[tuple[optuna.Trial | optuna.trial.FixedTrial, tuple[str, int, int]]]
+    ) -> list[ProfileJob]:
+        """Group the options to measure (trial, option choice) into profiling jobs (:mod:`.profile_jobs`), skipping
+        keys already measured, failed or wanted twice."""
         kept: list[Wanted] = []
         seen: set[str] = set()
         for trial, (name, devices, accumulation) in wanted:
@@ -367,7 +367,8 @@ class Pricer:
     def _resolve(self, workload: Workload, strategy: Strategy, devices: int) -> _Resolved | None:
         """Walk the strategy's accumulation factors, fewest micro-batches first, past those that ran out of
         memory. None: no factor splits this trial's batch on ``devices`` devices."""
-        last, tried = None, ()
+        last: _Resolved | None = None
+        tried: tuple[ProfileRecord, ...] = ()
         for accumulation in strategy.accumulation_factors_for(workload.global_batch, devices):
             key = self._key(workload, strategy, devices, accumulation)
             last = _Resolved(accumulation, key, within(self._store.get(key), self._memory), tried)

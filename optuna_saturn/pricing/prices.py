@@ -18,7 +18,7 @@ from optuna_saturn.strategy import Strategy
 class ProfileEntry:
     """One trial's part of a profiling job: its objective timed under each of ``strategies`` in turn."""
 
-    trial: optuna.Trial
+    trial: optuna.Trial | optuna.trial.FixedTrial  # (a FixedTrial: one still in the study's queue)
     workload: Workload
     strategies: tuple[Strategy, ...]
     keys: tuple[str, ...]

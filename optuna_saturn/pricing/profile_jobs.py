@@ -19,7 +19,7 @@ class Wanted:
     """One option of one trial to measure: its strategy on ``devices`` devices with ``accumulation`` micro-batches,
     stored under ``key``."""
 
-    trial: optuna.Trial
+    trial: optuna.Trial | optuna.trial.FixedTrial  # (a FixedTrial: one still in the study's queue)
     workload: Workload
     strategy: Strategy
     key: str

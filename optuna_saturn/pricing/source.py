@@ -32,7 +32,9 @@ class PriceSource(Protocol):
         """Every option the trial may run as, measured or predicted (describing it first if it is new). ``trial``
         is an ``optuna.Trial``, or a trial still in the study's queue (its parameters fixed)."""
 
-    def profile_jobs(self, wanted: Sequence[tuple[optuna.Trial, tuple[str, int, int]]]) -> list[ProfileJob]:
+    def profile_jobs(
+        self, wanted: Sequence[tuple[optuna.Trial | optuna.trial.FixedTrial, tuple[str, int, int]]]
+    ) -> list[ProfileJob]:
         """The options to measure (trial, option choice), grouped into profiling jobs."""
 
     def record(
@@ -43,8 +45,20 @@ class PriceSource(Protocol):
     def follow_ups(self, job: ProfileJob, recorded: Recorded) -> list[ProfileJob]:
         """The jobs that measure what ``job`` did not reach."""
 
-    def learn_from_run(self, number: int, option: Option, **lesson: Any) -> bool:
-        """A trial's real run under ``option`` as that option's profile; whether any price changes."""
+    def learn_from_run(
+        self,
+        number: int,
+        option: Option,
+        *,
+        step_seconds: float,
+        steps: int,
+        startup_seconds: float | None,
+        tail_seconds: float | None,
+        loop_steps: list[int],
+        early: bool = False,
+    ) -> bool:
+        """A trial's real run under ``option`` as that option's profile (its lesson: the steps' rate and count,
+        the start-up before them, the objective after them, its loops); whether any price changes."""
 
     def mark_failed(self, number: int, option: Option, error: str) -> None:
         """A run under ``option`` crashed in a way the option may be at fault: never planned for the workload."""

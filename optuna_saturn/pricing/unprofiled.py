@@ -21,7 +21,10 @@ SCALING_EFFICIENCY_PER_DOUBLING = 0.9
 
 
 def prior_speedup(devices: int) -> float:
-    return devices * SCALING_EFFICIENCY_PER_DOUBLING ** math.log2(devices)
+    speedup: float = devices * SCALING_EFFICIENCY_PER_DOUBLING ** math.log2(
+        devices
+    )  # (typeshed: float ** float is Any)
+    return speedup
 
 
 class RuntimeEstimator:
@@ -39,10 +42,11 @@ class RuntimeEstimator:
     def observe(self, option: Option, seconds: float) -> None:
         self._observed[option.choice].append(seconds)
 
-    def observe_step_rate(self, profiled: float, actual: float) -> None:
+    def observe_step_rate(self, profiled: float | None, actual: float) -> None:
         """A trial planned from a profile finished: remember how its loop's real seconds per step (evaluation
-        passes and checkpoints inside the loop included) compare with the profile's timed steps."""
-        if profiled > 0 and actual > 0:
+        passes and checkpoints inside the loop included) compare with the profile's timed steps (None: it timed
+        none, an infeasible one)."""
+        if profiled is not None and profiled > 0 and actual > 0:
             bisect.insort(self._ratios, actual / profiled)
             middle = len(self._ratios) // 2
             median = (

@@ -31,7 +31,8 @@ def device_memory_bytes(devices: Sequence[Device]) -> int:
         return min(_gpu_model(d)[1] for d in devices)
     import psutil
 
-    return psutil.virtual_memory().total // len(devices)
+    total: int = psutil.virtual_memory().total  # (psutil has no types here)
+    return total // len(devices)
 
 
 def _gpu_model(device: Device) -> tuple[str, int]:

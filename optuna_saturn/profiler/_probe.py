@@ -119,11 +119,11 @@ def meta_models_stay_put() -> Iterator[None]:
             return module
         return original(module, *args, **kwargs)
 
-    torch.nn.Module.to = to  # type: ignore[method-assign]
+    torch.nn.Module.to = to  # type: ignore[method-assign, assignment]  # patched while describing: see above
     try:
         yield
     finally:
-        torch.nn.Module.to = original  # type: ignore[method-assign]
+        torch.nn.Module.to = original  # type: ignore[method-assign]  # torch's own, put back
 
 
 def probe_workload(objective: Any, trial: optuna.Trial, lock: threading.Lock) -> Workload:
@@ -179,13 +179,15 @@ class _FirstValues:
     number = -1
     params: ClassVar[dict] = {}  # (read only: nothing is ever suggested into it)
 
-    def suggest_float(self, name: str, low: float, high: float, *, step: float | None = None, log: bool = False):
+    def suggest_float(
+        self, name: str, low: float, high: float, *, step: float | None = None, log: bool = False
+    ) -> float:
         return low
 
-    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False):
+    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
         return low
 
-    def suggest_categorical(self, name: str, choices: Any):
+    def suggest_categorical(self, name: str, choices: Any) -> Any:
         return next(iter(choices))
 
 
@@ -198,6 +200,6 @@ def warm_up(objective: Any) -> None:
     with restored_process_state():
         try:
             with init_empty_weights(include_buffers=False), meta_models_stay_put():
-                objective(StandInTrial(_FirstValues(), threading.Lock()))  # type: ignore[arg-type]
+                objective(StandInTrial(_FirstValues(), threading.Lock()))
         except BaseException:
             pass

@@ -8,9 +8,8 @@ import contextlib
 import itertools
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
-import optuna
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -65,10 +64,29 @@ class StandInLoader:
             yield self._first
 
 
+class Suggests(Protocol):
+    """What the stand-in asks of the trial it stands in for: an ``optuna.Trial``, or placeholder values (the
+    warm-up's first values of each search space)."""
+
+    @property
+    def number(self) -> int: ...
+
+    @property
+    def params(self) -> dict[str, Any]: ...
+
+    def suggest_float(
+        self, name: str, low: float, high: float, *, step: float | None = None, log: bool = False
+    ) -> float: ...
+
+    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int: ...
+
+    def suggest_categorical(self, name: str, choices: Any) -> Any: ...
+
+
 class StandInTrial:
     """What ``objective(trial)`` gets while it is described: mirrors :class:`~optuna_saturn.SaturnTrial`."""
 
-    def __init__(self, trial: optuna.Trial, lock: threading.Lock) -> None:
+    def __init__(self, trial: Suggests, lock: threading.Lock) -> None:
         self._trial = trial
         self._lock = lock
         self.number = trial.number
@@ -86,27 +104,31 @@ class StandInTrial:
         self.total_steps: int | None = None
         self.batches_before_the_loop = 0  # taken from a prepared DataLoader before its trial.steps() loop
 
-    def _suggest(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    def suggest_float(
+        self, name: str, low: float, high: float, *, step: float | None = None, log: bool = False
+    ) -> float:
         with self._lock:
-            return getattr(self._trial, method)(*args, **kwargs)
+            return self._trial.suggest_float(name, low, high, step=step, log=log)
 
-    def suggest_float(self, name: str, low: float, high: float, *, step: float | None = None, log: bool = False):
-        return self._suggest("suggest_float", name, low, high, step=step, log=log)
+    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
+        with self._lock:
+            return self._trial.suggest_int(name, low, high, step=step, log=log)
 
-    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False):
-        return self._suggest("suggest_int", name, low, high, step=step, log=log)
+    def suggest_categorical(self, name: str, choices: Any) -> Any:
+        with self._lock:
+            return self._trial.suggest_categorical(name, list(choices))
 
-    def suggest_categorical(self, name: str, choices: Any):
-        return self._suggest("suggest_categorical", name, list(choices))
+    def suggest_uniform(self, name: str, low: float, high: float) -> float:
+        with self._lock:
+            return self._trial.suggest_float(name, low, high)
 
-    def suggest_uniform(self, name: str, low: float, high: float):
-        return self._suggest("suggest_float", name, low, high)
+    def suggest_loguniform(self, name: str, low: float, high: float) -> float:
+        with self._lock:
+            return self._trial.suggest_float(name, low, high, log=True)
 
-    def suggest_loguniform(self, name: str, low: float, high: float):
-        return self._suggest("suggest_float", name, low, high, log=True)
-
-    def suggest_discrete_uniform(self, name: str, low: float, high: float, q: float):
-        return self._suggest("suggest_float", name, low, high, step=q)
+    def suggest_discrete_uniform(self, name: str, low: float, high: float, q: float) -> float:
+        with self._lock:
+            return self._trial.suggest_float(name, low, high, step=q)
 
     def set_constraint(self, key: str, value: float) -> None:
         pass  # (the real run sets it)
@@ -115,25 +137,29 @@ class StandInTrial:
         with self._lock:
             return getattr(self._trial, name, default)
 
+    def _read_dict(self, name: str) -> dict:
+        found: dict = self._read(name, {})  # (distributions, user_attrs...: dicts on an Optuna trial)
+        return found
+
     @property
     def params(self) -> dict:
         return dict(self._trial.params)
 
     @property
     def distributions(self) -> dict:
-        return self._read("distributions", {})
+        return self._read_dict("distributions")
 
     @property
     def user_attrs(self) -> dict:
-        return self._read("user_attrs", {})
+        return self._read_dict("user_attrs")
 
     @property
     def constraints(self) -> dict:
-        return self._read("constraints", {})
+        return self._read_dict("constraints")
 
     @property
     def relative_params(self) -> dict:
-        return self._read("relative_params", {})
+        return self._read_dict("relative_params")
 
     @property
     def datetime_start(self) -> Any:
@@ -214,7 +240,7 @@ class StandInTrial:
     def checkpoint(self, step: int, model: torch.nn.Module, optimizer: Any = None, scheduler: Any = None) -> None:
         pass
 
-    def steps(self, total: int, *, start: int = 0):
+    def steps(self, total: int, *, start: int = 0) -> Iterator[int]:
         self.total_steps = int(total)
         raise ProbeDone
         yield  # pragma: no cover  (makes this a generator, like SaturnTrial.steps)

@@ -7,13 +7,18 @@ import logging
 import sys
 import threading
 from collections.abc import Sequence
-from typing import IO
+from typing import IO, TYPE_CHECKING, Any
 
 import optuna
 
 from optuna_saturn.events import ProfileEvent, SweepListener, TrialMove, TrialProgress, TrialStart
 from optuna_saturn.planner import Plan
 from optuna_saturn.progress.tracker import FINISHED, SweepTracker, describe_move, format_duration
+
+if TYPE_CHECKING:  # (rich is imported when a table is shown: the dashboard extra)
+    from rich.console import Console, JustifyMethod
+    from rich.live import Live
+    from rich.table import Table
 
 
 class RichProgress(SweepListener):
@@ -23,7 +28,7 @@ class RichProgress(SweepListener):
     rich's redirected stream, so that the sweep's own log lines scroll above the table instead of tearing it.
     """
 
-    def __init__(self, *, console: object | None = None, max_rows: int = 20, refresh_per_second: float = 1.0) -> None:
+    def __init__(self, *, console: Console | None = None, max_rows: int = 20, refresh_per_second: float = 1.0) -> None:
         from rich.console import Console
 
         self.console = console if console is not None else Console(stderr=True)
@@ -31,7 +36,7 @@ class RichProgress(SweepListener):
         self.refresh_per_second = refresh_per_second
         self.tracker = SweepTracker()
         self._lock = threading.Lock()
-        self._live = None
+        self._live: Live | None = None
         self._study_name = ""
         self._swapped: list[tuple[logging.StreamHandler, IO[str]]] = []
 
@@ -41,15 +46,15 @@ class RichProgress(SweepListener):
         with self._lock:
             self.tracker.sweep_start(devices, started_at)
         self._study_name = study.study_name
-        self._live = Live(
+        live = self._live = Live(
             get_renderable=self.render,
             console=self.console,
             refresh_per_second=self.refresh_per_second,
             transient=False,
         )
         original = sys.stderr, sys.stdout
-        self._live.start()
-        refresher = getattr(self._live, "_refresh_thread", None)
+        live.start()
+        refresher = getattr(live, "_refresh_thread", None)
         if refresher is not None:  # ours: the pool host may still be forked beside it (its locks are the console's,
             refresher.name = "saturn-progress"  # which the host never takes: its output goes to its log)
         self._redirect_logs(original)
@@ -88,7 +93,7 @@ class RichProgress(SweepListener):
         with self._lock:
             self.tracker.workers_ready_at = now
 
-    def render(self) -> object:
+    def render(self) -> Table:
         """The table as it is now (rich renderable); called by rich's refresh thread."""
         from rich.table import Table
 
@@ -101,7 +106,7 @@ class RichProgress(SweepListener):
         finished = sorted((s for s in statuses if s.state in FINISHED), key=lambda s: -s.number)
         shown = (active + finished)[: self.max_rows]
         table = Table(title=f"optuna-saturn: study {self._study_name!r}", title_justify="left", expand=False)
-        for column, justify in (
+        columns: tuple[tuple[str, JustifyMethod], ...] = (
             ("trial", "right"),
             ("strategy", "left"),
             ("devices", "left"),
@@ -110,8 +115,9 @@ class RichProgress(SweepListener):
             ("elapsed", "right"),
             ("ETA", "right"),
             ("value", "right"),
-        ):
-            table.add_column(column, justify=justify)  # type: ignore[arg-type]
+        )
+        for column, justify in columns:
+            table.add_column(column, justify=justify)
         styles = {"RUNNING": "bold blue", "COMPLETE": "green", "PRUNED": "yellow", "FAIL": "bold red"}
         for s in sorted(shown, key=lambda s: s.number):
             elapsed = None if s.start is None else (s.end if s.end is not None else now) - s.start
@@ -142,7 +148,9 @@ class RichProgress(SweepListener):
         for handler in logging.getLogger("optuna").handlers:
             if isinstance(handler, logging.StreamHandler) and handler.stream in original:
                 target = sys.stderr if handler.stream is original[0] else sys.stdout
-                self._swapped.append((handler, handler.setStream(target)))
+                previous = handler.setStream(target)
+                if previous is not None:  # (None: rich did not redirect it, off a terminal; nothing to put back)
+                    self._swapped.append((handler, previous))
 
     def _restore_logs(self) -> None:
         for handler, stream in self._swapped:
@@ -168,7 +176,7 @@ class NotebookProgress(RichProgress):
             max_rows=max_rows,
             refresh_per_second=refresh_per_second,
         )
-        self._handle = None
+        self._handle: Any = None  # (IPython's DisplayHandle, once the table is shown)
         self._stop = threading.Event()
         self._refresher: threading.Thread | None = None
 
@@ -190,12 +198,12 @@ class NotebookProgress(RichProgress):
             self._refresher = None
         self._update()  # the final table stays in the cell's output
 
-    def on_profile(self, study: optuna.Study, event: object) -> None:
+    def on_profile(self, study: optuna.Study, event: ProfileEvent) -> None:
         if getattr(event, "phase", None) == "done":
-            print(f"profiled {event.option} for trial {event.trial}: {event.summary}")  # type: ignore[attr-defined]
+            print(f"profiled {event.option} for trial {event.trial}: {event.summary}")
 
-    def on_trial_move(self, study: optuna.Study, move: object) -> None:
-        print(describe_move(move))  # type: ignore[arg-type]
+    def on_trial_move(self, study: optuna.Study, move: TrialMove) -> None:
+        print(describe_move(move))
 
     def _refresh_until_stopped(self) -> None:
         while not self._stop.wait(1.0 / self.refresh_per_second):

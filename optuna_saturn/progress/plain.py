@@ -84,7 +84,11 @@ class PlainProgress(SweepListener):
     def on_trial_end(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, now: float) -> None:
         status = self.tracker.trial_end(trial, now)
         took = now - status.start if status.start is not None else None
-        value = f", value {', '.join(f'{v:.6g}' for v in status.values)}" if status.state == "COMPLETE" else ""
+        value = (
+            f", value {', '.join(f'{v:.6g}' for v in status.values)}"
+            if status.state == "COMPLETE" and status.values is not None
+            else ""
+        )
         counts = self.tracker.counts()
         done = sum(counts.get(s, 0) for s in FINISHED)
         self._write(

@@ -52,7 +52,7 @@ class Fault:
 
     at: float
     kind: str
-    target: object
+    target: Any  # a device index (kill, hang), a node's name (lose), or devices (join)
 
 
 @dataclass
@@ -93,7 +93,7 @@ class SimulatedPool:
         self._faults = sorted(faults, key=lambda f: f.at)
         self._tick = tick
         self._rates = progress_rates  # whether progress reports carry the step rate (a real rank's always do)
-        self._events: list[tuple[float, int, str, object]] = []
+        self._events: list[tuple[float, int, str, Any]] = []  # (the payload: as each kind of event needs)
         self._order = itertools.count()
         self._up: set[int] = set()
         self._busy: dict[int, str] = {}  # device -> job key
@@ -202,6 +202,7 @@ class SimulatedPool:
         t = run.started
         for index, task in enumerate(run.job.tasks):
             behaviour = self._behaviour(task.session.trial.number)
+            assert task.profile is not None  # (a profiling job's tasks each have their profile)
             for strategy in task.profile["strategies"]:
                 choice = (strategy["name"], len(run.job.devices), run.job.gradient_accumulation)
                 step = behaviour.step_seconds(choice)
@@ -224,7 +225,7 @@ class SimulatedPool:
     def _step_time(self, run: _Run, step: float) -> float:
         return run.loop_start + (step - run.resumed) * run.step_time
 
-    def _happen(self, kind: str, what: object) -> list[JobEnd]:
+    def _happen(self, kind: str, what: Any) -> list[JobEnd]:
         if kind == "ready":
             if what not in self._lost:
                 self._up.add(what)
@@ -245,6 +246,7 @@ class SimulatedPool:
             return []
         session = run.job.tasks[0].session
         self._progress(run, self._clock.now())
+        assert run.job.checkpoint is not None  # (a trial's job, which checkpoints)
         path = str(Path(run.job.checkpoint["dir"]).resolve() / f"step-{step}")  # (as a real save records it)
         self._saved.add(path)
         record = {

@@ -109,7 +109,9 @@ class KnownPrices:
             )
         return price
 
-    def profile_jobs(self, wanted: Sequence[tuple[optuna.Trial, tuple[str, int, int]]]) -> list[ProfileJob]:
+    def profile_jobs(
+        self, wanted: Sequence[tuple[optuna.Trial | optuna.trial.FixedTrial, tuple[str, int, int]]]
+    ) -> list[ProfileJob]:
         """One job per (trial, device count, micro-batches): its strategies timed one after another."""
         groups: dict[tuple[int, int, int], list[Strategy]] = {}
         trials = {}

@@ -59,7 +59,9 @@ def replay_of(study: optuna.Study, *, sweep: int = -1, observed: bool = True) ->
     if summary.get("started_at") != started:  # (an earlier sweep: its own summary was overwritten)
         summary = {}
     # (one trial per pool records it: the latest that did)
-    pool = next((t.user_attrs[ATTR + "pool"] for t in reversed(trials) if t.user_attrs.get(ATTR + "pool")), [])
+    pool: list[str] = next(
+        (t.user_attrs[ATTR + "pool"] for t in reversed(trials) if t.user_attrs.get(ATTR + "pool")), []
+    )
     ready = [float(v) for v in (summary.get("workers_ready") or {}).values()]
     index = {t.number: i for i, t in enumerate(trials)}
     return Replay(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -258,7 +258,7 @@ def simulated_devices(cluster: Cluster) -> list[Device]:
     ]
 
 
-def simulated_strategies(names: Sequence[str] | object) -> list[Strategy]:
+def simulated_strategies(names: Iterable[str]) -> list[Strategy]:
     """The shipped template of each strategy name, or a plain data-parallel one for names the simulation made up
     (its checkpoints reshard, like DDP's)."""
     known = load_strategies()
@@ -287,26 +287,26 @@ class _Record(SweepListener):
         self.first_makespan: float | None = None
         self.wall_seconds = 0.0
 
-    def on_sweep_start(self, study, devices, started_at) -> None:
+    def on_sweep_start(self, study: optuna.Study, devices: Sequence[str], started_at: float) -> None:
         self._origin = started_at
 
-    def on_sweep_end(self, study, now, interrupted) -> None:
+    def on_sweep_end(self, study: optuna.Study, now: float, interrupted: bool) -> None:
         self.wall_seconds = now
 
-    def on_plan(self, study, plan, trial_numbers, now) -> None:
+    def on_plan(self, study: optuna.Study, plan: Plan, trial_numbers: Sequence[int], now: float) -> None:
         self.plans += 1
         self.replaced += plan.solver not in ("kept",)
         if self.first_makespan is None:
             self.first_makespan = now + plan.makespan
 
-    def on_trial_start(self, study, start) -> None:
+    def on_trial_start(self, study: optuna.Study, start: TrialStart) -> None:
         self._started[start.number] = start
 
-    def on_trial_move(self, study, move: TrialMove) -> None:
+    def on_trial_move(self, study: optuna.Study, move: TrialMove) -> None:
         if move.phase == "stopped":
             self._ran(move.number)
 
-    def on_trial_end(self, study, trial, now) -> None:
+    def on_trial_end(self, study: optuna.Study, trial: FrozenTrial, now: float) -> None:
         self._ran(trial.number)
 
     def _ran(self, number: int) -> None:

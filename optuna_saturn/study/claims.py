@@ -67,7 +67,8 @@ def _ours(stored: FrozenTrial, claimant: Claimant) -> bool:
     """Whether a trial found RUNNING after a lost reply was moved by ``claimant``."""
     owner = stored.user_attrs.get(ATTR + "owner")
     if owner is not None:
-        return owner.get("sweep") == claimant.sweep
+        ours: bool = owner.get("sweep") == claimant.sweep  # (the owner is a JSON object: sweep, ...)
+        return ours
     if stored.user_attrs.get(claimant.key) != claimant.nonce:
         return False  # (our claim never reached the storage: we never moved it)
     others = [sweep for sweep in claimants(stored) if sweep != claimant.sweep]

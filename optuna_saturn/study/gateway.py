@@ -161,7 +161,7 @@ class StudyGateway:
             self._held[trial.number] = trial_id
         return trial
 
-    def set_attrs(self, trial: optuna.Trial, attrs: dict[str, Any]) -> None:
+    def set_attrs(self, trial: optuna.Trial | optuna.trial.FixedTrial, attrs: dict[str, Any]) -> None:
         """``saturn:``-prefixed user attributes of a trial that is still running."""
 
         def set_them() -> None:
@@ -201,6 +201,7 @@ class StudyGateway:
         if not told_here(frozen, state, values):
             self._keep_late_result(frozen, state, values)
             if kept is not None:
+                assert self._outbox is not None  # (kept: what the outbox kept)
                 self._outbox.set_aside(kept)  # (where no recovery clears it)
         elif kept is not None:
             Outbox.done(kept)
@@ -380,7 +381,8 @@ def told_here(stored: FrozenTrial, state: TrialState, values: list[float] | None
     if state != TrialState.COMPLETE:
         return True  # (a FAIL or PRUNED end carries no value: nothing is lost to the storage's end, whoever's)
     if stored.state == state:
-        return stored.values == values
+        same: bool = stored.values == values  # (lists of floats, or None)
+        return same
     reason = str(stored.user_attrs.get(ATTR + "fail_reason", ""))
     return stored.state == TrialState.FAIL and reason.startswith("could not record the result")
 

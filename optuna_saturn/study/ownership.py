@@ -108,7 +108,8 @@ class Owner:
         (``/proc`` mounted ``hidepid``)."""
         try:
             process = psutil.Process(self.pid)
-            return abs(process.create_time() - self.started) < 2.0 and process.status() != psutil.STATUS_ZOMBIE
+            lives: bool = abs(process.create_time() - self.started) < 2.0 and process.status() != psutil.STATUS_ZOMBIE
+            return lives  # (psutil has no types here)
         except psutil.NoSuchProcess:
             return False
         except psutil.AccessDenied:
@@ -210,7 +211,7 @@ def why_orphaned(trial: FrozenTrial, me: Owner, study_attrs: dict[str, Any], wat
     return f"no live sweep runs it: {whose} has not listed it among its trials for {unlisted:.0f} s"
 
 
-def may_run_again(trial: FrozenTrial, max_retries: int) -> bool:
+def may_run_again(trial: FrozenTrial | optuna.Trial, max_retries: int) -> bool:
     """Whether a trial (whose own run was a retry, perhaps) may be run again once more."""
     return int(trial.user_attrs.get(ATTR + "retries", 0)) < max_retries
 

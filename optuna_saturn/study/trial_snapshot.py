@@ -44,7 +44,8 @@ def trial_snapshot(trial: Any, study: optuna.Study | None = None) -> dict[str, A
             "user_attrs": study.user_attrs,
         },
     }
-    return json.loads(json.dumps(snapshot, default=_plain))
+    plain: dict[str, Any] = json.loads(json.dumps(snapshot, default=_plain))  # (a dict in, a dict out)
+    return plain
 
 
 def _plain(value: Any) -> Any:

@@ -143,6 +143,7 @@ class Asking:
                 key=lambda w: (w.planned_start, w.number),
             )
             for waiting in planned:
+                assert waiting.assignment is not None  # (planned: filtered above)
                 devices = set(waiting.assignment.devices)
                 if waiting.planned_start <= now and devices <= waiting_for_workers:
                     self._owed_a_start.add(waiting.number)

@@ -31,8 +31,10 @@ def starts(state: SweepState, ready: set[int], view: OptionsView, now: float) ->
     later: list[Waiting] = []
     unfit = float("inf")  # the fewest devices no free node holds any more (free devices only get fewer here)
     for waiting in planned:
+        assert waiting.assignment is not None  # (planned: filtered above)
         option = waiting.assignment.option
         preferred = set(waiting.assignment.devices)
+        devices: list[int] | None
         if preferred <= free:
             devices = sorted(preferred)
         else:
@@ -40,7 +42,7 @@ def starts(state: SweepState, ready: set[int], view: OptionsView, now: float) ->
             if devices is None:
                 unfit = min(unfit, option.devices)
         fits = devices is not None
-        if fits and (blocked_until is None or now + option.runtime <= blocked_until):
+        if devices is not None and (blocked_until is None or now + option.runtime <= blocked_until):
             decided.append(Start(waiting, option, tuple(devices)))
             free -= set(devices)
         else:
@@ -88,6 +90,7 @@ def _earliest_needs(later: list[Waiting]) -> dict[int, list[tuple[float, int]]]:
     """Per device, the two earliest planned starts of the waiting trials planned on it (with their numbers)."""
     needs: dict[int, list[tuple[float, int]]] = {}
     for waiting in later:
+        assert waiting.assignment is not None  # (later: planned trials that did not start)
         for d in waiting.assignment.devices:
             needs[d] = sorted([*needs.get(d, []), (waiting.planned_start, waiting.number)])[:2]
     return needs

@@ -62,8 +62,9 @@ class Elastic:
         ran, when it stopped, at which step, and its run's set-up, which its next move will pay again)."""
         session, first_step = run.session, run.session.first_step_at
         setup = None if first_step is None else round(first_step - started_at - run.started, 3)
+        assert session.checkpoint is not None  # (it moves from the checkpoint it saved to move)
         move = {
-            "from": run.waiting.assignment.option.label,
+            "from": run.assignment.option.label,
             "device_ids": list(run.devices),
             "started": round(run.started, 3),
             "at": round(now, 3),
@@ -88,7 +89,7 @@ class Elastic:
                 continue
             session = run.session
             progress = min(session.step / session.total_steps, 1.0) if session.total_steps else None
-            choice = run.waiting.assignment.option.choice
+            choice = run.assignment.option.choice
             options = view.options(run.waiting, state, progress=progress, keep=choice)  # (past a rung it may grow)
             current = next((o for o in options if o.choice == choice), None)
             if current is None:
@@ -125,9 +126,10 @@ class Elastic:
         )
         if move is None:
             return None
-        run = state.running[move.job]
+        moving = state.running[move.job]
+        assert isinstance(moving, TrialRun)  # (only trials' runs are movable)
         return RequestMove(
-            run,
+            moving,
             move.plan.for_job(move.job).option,
             f"the plan then ends in {move.makespan:.0f} s instead of {move.kept_makespan:.0f} s "
             f"(the move costs about {costs[move.job]:.1f} s)",

@@ -73,7 +73,7 @@ class Faults:
             limit = self.stall_limit(run)
             if run.session.last_progress_at is None:  # not one step yet: its set-up may take up to its runtime
                 silent = now - run.started  # (a whole run's: one that resumes near its end still sets up in full)
-                option = run.waiting.assignment.option
+                option = run.assignment.option
                 priced = run.waiting.price.option(option.choice)
                 setups = [m["setup"] for m in run.waiting.moves if m.get("setup") is not None]
                 limit += max(option.runtime, priced.option.runtime if priced is not None else 0.0) + 2 * max(
@@ -91,7 +91,7 @@ class Faults:
         if self._stall_timeout is not None:
             return self._stall_timeout
         step = run.session.step_seconds or 0.0
-        return max(MIN_STALL_SECONDS, 0.5 * run.waiting.assignment.option.runtime, 50 * step)
+        return max(MIN_STALL_SECONDS, 0.5 * run.assignment.option.runtime, 50 * step)
 
     def left_out(self, run: TrialRun, end: JobEnd) -> LeaveOut | None:
         """Whether the trial's option, not the trial, is likely at fault for its failure (see the module's
@@ -99,7 +99,7 @@ class Faults:
         kind = failure_kind(run, end)
         if kind is None or not self._may_leave_out:
             return None
-        waiting, option = run.waiting, run.waiting.assignment.option
+        waiting, option = run.waiting, run.assignment.option
         priced = waiting.price.option(option.choice)
         reported = (run.session.outcome or {}).get("op") == "fail"  # (a silent death is the rank's, not the option's)
         first_run_crash = reported and (priced is None or not priced.measured) and run.session.step == 0
@@ -126,7 +126,7 @@ class Faults:
         waiting = left.run.waiting
         return Readmit(
             replace(waiting, price=price, assignment=None, attempts=waiting.attempts + 1),
-            f"failed under {waiting.assignment.option.label}, the first run of that option for its workload "
+            f"failed under {left.run.assignment.option.label}, the first run of that option for its workload "
             f"({left.error}); the option is left out",
         )
 

@@ -19,6 +19,7 @@ from optuna_saturn.pools.protocol import JobEnd
 from optuna_saturn.study.liveness import Heartbeat, HeartbeatWatch
 from optuna_saturn.study.outbox import STORAGE_ERRORS
 from optuna_saturn.study.ownership import RECOVER_SECONDS, recovery_round
+from optuna_saturn.study.queue import QueuedTrial
 from optuna_saturn.sweep import dispatch, reporting
 from optuna_saturn.sweep.asking import Next
 from optuna_saturn.sweep.decisions import Admit
@@ -222,7 +223,8 @@ class Sweep:
                 stopped = JobEnd(run.key, run.devices, False, "stopped")
                 self._trial_ended(run, stopped, reason=f"sweep stopped: {reason}", call_back=False)
             for waiting in self._state.waiting.values():
-                if not waiting.queued:  # (a queued one is still in the queue: the next optimize runs it)
+                # (a queued one is still in the queue: the next optimize runs it)
+                if not isinstance(waiting.trial, QueuedTrial):
                     self._gateway.fail(waiting.trial, f"not started: sweep stopped: {reason}")
         except STORAGE_ERRORS:  # (what it could not tell is in the outbox: the next sweep tells it)
             _logger.exception("The storage failed while the sweep stopped; the next optimize ends its trials.")

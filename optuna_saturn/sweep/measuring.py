@@ -70,9 +70,5 @@ def profile_results(
     if end.clean or ended_early or reported >= expected:
         return results, None
     outcome = said or {"failed": True, "error": end.error or f"the profiling job ended ({end.reason}) (log: {log})"}
-    named = failure is not None and failure.strategy
-    return results, {
-        **outcome,
-        "strategy": failure.strategy if named else None,
-        "trial": failure.trial if named else None,
-    }
+    named = failure if failure is not None and failure.strategy else None
+    return results, {**outcome, "strategy": named.strategy if named else None, "trial": named.trial if named else None}

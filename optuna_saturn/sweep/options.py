@@ -39,6 +39,7 @@ from optuna_saturn.sweep.weighing import fitting, most_efficient, tie_broken, we
 FUTURE_TRIALS = 4
 FUTURE = "future-"
 _logger = optuna.logging.get_logger("optuna.saturn")
+_Views = tuple[list[Option], list[Option], Job, tuple[float, int]]  # a trial's views: see OptionsView._view
 
 
 class OptionsView:
@@ -66,12 +67,12 @@ class OptionsView:
         self.measuring = MeasuringTimes(profile_steps)
         # every admitted trial's weighed options, as first priced, by their least device-seconds
         self._seen: list[tuple[float, int, list[Option]]] = []
-        self._views: dict[int, tuple] = {}  # per trial: what its views depend on, and the views
+        self._views: dict[int, tuple[tuple, list[Option], list[Option], Job, tuple[float, int]]] = {}  # key, views
 
     def ended(self, run: TrialRun, state: TrialState, seconds: float) -> None:
         """A run ended as ``state`` after ``seconds``: it teaches the estimates (runtime, step rate) and, under a
         pruner, how much of their steps trials run."""
-        option, session = run.waiting.assignment.option, run.session
+        option, session = run.assignment.option, run.session
         priced = run.waiting.price.option(option.choice)
         if state == TrialState.COMPLETE and not session.resumed_from:
             self.estimator.observe(option, seconds)
@@ -108,7 +109,7 @@ class OptionsView:
 
     def _view(
         self, waiting: Waiting, state: SweepState, progress: float | None = None, keep: tuple | None = None
-    ) -> tuple:
+    ) -> _Views:
         """(corrected options, weighed options, the planner's job, the quickest), computed again only when what
         they depend on changed (the trial's price, the checkpoint it resumes from, the observed step rates, the
         nodes): a large sweep asks for them at every event, for hundreds of trials."""
@@ -123,8 +124,7 @@ class OptionsView:
         stopping = self.survival.likely_stopped(reached if progress is None else progress)
         cached = self._views.get(waiting.number)
         if cached is not None:
-            (price, resumed, corrects, version, largest, share, stopped, kept), *views = cached
-            views = tuple(views)
+            price, resumed, corrects, version, largest, share, stopped, kept = cached[0]
             if (
                 price is waiting.price
                 and resumed is resume
@@ -133,13 +133,13 @@ class OptionsView:
                 and (stopped, kept) == (stopping, keep)
                 and (not corrects or version == self.estimator.version)
             ):
-                return views
+                return cached[1:]
         corrects = any(p.record is not None and not p.record.observed for p in waiting.price.options)
         key = (waiting.price, resume, corrects, self.estimator.version, state.largest_node, expected, stopping, keep)
-        corrected = []
+        corrected: list[Option] = []
         for priced in waiting.price.options:
             option, record = priced.option, priced.record
-            if record is not None and not record.observed and workload is not None:
+            if record is not None and record.step_seconds is not None and not record.observed and workload is not None:
                 loop_seconds = record.trial_steps(workload.total_steps) * record.step_seconds
                 option = replace(option, runtime=self.estimator.corrected(option.runtime, loop_seconds))
             left = 1.0 - reached  # its steps after the checkpoint, of which it is expected to run a share
@@ -187,7 +187,7 @@ class OptionsView:
         its profile says follows the loop), else from its planned runtime; a profiling job from its prediction."""
         if isinstance(run, ProfileRun):
             return max(0.0, run.started + self.measuring.profile_seconds(run, state) - now)
-        session, option = run.session, run.waiting.assignment.option
+        session, option = run.session, run.assignment.option
         priced = run.waiting.price.option(option.choice)
         record = priced.record if priced is not None else None
         if session.step_seconds is not None and session.total_steps:

@@ -41,11 +41,11 @@ class Outcomes:
                 continue
             if session.step < EARLY_LESSON_STEPS or session.step >= (session.total_steps or 0):
                 continue  # (a run about to end teaches at its end)
-            priced = run.waiting.price.option(run.waiting.assignment.option.choice)
+            priced = run.waiting.price.option(run.assignment.option.choice)
             if priced is None or priced.measured:
                 continue
             self._taught_early.add(run.number)
-            option = run.waiting.assignment.option
+            option = run.assignment.option
             lessons.append(Learn(run.number, option, self._lesson(run, state, tail=None), early=True))
         return lessons
 
@@ -84,7 +84,7 @@ class Outcomes:
     def attrs(self, run: TrialRun, state: SweepState, now: float, profiling: list[dict] | None) -> dict[str, Any]:
         """``saturn:`` attributes of an ended run (see the module's docstring)."""
         waiting, session = run.waiting, run.session
-        option = waiting.assignment.option
+        option = run.assignment.option
         priced = waiting.price.option(option.choice)
         attrs: dict[str, Any] = {
             "strategy": option.strategy,
@@ -145,12 +145,14 @@ class Outcomes:
         tail = (
             (session.outcome_at - session.last_progress_at) if session.outcome_at and session.last_progress_at else None
         )
-        return Learn(run.number, run.waiting.assignment.option, Outcomes._lesson(run, state, tail=tail))
+        return Learn(run.number, run.assignment.option, Outcomes._lesson(run, state, tail=tail))
 
     @staticmethod
     def _lesson(run: TrialRun, state: SweepState, *, tail: float | None) -> dict[str, Any]:
         """The run's steps so far as a profile of its option: their rate, and the start-up before them."""
         session = run.session
+        # (its callers learn only from runs with a step rate, which come after their first step)
+        assert session.first_step_at is not None and session.step_seconds is not None
         startup = session.first_step_at - state.started_at - run.started - session.step_seconds
         return {
             "step_seconds": session.step_seconds,

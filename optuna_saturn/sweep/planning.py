@@ -59,7 +59,8 @@ class Planning:
         self._refine = False  # the last plan was the heuristics' alone: the solvers refine it when they may
         self.version = 0  # plans made
         self.first_makespan: float | None = None
-        self._fresh: tuple[set[str], int, float] | None = None  # the last fresh plan: its trials, changes, end
+        # the last fresh plan: its trials, changes, end, makespan
+        self._fresh: tuple[set[str], int, float, float] | None = None
 
     @staticmethod
     def unplan_lost(state: SweepState) -> Unplan:

@@ -34,7 +34,8 @@ class Profiling:
         self._budget = budget
         self._profile_only = profile_only
         self._queue: list[ProfileJob] = []
-        self._every_option: list[tuple[optuna.Trial, tuple[str, int, int]]] = []  # grouped into jobs when placed
+        # grouped into jobs when placed
+        self._every_option: list[tuple[optuna.Trial | optuna.trial.FixedTrial, tuple[str, int, int]]] = []
         self._profiled: set[tuple[int, tuple[str, int, int]]] = set()  # (trial, choice) measured or measuring
         self._judged = -1  # the plan whose value of information was judged
         self.device_seconds = 0.0  # spent in profiling jobs
@@ -45,7 +46,7 @@ class Profiling:
     def pending(self) -> bool:
         return bool(self._queue or self._every_option)
 
-    def measure_every_option(self, trial: optuna.Trial, price: TrialPrice) -> None:
+    def measure_every_option(self, trial: optuna.Trial | optuna.trial.FixedTrial, price: TrialPrice) -> None:
         """A profile-only sweep's trial: all of its options not measured yet. The trials admitted together are
         grouped into jobs together (one job per device count times every strategy of every one of them)."""
         self._every_option += [(trial, p.option.choice) for p in price.options if not p.measured]
@@ -76,7 +77,7 @@ class Profiling:
                 break
             placed = ((j, state.topology.pick(idle, j.devices)) for j in self._queue)
             job, devices = next(((j, d) for j, d in placed if d is not None), (None, None))
-            if job is None:
+            if job is None or devices is None:  # (both None: no job fits)
                 break
             self._queue.remove(job)
             idle -= set(devices)
@@ -136,6 +137,8 @@ class Profiling:
                     f"Measuring {priced.option.label} for trial {number}: it may save {gain:.1f} s of the plan "
                     f"for about {cost:.1f} s on {priced.option.devices} device(s)."
                 )
+        if self._pricer is None:  # (checked by measurements(), which alone calls this)
+            return []
         return self._pricer.profile_jobs(wanted) if wanted else []
 
 

@@ -9,6 +9,7 @@ import itertools
 import threading
 import time
 from pathlib import Path
+from typing import cast
 
 import optuna
 
@@ -63,9 +64,11 @@ class JobRequests:
 
     def profiling(self, job: ProfileJob, devices: tuple[int, ...]) -> JobRequest:
         warmup, timed = self._profile_steps
+        # (a trial still in the study's queue, a FixedTrial, answers what a profiling run asks of it: its
+        # suggestions and params; it reports nothing and restores no checkpoint)
         tasks = tuple(
             Task(
-                TrialSession(entry.trial, self._lock, self._clock, study=self.study),
+                TrialSession(cast(optuna.Trial, entry.trial), self._lock, self._clock, study=self.study),
                 entry.strategies[0],
                 profile={
                     "warmup": warmup,

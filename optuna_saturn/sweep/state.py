@@ -74,6 +74,13 @@ class TrialRun(Run):
     def number(self) -> int:
         return self.waiting.number
 
+    @property
+    def assignment(self) -> Assignment:
+        """The assignment it runs under: the start sets it, and nothing clears it while the trial runs."""
+        if self.waiting.assignment is None:
+            raise RuntimeError(f"trial {self.number} runs without an assignment")
+        return self.waiting.assignment
+
 
 @dataclass
 class ProfileRun(Run):

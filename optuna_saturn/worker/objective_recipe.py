@@ -56,9 +56,10 @@ def load_objective(recipe: dict) -> Callable[..., Any]:
         if entry not in sys.path:
             sys.path.insert(0, entry)
     kind = recipe["kind"]
+    objective: Callable[..., Any]  # (what describe_objective was given: it checked that it is callable)
     if kind == "module":
-        return _lookup(importlib.import_module(recipe["module"]), recipe["qualname"])
-    if kind == "file" and "origin" in recipe:  # (a copy: run as the script it copies, for its __file__)
+        objective = _lookup(importlib.import_module(recipe["module"]), recipe["qualname"])
+    elif kind == "file" and "origin" in recipe:  # (a copy: run as the script it copies, for its __file__)
         with open(recipe["path"], "rb") as f:
             code = compile(f.read(), recipe["origin"], "exec")
         namespace: dict[str, Any] = {
@@ -67,12 +68,14 @@ def load_objective(recipe: dict) -> Callable[..., Any]:
             "__builtins__": __builtins__,
         }
         exec(code, namespace)
-        return _lookup(namespace, recipe["qualname"])
-    if kind == "file":
+        objective = _lookup(namespace, recipe["qualname"])
+    elif kind == "file":
         namespace = runpy.run_path(recipe["path"], run_name="__saturn_main__")
-        return _lookup(namespace, recipe["qualname"])
-    with open(recipe["path"], "rb") as f:
-        return cloudpickle.load(f)
+        objective = _lookup(namespace, recipe["qualname"])
+    else:
+        with open(recipe["path"], "rb") as f:
+            objective = cloudpickle.load(f)
+    return objective
 
 
 def portable(recipe: dict) -> dict:

@@ -169,6 +169,7 @@ def _outcome(
         last loop. ``agreed``: every rank got here the same way, so the slowest rank's numbers can be gathered;
         otherwise this rank's own (no collective: a peer may be inside one of the objective's)."""
         timings = trial.profile_timings
+        assert timings is not None  # (each caller checked it: the profiling run's timed loop ended)
         tail = time.time() - timings.last_loop_ended_at
         world = place.world_size if agreed else 1
         peak, reserved = _max_over_ranks([memory.peak(), memory.reserved_peak()], world, place.control_group)

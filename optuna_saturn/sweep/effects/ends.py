@@ -14,6 +14,7 @@ from optuna.trial import FrozenTrial, TrialState
 from optuna_saturn import checkpoint
 from optuna_saturn.study.gateway import ATTR, ended_by_another
 from optuna_saturn.study.ownership import run_again
+from optuna_saturn.study.queue import QueuedTrial
 from optuna_saturn.sweep import reporting
 from optuna_saturn.sweep.decisions import Fail, Tell
 from optuna_saturn.sweep.effects.world import World
@@ -38,7 +39,7 @@ def tell(world: World, tell: Tell, *, call_back: bool = True) -> FrozenTrial:
 def fail(world: World, fail: Fail) -> None:
     """End a waiting trial FAIL with the reason (one still in the study's queue stays there)."""
     world.state.forget(fail.waiting.number)
-    if fail.waiting.queued:
+    if isinstance(fail.waiting.trial, QueuedTrial):  # (fail.waiting.queued)
         _logger.warning(f"Trial {fail.waiting.number} stays in the study's queue: {fail.reason}.")
         return
     frozen = world.gateway.fail(fail.waiting.trial, fail.reason, attrs={"profiles": fail.waiting.price.profiles})

@@ -27,7 +27,7 @@ def stop(world: World, stop: Stop) -> None:
 
 def request_move(world: World, move: RequestMove) -> None:
     move.run.session.move_requested = True
-    left = move.run.waiting.assignment.option.label
+    left = move.run.assignment.option.label
     world.events.send(
         "on_trial_move", TrialMove(move.run.number, left, move.target.label, "asked", summary=move.summary)
     )
@@ -37,7 +37,7 @@ def moved(world: World, moved: Moved) -> None:
     """The trial waits again, to resume from its checkpoint under an option other than the one it left, and
     stays RUNNING in the study meanwhile."""
     run, session = moved.run, moved.run.session
-    left = run.waiting.assignment.option
+    left = run.assignment.option
     world.resumes.from_run(run, moved=True)
     priced = price(world, session.trial, leaving=left.choice)
     world.gateway.set_attrs(session.trial, {"moves": moved.moves})

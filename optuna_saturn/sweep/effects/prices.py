@@ -81,7 +81,7 @@ def leave_out(world: World, left: LeaveOut) -> TrialPrice:
     """The option is never planned for the trial's workload again; returns the trial's price without it (from its
     checkpoint, if every device reads it)."""
     run, prices = left.run, world.prices
-    option = run.waiting.assignment.option
+    option = run.assignment.option
     if prices is not None:
         mark = prices.mark_out_of_memory if left.out_of_memory else prices.mark_failed
         mark(run.number, option, left.error)

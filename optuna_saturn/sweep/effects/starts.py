@@ -10,6 +10,7 @@ from typing import Any
 import optuna
 
 from optuna_saturn.events import ProfileEvent, TrialStart
+from optuna_saturn.study.queue import QueuedTrial
 from optuna_saturn.sweep import reporting
 from optuna_saturn.sweep.decisions import Measure, Planned, Start
 from optuna_saturn.sweep.effects.world import World
@@ -35,7 +36,7 @@ def start(world: World, start: Start) -> None:
     """Start the trial; one still in the study's queue is taken from it first (unless another sweep took it)."""
     state, now = world.state, world.now()
     waiting, option, number, devices = start.waiting, start.option, start.waiting.number, start.devices
-    if waiting.queued:
+    if isinstance(waiting.trial, QueuedTrial):  # (waiting.queued)
         trial = world.queue.take(waiting.trial)
         if trial is None:
             state.forget(number)
@@ -43,6 +44,7 @@ def start(world: World, start: Start) -> None:
             return
         state.took()
         waiting.trial = trial
+    assert waiting.assignment is not None  # (dispatch starts planned trials)
     waiting.assignment = replace(
         waiting.assignment,
         option=option,
