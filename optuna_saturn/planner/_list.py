@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from optuna_saturn.planner._budget import WorkLimit
 from optuna_saturn.planner._frees import NodeFrees
+from optuna_saturn.planner._objective import MAKESPAN, Objective
 from optuna_saturn.planner._types import Assignment, Cluster, Job, Option, Plan, Reservation
 
 
@@ -70,13 +71,15 @@ def list_schedule(
     time_limit: float = 5.0,
     steps: int = 48,
     work_limit: WorkLimit | None = None,
+    objective: Objective = MAKESPAN,
 ) -> Plan:
     """Best plan over target makespans between ``lower`` and ``upper`` (geometric grid), two job orders each.
 
     Options of a job are its cheapest ones under the target; a job whose cheapest options would end past the
     target may also take any option that finishes earlier (so the tail is not left to a slow, thin option).
     Targets are tried until ``time_limit`` seconds have passed, or, given ``work_limit``, until that many options
-    were weighed (then the wall clock is not read, and the plan is the same on any machine).
+    were weighed (then the wall clock is not read, and the plan is the same on any machine). Under a deadline or
+    a budget (``objective``), the best plan is the objective's, and the targets reach the slowest options too.
     """
     t0 = time.perf_counter()
     weighed = 0
@@ -87,9 +90,15 @@ def list_schedule(
     fastest = max(min(o.runtime for o in j.options) for j in jobs)
     lo = max(lower or 0.0, fastest, 1e-12)
     hi = max(upper or 0.0, lo * 4)
+    if objective is not MAKESPAN:  # (the cheapest options are the slow ones: the deadline or budget decides)
+        hi = max(hi, objective.deadline or 0.0, max(o.runtime for j in jobs for o in j.options))
     targets = sorted({lo * (hi / lo) ** (i / (steps - 1)) for i in range(steps)})
+
+    def score(placed: list[Assignment]) -> tuple[float, ...]:
+        return (max(a.end for a in placed),) if objective is MAKESPAN else objective.plan_key(placed)
+
     best: list[Assignment] | None = None
-    best_ms = float("inf")
+    best_score: tuple[float, ...] = (float("inf"),)
     seen: set[tuple] = set()
     for target in targets:
         allotment = [(j, allot(j, target)) for j in jobs]
@@ -103,9 +112,8 @@ def list_schedule(
         )
         for seq in orders:
             plan = schedule_in_order(seq, cluster, busy=busy)
-            ms = max(a.end for a in plan)
-            if ms < best_ms - 1e-9:
-                best, best_ms = plan, ms
+            if _better(score(plan), best_score):
+                best, best_score = plan, score(plan)
             # Repair the tail: let jobs also take any faster option (earliest finish decides).
             widened = [
                 (
@@ -121,9 +129,8 @@ def list_schedule(
             ]
             weighed += sum(len(opts) for _, opts in seq) + sum(len(opts) for _, opts in widened)
             plan = schedule_in_order(widened, cluster, busy=busy)
-            ms = max(a.end for a in plan)
-            if ms < best_ms - 1e-9:
-                best, best_ms = plan, ms
+            if _better(score(plan), best_score):
+                best, best_score = plan, score(plan)
         if (
             (weighed >= work_limit.list_placements)
             if work_limit is not None
@@ -132,3 +139,13 @@ def list_schedule(
             break
     assert best is not None
     return Plan(tuple(sorted(best, key=lambda a: (a.start, a.job))), solver="list")
+
+
+def _better(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+    """``a`` is lower than ``b`` by more than rounding, in the first part where they differ by more."""
+    for x, y in zip(a, b):
+        if x < y - 1e-9:
+            return True
+        if x > y + 1e-9:
+            return False
+    return False

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from optuna_saturn.planner._budget import WorkLimit
 from optuna_saturn.planner._list import allot, schedule_in_order
+from optuna_saturn.planner._objective import MAKESPAN, Objective
 from optuna_saturn.planner._options import check_inputs
 from optuna_saturn.planner._solve import solve
 from optuna_saturn.planner._types import Assignment, Cluster, Job, Option, Plan, Reservation
@@ -32,6 +33,7 @@ def replan(
     min_improvement: float = 0.02,
     min_gain: float = 0.0,
     work_limit: WorkLimit | None = None,
+    objective: Objective = MAKESPAN,
 ) -> Plan:
     """Re-plan the pending ``jobs`` (times from now) given running trials in ``busy``.
 
@@ -40,17 +42,30 @@ def replan(
     ``min_improvement`` (relative) and by more than ``min_gain`` seconds. ``plan.info["replan"]`` says which won
     ("kept", "replaced" or "fresh" when there was nothing to keep), with both makespans. ``work_limit``: see
     :func:`~optuna_saturn.planner.solve` (a budget of work in place of ``time_limit``: the same plan on any machine).
+    Under a deadline or a budget (``objective``), the fresh plan wins if it breaks the objective's constraint less,
+    or as little and improves its measure (device-seconds, or the end) by more than ``min_improvement``.
     """
     check_inputs(jobs, cluster, busy)
     kept = repair(previous, jobs, cluster, busy=busy) if previous is not None else None
     fresh = solve(
-        jobs, cluster, solver=solver, time_limit=time_limit, busy=busy, seed=seed, hint=kept, work_limit=work_limit
+        jobs,
+        cluster,
+        solver=solver,
+        time_limit=time_limit,
+        busy=busy,
+        seed=seed,
+        hint=kept,
+        work_limit=work_limit,
+        objective=objective,
     )
     if kept is None:
         fresh.info.update(replan="fresh", fresh_makespan=fresh.makespan)
         return fresh
-    threshold = min(kept.makespan * (1.0 - min_improvement), kept.makespan - min_gain)
-    winner = fresh if fresh.makespan < threshold - 1e-9 else kept
+    if objective is MAKESPAN:
+        threshold = min(kept.makespan * (1.0 - min_improvement), kept.makespan - min_gain)
+        winner = fresh if fresh.makespan < threshold - 1e-9 else kept
+    else:
+        winner = fresh if improves(objective, kept, fresh, min_improvement) else kept
     out = Plan(
         winner.assignments,
         solver=winner.solver if winner is fresh else "kept",
@@ -61,7 +76,23 @@ def replan(
     out.info.update(
         replan="replaced" if winner is fresh else "kept", kept_makespan=kept.makespan, fresh_makespan=fresh.makespan
     )
+    if objective is not MAKESPAN:
+        out.info.update(objective.report(out))
+        if not out.info["met"]:
+            out.info["earliest_end"] = fresh.info.get("earliest_end", fresh.makespan)
     return out
+
+
+def improves(objective: Objective, before: Plan, after: Plan, min_improvement: float) -> bool:
+    """Whether ``after`` is better than ``before`` for ``objective`` by more than rounding: it breaks the
+    constraint less, or as little and its measure is lower by more than ``min_improvement`` (relative)."""
+    (broken, measure), (broken_after, measure_after) = (
+        objective.plan_key(before.assignments),
+        objective.plan_key(after.assignments),
+    )
+    if broken_after < broken - 1e-6:
+        return True
+    return broken_after <= broken + 1e-6 and measure_after < measure * (1.0 - min_improvement) - 1e-9
 
 
 def repair(previous: Plan, jobs: Sequence[Job], cluster: Cluster, *, busy: Sequence[Reservation] = ()) -> Plan:

@@ -14,9 +14,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from optuna_saturn.planner._budget import WorkLimit
-from optuna_saturn.planner._replan import replan
+from optuna_saturn.planner._objective import MAKESPAN, Objective
+from optuna_saturn.planner._replan import improves, replan
 from optuna_saturn.planner._solve import solve
-from optuna_saturn.planner._types import Cluster, Job, Option, Plan, Reservation
+from optuna_saturn.planner._types import Assignment, Cluster, Job, Option, Plan, Reservation
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ def best_resize(
     min_gain: Mapping[str, float] | None = None,
     seed: int = 0,
     work_limit: WorkLimit | None = None,
+    objective: Objective = MAKESPAN,
 ) -> Resize | None:
     """The one move of a running job (``movable``: the running jobs that checkpoint, each as
     :func:`remaining_job` describes it, named as its ``busy`` reservation) that shortens the plan of ``jobs`` the
@@ -61,24 +63,62 @@ def best_resize(
     runtime already): the plan does not foresee prunes, and a moved trial pruned soon after gains nothing for the
     cost paid; in the simulator (``benchmarks/elastic_resize.py``) that margin turns small losses at high restart
     costs into no moves, and keeps the gains at low ones. ``work_limit`` bounds each of its plans by work instead of
-    by ``time_limit`` (see :func:`~optuna_saturn.planner.solve`): the same move on any machine."""
+    by ``time_limit`` (see :func:`~optuna_saturn.planner.solve`): the same move on any machine. Under a deadline or
+    a budget (``objective``) a move must make the plan better for it (:func:`~optuna_saturn.planner.replan`'s rule:
+    closer to the constraint, or within it at a lower measure), the running jobs' remaining device-seconds
+    counted."""
     kept = replan(
-        previous, jobs, cluster, busy=busy, solver=solver, time_limit=time_limit, seed=seed, work_limit=work_limit
+        previous,
+        jobs,
+        cluster,
+        busy=busy,
+        solver=solver,
+        time_limit=time_limit,
+        seed=seed,
+        work_limit=work_limit,
+        objective=objective,
     )
     # (the fresh plan without the move, too: re-planning the waiting jobs alone must not count as the move's gain)
     kept_end = max([min(kept.makespan, kept.info.get("fresh_makespan", kept.makespan)), *(r.until for r in busy)])
     best: Resize | None = None
+    best_key = (float("inf"), float("inf"))
     for reservation in busy:
         moved = movable.get(reservation.job)
         if moved is None:
             continue
         others = [r for r in busy if r is not reservation]
-        plan = solve([*jobs, moved], cluster, solver, time_limit, busy=others, seed=seed, work_limit=work_limit)
+        plan = solve(
+            [*jobs, moved],
+            cluster,
+            solver,
+            time_limit,
+            busy=others,
+            seed=seed,
+            work_limit=work_limit,
+            objective=objective,
+        )
         end = _end(plan, others)
+        if objective is not MAKESPAN:
+            if improves(objective, _with(kept, busy), _with(plan, others), min_improvement) and (
+                best is None or objective.plan_key(_with(plan, others).assignments) < best_key
+            ):
+                best, best_key = (
+                    Resize(reservation.job, plan, end, kept_end),
+                    objective.plan_key(_with(plan, others).assignments),
+                )
+            continue
         threshold = min(kept_end * (1.0 - min_improvement), kept_end - (min_gain or {}).get(reservation.job, 0.0))
         if end < threshold - 1e-9 and (best is None or end < best.makespan):
             best = Resize(reservation.job, plan, end, kept_end)
     return best
+
+
+def _with(plan: Plan, busy: Sequence[Reservation]) -> Plan:
+    """``plan`` with the running jobs in ``busy`` as assignments from time 0: their device-seconds count too."""
+    running = tuple(
+        Assignment(r.job, Option("running", len(r.devices), r.until), r.node, r.devices, 0.0, r.until) for r in busy
+    )
+    return Plan(running + plan.assignments)
 
 
 def _end(plan: Plan, busy: Sequence[Reservation]) -> float:

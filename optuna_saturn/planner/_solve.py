@@ -16,6 +16,7 @@ from optuna_saturn.planner._greedy import greedy
 from optuna_saturn.planner._linear import SolverUnavailable
 from optuna_saturn.planner._list import list_schedule
 from optuna_saturn.planner._milp import solve_block_milp
+from optuna_saturn.planner._objective import MAKESPAN, Objective
 from optuna_saturn.planner._options import check_inputs, prune_jobs
 from optuna_saturn.planner._search import iterated_list
 from optuna_saturn.planner._types import Cluster, Job, Plan, Reservation
@@ -43,8 +44,11 @@ def solve(
     seed: int = 0,
     hint: Plan | None = None,
     work_limit: WorkLimit | None = None,
+    objective: Objective = MAKESPAN,
 ) -> Plan:
-    """Plan ``jobs`` on ``cluster``, minimising the makespan. ``busy`` holds devices already taken.
+    """Plan ``jobs`` on ``cluster``, minimising the makespan (or, given an ``objective`` with a deadline or a budget,
+    the device-seconds within the deadline, or the makespan within the budget). ``busy`` holds devices already
+    taken.
 
     ``solver`` is one of ``SOLVERS``. Every backend starts from the best heuristic plan (greedy and moldable list
     scheduling), is warm-started with it, and its answer is kept only if it is shorter, so a backend can never
@@ -56,7 +60,13 @@ def solve(
     (what the simulator needs: see :class:`WorkLimit`). It is split between the stages as a time limit is: a
     quarter for the list heuristic; in "auto", 0.4 for the MILP and 0.6 for CP-SAT, or 0.6 for the search and 0.4
     for CP-SAT on more than 60 jobs; all of it for a single backend.
+
+    Under a deadline or a budget the plan is the best, for the objective, of the makespan plan (the earliest end
+    any plan reaches) and the moldable list plans weighed by the objective; ``plan.info`` says whether it meets
+    the objective (``met``), its device-seconds, its cost, and where a deadline is missed, the earliest end.
     """
+    if objective is not MAKESPAN:
+        return _for_objective(jobs, cluster, solver, time_limit, busy, seed, hint, work_limit, objective)
     t0 = time.perf_counter()
     if solver not in SOLVERS:
         raise ValueError(f"Unknown solver {solver!r}; choose one of {SOLVERS}.")
@@ -122,6 +132,41 @@ def solve(
         if candidate is not None and candidate.makespan < best.makespan - 1e-9:
             best = candidate
     return _finish(best, jobs, cluster, busy, lb, t0, notes)
+
+
+def _for_objective(
+    jobs: Sequence[Job],
+    cluster: Cluster,
+    solver: str,
+    time_limit: float,
+    busy: Sequence[Reservation],
+    seed: int,
+    hint: Plan | None,
+    work_limit: WorkLimit | None,
+    objective: Objective,
+) -> Plan:
+    t0 = time.perf_counter()
+    half = None if work_limit is None else work_limit.share(0.5)
+    fastest = solve(jobs, cluster, solver, time_limit / 2, busy=busy, seed=seed, hint=hint, work_limit=half)
+    if not jobs:
+        return fastest
+    pruned = prune_jobs(jobs, cluster)
+    weighed = list_schedule(
+        pruned,
+        cluster,
+        busy=busy,
+        lower=fastest.lower_bound,
+        upper=fastest.makespan,
+        time_limit=max(0.05, time_limit / 2),
+        work_limit=half,
+        objective=objective,
+    )
+    best = min((fastest, weighed), key=lambda p: objective.plan_key(p.assignments))
+    plan = _finish(best, jobs, cluster, busy, fastest.lower_bound, t0, dict(fastest.info))
+    plan.info.update(objective.report(plan))
+    if not plan.info["met"]:
+        plan.info["earliest_end"] = round(fastest.makespan, 3)
+    return plan
 
 
 def _milp_name() -> str:

@@ -36,6 +36,7 @@ class Planned:
     places: dict[int, Assignment]
     shown: Plan
     now: float
+    unreachable: str = ""  # the sweep's deadline no plan meets: the sweep is refused before any trial starts
 
 
 @dataclass(frozen=True)

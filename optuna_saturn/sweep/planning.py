@@ -20,11 +20,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from optuna_saturn.planner import Assignment, Plan, WorkLimit, lower_bound, reflow, replan
+import optuna
+
+from optuna_saturn.planner import MAKESPAN, Assignment, Plan, WorkLimit, lower_bound, reflow, replan
 from optuna_saturn.sweep.decisions import Planned, Unplan
 from optuna_saturn.sweep.options import FUTURE, OptionsView
 from optuna_saturn.sweep.settings import SweepSettings
 from optuna_saturn.sweep.state import SweepState
+
+_logger = optuna.logging.get_logger("optuna.saturn")
 
 #: Plans happen while devices may wait for them, and take a core: keep them short.
 REPLAN_SECONDS = 0.1
@@ -54,6 +58,8 @@ class Planning:
         self._work_limit = work_limit(settings.plan_work)
         self._min_improvement = settings.min_improvement if settings.replan else float("inf")
         self._seed = settings.seed
+        self._objective = settings.objective
+        self._missed = False  # the plans miss the objective's deadline or budget (said once)
         self._first_plan = settings.first_plan
         self._profile_only = settings.profile_only
         self._refine = False  # the last plan was the heuristics' alone: the solvers refine it when they may
@@ -92,7 +98,10 @@ class Planning:
         min_improvement = self._min_improvement
         if previous is None and self._first_plan is not None:  # a replay: the first plan is given
             previous, self._first_plan, min_improvement = self._first_plan, None, float("inf")
-        plan = self._repaired(previous, jobs, busy, state, now)
+        objective = self._objective.shifted(
+            elapsed=now, spent=state.spent_by(now) + sum(len(r.devices) * r.until for r in busy)
+        )
+        plan = self._repaired(previous, jobs, busy, state, now) if objective is MAKESPAN else None
         if plan is None:
             urgent = self._solver == "auto" and bool(state.free())
             plan = replan(
@@ -105,6 +114,7 @@ class Planning:
                 seed=self._seed,
                 min_improvement=min_improvement,
                 work_limit=self._work_limit,
+                objective=objective,
             )
             self._refine = urgent and plan.makespan > plan.lower_bound * (1 + REFINE_GAP)
             self._fresh = (
@@ -125,7 +135,26 @@ class Planning:
         )
         if self.first_makespan is None:
             self.first_makespan = now + shown.makespan
-        return Planned(places, shown, now)
+        return Planned(places, shown, now, self._missing(plan, now))
+
+    def _missing(self, plan: Plan, now: float) -> str:
+        """Why the sweep is refused: its first plan cannot meet its deadline. A later plan that misses its deadline
+        or budget (trials ran longer than priced) is said once, and the sweep goes on."""
+        if plan.info.get("met", True):
+            self._missed = False
+            return ""
+        objective, earliest = self._objective, now + float(plan.info.get("earliest_end", plan.makespan))
+        if objective.deadline is not None:
+            why = f"no plan ends by the deadline of {objective.deadline:.0f} s: the earliest end is {earliest:.0f} s"
+        else:
+            spent = plan.info.get("device_seconds", 0.0)
+            why = f"no plan stays within the budget of {objective.budget:.0f} device-seconds ({spent:.0f} left)"
+        if objective.deadline is not None and self.version == 1:
+            return f"{why}. Give a later deadline or more devices, or leave the deadline out."
+        if not self._missed:
+            _logger.warning(f"The sweep's plan misses its objective: {why}.")
+        self._missed = True
+        return ""
 
     def _repaired(self, previous: Plan | None, jobs: list, busy: list, state: SweepState, now: float) -> Plan | None:
         """The previous plan repaired, if a fresh one is not due yet (see the module's docstring); else None."""

@@ -108,6 +108,7 @@ class SweepState:
     free_since: dict[int, float] = field(default_factory=dict)  # per device: when its last job ended
     idle_seconds: dict[int, float] = field(default_factory=dict)  # per device: time between jobs
     ready_at: dict[int, float] = field(default_factory=dict)  # per device: when its worker was first ready
+    spent: float = 0.0  # device-seconds of the jobs that ended, trials and profiling jobs alike (ends)
     recorded_pool: tuple[str, ...] = ()  # the pool as a trial's saturn:pool last recorded it (ends)
     #: per node name, the node as a trial's saturn:node records it (the pool's word: at the start, and as nodes join)
     nodes: dict[str, dict] = field(default_factory=dict)
@@ -194,11 +195,16 @@ class SweepState:
         for end in ends:
             run = self.running.pop(end.key, None)
             if run is not None:
+                self.spent += len(run.devices) * max(0.0, now - run.started)
                 for d in run.devices:
                     self.free_since[d] = now
                 self.plan_dirty = True
                 ended.append((run, end))
         return ended
+
+    def spent_by(self, now: float) -> float:
+        """Device-seconds spent by ``now``: the jobs that ended, and the running ones so far."""
+        return self.spent + sum(len(r.devices) * max(0.0, now - r.started) for r in self.running.values())
 
     def pool_to_record(self) -> list[str] | None:
         """The pool's devices when no trial recorded them yet, or they changed (a node joined or died); None

@@ -10,6 +10,7 @@ from typing import Any
 import optuna
 
 from optuna_saturn.events import ProfileEvent, TrialStart
+from optuna_saturn.planner import DeadlineUnreachable
 from optuna_saturn.study.queue import QueuedTrial
 from optuna_saturn.sweep import reporting
 from optuna_saturn.sweep.decisions import Measure, Planned, Start
@@ -24,6 +25,8 @@ def planned(world: World, planned: Planned | None) -> None:
     if planned is None:
         state.planned(None)
         return
+    if planned.unreachable:
+        raise DeadlineUnreachable(planned.unreachable, planned.now + planned.shown.makespan)
     for number, place in planned.places.items():
         waiting = state.waiting[number]
         waiting.assignment = place

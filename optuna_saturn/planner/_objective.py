@@ -1,0 +1,110 @@
+"""What a plan is best at: the planner's objective (DESIGN.md decision 17).
+
+- **makespan** (the default): the earliest end.
+- **deadline:** every job ends by ``deadline`` seconds (times are the plan's: from now, after what is ``busy``),
+  at the fewest device-seconds. Efficient options win where the deadline allows them: a trial on 8 devices that
+  runs 5x faster than on 1 spends 1.6x the device-seconds, a cost the deadline may not need. Where no plan meets
+  it, the plan is the earliest-ending one, and says so (``plan.info["met"]`` is False).
+- **budget:** the earliest end whose device-seconds stay within ``budget``; where none does, the plan with the
+  fewest device-seconds, which says so.
+
+A plan's device-seconds are what its jobs hold devices for: ``devices x runtime`` summed over its assignments. A
+pool that can give idle devices back (a cloud or Ray cluster that scales down) pays only those; a fixed pool pays
+for its devices whether they run or idle, and there a deadline saves no money, only energy and others' waiting.
+With a ``price_per_device_hour``, a plan reports its cost too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from optuna_saturn.planner._types import Assignment, Plan
+
+_TOL = 1e-6
+
+
+def device_seconds(assignments: Iterable[Assignment]) -> float:
+    """The device-seconds that ``assignments`` hold devices for."""
+    return sum(a.option.devices * (a.end - a.start) for a in assignments)
+
+
+@dataclass(frozen=True)
+class Objective:
+    """See the module's docstring. ``Objective()`` is makespan; give ``deadline`` (seconds) or ``budget``
+    (device-seconds), not both."""
+
+    deadline: float | None = None
+    budget: float | None = None
+    price_per_device_hour: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.deadline is not None and self.budget is not None:
+            raise ValueError("An objective has a deadline or a budget, not both: plan for one of them.")
+        for name in ("deadline", "budget"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"Objective.{name} must be a positive finite number of seconds, got {value!r}.")
+        if not (math.isfinite(self.price_per_device_hour) and self.price_per_device_hour >= 0):
+            raise ValueError(f"price_per_device_hour must be >= 0, got {self.price_per_device_hour!r}.")
+
+    @property
+    def kind(self) -> str:
+        return "deadline" if self.deadline is not None else "budget" if self.budget is not None else "makespan"
+
+    def key(self, makespan: float, spent: float) -> tuple[float, float]:
+        """What to minimise, in order: first how far the plan breaks the constraint (0 where it holds), then the
+        measure the objective minimises."""
+        if self.deadline is not None:
+            return (max(0.0, makespan - self.deadline), spent)
+        if self.budget is not None:
+            return (max(0.0, spent - self.budget), makespan)
+        return (makespan, spent)
+
+    def plan_key(self, assignments: Iterable[Assignment]) -> tuple[float, float]:
+        placed = list(assignments)
+        return self.key(max((a.end for a in placed), default=0.0), device_seconds(placed))
+
+    def problems(self, plan: Plan) -> list[str]:
+        """How ``plan`` breaks this objective's constraint (empty when it holds, and always for makespan)."""
+        if self.deadline is not None and plan.makespan > self.deadline * (1 + _TOL) + _TOL:
+            return [f"the plan ends at {plan.makespan:.1f} s, past the deadline of {self.deadline:.1f} s."]
+        spent = device_seconds(plan.assignments)
+        if self.budget is not None and spent > self.budget * (1 + _TOL) + _TOL:
+            return [f"the plan spends {spent:.1f} device-seconds, over the budget of {self.budget:.1f}."]
+        return []
+
+    def shifted(self, *, elapsed: float = 0.0, spent: float = 0.0) -> Objective:
+        """The same objective for a plan made ``elapsed`` seconds later, after ``spent`` device-seconds (a sweep's
+        re-plan: its deadline comes closer, its budget shrinks). A deadline or budget already passed keeps a
+        sliver, so that the plan is the earliest or cheapest one and says it misses."""
+        if self.deadline is not None:
+            return Objective(
+                deadline=max(self.deadline - elapsed, _TOL), price_per_device_hour=self.price_per_device_hour
+            )
+        if self.budget is not None:
+            return Objective(budget=max(self.budget - spent, _TOL), price_per_device_hour=self.price_per_device_hour)
+        return self
+
+    def report(self, plan: Plan) -> dict:
+        """What ``plan.info`` says of it under this objective: its device-seconds and cost, whether it meets the
+        objective's constraint."""
+        spent = device_seconds(plan.assignments)
+        out: dict = {"objective": self.kind, "device_seconds": round(spent, 3), "met": not self.problems(plan)}
+        if self.price_per_device_hour:
+            out["cost"] = round(spent / 3600 * self.price_per_device_hour, 2)
+        return out
+
+
+MAKESPAN = Objective()
+
+
+class DeadlineUnreachable(ValueError):
+    """No plan of the sweep's trials ends by its deadline: raised before any trial starts, with the earliest end
+    a plan reaches (``earliest_end``, seconds from the sweep's start). Give a later deadline or more devices, or
+    plan for the makespan."""
+
+    def __init__(self, message: str, earliest_end: float) -> None:
+        super().__init__(message)
+        self.earliest_end = earliest_end

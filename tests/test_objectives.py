@@ -1,0 +1,133 @@
+"""Planning for a deadline or a budget (issue 39, item 6): the planner's objective seam through ``solve``,
+``replan`` and ``best_resize``, its check in the independent validator, and the sweep that plans for it (in the
+simulator: the real loop on a virtual clock). Each plan here passes ``validate`` with its objective, or says it
+misses it, with the earliest end."""
+
+from __future__ import annotations
+
+import pytest
+
+from optuna_saturn.planner import (
+    MAKESPAN,
+    Cluster,
+    DeadlineUnreachable,
+    Job,
+    Objective,
+    Option,
+    Reservation,
+    WorkLimit,
+    best_resize,
+    device_seconds,
+    plan_problems,
+    replan,
+    solve,
+    validate,
+)
+from optuna_saturn.simulation.pool import Behaviour
+from optuna_saturn.simulation.prices import SimulatedJob
+from optuna_saturn.simulation.simulator import run_simulation
+
+WORK = WorkLimit(0.5)
+
+
+#: Two nodes of 8 devices for two trials: the earliest end gives each trial a whole node.
+CLUSTER = Cluster([8, 8])
+
+
+def scaling_jobs(count: int = 2) -> list[Job]:
+    """Trials that scale sublinearly: 8 devices run 3x faster than 1, for 2.7x the device-seconds."""
+    options = [Option("single", 1, 900.0), Option("ddp", 2, 520.0), Option("ddp", 4, 380.0), Option("ddp", 8, 300.0)]
+    return [Job(str(i), options) for i in range(count)]
+
+
+def test_a_deadline_plan_meets_it_at_fewer_device_seconds_than_the_makespan_plan():
+    jobs, cluster = scaling_jobs(), CLUSTER
+    fastest = solve(jobs, cluster, "auto", work_limit=WORK)
+    deadline = Objective(deadline=1.3 * fastest.makespan)
+    plan = solve(jobs, cluster, "auto", work_limit=WORK, objective=deadline)
+    validate(plan, jobs, cluster, objective=deadline)  # the independent validator: ends by the deadline
+    assert plan.info["met"] and plan.info["objective"] == "deadline"
+    assert device_seconds(plan.assignments) < 0.85 * device_seconds(fastest.assignments)
+    assert plan.info["device_seconds"] == pytest.approx(device_seconds(plan.assignments), abs=1e-3)
+
+
+def test_a_deadline_no_plan_meets_says_so_with_the_earliest_end():
+    jobs, cluster = scaling_jobs(), CLUSTER
+    fastest = solve(jobs, cluster, "auto", work_limit=WORK)
+    deadline = Objective(deadline=0.5 * fastest.makespan)
+    plan = solve(jobs, cluster, "auto", work_limit=WORK, objective=deadline)
+    assert not plan.info["met"] and plan.info["earliest_end"] == pytest.approx(fastest.makespan)
+    assert plan.makespan == pytest.approx(fastest.makespan)  # then the earliest end, not a cheap late plan
+    with pytest.raises(ValueError, match="past its deadline"):
+        validate(plan, jobs, cluster, objective=deadline)
+
+
+def test_a_budget_plan_stays_within_it_at_the_earliest_end_it_can_and_reports_its_cost():
+    jobs, cluster = scaling_jobs(), CLUSTER
+    fastest = solve(jobs, cluster, "auto", work_limit=WORK)
+    budget = Objective(budget=0.8 * device_seconds(fastest.assignments), price_per_device_hour=2.5)
+    plan = solve(jobs, cluster, "auto", work_limit=WORK, objective=budget)
+    validate(plan, jobs, cluster, objective=budget)
+    assert plan.info["met"] and plan.makespan >= fastest.makespan
+    assert plan.info["cost"] == pytest.approx(device_seconds(plan.assignments) / 3600 * 2.5, abs=0.01)
+    cheapest = sum(min(o.devices * o.runtime for o in j.options) for j in jobs)
+    impossible = Objective(budget=0.9 * cheapest)
+    over = solve(jobs, cluster, "auto", work_limit=WORK, objective=impossible)
+    assert not over.info["met"] and device_seconds(over.assignments) == pytest.approx(cheapest)
+    assert plan_problems(over, jobs, cluster, objective=impossible)  # the validator sees the budget broken
+
+
+def test_the_objective_is_checked_and_makespan_is_the_default():
+    assert Objective() == MAKESPAN and MAKESPAN.kind == "makespan"
+    with pytest.raises(ValueError, match="not both"):
+        Objective(deadline=10.0, budget=10.0)
+    with pytest.raises(ValueError, match="positive"):
+        Objective(deadline=-1.0)
+    jobs, cluster = scaling_jobs(), CLUSTER
+    plain, default = solve(jobs, cluster, "list"), solve(jobs, cluster, "list", objective=MAKESPAN)
+    assert plain.assignments == default.assignments and "objective" not in default.info
+    shifted = Objective(deadline=100.0).shifted(elapsed=30.0)
+    assert shifted.deadline == pytest.approx(70.0)
+    assert Objective(budget=100.0).shifted(spent=40.0).budget == pytest.approx(60.0)
+
+
+def test_replan_keeps_a_plan_that_meets_the_deadline_unless_a_fresh_one_is_clearly_cheaper():
+    jobs, cluster = scaling_jobs(), CLUSTER
+    fastest = solve(jobs, cluster, "auto", work_limit=WORK)
+    deadline = Objective(deadline=1.5 * fastest.makespan)
+    kept = replan(fastest, jobs, cluster, work_limit=WORK, objective=deadline)
+    assert kept.info["replan"] == "replaced" and kept.info["met"]  # the fastest plan spends more than it needs
+    again = replan(kept, jobs, cluster, work_limit=WORK, objective=deadline)
+    assert again.info["replan"] == "kept" and again.assignments == kept.assignments
+
+
+def test_best_resize_under_a_deadline_moves_a_running_job_only_when_the_plan_gets_better_for_it():
+    jobs, cluster = scaling_jobs(), CLUSTER
+    busy = [Reservation(0, tuple(range(8)), 200.0, job="running")]
+    moved = Job("running", [Option("single", 1, 1000.0)])  # it could run on its own, slower but cheaper
+    deadline = Objective(deadline=5000.0)
+    move = best_resize(jobs, cluster, busy=busy, movable={"running": moved}, work_limit=WORK, objective=deadline)
+    assert move is not None and move.job == "running"  # 1000 device-seconds alone, where it holds 1600 now
+    validate(move.plan, [*jobs, moved], cluster, objective=deadline)
+    tight = Objective(deadline=600.0)  # moved, it would end at 1000 s: past this deadline
+    assert best_resize(jobs, cluster, busy=busy, movable={"running": moved}, work_limit=WORK, objective=tight) is None
+
+
+def _simulated(jobs: list[Job]) -> list[SimulatedJob]:
+    return [SimulatedJob(j, Behaviour({o.choice: o.runtime for o in j.options})) for j in jobs]
+
+
+def test_a_simulated_sweep_meets_its_deadline_with_fewer_device_seconds_and_refuses_one_it_cannot_meet():
+    jobs, cluster = scaling_jobs(), CLUSTER
+    fastest = run_simulation(_simulated(jobs), cluster, solver="auto", time_limit=0.5)
+    end = fastest.info["wall_seconds"]
+    relaxed = run_simulation(
+        _simulated(jobs), cluster, solver="auto", time_limit=0.5, objective=Objective(deadline=1.3 * end)
+    )
+    assert relaxed.info["wall_seconds"] <= 1.3 * end
+    assert device_seconds(relaxed.executed) < 0.85 * device_seconds(fastest.executed)
+    with pytest.raises(DeadlineUnreachable, match="earliest end") as refused:
+        run_simulation(
+            _simulated(jobs), cluster, solver="auto", time_limit=0.5, objective=Objective(deadline=0.5 * end)
+        )
+    assert refused.value.earliest_end == pytest.approx(end, rel=0.05)
