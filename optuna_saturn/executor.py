@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -19,13 +17,14 @@ from optuna_saturn.capacity import parse_bytes, worker_memory_limit_bytes
 from optuna_saturn.devices import DeviceSpec, largest_trial, resolve_devices
 from optuna_saturn.events import SweepListener
 from optuna_saturn.leases import leased
+from optuna_saturn.planner import objective_of
 from optuna_saturn.pools.launched import exclusive_mode_conflict
 from optuna_saturn.pools.ray_cluster import discover
 from optuna_saturn.profiler import ProfileStore
-from optuna_saturn.progress import ProgressMode, make_progress
+from optuna_saturn.progress import ProgressMode, default_listeners
 from optuna_saturn.real_sweep import RealSweepOptions, real_sweep
 from optuna_saturn.strategy import Strategy, select_strategies
-from optuna_saturn.study.interrupts import stop_signal
+from optuna_saturn.study.interrupts import sigterm_as_keyboard_interrupt
 from optuna_saturn.study.storage_checks import refuse_lost_guarantees
 from optuna_saturn.sweep import Sweep, SweepSettings
 
@@ -108,6 +107,13 @@ class SaturnExecutor:
             at the sweep's tail takes the devices that freed, say. Only trials that checkpoint move (once they
             saved a checkpoint in their run): the trial stops right after its next ``trial.checkpoint`` and goes
             on from it under the new option (``saturn:moves`` records each move). At most two moves per trial.
+        deadline: plan for every trial the sweep knows of (the queue's, and those ``n_trials`` asks) to end within
+            this many seconds of its start (or ``"8h"``, ``"90m"``), at the fewest device-hours: trials get their
+            most efficient options where the deadline allows. One the first plan cannot meet is refused before
+            any trial starts (``DeadlineUnreachable``, with the earliest end). See docs/deadlines-and-budgets.md.
+        budget: device-hours the sweep may spend (trials and profiling jobs, devices times runtime): the plans
+            are the earliest end within it. Under a deadline or a budget, elastic moves are off.
+        price_per_device_hour: what a device-hour costs you; the plans and the sweep's summary say the cost.
     """
 
     def __init__(
@@ -138,6 +144,9 @@ class SaturnExecutor:
         stall_timeout: float | None = None,
         collective_timeout: float = 1800.0,
         elastic: bool = True,
+        deadline: float | str | None = None,
+        budget: float | None = None,
+        price_per_device_hour: float = 0.0,
         runner: str = "local",
         ray_address: str | None = None,
     ) -> None:
@@ -193,7 +202,7 @@ class SaturnExecutor:
             time_limit=plan_time_limit,
             log_dir=Path(log_dir),
             artifact_store=artifact_store,
-            listeners=tuple(_default_listeners(progress, dashboard)) + tuple(listeners),
+            listeners=tuple(default_listeners(progress, dashboard)) + tuple(listeners),
             profile_budget=profile_budget,
             profile_steps=(int(profile_steps[0]), int(profile_steps[1])),
             max_retries=max_retries,
@@ -201,6 +210,7 @@ class SaturnExecutor:
             keep_checkpoints=bool(keep_checkpoints),
             stall_timeout=stall_timeout,
             elastic=bool(elastic),
+            objective=objective_of(deadline, budget, price_per_device_hour),
         )
         self._options = RealSweepOptions(
             cluster=cluster,
@@ -325,7 +335,7 @@ class SaturnExecutor:
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             with (
-                _sigterm_as_keyboard_interrupt(),
+                sigterm_as_keyboard_interrupt(),
                 leased(devices, study=study_name, deadline=deadline, say=_logger.warning) as ready,
             ):
                 if not ready:
@@ -357,34 +367,3 @@ def _check_catch(catch: Iterable[type[Exception]] | type[Exception]) -> None:
     for cls in classes:
         if not (isinstance(cls, type) and issubclass(cls, BaseException)):
             raise TypeError(f"catch must be exception classes (as in study.optimize), got {cls!r}.")
-
-
-def _default_listeners(progress: ProgressMode | None, dashboard: bool | None) -> list[SweepListener]:
-    listeners: list[SweepListener] = []
-    if progress is not None:
-        listeners.append(make_progress(progress))
-    if dashboard is not False:
-        try:
-            from optuna_saturn.report import DashboardPublisher
-
-            listeners.append(DashboardPublisher())
-        except ImportError:
-            if dashboard:
-                raise
-    return listeners
-
-
-class _sigterm_as_keyboard_interrupt:
-    """Treat SIGTERM like Ctrl-C while a sweep runs, so a killed sweep still stops its trials cleanly; either one
-    waits for a storage call under way (:mod:`optuna_saturn.study.interrupts`)."""
-
-    def __enter__(self) -> None:
-        self._previous: dict[int, Any] = {}
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                if signum == signal.SIGTERM or signal.getsignal(signum) is signal.default_int_handler:
-                    self._previous[signum] = signal.signal(signum, stop_signal)
-
-    def __exit__(self, *exc: object) -> None:
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)

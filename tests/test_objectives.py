@@ -5,8 +5,13 @@ misses it, with the earliest end."""
 
 from __future__ import annotations
 
-import pytest
+import time
 
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from optuna_saturn import SaturnExecutor
 from optuna_saturn.planner import (
     MAKESPAN,
     Cluster,
@@ -131,3 +136,40 @@ def test_a_simulated_sweep_meets_its_deadline_with_fewer_device_seconds_and_refu
             _simulated(jobs), cluster, solver="auto", time_limit=0.5, objective=Objective(deadline=0.5 * end)
         )
     assert refused.value.earliest_end == pytest.approx(end, rel=0.05)
+
+
+# -- a real sweep on CPU devices ----------------------------------------------------------------------------------
+@pytest.mark.launch
+def test_a_real_sweep_refuses_a_deadline_no_plan_meets_before_any_trial_starts(saturn_options):
+    import objectives
+
+    study = optuna.create_study()
+    for seconds in (3.0, 3.0, 3.0):
+        study.enqueue_trial({"seconds": seconds})
+    executor = SaturnExecutor(devices=2, strategies=["single"], deadline="1s", **saturn_options)
+    began = time.monotonic()
+    with pytest.raises(DeadlineUnreachable, match="earliest end") as refused:
+        executor.optimize(study, objectives.sleeps, n_trials=3)
+    assert refused.value.earliest_end > 1.0
+    assert f"the earliest end is {refused.value.earliest_end:.0f} s" in str(refused.value)  # one figure, said once
+    assert not [t for t in study.trials if t.state == TrialState.COMPLETE]  # refused at once: nothing ran
+    assert time.monotonic() - began < 60
+
+
+@pytest.mark.launch
+def test_a_real_sweep_with_a_deadline_it_can_meet_runs_every_trial_and_records_its_objective(saturn_options):
+    import objectives
+
+    study = optuna.create_study()
+    for seconds in (0.5, 0.5):
+        study.enqueue_trial({"seconds": seconds})
+    executor = SaturnExecutor(
+        devices=2, strategies=["single"], deadline="10m", price_per_device_hour=3.0, **saturn_options
+    )
+    executor.optimize(study, objectives.sleeps, n_trials=2)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
+    summary = study.user_attrs["saturn:last_sweep"]
+    assert summary["objective"]["kind"] == "deadline" and summary["wall_seconds"] <= 600
+    assert summary["device_seconds"] > 0 and summary["cost"] == pytest.approx(
+        summary["device_seconds"] / 1200, abs=0.01
+    )

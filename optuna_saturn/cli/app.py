@@ -88,6 +88,21 @@ RayAddressOption = Annotated[
     ),
 ]
 LogDirOption = Annotated[Path, typer.Option("--log-dir", help="Where each trial's log is written.")]
+DeadlineOption = Annotated[
+    str | None,
+    typer.Option(
+        "--deadline",
+        help="Every known trial ends within this long of the start (seconds, or 90m, 8h, 1h30m), at the fewest "
+        "device-hours; one no plan meets is refused with the earliest end.",
+    ),
+]
+BudgetOption = Annotated[
+    float | None,
+    typer.Option("--budget", min=0.001, help="Device-hours the sweep may spend: the earliest end within them."),
+]
+PriceOption = Annotated[
+    float, typer.Option("--price-per-device-hour", min=0.0, help="What a device-hour costs: plans report the cost.")
+]
 ProfileStoreOption = Annotated[
     Path,
     typer.Option(

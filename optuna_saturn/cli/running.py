@@ -10,9 +10,12 @@ import typer
 
 from optuna_saturn.cli.app import (
     INTERRUPTED,
+    BudgetOption,
+    DeadlineOption,
     DevicesOption,
     IsolateOption,
     LogDirOption,
+    PriceOption,
     ProfileStoreOption,
     RayAddressOption,
     RunnerOption,
@@ -30,6 +33,7 @@ from optuna_saturn.cli.app import (
 )
 from optuna_saturn.cli.loading import load_objective
 from optuna_saturn.cli.study_options import make_pruner, make_sampler
+from optuna_saturn.planner import DeadlineUnreachable
 from optuna_saturn.progress import PROGRESS_MODES, ProgressMode, RichProgress, make_progress
 from optuna_saturn.study.urls import without_password
 
@@ -166,6 +170,9 @@ def run(
     ] = True,
     runner: RunnerOption = "local",
     ray_address: RayAddressOption = None,
+    deadline: DeadlineOption = None,
+    budget: BudgetOption = None,
+    price_per_device_hour: PriceOption = 0.0,
 ) -> None:
     """Run a sweep: add --n-trials trials to the study, each planned and launched on the device pool."""
     the_sampler, the_pruner = make_sampler(sampler, sampler_args, seed), make_pruner(pruner, pruner_args)
@@ -195,6 +202,9 @@ def run(
             elastic=elastic,
             runner=runner,
             ray_address=ray_address if runner == "ray" else None,
+            deadline=deadline,
+            budget=budget,
+            price_per_device_hour=price_per_device_hour,
         )
     except (ValueError, TypeError, ImportError, ConnectionError) as exc:  # StrategyError is a ValueError
         fail(str(exc))
@@ -213,6 +223,8 @@ def run(
         if n_trials is None and timeout is None and mode != "quiet":
             typer.echo("No --n-trials or --timeout: trials are added until Ctrl-C or study.stop().", err=True)
         executor.optimize(the_study, function, n_trials=n_trials, timeout=timeout, batch_size=batch_size)
+    except DeadlineUnreachable as exc:
+        fail(f"Refused: {exc}")
     except KeyboardInterrupt:
         typer.echo("Interrupted: running trials were stopped and recorded as FAIL.", err=True)
         raise typer.Exit(INTERRUPTED) from None

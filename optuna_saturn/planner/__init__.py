@@ -9,7 +9,14 @@ from __future__ import annotations
 from optuna_saturn.planner._baselines import sequential_max, task_parallel
 from optuna_saturn.planner._bounds import lower_bound
 from optuna_saturn.planner._budget import WorkLimit
-from optuna_saturn.planner._objective import MAKESPAN, DeadlineUnreachable, Objective, device_seconds
+from optuna_saturn.planner._objective import (
+    MAKESPAN,
+    DeadlineUnreachable,
+    Objective,
+    device_seconds,
+    objective_of,
+    parse_duration,
+)
 from optuna_saturn.planner._options import prune_options
 from optuna_saturn.planner._replan import reflow, repair, replan
 from optuna_saturn.planner._resize import Resize, best_resize, remaining_job
@@ -33,6 +40,8 @@ __all__ = [
     "best_resize",
     "device_seconds",
     "lower_bound",
+    "objective_of",
+    "parse_duration",
     "plan_problems",
     "prune_options",
     "reflow",

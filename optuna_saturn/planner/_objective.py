@@ -17,6 +17,7 @@ With a ``price_per_device_hour``, a plan reports its cost too.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -98,6 +99,33 @@ class Objective:
 
 
 MAKESPAN = Objective()
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: float | str, name: str = "deadline") -> float:
+    """Seconds, from a number of seconds or text such as ``"90m"``, ``"8h"``, ``"1d"`` or ``"1h30m"``."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    text = str(value).strip().lower().replace(" ", "")
+    match = re.fullmatch(r"((?:\d+(?:\.\d+)?[smhd])+|\d+(?:\.\d+)?)", text)
+    if not match:
+        raise ValueError(f"{name} must be seconds or a duration such as '90m', '8h' or '1h30m', got {value!r}.")
+    if text[-1].isdigit():
+        return float(text)
+    return sum(float(n) * _UNITS[unit] for n, unit in re.findall(r"(\d+(?:\.\d+)?)([smhd])", text))
+
+
+def objective_of(
+    deadline: float | str | None = None, budget: float | None = None, price_per_device_hour: float = 0.0
+) -> Objective:
+    """The objective that a sweep's options name: a ``deadline`` (seconds, or ``"8h"``), a ``budget`` in
+    device-hours, neither (the makespan); ``price_per_device_hour`` to report costs."""
+    return Objective(
+        deadline=None if deadline is None else parse_duration(deadline),
+        budget=None if budget is None else float(budget) * 3600.0,
+        price_per_device_hour=float(price_per_device_hour),
+    )
 
 
 class DeadlineUnreachable(ValueError):

@@ -164,8 +164,8 @@ def _for_objective(
     best = min((fastest, weighed), key=lambda p: objective.plan_key(p.assignments))
     plan = _finish(best, jobs, cluster, busy, fastest.lower_bound, t0, dict(fastest.info))
     plan.info.update(objective.report(plan))
-    if not plan.info["met"]:
-        plan.info["earliest_end"] = round(fastest.makespan, 3)
+    if not plan.info["met"]:  # (the earliest end of any plan found: the makespan plan's, or a weighed one's)
+        plan.info["earliest_end"] = round(min(fastest.makespan, weighed.makespan), 3)
     return plan
 
 

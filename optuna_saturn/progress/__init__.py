@@ -24,6 +24,7 @@ __all__ = [
     "RichProgress",
     "SweepTracker",
     "TrialStatus",
+    "default_listeners",
     "describe_move",
     "format_duration",
     "in_a_notebook",
@@ -52,3 +53,20 @@ def make_progress(mode: ProgressMode = "auto", *, stream: IO[str] | None = None)
 
         return RichProgress(console=Console(file=target))
     return PlainProgress(stream=stream)
+
+
+def default_listeners(progress: ProgressMode | None, dashboard: bool | None) -> list[SweepListener]:
+    """What a sweep shows: the progress display for ``progress`` (None: none), and the schedule chart in
+    optuna-dashboard unless ``dashboard`` is False (None: where optuna-dashboard is installed; True: it must be)."""
+    listeners: list[SweepListener] = []
+    if progress is not None:
+        listeners.append(make_progress(progress))
+    if dashboard is not False:
+        try:
+            from optuna_saturn.report import DashboardPublisher
+
+            listeners.append(DashboardPublisher())
+        except ImportError:
+            if dashboard:
+                raise
+    return listeners

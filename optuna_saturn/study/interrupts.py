@@ -12,9 +12,11 @@ attempt) it is kept, and raised as soon as the call returns.
 from __future__ import annotations
 
 import contextlib
+import signal
 import threading
 from collections.abc import Iterator
 from types import FrameType
+from typing import Any
 
 _depth = 0  # storage calls under way in the main thread (signals are handled there)
 _pending: str | None = None
@@ -44,3 +46,19 @@ def stop_signal(signum: int, frame: FrameType | None) -> None:
         _pending = f"signal {signum}"
         return
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+class sigterm_as_keyboard_interrupt:
+    """Treat SIGTERM like Ctrl-C while a sweep runs, so a killed sweep still stops its trials cleanly; either one
+    waits for a storage call under way (:mod:`optuna_saturn.study.interrupts`)."""
+
+    def __enter__(self) -> None:
+        self._previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                if signum == signal.SIGTERM or signal.getsignal(signum) is signal.default_int_handler:
+                    self._previous[signum] = signal.signal(signum, stop_signal)
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)

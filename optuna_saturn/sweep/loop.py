@@ -66,6 +66,11 @@ class Sweep:
         summary = reporting.summary(
             self._state, self._now(), self._asking, self._planning_seconds, self._planning, self._profiling
         )
+        objective = self.settings.objective
+        if objective.kind != "makespan":
+            summary["objective"] = {"kind": objective.kind, "deadline": objective.deadline, "budget": objective.budget}
+        if objective.price_per_device_hour:
+            summary["cost"] = round(self._state.spent / 3600 * objective.price_per_device_hour, 2)
         self._gateway.set_study_attr("last_sweep", summary)
         _logger.info(f"Sweep finished in {self._now():.1f} s; logs in {self._world.requests.run_dir}.")
         events.send("on_sweep_end", self._now(), False)

@@ -135,15 +135,18 @@ class Planning:
         )
         if self.first_makespan is None:
             self.first_makespan = now + shown.makespan
-        return Planned(places, shown, now, self._missing(plan, now))
+        known_end = now + max([shown.makespan, *(r.until for r in busy)])  # (the known trials': not future ones)
+        return Planned(places, shown, now, self._missing(plan, known_end))
 
-    def _missing(self, plan: Plan, now: float) -> str:
-        """Why the sweep is refused: its first plan cannot meet its deadline. A later plan that misses its deadline
-        or budget (trials ran longer than priced) is said once, and the sweep goes on."""
-        if plan.info.get("met", True):
+    def _missing(self, plan: Plan, earliest: float) -> str:
+        """Why the sweep is refused: its first plan cannot end its known trials (by ``earliest`` at the earliest) by
+        its deadline. A later plan that misses its deadline or budget (trials ran longer than priced) is said once,
+        and the sweep goes on."""
+        objective = self._objective
+        late = objective.deadline is not None and earliest > objective.deadline
+        if not late and (objective.deadline is not None or plan.info.get("met", True)):
             self._missed = False
             return ""
-        objective, earliest = self._objective, now + float(plan.info.get("earliest_end", plan.makespan))
         if objective.deadline is not None:
             why = f"no plan ends by the deadline of {objective.deadline:.0f} s: the earliest end is {earliest:.0f} s"
         else:

@@ -97,6 +97,7 @@ def summary(
         "describing_seconds": round(sum(asking.ask_seconds), 3),
         "ask_seconds": _spread(asking.ask_seconds),  # (a summary: one number per trial grows without bound)
         "workers_ready": {str(state.devices[d]): round(t, 3) for d, t in sorted(state.ready_at.items())},
+        "device_seconds": round(state.spent, 3),  # what its jobs held devices for (trials and profiling)
     }
 
 
