@@ -134,6 +134,23 @@ def test_plan_prints_a_plan_with_makespan_and_bound(recorded: str) -> None:
 
 
 @pytest.mark.launch
+def test_simulate_answers_the_fewest_devices_for_a_deadline_and_refuses_one_no_pool_meets(recorded: str) -> None:
+    result = invoke(
+        "simulate", "--storage", recorded, "--study", STUDY, "--devices", "1,2,4", "--sweep", "1",
+        "--deadline", "1h", "--price-per-device-hour", "2",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = {int(r[0]): r for r in table_rows(result.output)}
+    assert sorted(rows) == [1, 2, 4] and all(r[4] == "yes" for r in rows.values())
+    assert "The fewest devices that meet the deadline: 1 device(s)" in result.output
+    hours = float(rows[1][2])
+    assert float(rows[1][3]) == pytest.approx(2 * hours, abs=0.011)  # the cost: device-hours at 2 per hour
+    tight = invoke("simulate", "--storage", recorded, "--study", STUDY, "--devices", "1,2", "--deadline", "1s")
+    assert tight.exit_code != 0 and "No pool of 1, 2 device(s) meets the deadline" in tight.output
+    assert "refused (earliest" in tight.output
+
+
+@pytest.mark.launch
 def test_simulate_replays_the_sweep_on_other_device_counts_and_on_its_own(recorded: str) -> None:
     study = optuna.load_study(study_name=STUDY, storage=recorded)
     result = invoke("simulate", "--storage", recorded, "--study", STUDY, "--devices", "1,2,4", "--sweep", "1")

@@ -9,6 +9,9 @@ import optuna
 import typer
 
 from optuna_saturn.cli.app import (
+    BudgetOption,
+    DeadlineOption,
+    PriceOption,
     RuntimesOption,
     SolverOption,
     StorageOption,
@@ -21,6 +24,7 @@ from optuna_saturn.cli.app import (
     ints,
     open_study,
 )
+from optuna_saturn.planner import objective_of
 from optuna_saturn.study.urls import without_password
 
 
@@ -91,6 +95,9 @@ def plan(
     epilog=examples(
         "optuna-saturn simulate --storage sqlite:///s.db --study demo",
         "optuna-saturn simulate --storage sqlite:///s.db --study demo --devices 2,4,8",
+        "optuna-saturn simulate --storage sqlite:///s.db --study demo --deadline 8h",
+        "optuna-saturn simulate --storage sqlite:///s.db --study demo \\",
+        "    --budget 100 --price-per-device-hour 2.5",
     )
 )
 def simulate(
@@ -138,6 +145,9 @@ def simulate(
             "--sweep", help="Which of the study's sweeps: 1 the first, -1 the latest (one per run or optimize call)."
         ),
     ] = -1,
+    deadline: DeadlineOption = None,
+    budget: BudgetOption = None,
+    price_per_device_hour: PriceOption = 0.0,
 ) -> None:
     """What if: the study's latest sweep run again by the real scheduler, in virtual time, on other device counts
     or clusters (and on its own devices: how far the simulation is from what really happened)."""
@@ -156,6 +166,10 @@ def simulate(
         replay = replay_of(the_study, sweep=sweep - 1 if sweep > 0 else sweep, observed=runtimes == "observed")
     except ValueError as exc:
         fail(str(exc))
+    if deadline is not None or budget is not None:
+        counts = ints(devices, "--devices") if devices else range(1, 2 * replay.devices + 1)
+        _size(replay, objective_of(deadline, budget, price_per_device_hour), counts, mode, solver, time_limit)
+        return
     clusters = [Cluster([n]) for n in ints(devices, "--devices")] if devices else []
     clusters += [Cluster(ints(spec, "--nodes")) for spec in nodes or ()]
     recorded = replay.wall_seconds
@@ -199,6 +213,32 @@ def simulate(
             f"The recorded sweep took {recorded:.1f} s on {replay.devices} device(s), start-up, describing "
             "and profiling included."
         )
+
+
+def _size(replay: Any, objective: Any, counts: Any, mode: str, solver: str, time_limit: float) -> None:
+    """The fewest devices that meet a deadline, or the earliest end within a budget (``simulation.sizing``)."""
+    from rich.table import Table
+
+    from optuna_saturn.simulation.sizing import answer, sizes
+
+    rows = sizes(replay, objective, counts, mode=mode, solver=solver, time_limit=time_limit)
+    table = Table(title=f"{len(replay.jobs)} trial(s) planned for the {objective.kind}", title_justify="left")
+    for column in ("devices", "ends (s)", "device-hours", "cost", "meets it"):
+        table.add_column(column, justify="right")
+    for r in rows:
+        ends = f"{r.wall_seconds:.0f}" if r.wall_seconds is not None else f"refused (earliest {r.earliest_end:.0f})"
+        hours = f"{r.device_hours:.2f}" if r.device_hours is not None else "-"
+        cost = f"{r.cost:.2f}" if r.cost is not None else "-"
+        table.add_row(str(r.devices), ends, hours, cost, "yes" if r.meets else "no")
+    console().print(table)
+    best = answer(rows, objective)
+    if best is None:
+        fail(f"No pool of {', '.join(str(r.devices) for r in rows)} device(s) meets the {objective.kind}.")
+    what = "The fewest devices that meet the deadline" if objective.deadline else "The earliest end within the budget"
+    typer.echo(
+        f"{what}: {best.devices} device(s), ending at {best.wall_seconds or 0:.0f} s, "
+        f"{best.device_hours or 0:.2f} device-hours" + (f", cost {best.cost:.2f}." if best.cost is not None else ".")
+    )
 
 
 def _as_run(simulated: Any) -> Any:
