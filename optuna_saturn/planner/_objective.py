@@ -88,6 +88,15 @@ class Objective:
             return Objective(budget=max(self.budget - spent, _TOL), price_per_device_hour=self.price_per_device_hour)
         return self
 
+    def missed(self, *, earliest_end: float, least_spent: float) -> str:
+        """Why no plan meets it: the earliest end any plan reaches, or the device-seconds the cheapest spends."""
+        if self.deadline is not None:
+            return f"no plan ends by the deadline of {self.deadline:.0f} s: the earliest end is {earliest_end:.0f} s"
+        return (
+            f"no plan stays within the budget of {(self.budget or 0.0) / 3600:.2f} device-hours: the cheapest plan "
+            f"of the trials left spends {least_spent / 3600:.2f}"
+        )
+
     def report(self, plan: Plan) -> dict:
         """What ``plan.info`` says of it under this objective: its device-seconds and cost, whether it meets the
         objective's constraint."""

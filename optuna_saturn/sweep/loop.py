@@ -90,6 +90,8 @@ class Sweep:
         if state.note_ready(self._pool.ready(), self._now()):  # (every worker is up, for the first time)
             self._world.events.send("on_workers_ready", self._now())
         self._nodes()
+        if self._planning.workers_came_up(state) and state.waiting:
+            self._plan()
         self._dispatch()
         self._ask()
         if self._planning.due(state, self._pool.ready()):

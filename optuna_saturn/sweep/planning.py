@@ -24,6 +24,7 @@ import optuna
 
 from optuna_saturn.planner import MAKESPAN, Assignment, Plan, WorkLimit, lower_bound, reflow, replan
 from optuna_saturn.sweep.decisions import Planned, Unplan
+from optuna_saturn.sweep.objective_now import objective_now
 from optuna_saturn.sweep.options import FUTURE, OptionsView
 from optuna_saturn.sweep.settings import SweepSettings
 from optuna_saturn.sweep.state import SweepState
@@ -60,6 +61,7 @@ class Planning:
         self._seed = settings.seed
         self._objective = settings.objective
         self._missed = False  # the plans miss the objective's deadline or budget (said once)
+        self._ready_seen = 0  # devices whose workers were up at the last plan
         self._first_plan = settings.first_plan
         self._profile_only = settings.profile_only
         self._refine = False  # the last plan was the heuristics' alone: the solvers refine it when they may
@@ -74,6 +76,14 @@ class Planning:
         return Unplan(
             tuple(n for n, w in state.waiting.items() if w.assignment and set(w.assignment.devices) & state.lost)
         )
+
+    def workers_came_up(self, state: SweepState) -> bool:
+        """Under a deadline or a budget, workers that came up are planned on at once, before anything starts: the
+        plan made before they were up counted on them from its start."""
+        if self._objective is MAKESPAN or len(state.ready_at) == self._ready_seen:
+            return False
+        self._ready_seen = len(state.ready_at)
+        return True
 
     def due(self, state: SweepState, ready: set[int]) -> bool:
         """Whether to plan now: something changed, or the heuristics' plan is to be refined and no device waits.
@@ -98,9 +108,7 @@ class Planning:
         min_improvement = self._min_improvement
         if previous is None and self._first_plan is not None:  # a replay: the first plan is given
             previous, self._first_plan, min_improvement = self._first_plan, None, float("inf")
-        objective = self._objective.shifted(
-            elapsed=now, spent=state.spent_by(now) + sum(len(r.devices) * r.until for r in busy)
-        )
+        objective = objective_now(self._objective, state, busy, now)
         plan = self._repaired(previous, jobs, busy, state, now) if objective is MAKESPAN else None
         if plan is None:
             urgent = self._solver == "auto" and bool(state.free())
@@ -147,11 +155,7 @@ class Planning:
         if not late and (objective.deadline is not None or plan.info.get("met", True)):
             self._missed = False
             return ""
-        if objective.deadline is not None:
-            why = f"no plan ends by the deadline of {objective.deadline:.0f} s: the earliest end is {earliest:.0f} s"
-        else:
-            spent = plan.info.get("device_seconds", 0.0)
-            why = f"no plan stays within the budget of {objective.budget:.0f} device-seconds ({spent:.0f} left)"
+        why = objective.missed(earliest_end=earliest, least_spent=plan.info.get("device_seconds", 0.0))
         if objective.deadline is not None and self.version == 1:
             return f"{why}. Give a later deadline or more devices, or leave the deadline out."
         if not self._missed:
