@@ -44,6 +44,9 @@ class Next(Enum):
 
 
 class Asking:
+    """When to take a trial in (see the module's docstring). Its own memory, written by its own methods only: how
+    long asking took (:meth:`asked`), whether trials are described (:meth:`describe_from_now`), the first round."""
+
     def __init__(
         self, *, timeout: float | None, lookahead: int, profile_only: bool, describe_ahead: bool, ask_ahead: bool = True
     ) -> None:

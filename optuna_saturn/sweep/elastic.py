@@ -34,7 +34,8 @@ from optuna_saturn.sweep.state import SweepState, TrialRun
 
 
 class Elastic:
-    """Whether to move a running trial now (see the module's docstring)."""
+    """Whether to move a running trial now (see the module's docstring). Its own memory, written by its own methods
+    only: whether moves are due (:meth:`job_ended`, :meth:`move`)."""
 
     def __init__(
         self,

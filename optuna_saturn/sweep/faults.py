@@ -38,6 +38,8 @@ MIN_STALL_SECONDS = 120.0
 
 
 class Faults:
+    """What a fault means for a trial: stop it, leave its option out, run it again, or fail it. It keeps no memory."""
+
     def __init__(
         self,
         *,

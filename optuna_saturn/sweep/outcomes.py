@@ -28,6 +28,8 @@ EARLY_LESSON_STEPS = 10
 
 
 class Outcomes:
+    """How a run's trial ends, and what it teaches. Its own memory: the trials that already taught early."""
+
     def __init__(self) -> None:
         self._taught_early: set[int] = set()  # trials whose runs taught their step rate while running
 

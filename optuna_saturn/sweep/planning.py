@@ -53,6 +53,8 @@ CLOSE_ENOUGH = 0.05
 
 
 class Planning:
+    """When and how to plan. Its memory (the last fresh plan, plans made, what was said) is its own, written here."""
+
     def __init__(self, settings: SweepSettings) -> None:
         self._solver = settings.solver
         self._time_limit = min(settings.time_limit, REPLAN_SECONDS)
@@ -67,8 +69,7 @@ class Planning:
         self._refine = False  # the last plan was the heuristics' alone: the solvers refine it when they may
         self.version = 0  # plans made
         self.first_makespan: float | None = None
-        # the last fresh plan: its trials, changes, end, makespan
-        self._fresh: tuple[set[str], int, float, float] | None = None
+        self._fresh: tuple[set[str], int, float, float] | None = None  # the last fresh plan: trials, changes, end, span
 
     @staticmethod
     def unplan_lost(state: SweepState) -> Unplan:
@@ -78,8 +79,7 @@ class Planning:
         )
 
     def workers_came_up(self, state: SweepState) -> bool:
-        """Under a deadline or a budget, workers that came up are planned on at once, before anything starts: the
-        plan made before they were up counted on them from its start."""
+        """Under a deadline or a budget, workers that came up are planned on at once (the last plan counted on them)."""
         if self._objective is MAKESPAN or len(state.ready_at) == self._ready_seen:
             return False
         self._ready_seen = len(state.ready_at)

@@ -27,7 +27,8 @@ _logger = optuna.logging.get_logger("optuna.saturn")
 
 
 class Profiling:
-    """Keeps the profiling jobs to run, and what was measured or is being measured."""
+    """Keeps the profiling jobs to run, and what was measured or is being measured: its own memory, written by its
+    own methods only (:meth:`measure_every_option`, :meth:`follow_up`, :meth:`ran`, :meth:`measurements`)."""
 
     def __init__(self, pricer: PriceSource | None, *, budget: float | None, profile_only: bool) -> None:
         self._pricer = pricer  # groups the options to measure into jobs (None: nothing is ever measured)
