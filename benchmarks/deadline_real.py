@@ -79,9 +79,8 @@ def main() -> None:
             f"({100 * (1 - deadline['device_seconds'] / makespan['device_seconds']):.1f}% fewer)"
         )
     if "refused_after" in refused:
-        print(
-            f"deadline 0.3 x E = {0.3 * end:.1f} s: refused after {refused['refused_after']:.1f} s: {refused['message']}"
-        )
+        after = refused["refused_after"]
+        print(f"deadline 0.3 x E = {0.3 * end:.1f} s: refused after {after:.1f} s: {refused['message']}")
     else:
         print(f"deadline 0.3 x E: NOT refused; ended at {refused['wall']:.1f} s")
 
