@@ -173,3 +173,22 @@ def test_a_real_sweep_with_a_deadline_it_can_meet_runs_every_trial_and_records_i
     assert summary["device_seconds"] > 0 and summary["cost"] == pytest.approx(
         summary["device_seconds"] / 1200, abs=0.01
     )
+
+
+def test_without_a_deadline_or_a_budget_the_sweep_plans_for_the_makespan_exactly_as_before(tmp_path):
+    executor = SaturnExecutor(
+        devices=1, strategies=["single"], log_dir=tmp_path, progress=None, dashboard=False, price_per_device_hour=2.0
+    )
+    objective = executor._settings.objective
+    assert objective.is_makespan and objective.kind == "makespan" and objective.price_per_device_hour == 2.0
+    jobs = scaling_jobs()
+    with_price = solve(jobs, CLUSTER, "list", objective=objective)  # (a price only adds costs to the reports)
+    assert with_price.assignments == solve(jobs, CLUSTER, "list").assignments and "objective" not in with_price.info
+
+
+def test_a_static_plan_is_never_replaced_under_a_deadline_either():
+    jobs, cluster = scaling_jobs(), CLUSTER
+    fastest = solve(jobs, cluster, "auto", work_limit=WORK)
+    deadline = Objective(deadline=1.5 * fastest.makespan)
+    kept = replan(fastest, jobs, cluster, work_limit=WORK, objective=deadline, min_improvement=float("inf"))
+    assert kept.info["replan"] == "kept" and kept.assignments == fastest.assignments

@@ -168,7 +168,11 @@ def simulate(
         fail(str(exc))
     if deadline is not None or budget is not None:
         counts = ints(devices, "--devices") if devices else range(1, 2 * replay.devices + 1)
-        _size(replay, objective_of(deadline, budget, price_per_device_hour), counts, mode, solver, time_limit)
+        try:
+            objective = objective_of(deadline, budget, price_per_device_hour)
+        except ValueError as exc:
+            fail(str(exc))
+        _size(replay, objective, counts, mode, solver, time_limit)
         return
     clusters = [Cluster([n]) for n in ints(devices, "--devices")] if devices else []
     clusters += [Cluster(ints(spec, "--nodes")) for spec in nodes or ()]

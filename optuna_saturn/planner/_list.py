@@ -90,12 +90,12 @@ def list_schedule(
     fastest = max(min(o.runtime for o in j.options) for j in jobs)
     lo = max(lower or 0.0, fastest, 1e-12)
     hi = max(upper or 0.0, lo * 4)
-    if objective is not MAKESPAN:  # (the cheapest options are the slow ones: the deadline or budget decides)
+    if not objective.is_makespan:  # (the cheapest options are the slow ones: the deadline or budget decides)
         hi = max(hi, objective.deadline or 0.0, max(o.runtime for j in jobs for o in j.options))
     targets = sorted({lo * (hi / lo) ** (i / (steps - 1)) for i in range(steps)})
 
     def score(placed: list[Assignment]) -> tuple[float, ...]:
-        return (max(a.end for a in placed),) if objective is MAKESPAN else objective.plan_key(placed)
+        return (max(a.end for a in placed),) if objective.is_makespan else objective.plan_key(placed)
 
     best: list[Assignment] | None = None
     best_score: tuple[float, ...] = (float("inf"),)

@@ -43,12 +43,18 @@ class Objective:
     def __post_init__(self) -> None:
         if self.deadline is not None and self.budget is not None:
             raise ValueError("An objective has a deadline or a budget, not both: plan for one of them.")
-        for name in ("deadline", "budget"):
+        for name, unit in (("deadline", "seconds"), ("budget", "device-seconds")):
             value = getattr(self, name)
-            if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"Objective.{name} must be a positive finite number of seconds, got {value!r}.")
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if value is not None and not (number and math.isfinite(value) and value > 0):
+                raise ValueError(f"Objective.{name} must be a positive finite number of {unit}, got {value!r}.")
         if not (math.isfinite(self.price_per_device_hour) and self.price_per_device_hour >= 0):
             raise ValueError(f"price_per_device_hour must be >= 0, got {self.price_per_device_hour!r}.")
+
+    @property
+    def is_makespan(self) -> bool:
+        """Whether plans are for the earliest end (a price per device-hour only adds costs to the reports)."""
+        return self.deadline is None and self.budget is None
 
     @property
     def kind(self) -> str:
@@ -88,13 +94,14 @@ class Objective:
             return Objective(budget=max(self.budget - spent, _TOL), price_per_device_hour=self.price_per_device_hour)
         return self
 
-    def missed(self, *, earliest_end: float, least_spent: float) -> str:
-        """Why no plan meets it: the earliest end any plan reaches, or the device-seconds the cheapest spends."""
+    def missed(self, *, earliest_end: float, least_spent: float, left: float) -> str:
+        """Why no plan meets it: the earliest end any plan reaches, or the device-seconds the cheapest plan of the
+        trials left spends against the ``left`` of the budget."""
         if self.deadline is not None:
             return f"no plan ends by the deadline of {self.deadline:.0f} s: the earliest end is {earliest_end:.0f} s"
         return (
-            f"no plan stays within the budget of {(self.budget or 0.0) / 3600:.2f} device-hours: the cheapest plan "
-            f"of the trials left spends {least_spent / 3600:.2f}"
+            f"no plan stays within the budget of {(self.budget or 0.0) / 3600:.2f} device-hours: "
+            f"{left / 3600:.2f} are left, and the cheapest plan of the trials left spends {least_spent / 3600:.2f}"
         )
 
     def report(self, plan: Plan) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 from collections.abc import Sequence
 
 from optuna_saturn.planner._budget import WorkLimit
@@ -61,7 +62,7 @@ def replan(
     if kept is None:
         fresh.info.update(replan="fresh", fresh_makespan=fresh.makespan)
         return fresh
-    if objective is MAKESPAN:
+    if objective.is_makespan:
         threshold = min(kept.makespan * (1.0 - min_improvement), kept.makespan - min_gain)
         winner = fresh if fresh.makespan < threshold - 1e-9 else kept
     else:
@@ -76,7 +77,7 @@ def replan(
     out.info.update(
         replan="replaced" if winner is fresh else "kept", kept_makespan=kept.makespan, fresh_makespan=fresh.makespan
     )
-    if objective is not MAKESPAN:
+    if not objective.is_makespan:
         out.info.update(objective.report(out))
         if not out.info["met"]:
             out.info["earliest_end"] = fresh.info.get("earliest_end", fresh.makespan)
@@ -84,13 +85,16 @@ def replan(
 
 
 def improves(objective: Objective, before: Plan, after: Plan, min_improvement: float) -> bool:
-    """Whether ``after`` is better than ``before`` for ``objective`` by more than rounding: it breaks the
-    constraint less, or as little and its measure is lower by more than ``min_improvement`` (relative)."""
+    """Whether ``after`` is better than ``before`` for ``objective`` by more than ``min_improvement`` (relative):
+    it breaks the constraint by that much less, or as little and its measure is that much lower. Never, with an
+    infinite ``min_improvement`` (a static plan, or a replay's given one)."""
+    if math.isinf(min_improvement):
+        return False
     (broken, measure), (broken_after, measure_after) = (
         objective.plan_key(before.assignments),
         objective.plan_key(after.assignments),
     )
-    if broken_after < broken - 1e-6:
+    if broken_after < broken * (1.0 - min_improvement) - 1e-6:
         return True
     return broken_after <= broken + 1e-6 and measure_after < measure * (1.0 - min_improvement) - 1e-9
 

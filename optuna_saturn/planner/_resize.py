@@ -98,7 +98,7 @@ def best_resize(
             objective=objective,
         )
         end = _end(plan, others)
-        if objective is not MAKESPAN:
+        if not objective.is_makespan:
             if improves(objective, _with(kept, busy), _with(plan, others), min_improvement) and (
                 best is None or objective.plan_key(_with(plan, others).assignments) < best_key
             ):

@@ -65,7 +65,7 @@ def solve(
     any plan reaches) and the moldable list plans weighed by the objective; ``plan.info`` says whether it meets
     the objective (``met``), its device-seconds, its cost, and where a deadline is missed, the earliest end.
     """
-    if objective is not MAKESPAN:
+    if not objective.is_makespan:
         return _for_objective(jobs, cluster, solver, time_limit, busy, seed, hint, work_limit, objective)
     t0 = time.perf_counter()
     if solver not in SOLVERS:

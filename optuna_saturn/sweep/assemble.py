@@ -13,7 +13,6 @@ from optuna.trial import FrozenTrial
 
 from optuna_saturn.clock import Clock
 from optuna_saturn.events import Broadcast
-from optuna_saturn.planner import MAKESPAN
 from optuna_saturn.pools.protocol import Pool
 from optuna_saturn.pricing.source import PriceSource
 from optuna_saturn.study.folders import study_folder
@@ -112,7 +111,7 @@ def assemble(
             Faults.for_sweep(settings, may_leave_out=prices is not None, taken_over=gateway.taken_over),
             Elastic(
                 # (moves serve the makespan: under a deadline or a budget the trials keep their options)
-                enabled=settings.elastic and not settings.profile_only and settings.objective is MAKESPAN,
+                enabled=settings.elastic and not settings.profile_only and settings.objective.is_makespan,
                 max_moves=settings.max_moves,
                 engines={s.name: s.engine for s in settings.strategies},
                 seed=settings.seed,

@@ -68,7 +68,8 @@ class Sweep:
         )
         objective = self.settings.objective
         if objective.kind != "makespan":
-            summary["objective"] = {"kind": objective.kind, "deadline": objective.deadline, "budget": objective.budget}
+            budget = None if objective.budget is None else objective.budget / 3600
+            summary["objective"] = {"kind": objective.kind, "deadline": objective.deadline, "budget_hours": budget}
         if objective.price_per_device_hour:
             summary["cost"] = round(self._state.spent / 3600 * objective.price_per_device_hour, 2)
         self._gateway.set_study_attr("last_sweep", summary)
@@ -208,9 +209,11 @@ class Sweep:
         profiling = self._profiling.where.get(run.number)
         now = self._now() if at is None else at
         tell = self._outcomes.tell(run, end, self._state, now, run_again=run_again, reason=reason, profiling=profiling)
-        frozen = ends.tell(self._world, tell, call_back=call_back)
+        frozen = ends.told(self._world, tell)
         self._view.ended(run, frozen.state, tell.attrs["actual_runtime"])
-        return tell.learn is not None and self._do(tell.learn)
+        taught = tell.learn is not None and self._do(tell.learn)
+        ends.after_trial(self._world, frozen, tell.attrs["actual_end"], call_back=call_back)
+        return bool(taught)
 
     def _nodes(self) -> None:
         """Devices of nodes that joined are planned on; those of nodes that died are not, nor the trials no node

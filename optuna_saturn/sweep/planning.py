@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import optuna
 
-from optuna_saturn.planner import MAKESPAN, Assignment, Plan, WorkLimit, lower_bound, reflow, replan
+from optuna_saturn.planner import Assignment, Objective, Plan, WorkLimit, lower_bound, reflow, replan
 from optuna_saturn.sweep.decisions import Planned, Unplan
 from optuna_saturn.sweep.objective_now import objective_now
 from optuna_saturn.sweep.options import FUTURE, OptionsView
@@ -80,7 +80,7 @@ class Planning:
 
     def workers_came_up(self, state: SweepState) -> bool:
         """Under a deadline or a budget, workers that came up are planned on at once (the last plan counted on them)."""
-        if self._objective is MAKESPAN or len(state.ready_at) == self._ready_seen:
+        if self._objective.is_makespan or len(state.ready_at) == self._ready_seen:
             return False
         self._ready_seen = len(state.ready_at)
         return True
@@ -109,7 +109,7 @@ class Planning:
         if previous is None and self._first_plan is not None:  # a replay: the first plan is given
             previous, self._first_plan, min_improvement = self._first_plan, None, float("inf")
         objective = objective_now(self._objective, state, busy, now)
-        plan = self._repaired(previous, jobs, busy, state, now) if objective is MAKESPAN else None
+        plan = self._repaired(previous, jobs, busy, state, now) if objective.is_makespan else None
         if plan is None:
             urgent = self._solver == "auto" and bool(state.free())
             plan = replan(
@@ -144,18 +144,18 @@ class Planning:
         if self.first_makespan is None:
             self.first_makespan = now + shown.makespan
         known_end = now + max([shown.makespan, *(r.until for r in busy)])  # (the known trials': not future ones)
-        return Planned(places, shown, now, self._missing(plan, known_end))
+        return Planned(places, shown, now, self._missing(plan, known_end, objective), known_end)
 
-    def _missing(self, plan: Plan, earliest: float) -> str:
-        """Why the sweep is refused: its first plan cannot end its known trials (by ``earliest`` at the earliest) by
-        its deadline. A later plan that misses its deadline or budget (trials ran longer than priced) is said once,
-        and the sweep goes on."""
+    def _missing(self, plan: Plan, earliest: float, now_seen: Objective) -> str:
+        """Why the sweep is refused: its first plan cannot end its known trials by its deadline (``earliest``, at the
+        earliest). A later plan that misses the deadline or budget is said once, and the sweep goes on."""
         objective = self._objective
         late = objective.deadline is not None and earliest > objective.deadline
         if not late and (objective.deadline is not None or plan.info.get("met", True)):
             self._missed = False
             return ""
-        why = objective.missed(earliest_end=earliest, least_spent=plan.info.get("device_seconds", 0.0))
+        least = plan.info.get("device_seconds", 0.0)
+        why = objective.missed(earliest_end=earliest, least_spent=least, left=now_seen.budget or 0.0)
         if objective.deadline is not None and self.version == 1:
             return f"{why}. Give a later deadline or more devices, or leave the deadline out."
         if not self._missed:

@@ -24,7 +24,16 @@ _logger = optuna.logging.get_logger("optuna.saturn")
 
 
 def tell(world: World, tell: Tell, *, call_back: bool = True) -> FrozenTrial:
-    """End the trial in the study; returns it as the study now has it (another sweep may have ended it first)."""
+    """End the trial in the study, then what follows every end (:func:`after_trial`); returns it as the study now
+    has it (another sweep may have ended it first)."""
+    frozen = told(world, tell)
+    after_trial(world, frozen, tell.attrs["actual_end"], call_back=call_back)
+    return frozen
+
+
+def told(world: World, tell: Tell) -> FrozenTrial:
+    """:func:`tell` up to what follows the end: the loop learns from the run in between, before any callback (one
+    that stops the sweep would lose what the run taught)."""
     run = tell.run
     frozen = world.gateway.tell(run.session.trial, tell.state, tell.values, attrs=tell.attrs, log=run.log)
     if frozen.state in (TrialState.COMPLETE, TrialState.PRUNED) and not world.keep_checkpoints:
@@ -32,7 +41,6 @@ def tell(world: World, tell: Tell, *, call_back: bool = True) -> FrozenTrial:
     if tell.run_again and frozen.state == TrialState.FAIL and not ended_by_another(frozen):
         _run_again(world, frozen)  # (one another sweep ended has been run again by it)
     reporting.log_finished(frozen, tell.attrs["actual_runtime"], tell.reason, run.log)
-    after_trial(world, frozen, tell.attrs["actual_end"], call_back=call_back)
     return frozen
 
 

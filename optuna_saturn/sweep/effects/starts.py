@@ -26,7 +26,7 @@ def planned(world: World, planned: Planned | None) -> None:
         state.planned(None)
         return
     if planned.unreachable:
-        raise DeadlineUnreachable(planned.unreachable, planned.now + planned.shown.makespan)
+        raise DeadlineUnreachable(planned.unreachable, planned.earliest_end)
     for number, place in planned.places.items():
         waiting = state.waiting[number]
         waiting.assignment = place
