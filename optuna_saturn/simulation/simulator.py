@@ -27,7 +27,7 @@ from optuna.trial import FrozenTrial
 from optuna_saturn.clock import VirtualClock
 from optuna_saturn.devices import Device
 from optuna_saturn.events import SweepListener, TrialMove, TrialStart
-from optuna_saturn.planner import MAKESPAN, Assignment, Cluster, Job, Objective, Option, Plan, WorkLimit
+from optuna_saturn.planner import MAKESPAN, Assignment, Cluster, Job, Objective, Plan, WorkLimit
 from optuna_saturn.simulation.pool import Behaviour, Fault, SimulatedPool
 from optuna_saturn.simulation.prices import JOB_PARAMETER, KnownPrices, SimulatedJob
 from optuna_saturn.strategy import Strategy, load_strategies
@@ -60,11 +60,6 @@ class Overheads:
     startup: float | Mapping[str, float] = 0.0  # seconds per run, within its runtime
 
 
-def true_runtime(option: Option, job: str, noise: Mapping[str, float], prune_at: Mapping[str, float]) -> float:
-    """The runtime ``job`` really takes with ``option``: estimate x noise factor, cut at the pruning fraction."""
-    return option.runtime * noise.get(job, 1.0) * prune_at.get(job, 1.0)
-
-
 def simulate(
     jobs: Sequence[Job],
     cluster: Cluster,
@@ -79,7 +74,6 @@ def simulate(
     plan: Plan | None = None,
     observe_step_rate: bool = True,
     resize_seconds: float | Mapping[str, float] | None = None,
-    resize_solver: str = "list",
     max_moves: int = 2,
     overheads: Overheads | None = None,
     known_ahead: bool = True,
@@ -98,7 +92,6 @@ def simulate(
     planned runtime. ``overheads``: start-up, describing and per-run set-up (none by default). ``known_ahead``:
     the jobs are known before they are asked (an enqueued set) or arrive one by one (sampled trials).
     ``tick``: the loop's periodic wake-ups in virtual seconds (events are never skipped; 0 keeps the real ones).
-    ``resize_solver`` is kept for compatibility: the loop's moves use the planner's heuristics.
     ``plan_for_pruning``: price each trial at the share of its steps the finished trials say it will run under the
     study's pruner (:mod:`optuna_saturn.pricing.survival`); by default every trial is priced at its full length
     (pruning-blind planning; the clairvoyant mode always is, as it prices with the pruned runtimes themselves).

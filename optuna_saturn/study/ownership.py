@@ -132,7 +132,7 @@ def _pid_namespace() -> str:
 
 
 def recover_orphans(
-    bridge: StudyGateway, me: Owner, *, max_retries: int, watch: HeartbeatWatch | None = None
+    gateway: StudyGateway, me: Owner, *, max_retries: int, watch: HeartbeatWatch | None = None
 ) -> list[int]:
     """End every RUNNING trial that is an orphan (see the module's docstring) as FAIL, with the reason, and
     enqueue its params again (``saturn:retry_of``) unless it was retried ``max_retries`` times already. Trials of
@@ -141,13 +141,13 @@ def recover_orphans(
     the trials enqueued again."""
     watch = watch if watch is not None else HeartbeatWatch()
     watch.new_round()
-    study = bridge.study
-    _settle_endings(bridge, me, watch, max_retries)
-    retried = _queue_retries_due(bridge, watch)
-    with bridge.lock:
+    study = gateway.study
+    _settle_endings(gateway, me, watch, max_retries)
+    retried = _queue_retries_due(gateway, watch)
+    with gateway.lock:
         # the trials first, then the heartbeats: a sweep beats before it takes a trial, so the owner of any trial
         # read here has beaten by the time its heartbeat is read (the other order could read no beat yet)
-        running = bridge.unfinished_store().get_all_trials(
+        running = gateway.unfinished_store().get_all_trials(
             study._study_id, deepcopy=False, states=(TrialState.RUNNING,)
         )
         study_attrs = study.user_attrs
@@ -157,17 +157,17 @@ def recover_orphans(
             continue
         again = may_run_again(trial, max_retries)
         watch.ending[trial.number] = trial  # (until the move's answer comes: a lost one is settled next round)
-        if _end_orphan(bridge, trial, reason, again=again, by=me) and again:
+        if _end_orphan(gateway, trial, reason, again=again, by=me) and again:
             watch.retries_due[trial.number] = trial
         del watch.ending[trial.number]  # (False: another sweep ended it first, and runs it again if it may)
     watch.forget_all_but({trial.number for trial in running})
-    return retried + _queue_retries_due(bridge, watch)
+    return retried + _queue_retries_due(gateway, watch)
 
 
-def _settle_endings(bridge: StudyGateway, me: Owner, watch: HeartbeatWatch, max_retries: int) -> None:
+def _settle_endings(gateway: StudyGateway, me: Owner, watch: HeartbeatWatch, max_retries: int) -> None:
     """Orphans whose end's answer was lost (the storage failed during the move, which may have committed): one
     this sweep ended (its name is on it) is due for its retry; any other is left to the rounds to come."""
-    storage = bridge.study._storage
+    storage = gateway.study._storage
     for number, trial in list(watch.ending.items()):
         stored = storage.get_trial(trial._trial_id)
         ours = stored.state == TrialState.FAIL and stored.user_attrs.get(ATTR + "ended_by") == me.sweep
@@ -176,12 +176,12 @@ def _settle_endings(bridge: StudyGateway, me: Owner, watch: HeartbeatWatch, max_
         del watch.ending[number]
 
 
-def _queue_retries_due(bridge: StudyGateway, watch: HeartbeatWatch) -> list[int]:
+def _queue_retries_due(gateway: StudyGateway, watch: HeartbeatWatch) -> list[int]:
     """Queue the retries of the orphans this sweep ended; one the storage failed to take stays due, for the next
     round (a FAIL trial is never recovered again, so a retry lost here would be lost for good)."""
     queued = []
     for number, trial in list(watch.retries_due.items()):
-        run_again(bridge, trial)
+        run_again(gateway, trial)
         del watch.retries_due[number]
         queued.append(number)
     return queued
@@ -216,41 +216,41 @@ def may_run_again(trial: FrozenTrial | optuna.Trial, max_retries: int) -> bool:
     return int(trial.user_attrs.get(ATTR + "retries", 0)) < max_retries
 
 
-def run_again(bridge: StudyGateway, trial: FrozenTrial) -> None:
+def run_again(gateway: StudyGateway, trial: FrozenTrial) -> None:
     """Enqueue ``trial``'s params again, recording which trial it retries and how many runs it had; with its
     checkpoint, if it saved one (the run again resumes from it)."""
     carried = {ATTR + "retry_of": trial.number, ATTR + "retries": int(trial.user_attrs.get(ATTR + "retries", 0)) + 1}
     if ATTR + "checkpoint" in trial.user_attrs:
         carried[ATTR + "checkpoint"] = trial.user_attrs[ATTR + "checkpoint"]
-    with bridge.lock:
-        bridge.study.enqueue_trial(trial.params, user_attrs=carried)
+    with gateway.lock:
+        gateway.study.enqueue_trial(trial.params, user_attrs=carried)
 
 
-def _end_orphan(bridge: StudyGateway, trial: FrozenTrial, reason: str, *, again: bool, by: Owner) -> bool:
+def _end_orphan(gateway: StudyGateway, trial: FrozenTrial, reason: str, *, again: bool, by: Owner) -> bool:
     """End ``trial`` FAIL with ``reason``; False if it had ended already (another sweep recovering it at once)."""
     note = "; its params run again as a new trial" if again else "; not retried (max_retries reached)"
     attrs = {ATTR + "fail_reason": reason + note, ATTR + "ended_by": by.sweep}
-    with bridge.lock:
+    with gateway.lock:
         # (one write that only one sweep makes, with its reason: two that end one orphan at once queue one retry)
         won = moves.move(
-            bridge.study._storage, trial._trial_id, expected=TrialState.RUNNING, to=TrialState.FAIL, attrs=attrs
+            gateway.study._storage, trial._trial_id, expected=TrialState.RUNNING, to=TrialState.FAIL, attrs=attrs
         )
-        bridge.study._thread_local.cached_all_trials = None
+        gateway.study._thread_local.cached_all_trials = None
     if not won:
         return False
     _logger.warning(f"Trial {trial.number} was left RUNNING: {reason}. It ended FAIL{note}.")
     return True
 
 
-def inherit_intermediate_values(bridge: StudyGateway, trial: optuna.Trial) -> None:
+def inherit_intermediate_values(gateway: StudyGateway, trial: optuna.Trial) -> None:
     """A retried trial starts with the intermediate values its first run reported (the pruner sees its curve)."""
-    with bridge.lock:
+    with gateway.lock:
         retry_of = trial.user_attrs.get(ATTR + "retry_of")
         if retry_of is None:
             return
-        storage = bridge.study._storage
+        storage = gateway.study._storage
         earlier = storage.get_trial(
-            storage.get_trial_id_from_study_id_trial_number(bridge.study._study_id, int(retry_of))
+            storage.get_trial_id_from_study_id_trial_number(gateway.study._study_id, int(retry_of))
         )
         for step, value in sorted(earlier.intermediate_values.items()):
             trial.report(value, step)

@@ -59,8 +59,8 @@ class StudyQueue:
     """Which of the study's queued trials the sweep has not seen yet, and whether it may still describe them
     before asking them."""
 
-    def __init__(self, bridge: StudyGateway, clock: Clock) -> None:
-        self._bridge = bridge
+    def __init__(self, gateway: StudyGateway, clock: Clock) -> None:
+        self._gateway = gateway
         self._clock = clock
         self._sampling: set[int] = set()  # queued trials whose description needed the sampler
         self._empty_until = 0.0
@@ -78,7 +78,7 @@ class StudyQueue:
             return self._unread[0]
         if self._clock.now() < self._empty_until:
             return None
-        self._unread.extend(t for t in self._bridge.queued() if t.number not in seen)
+        self._unread.extend(t for t in self._gateway.queued() if t.number not in seen)
         if self._unread:
             return self._unread[0]
         self._empty_until = self._clock.now() + _RECHECK_SECONDS
@@ -111,5 +111,5 @@ class StudyQueue:
         took it first."""
         self._taken.add(queued.number)
         if isinstance(queued, QueuedTrial):
-            return self._bridge.take(queued.trial_id, queued.distributions, queued.user_attrs)
-        return self._bridge.take(queued._trial_id, {}, {})
+            return self._gateway.take(queued.trial_id, queued.distributions, queued.user_attrs)
+        return self._gateway.take(queued._trial_id, {}, {})
