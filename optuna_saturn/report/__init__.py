@@ -8,16 +8,16 @@ chart and note on the study up to date while a sweep runs (pass it in ``SaturnEx
 from optuna_saturn.report.chart import plot_schedule, schedule_figure
 from optuna_saturn.report.dashboard import GRAPH_OBJECT_ID, DashboardPublisher, publish
 from optuna_saturn.report.export import ExportError, write_html, write_png
-from optuna_saturn.report.schedule import SweepRecord, TrialRun, jobs_from_runs, read_study, read_sweeps
+from optuna_saturn.report.schedule import RecordedRun, SweepRecord, jobs_from_runs, read_study, read_sweeps
 from optuna_saturn.report.summary import SweepSummary, format_summary, plan_note, summarize
 
 __all__ = [
     "GRAPH_OBJECT_ID",
     "DashboardPublisher",
     "ExportError",
+    "RecordedRun",
     "SweepRecord",
     "SweepSummary",
-    "TrialRun",
     "format_summary",
     "jobs_from_runs",
     "plan_note",

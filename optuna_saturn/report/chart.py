@@ -13,7 +13,7 @@ from typing import Any
 import optuna
 import plotly.graph_objects as go
 
-from optuna_saturn.report.schedule import SweepRecord, TrialRun, device_sort_key, read_study
+from optuna_saturn.report.schedule import RecordedRun, SweepRecord, device_sort_key, read_study
 
 TITLE = "Saturn schedule<br><sup>trials per device: bars ran, grey outlines planned</sup>"
 STATE_COLOURS = {"COMPLETE": "#2e9e5b", "PRUNED": "#f0a030", "FAIL": "#d64545", "RUNNING": "#3b7dd8"}
@@ -91,7 +91,7 @@ def plot_schedule(study: optuna.Study, *, last_sweep_only: bool = False) -> go.F
 
 
 def _bars(
-    name: str, runs: Sequence[tuple[float, TrialRun]], *, start: str, outline: bool = False, colour: str = "#999"
+    name: str, runs: Sequence[tuple[float, RecordedRun]], *, start: str, outline: bool = False, colour: str = "#999"
 ) -> go.Bar:
     """One horizontal bar per (trial, device): ``start`` picks the planned or the actual times."""
     ys, bases, lengths, texts, hovers = [], [], [], [], []
@@ -131,7 +131,7 @@ def _bars(
     )
 
 
-def _profiling_bars(runs: Sequence[tuple[float, TrialRun]]) -> go.Bar:
+def _profiling_bars(runs: Sequence[tuple[float, RecordedRun]]) -> go.Bar:
     """Grey bars for the devices' time spent in short profiling launches, before the trials were planned."""
     ys, bases, lengths, texts, hovers = [], [], [], [], []
     for offset, run in runs:
@@ -161,7 +161,7 @@ def _profiling_bars(runs: Sequence[tuple[float, TrialRun]]) -> go.Bar:
     )
 
 
-def _hover(run: TrialRun) -> str:
+def _hover(run: RecordedRun) -> str:
     lines = [f"<b>Trial #{run.number}</b> ({run.state})"]
     if run.strategy:
         lines.append(f"strategy {run.strategy} on {', '.join(run.devices)}")

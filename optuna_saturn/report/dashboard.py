@@ -18,7 +18,7 @@ import optuna
 from optuna_saturn.events import SweepListener, TrialProgress, TrialStart
 from optuna_saturn.planner import Plan
 from optuna_saturn.report.chart import schedule_figure
-from optuna_saturn.report.schedule import WAITING, SweepRecord, TrialRun, read_study, read_sweeps, run_from_trial
+from optuna_saturn.report.schedule import WAITING, RecordedRun, SweepRecord, read_study, read_sweeps, run_from_trial
 from optuna_saturn.report.summary import plan_note
 from optuna_saturn.study.handles import close_handle, own_handle
 
@@ -94,9 +94,9 @@ class DashboardPublisher(SweepListener):
         self._warned = False
         self._pool: tuple[str, ...] = ()
         self._started_at: float | None = None
-        self._live: dict[int, TrialRun] = {}
-        self._ended: collections.OrderedDict[int, TrialRun] = collections.OrderedDict()
-        self._stored: dict[int, TrialRun] = {}  # options and params of the live trials, read once each
+        self._live: dict[int, RecordedRun] = {}
+        self._ended: collections.OrderedDict[int, RecordedRun] = collections.OrderedDict()
+        self._stored: dict[int, RecordedRun] = {}  # options and params of the live trials, read once each
         self._thread: threading.Thread | None = None
         self._target: optuna.Study | None = None  # the study, through the publisher's own storage handle
         self.cost = 0.0  # how long the last publish took, in seconds
@@ -116,7 +116,7 @@ class DashboardPublisher(SweepListener):
         with self._changes:
             for a in plan.assignments:
                 number = int(a.job)
-                self._live[number] = TrialRun(
+                self._live[number] = RecordedRun(
                     number=number,
                     state=WAITING,
                     strategy=a.option.strategy,
@@ -129,7 +129,7 @@ class DashboardPublisher(SweepListener):
 
     def on_trial_start(self, study: optuna.Study, start: TrialStart) -> None:
         with self._changes:
-            self._live[start.number] = TrialRun(
+            self._live[start.number] = RecordedRun(
                 number=start.number,
                 state="RUNNING",
                 strategy=start.strategy,
@@ -183,7 +183,7 @@ class DashboardPublisher(SweepListener):
         ]
         return read_sweeps((), live=runs, live_started_at=self._started_at, pool=self._pool or None)
 
-    def _with_stored(self, study: optuna.Study, run: TrialRun) -> TrialRun:
+    def _with_stored(self, study: optuna.Study, run: RecordedRun) -> RecordedRun:
         with self._changes:
             stored = self._stored.get(run.number)
         if stored is None:

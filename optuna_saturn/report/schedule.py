@@ -35,7 +35,7 @@ class ProfilingRun:
 
 
 @dataclass(frozen=True)
-class TrialRun:
+class RecordedRun:
     """One trial of a sweep: its chosen strategy and devices, its planned and actual times, and its outcome."""
 
     number: int
@@ -80,7 +80,7 @@ class SweepRecord:
     """
 
     started_at: float  # epoch seconds
-    runs: tuple[TrialRun, ...]
+    runs: tuple[RecordedRun, ...]
     pool: tuple[str, ...]
     pool_inferred: bool = False
 
@@ -138,7 +138,7 @@ def device_sort_key(label: str) -> tuple[str, int, str]:
     return (match.group(1), int(match.group(2)), "") if match else (label, -1, label)
 
 
-def run_from_trial(trial: FrozenTrial) -> TrialRun:
+def run_from_trial(trial: FrozenTrial) -> RecordedRun:
     """Read one trial's ``saturn:*`` user attributes."""
     attrs = trial.user_attrs
 
@@ -147,7 +147,7 @@ def run_from_trial(trial: FrozenTrial) -> TrialRun:
         return float(value) if isinstance(value, (int, float)) else None
 
     options = tuple(Option.from_json(o) for o in attrs.get(ATTR + "options", ()) or () if isinstance(o, Mapping))
-    return TrialRun(
+    return RecordedRun(
         number=trial.number,
         state=trial.state.name,
         strategy=attrs.get(ATTR + "strategy"),
@@ -171,7 +171,7 @@ def run_from_trial(trial: FrozenTrial) -> TrialRun:
 def read_sweeps(
     trials: Iterable[FrozenTrial],
     *,
-    live: Sequence[TrialRun] = (),
+    live: Sequence[RecordedRun] = (),
     live_started_at: float | None = None,
     pool: Sequence[str] | None = None,
 ) -> list[SweepRecord]:
@@ -180,7 +180,7 @@ def read_sweeps(
     ``live`` runs (trials a listener knows are waiting or running) replace the stored record of the same trial
     number and belong to the sweep that started at ``live_started_at``, whose pool is ``pool`` when given.
     """
-    by_sweep: dict[float, dict[int, TrialRun]] = {}
+    by_sweep: dict[float, dict[int, RecordedRun]] = {}
     recorded_pools: dict[float, tuple[str, ...]] = {}  # from `saturn:pool`, where the sweep records it
     for trial in trials:
         started = trial.user_attrs.get(ATTR + "sweep_started_at")
@@ -207,7 +207,7 @@ def read_study(study: optuna.Study) -> list[SweepRecord]:
     return read_sweeps(study.get_trials(deepcopy=False))
 
 
-def infer_pool(runs: Iterable[TrialRun]) -> tuple[str, ...]:
+def infer_pool(runs: Iterable[RecordedRun]) -> tuple[str, ...]:
     """Devices ``kind:0 .. kind:max`` for the kind(s) the runs (and their profiling launches) used: the smallest
     pool consistent with them."""
     highest: dict[str, int] = {}
@@ -223,7 +223,7 @@ def infer_pool(runs: Iterable[TrialRun]) -> tuple[str, ...]:
     return tuple(sorted(labels + sorted(others), key=device_sort_key))
 
 
-def jobs_from_runs(runs: Iterable[TrialRun], *, observed: bool = False) -> list[Job]:
+def jobs_from_runs(runs: Iterable[RecordedRun], *, observed: bool = False) -> list[Job]:
     """Planner jobs from the options each trial recorded (``saturn:options``).
 
     With ``observed``, every option of a trial that ran is rescaled by that trial's actual / planned runtime, so
