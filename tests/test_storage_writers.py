@@ -225,6 +225,6 @@ def test_a_run_whose_storage_stayed_down_past_the_retry_budget_runs_again(tmp_pa
         session.handle("report", {"value": 1.0, "step": 1})
     assert session.storage_failed
     session.outcome = {"op": "fail", "error": "RemoteError: OperationalError"}  # (what the worker then says)
-    run = SimpleNamespace(number=trial.number, stalled="", session=session)
+    run = SimpleNamespace(number=trial.number, stalled="", session=session, waiting=SimpleNamespace(retries=0))
     faults = Faults(stall_timeout=None, max_retries=1, may_leave_out=False)
     assert faults.run_again(run, JobEnd("trial-0", (0,), False, "rank 0 failed"))
