@@ -196,9 +196,7 @@ def simulate(
                 solver=solver,
                 time_limit=time_limit,
                 known_ahead=replay.known_ahead,
-                workers_ready=replay.workers_ready
-                if same
-                else sorted(replay.workers_ready)[len(replay.workers_ready) // 2],
+                workers_ready=replay.workers_ready if same else replay.typical_ready,
             )
         except ValueError as exc:
             fail(f"On nodes {list(cluster.nodes)}: {exc}")

@@ -162,7 +162,8 @@ def _for_objective(
         objective=objective,
     )
     best = min((fastest, weighed), key=lambda p: objective.plan_key(p.assignments))
-    plan = _finish(best, jobs, cluster, busy, fastest.lower_bound, t0, dict(fastest.info))
+    notes = dict(fastest.info) if best is fastest else {}  # (the solvers' notes are the makespan plan's own)
+    plan = _finish(best, jobs, cluster, busy, fastest.lower_bound, t0, notes)
     plan.info.update(objective.report(plan))
     if not plan.info["met"]:  # (the earliest end of any plan found: the makespan plan's, or a weighed one's)
         plan.info["earliest_end"] = round(min(fastest.makespan, weighed.makespan), 3)

@@ -36,6 +36,11 @@ class Replay:
     def cluster(self) -> Cluster:
         return Cluster([self.devices])
 
+    @property
+    def typical_ready(self) -> float:
+        """When a worker was ready, the median over the devices: what a pool of another size is given."""
+        return sorted(self.workers_ready)[len(self.workers_ready) // 2]
+
 
 def replay_of(study: optuna.Study, *, sweep: int = -1, observed: bool = True) -> Replay:
     """The study's sweep number ``sweep`` (as a list index: -1, the latest) as simulated jobs; ``observed=False``

@@ -39,7 +39,7 @@ def sizes(replay: Replay, objective: Objective, counts: Iterable[int], **simulat
                 Cluster([count]),
                 objective=objective,
                 known_ahead=replay.known_ahead,
-                workers_ready=sorted(replay.workers_ready)[len(replay.workers_ready) // 2],
+                workers_ready=replay.typical_ready,
                 **simulation,
             )
         except DeadlineUnreachable as refused:
