@@ -221,6 +221,25 @@ def test_an_out_of_memory_is_told_by_its_type_and_by_its_message():
     assert error_kind(ValueError("loss is nan")) == CRASH
 
 
+def test_a_rank_that_lost_its_peer_did_not_fail_first():
+    """A killed rank leaves no failure file; its peers' "connection reset by peer" are its effect. They are told
+    apart from the trial's own errors, and a real failure is the job's first, whatever its time."""
+    from optuna_saturn.worker.failures import PEER_GONE
+
+    for message in (
+        "[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:28349: Connection reset by peer",
+        "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Connection closed by peer [127.0.0.1]:5321",
+        "NCCL error: remote process exited or there was a network error",
+    ):
+        assert error_kind(RuntimeError(message)) == PEER_GONE, message
+    wrapped = RuntimeError("validation failed")
+    wrapped.__context__ = RuntimeError("Connection reset by peer")
+    assert error_kind(wrapped) == PEER_GONE
+    out_of_memory_after = RuntimeError("CUDA out of memory")
+    out_of_memory_after.__context__ = RuntimeError("Connection reset by peer")
+    assert error_kind(out_of_memory_after) == OUT_OF_MEMORY
+
+
 @pytest.mark.launch
 def test_out_of_memory_on_rank_1_tries_more_micro_batches_and_is_never_run_again_as_it_was(saturn_options):
     """Rank 1 runs out of memory (rank 0 waits in the step's collective and is stopped): the profile records

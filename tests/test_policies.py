@@ -32,7 +32,7 @@ from optuna_saturn.sweep.planning import Planning
 from optuna_saturn.sweep.profiling import Profiling
 from optuna_saturn.sweep.settings import SweepSettings
 from optuna_saturn.sweep.state import SweepState, TrialRun, Waiting
-from optuna_saturn.worker.failures import OUT_OF_MEMORY, RankFailure
+from optuna_saturn.worker.failures import CRASH, OUT_OF_MEMORY, PEER_GONE, RankFailure
 
 STRATEGIES = select_strategies(["single", "ddp"], 2, device_kind="cpu")
 WORKLOAD = Workload("model", 1000, 4, "batch", total_steps=100)
@@ -216,8 +216,25 @@ def test_faults_run_again_a_trial_whose_rank_died_silently_but_not_one_that_repo
     run.waiting.retries = 1  # its params ran once before: max_retries reached
     assert not faults.run_again(run, died)
     run.waiting.retries = 0
-    run.session.outcome = {"op": "fail", "error": "ValueError: bad"}
+    run.session.outcome = {"op": "fail", "error": "ValueError: bad", "kind": CRASH}
     assert not faults.run_again(run, died)
+
+
+def test_faults_run_again_a_trial_whose_rank_0_said_first_that_it_lost_a_killed_peer():
+    """Rank 1 was killed (it says nothing); rank 0's collective broke with "connection reset by peer", and its
+    failure came through its session before the pool saw rank 1 go: a death, not the trial's code. On one device
+    no peer can go: the trial's own error stays its own."""
+    state = state_of(2)
+    faults = Faults(stall_timeout=None, max_retries=1, may_leave_out=True)
+    run = running(state, Option("ddp", 2, 10.0), (0, 1))
+    lost = "RuntimeError: [gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:28349: Connection reset by peer"
+    run.session.outcome = {"op": "fail", "error": lost, "kind": PEER_GONE}
+    ended = JobEnd(run.key, (0, 1), False, "a rank failed", lost, RankFailure(0, 1.0, lost, PEER_GONE))
+    assert faults.run_again(run, ended)
+    assert faults.left_out(run, ended) is None  # (nor is its option blamed)
+    alone = running(state_of(1), Option("single", 1, 10.0), (0,))
+    alone.session.outcome = {"op": "fail", "error": lost, "kind": PEER_GONE}
+    assert not faults.run_again(alone, JobEnd(alone.key, (0,), False, "a rank failed", lost))
 
 
 # -- elastic ------------------------------------------------------------------------------------------------------

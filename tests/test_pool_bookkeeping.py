@@ -156,6 +156,19 @@ def test_a_cut_or_empty_rank_error_file_is_passed_over_and_an_error_is_written_w
     assert not list(tmp_path.glob("*.partial"))
 
 
+def test_a_rank_that_lost_its_peer_is_passed_over_for_the_one_that_failed(tmp_path):
+    """Rank 0 saw its peer go (first in time: rank 1's error was written as it died); rank 1's error is the
+    job's failure. With only peer-gone errors, the first of them is."""
+    from optuna_saturn.worker.failures import PEER_GONE, first_failure, record_failure
+
+    prefix = str(tmp_path / "job-9")
+    record_failure(prefix, 0, "RuntimeError: Connection reset by peer", PEER_GONE)
+    assert first_failure(prefix).kind == PEER_GONE
+    record_failure(prefix, 1, "ValueError: loss is nan", "crash")
+    failure = first_failure(prefix)
+    assert failure is not None and failure.rank == 1 and failure.kind == "crash"
+
+
 def test_a_rank_error_file_cut_while_written_never_takes_its_final_name(tmp_path, monkeypatch):
     import errno
     import json

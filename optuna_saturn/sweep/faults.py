@@ -27,7 +27,7 @@ from optuna_saturn.pricing.prices import TrialPrice
 from optuna_saturn.sweep.decisions import Describe, Fail, LeaveOut, Readmit, Stop
 from optuna_saturn.sweep.settings import SweepSettings
 from optuna_saturn.sweep.state import SweepState, TrialRun
-from optuna_saturn.worker.failures import CRASH, MISMATCH, OUT_OF_MEMORY
+from optuna_saturn.worker.failures import CRASH, MISMATCH, OUT_OF_MEMORY, PEER_GONE
 
 _logger = optuna.logging.get_logger("optuna.saturn")
 
@@ -104,7 +104,9 @@ class Faults:
         waiting, option = run.waiting, run.assignment.option
         priced = waiting.price.option(option.choice)
         reported = (run.session.outcome or {}).get("op") == "fail"  # (a silent death is the rank's, not the option's)
-        first_run_crash = reported and (priced is None or not priced.measured) and run.session.step == 0
+        first_run_crash = (
+            reported and kind == CRASH and (priced is None or not priced.measured) and run.session.step == 0
+        )
         if (
             waiting.price.workload is None
             or waiting.attempts >= MAX_ATTEMPTS
@@ -138,7 +140,10 @@ class Faults:
         on the same one), and it ran fewer than ``max_retries`` + 1 times."""
         silent = (run.session.outcome or {}).get("op") is None and not end.clean
         faulted = bool(run.stalled) or run.session.storage_failed  # (the storage's fault: a long outage)
-        faulted = faulted or (silent and failure_kind(run, end) not in (OUT_OF_MEMORY, MISMATCH))
+        kind = failure_kind(run, end)
+        faulted = faulted or (silent and kind not in (OUT_OF_MEMORY, MISMATCH))
+        # a rank that said nothing died, and the ones that said only lost it (rank 0 may say so first)
+        faulted = faulted or (not end.clean and len(end.devices) > 1 and kind == PEER_GONE)
         if faulted and run.waiting.retries >= self.max_retries:
             _logger.warning(f"Trial {run.number} is not run again: it ran {self.max_retries + 1} times.")
             return False
@@ -168,5 +173,5 @@ def failure_kind(run: TrialRun, end: JobEnd) -> str | None:
     if end.failure is not None:
         return end.failure.kind
     if outcome.get("op") == "fail":
-        return OUT_OF_MEMORY if outcome.get("out_of_memory") else MISMATCH if outcome.get("mismatch") else CRASH
+        return str(outcome.get("kind", CRASH))
     return None

@@ -8,9 +8,13 @@ after the grace period). So each rank that fails writes its own error file, with
   raise it as other errors: NCCL's "Failed to CUDA calloc", cuBLAS's ``CUBLAS_STATUS_ALLOC_FAILED``, cuDNN's
   ``CUDNN_STATUS_ALLOC_FAILED``, the runtime's ``cudaErrorMemoryAllocation``;
 - ``mismatch``: the trial's code cannot run under the strategy (``StrategyMismatch``): another option may;
+- ``peer_gone``: a collective lost a peer (gloo's "connection reset by peer", NCCL's "remote process exited"):
+  the effect of another rank's death, never a cause. A job whose only errors are these lost a rank that said
+  nothing (killed, or its machine died): the sweep runs the trial again, as for any silent death;
 - ``crash``: anything else.
 
-The job's end carries the first failure in time (its peers' later errors are mostly "connection closed").
+The job's end carries the first failure in time that is not ``peer_gone`` (its peers' later errors are mostly
+"connection closed"), or the first of those if that is all there is.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from dataclasses import asdict, dataclass
 OUT_OF_MEMORY = "out_of_memory"
 MISMATCH = "mismatch"
 CRASH = "crash"
+PEER_GONE = "peer_gone"
 
 #: Messages of out-of-memory errors raised as something else than ``torch.OutOfMemoryError`` (lower case).
 _OUT_OF_MEMORY_MESSAGES = (
@@ -35,6 +40,15 @@ _OUT_OF_MEMORY_MESSAGES = (
     "cuda_error_out_of_memory",
     "failed to cuda calloc",
     "failed to cuda malloc",
+)
+
+#: Messages of a collective whose peer went away (lower case): gloo's and NCCL's, and a socket's.
+_PEER_GONE_MESSAGES = (
+    "connection reset by peer",
+    "connection closed by peer",
+    "broken pipe",
+    "remote process exited",
+    "nccl communicator was aborted",
 )
 
 
@@ -63,6 +77,7 @@ def error_kind(exc: BaseException) -> str:
     from optuna_saturn.engines import StrategyMismatch
 
     seen: set[int] = set()
+    peer_gone = False
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
@@ -70,10 +85,12 @@ def error_kind(exc: BaseException) -> str:
             return OUT_OF_MEMORY
         if isinstance(current, StrategyMismatch):
             return MISMATCH
-        if any(m in str(current).lower() for m in _OUT_OF_MEMORY_MESSAGES):
+        message = str(current).lower()
+        if any(m in message for m in _OUT_OF_MEMORY_MESSAGES):
             return OUT_OF_MEMORY
+        peer_gone = peer_gone or any(m in message for m in _PEER_GONE_MESSAGES)
         current = current.__cause__ or current.__context__
-    return CRASH
+    return PEER_GONE if peer_gone else CRASH
 
 
 def error_file(prefix: str, rank: int) -> str:
@@ -99,7 +116,8 @@ def record_failure(
 
 
 def first_failure(prefix: str) -> RankFailure | None:
-    """The failure of the job's rank that failed first, or None if no rank left one."""
+    """The failure of the job's rank that failed first, or None if no rank left one; a rank that lost a peer did
+    not fail first, whatever its time (the peer's death is what it saw, and a killed peer leaves no file)."""
     failures = []
     for path in glob.glob(glob.escape(prefix) + ".rank*.error.json"):
         try:
@@ -107,4 +125,4 @@ def first_failure(prefix: str) -> RankFailure | None:
                 failures.append(RankFailure(**json.load(f)))
         except (OSError, ValueError, TypeError):
             continue  # (a file a killed rank left half-written)
-    return min(failures, key=lambda f: f.time, default=None)
+    return min(failures, key=lambda f: (f.kind == PEER_GONE, f.time), default=None)

@@ -247,8 +247,6 @@ def _outcome(
             "op": "fail",
             "error": error,
             "kind": kind,
-            "out_of_memory": out_of_memory,
-            "mismatch": isinstance(exc, StrategyMismatch),
             "traceback": traceback.format_exc(),
         }
 
