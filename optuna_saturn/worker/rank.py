@@ -243,12 +243,7 @@ def _outcome(
         record_failure(
             spec["errors"], place.rank, error, kind, in_steps=in_steps, strategy=strategy.name, trial=trial.number
         )
-        return {
-            "op": "fail",
-            "error": error,
-            "kind": kind,
-            "traceback": traceback.format_exc(),
-        }
+        return {"op": "fail", "error": error, "kind": kind, "traceback": traceback.format_exc()}
 
 
 def _max_over_ranks(values: list[float], world_size: int, group: Any) -> list[float]:
