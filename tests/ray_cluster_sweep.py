@@ -3,9 +3,10 @@
 ``python tests/ray_cluster_sweep.py MODE OUT.json`` with MODE ``spread`` (two nodes of two CPU devices, DDP and
 single trials, the study in a PostgreSQL server started in the same namespace), ``node-death`` (two nodes of one
 device; the worker node is removed while a trial runs there), ``node-joins`` (one node of one device; a second
-joins once the first trial runs) or ``two-sweeps`` (one node of one device, two sweeps of two studies at once:
-Ray's resources, not optuna-saturn's leases, give the device to one at a time). Writes what the test checks as
-JSON."""
+joins once the first trial runs), ``two-sweeps`` (one node of one device, two sweeps of two studies at once:
+Ray's resources, not optuna-saturn's leases, give the device to one at a time) or ``release`` (two nodes of one
+device, a deadline: the node no trial left needs goes back to the cluster before the sweep ends). Writes what the
+test checks as JSON."""
 
 from __future__ import annotations
 
@@ -66,6 +67,19 @@ class AddNodeOnceATrialRuns(SweepListener):
                 self.process.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
+
+
+class WatchPlacementGroups(SweepListener):
+    """At each trial's end: the states of the sweep's placement groups (one per node) in Ray's table."""
+
+    def __init__(self) -> None:
+        self.seen: list[list[str]] = []
+
+    def on_trial_end(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, now: float) -> None:
+        from ray.util import placement_group_table
+
+        groups = placement_group_table().values()
+        self.seen.append(sorted(g["state"] for g in groups if g["name"].startswith("optuna-saturn-")))
 
 
 class KillNodeWhenATrialRunsThere(SweepListener):
@@ -200,6 +214,9 @@ def _sweep(
     if mode == "node-death":
         victim = KillNodeWhenATrialRunsThere(_node_name(worker_id, names), kill, storage)
         listeners.append(victim)
+    if mode == "release":
+        watch = WatchPlacementGroups()
+        listeners.append(watch)
     if mode == "node-joins":
         known = set(names)
         joiner = AddNodeOnceATrialRuns(address)
@@ -216,9 +233,10 @@ def _sweep(
         listeners=listeners,
         max_retries=1,
         checkpoint_dir=f"{tmp}/checkpoints",  # (every node sees it)
+        deadline="1h" if mode == "release" else None,
     )
     objective = {"spread": objectives.train_linear, "node-death": objectives.resumable}.get(mode, objectives.sleepy)
-    executor.optimize(study, objective, n_trials={"spread": 6, "node-death": 3, "node-joins": 8}[mode])
+    executor.optimize(study, objective, n_trials={"spread": 6, "node-death": 3, "node-joins": 8, "release": 3}[mode])
     result = {
         "seconds": time.time() - started,
         "driver_pid": os.getpid(),
@@ -240,6 +258,8 @@ def _sweep(
     }
     if mode == "node-death":
         result["victim"], result["removed_at"] = victim.victim, victim.removed_at
+    if mode == "release":
+        result["groups_seen"], result["summary"] = watch.seen, study.user_attrs["saturn:last_sweep"]
     if mode == "node-joins":
         result["joined_node"] = next((n["NodeID"] for n in ray.nodes() if n["NodeID"] not in known), None)
         result["added_at"] = joiner.added_at

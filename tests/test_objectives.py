@@ -10,6 +10,7 @@ import time
 import optuna
 import pytest
 from optuna.trial import TrialState
+from test_simulator import executed_as_plan
 
 from optuna_saturn import SaturnExecutor
 from optuna_saturn.planner import (
@@ -136,6 +137,27 @@ def test_a_simulated_sweep_meets_its_deadline_with_fewer_device_seconds_and_refu
             _simulated(jobs), cluster, solver="auto", time_limit=0.5, objective=Objective(deadline=0.5 * end)
         )
     assert refused.value.earliest_end == pytest.approx(end, rel=0.05)
+
+
+def test_under_a_deadline_a_node_no_trial_left_needs_is_given_back_and_nothing_runs_there_after():
+    """Two trials on two nodes of 8: the deadline's plan puts both on node 0, so node 1 goes back to the cluster
+    at once, and the devices the pool held are the ones the trials used. In makespan mode nothing goes back."""
+    jobs, cluster = scaling_jobs(), CLUSTER
+    fastest = run_simulation(_simulated(jobs), cluster, solver="auto", time_limit=0.5)
+    assert fastest.info["released"] == {}
+    assert fastest.info["held_device_seconds"] == pytest.approx(16 * fastest.info["wall_seconds"])
+    end = fastest.info["wall_seconds"]
+    relaxed = run_simulation(
+        _simulated(jobs), cluster, solver="auto", time_limit=0.5, objective=Objective(deadline=1.3 * end)
+    )
+    released = relaxed.info["released"]
+    assert sorted(released) == [f"node1/cuda:{i}" for i in range(8)], released
+    given_back = max(released.values())
+    assert not [a for a in relaxed.executed if a.node == 1 and a.end > given_back]
+    validate(*executed_as_plan(relaxed, jobs), cluster)  # (raises on an overlap)
+    wall = relaxed.info["wall_seconds"]
+    assert relaxed.info["held_device_seconds"] == pytest.approx(8 * wall + 8 * given_back)
+    assert relaxed.info["held_device_seconds"] < 0.6 * 16 * wall
 
 
 # -- a real sweep on CPU devices ----------------------------------------------------------------------------------

@@ -23,13 +23,14 @@ from optuna_saturn.strategy import select_strategies
 from optuna_saturn.study.trial_session import TrialSession
 from optuna_saturn.sweep import dispatch
 from optuna_saturn.sweep.asking import Asking, Next
-from optuna_saturn.sweep.decisions import Admit, Describe, Fail, LeaveOut, Readmit, Start, Stop
+from optuna_saturn.sweep.decisions import Admit, Describe, Fail, LeaveOut, Readmit, Release, Start, Stop
 from optuna_saturn.sweep.elastic import Elastic
 from optuna_saturn.sweep.faults import Faults
 from optuna_saturn.sweep.options import OptionsView
 from optuna_saturn.sweep.outcomes import EARLY_LESSON_STEPS, Outcomes
 from optuna_saturn.sweep.planning import Planning
 from optuna_saturn.sweep.profiling import Profiling
+from optuna_saturn.sweep.releasing import Releasing
 from optuna_saturn.sweep.settings import SweepSettings
 from optuna_saturn.sweep.state import SweepState, TrialRun, Waiting
 from optuna_saturn.worker.failures import CRASH, OUT_OF_MEMORY, PEER_GONE, RankFailure
@@ -277,3 +278,29 @@ def test_outcomes_tell_a_result_and_teach_an_unmeasured_option_early_and_once():
     assert told.attrs["node"] == {"name": "head", "ip": "10.0.0.1"}
     failed = outcomes.tell(run, JobEnd(run.key, (0,), True), state, 60.0, run_again=False, reason="sweep stopped")
     assert failed.state == TrialState.FAIL and failed.attrs["fail_reason"] == "sweep stopped" and failed.learn is None
+
+
+# -- releasing ----------------------------------------------------------------------------------------------------
+def test_releasing_gives_back_the_devices_no_trial_left_needs_at_the_tail_and_keeps_a_largest_node():
+    nodes = ["a"] * 4 + ["b"] * 2 + ["c"] * 2
+    state = SweepState(0.0, [Device("cpu", i, cores=(i,), node=n) for i, n in enumerate(nodes)])
+    state.planned([])
+    run = running(state, Option("ddp", 2, 100.0), (4, 5))  # on node b
+    state.planned([])
+    assert Releasing(enabled=False).idle(state, asking_done=True, profiling=False) is None  # (makespan mode)
+    releasing = Releasing(enabled=True)
+    assert releasing.idle(state, asking_done=False, profiling=False) is None  # more trials may come
+    assert releasing.idle(state, asking_done=True, profiling=True) is None  # a profiling job will need devices
+    late = waiting(priced(("single", 1, 50.0)), state)  # admitted: the plan is out of date
+    assert releasing.idle(state, asking_done=True, profiling=False) is None
+    late.assignment = Assignment(str(late.number), Option("single", 1, 50.0), 2, (6,), 100.0, 150.0)
+    state.planned([late.number])
+    release = releasing.idle(state, asking_done=True, profiling=False)
+    assert release == Release(frozenset({7}))  # node a, the largest, is kept for a trial run again
+    assert releasing.idle(state, asking_done=True, profiling=False) is None  # offered once
+    state.release({7}, 10.0)
+    assert 7 not in state.free() and list(state.topology.cluster.nodes) == [4, 2, 1] and state.plan_dirty
+    assert state.held_seconds(20.0) == 8 * 20.0 - 10.0
+    state.planned([late.number])
+    run.devices = (0, 1)  # (were it on node a, the largest: b and c could go)
+    assert releasing.idle(state, asking_done=True, profiling=False) == Release(frozenset({2, 3, 4, 5}))

@@ -232,6 +232,22 @@ def test_a_ray_node_that_joins_during_a_sweep_runs_its_later_trials(tmp_path):
     assert min(started) > result["added_at"]
 
 
+@pytest.mark.launch
+def test_under_a_deadline_a_ray_node_no_trial_left_needs_goes_back_to_the_cluster(tmp_path):
+    """Three 3 s trials on two one-device nodes, a deadline of an hour: once the last trial runs, the other node's
+    placement group is removed (Ray has its device back) while the sweep goes on, and every trial completes."""
+    result = _sweep_on_a_ray_cluster("release", tmp_path)
+    assert [t["state"] for t in result["trials"]] == ["COMPLETE"] * 3
+    released = result["summary"]["released"]
+    assert len(released) == 1, result["summary"]
+    assert ["CREATED", "REMOVED"] in result["groups_seen"], result["groups_seen"]  # (one node's group gone)
+    node = next(iter(released)).split("/")[0]
+    late = [t for t in result["trials"] if t["attrs"]["saturn:actual_start"] >= released[next(iter(released))]]
+    assert all(t["attrs"]["saturn:node"]["name"] != node for t in late)
+    summary = result["summary"]
+    assert summary["held_device_seconds"] < 2 * summary["wall_seconds"]
+
+
 # -- two "hosts": network namespaces joined by a veth pair -------------------------------------------------------------
 class NamespaceHosts:
     """Two hosts on this machine: network namespaces joined by a veth pair, each with its own IP on a private

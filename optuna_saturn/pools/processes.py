@@ -75,6 +75,9 @@ class ProcessPool:
     def lost(self) -> set[int]:
         return self._warm.lost() if self._started else set()
 
+    def release(self, devices: set[int]) -> set[int]:
+        return self._warm.release(devices) if self._started else set()
+
     @property
     def _channel(self) -> ChannelServer:
         """The channel server, from the start to the close."""

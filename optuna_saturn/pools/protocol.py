@@ -17,6 +17,7 @@ the loop reads (steps, checkpoints, outcomes) is the same either way.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -117,8 +118,23 @@ class Pool(Protocol):
     def stop(self, key: str, reason: str) -> None:
         """Stop a job; its end (unclean, with ``reason``) comes out of :meth:`wait`."""
 
+    def release(self, devices: set[int]) -> set[int]:
+        """Give back to the cluster what it can of ``devices`` (idle, none of them needed again in this sweep);
+        returns the devices given back. A cluster rents devices by the node (a Ray node's placement group), so
+        only whole nodes go; one machine's devices are not rented, and none go."""
+
     def close(self) -> None:
         """Stop every job and worker."""
+
+
+def whole_nodes(devices: Sequence[Device], offered: set[int], gone: set[int]) -> dict[str, set[int]]:
+    """The nodes (by name) all of whose devices not ``gone`` are ``offered``: what a pool that rents by the node
+    can give back."""
+    by_node: dict[str, set[int]] = {}
+    for index, device in enumerate(devices):
+        if index not in gone:
+            by_node.setdefault(device.node, set()).add(index)
+    return {node: members for node, members in by_node.items() if members <= offered}
 
 
 @dataclass

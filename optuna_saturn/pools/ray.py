@@ -104,6 +104,7 @@ class RayPool(NodeMembership):
         self._jobs: dict[Any, _RayJob] = {}
         self._ended: collections.deque[JobEnd] = collections.deque()
         self._lost: dict[int, str] = {}  # device -> why it is gone
+        self._released: set[int] = set()  # devices of the nodes given back to the cluster (release)
         self._killed: dict[int, bool] = {}  # devices whose actor this pool killed (its death is no news)
         self._suspect: dict[int, float] = {}  # devices whose actor Ray could not reach, since when
         self._start_failures: dict[int, int] = {}  # device -> failed starts in a row
@@ -194,7 +195,7 @@ class RayPool(NodeMembership):
         return set(self._lost)
 
     def host_problem(self) -> str | None:
-        if len(self._lost) == len(self.devices):
+        if self._lost and len(self._lost) + len(self._released) == len(self.devices):
             return f"every node of the Ray cluster is gone ({next(iter(self._lost.values()))})"
         if self._ray is not None and not self._ray.is_initialized():
             return "the connection to the Ray cluster was lost"

@@ -1,10 +1,11 @@
 """The Ray pool's nodes: which died (their devices are lost, their jobs end unclean), which joined (measured on
-arrival, their devices join the pool) and whose devices could not be reserved. A part of
+arrival, their devices join the pool), whose devices could not be reserved, and which go back to the cluster. A part of
 :class:`~optuna_saturn.pools.ray.RayPool`, kept apart so that each file holds one concern: this one the cluster's
 membership, that one the actors and their jobs."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import optuna
 
 from optuna_saturn.devices import Device
+from optuna_saturn.pools.protocol import whole_nodes
 from optuna_saturn.pools.ray_cluster import RayCluster, RayNode, node_from, probe, usable_nodes
 
 _logger = optuna.logging.get_logger("optuna.saturn.runner")
@@ -27,7 +29,7 @@ NODE_DEATH_SECONDS = 30.0
 
 class NodeMembership:
     """The membership half of :class:`~optuna_saturn.pools.ray.RayPool`, which sets these attributes up and
-    starts, replaces and ends the actors (``_reserve``, ``_spawn``, ``_replace``, ``_rank_ended``)."""
+    starts, replaces and ends the actors (``_reserve``, ``_spawn``, ``_replace``, ``_rank_ended``, ``_kill``)."""
 
     cluster: RayCluster
     devices: list[Device]
@@ -38,6 +40,8 @@ class NodeMembership:
     _actors: dict[int, Any]
     _calls: dict[Any, tuple[str, int]]
     _lost: dict[int, str]
+    _released: set[int]
+    _killed: dict[int, bool]
     _suspect: dict[int, float]
     _probes: dict[Any, dict]
     _ignored: set[str]
@@ -49,6 +53,8 @@ class NodeMembership:
     _spawn: Callable[[int], None]
     _replace: Callable[[int], None]
     _rank_ended: Callable[[int, bool, str], None]
+    _kill: Callable[[int], None]
+    ready: Callable[[], set[int]]
 
     def _check_nodes(self) -> None:
         """Which nodes died since the last look: their devices are lost and their jobs end unclean now (Ray may
@@ -62,6 +68,8 @@ class NodeMembership:
             return
         alive = {n["NodeID"] for n in nodes if n.get("Alive")}
         for node in self.cluster.nodes:
+            if node.name not in self._groups:  # (given back: what becomes of it is the cluster's)
+                continue
             if node.node_id not in alive:
                 self._lose_node(node, f"Ray node {node.name} died")
             elif node.name in self._reserved_at and self._groups[node.name].wait(0):
@@ -116,6 +124,25 @@ class NodeMembership:
             self._spawn(index)
         self._joined.extend(node.devices)
         _logger.info(f"Ray node {node.name} joined with {len(node.devices)} device(s); the sweep plans on them.")
+
+    def release(self, devices: set[int]) -> set[int]:
+        """Whole nodes whose devices are all idle and offered: their actors stop and their placement group is
+        removed, so the cluster (its autoscaler, other sweeps) has them back. A placement group is reserved and
+        removed whole, so a node goes only with all its devices."""
+        from ray.util.placement_group import remove_placement_group
+
+        nodes = whole_nodes(self.devices, devices & self.ready(), set(self._lost) | self._released)
+        for name, members in nodes.items():
+            for device in members:
+                self._kill(device)
+                self._killed.pop(device, None)  # (no call of its is pending: it was idle)
+                del self._actors[device]
+            with contextlib.suppress(Exception):
+                remove_placement_group(self._groups.pop(name))
+            self._reserved_at.pop(name, None)
+            self._released |= members
+            _logger.info(f"Ray node {name}'s {len(members)} device(s) are given back to the cluster.")
+        return {d for members in nodes.values() for d in members}
 
     def _alive_nodes(self) -> set[str] | None:
         try:

@@ -188,6 +188,10 @@ class WorkerPool:
     def node_of(self, device: Device) -> dict[str, Any]:
         return {}
 
+    def release(self, devices: set[int]) -> set[int]:
+        """None: this machine's devices are not rented one by one (an idle worker holds only its memory)."""
+        return set()
+
     def starting(self) -> set[int]:
         """Devices whose worker is not up yet (the pool is starting, or a worker is being replaced)."""
         with self._lock:

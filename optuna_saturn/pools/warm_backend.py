@@ -58,5 +58,9 @@ class WarmBackend(Protocol):
     def stop(self, key: Any, reason: str = "stopped") -> None:
         """Stop a job's ranks; its end comes out of :meth:`wait`."""
 
+    def release(self, devices: set[int]) -> set[int]:
+        """Give back what it can of ``devices`` (idle, not needed again); returns what it gave back (see
+        :meth:`~optuna_saturn.pools.protocol.Pool.release`)."""
+
     def close(self) -> None:
         """Stop every worker."""

@@ -22,7 +22,7 @@ from typing import Any
 from optuna_saturn import checkpoint
 from optuna_saturn.clock import VirtualClock
 from optuna_saturn.devices import Device
-from optuna_saturn.pools.protocol import JobEnd, JobRequest, PoolBroken
+from optuna_saturn.pools.protocol import JobEnd, JobRequest, PoolBroken, whole_nodes
 
 
 @dataclass(frozen=True)
@@ -99,6 +99,7 @@ class SimulatedPool:
         self._busy: dict[int, str] = {}  # device -> job key
         self._runs: dict[str, _Run] = {}
         self._lost: set[int] = set()
+        self.released: set[int] = set()  # devices given back to the cluster (release)
         self._joined: list[Device] = []
         self._saved: set[str] = set()  # the checkpoints its jobs saved (in the folders the sweep gave them)
         self._origin = 0.0
@@ -112,7 +113,14 @@ class SimulatedPool:
             self._at(self._origin + fault.at, "fault", fault)
 
     def ready(self) -> set[int]:
-        return self._up - self._busy.keys() - self._lost
+        return self._up - self._busy.keys() - self._lost - self.released
+
+    def release(self, devices: set[int]) -> set[int]:
+        """Whole idle nodes, as a Ray cluster gives them back."""
+        nodes = whole_nodes(self.devices, devices & self.ready(), self._lost | self.released)
+        given = {d for members in nodes.values() for d in members}
+        self.released |= given
+        return given
 
     def joined(self) -> list[Device]:
         joined, self._joined = self._joined, []
@@ -157,7 +165,7 @@ class SimulatedPool:
         else:
             self._clock.advance_to(deadline)
         self._report_progress()
-        if self.devices and len(self._lost) == len(self.devices):
+        if self.devices and len(self._lost) == len(self.devices):  # (the sweep never gives back its last node)
             raise PoolBroken("every node of the simulated cluster is gone")
         return ends
 

@@ -229,7 +229,10 @@ def run_simulation(
             batch_size=batch_size or len(devices),
             callbacks=callbacks,
         ).run()
-    return record.result(cluster)
+    result = record.result(cluster)
+    summary = study.user_attrs.get("saturn:last_sweep", {})
+    result.info.update({k: summary[k] for k in ("held_device_seconds", "released") if k in summary})
+    return result
 
 
 @contextlib.contextmanager

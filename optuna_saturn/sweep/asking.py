@@ -115,7 +115,7 @@ class Asking:
     @staticmethod
     def _slots(state: SweepState) -> int:
         """As many trials in flight as plain Optuna's ``n_jobs`` threads would hold: one per device."""
-        return len(state.devices) - len(state.lost)
+        return len(state.devices) - len(state.gone)
 
     @staticmethod
     def admission(waiting: Waiting) -> Admit | Fail:

@@ -30,6 +30,7 @@ from optuna_saturn.sweep.outcomes import Outcomes
 from optuna_saturn.sweep.parts import Parts
 from optuna_saturn.sweep.planning import Planning
 from optuna_saturn.sweep.profiling import Profiling
+from optuna_saturn.sweep.releasing import Releasing
 from optuna_saturn.sweep.requests import JobRequests, run_folder
 from optuna_saturn.sweep.resumes import Resumes
 from optuna_saturn.sweep.settings import SweepSettings
@@ -118,5 +119,6 @@ def assemble(
                 plan_work=settings.plan_work,
             ),
             Outcomes(),
+            Releasing(enabled=not settings.objective.is_makespan),
         )
     )

@@ -136,3 +136,10 @@ class Unplan:
     """These waiting trials lose their places: their devices were lost (planning)."""
 
     numbers: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Release:
+    """Give ``devices`` back to the cluster: no trial the sweep will run needs them (releasing)."""
+
+    devices: frozenset[int]

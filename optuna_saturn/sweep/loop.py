@@ -36,6 +36,7 @@ class Sweep:
         self._state, self._effects, self._view = parts.state, parts.effects, parts.view
         self._asking, self._planning, self._profiling = parts.asking, parts.planning, parts.profiling
         self._faults, self._elastic, self._outcomes = parts.faults, parts.elastic, parts.outcomes
+        self._releasing = parts.releasing
         self._world = parts.effects.world
         self._do, self._gateway, self._called_back = self._effects.carry_out, self._world.gateway, parts.called_back
         self._planning_seconds = 0.0
@@ -66,13 +67,9 @@ class Sweep:
         summary = reporting.summary(
             self._state, self._now(), self._asking, self._planning_seconds, self._planning, self._profiling
         )
-        objective = self.settings.objective
-        if objective.kind != "makespan":
-            budget = None if objective.budget is None else objective.budget / 3600
-            summary["objective"] = {"kind": objective.kind, "deadline": objective.deadline, "budget_hours": budget}
-        if objective.price_per_device_hour:
-            summary["cost"] = round(self._state.spent / 3600 * objective.price_per_device_hour, 2)
-        self._gateway.set_study_attr("last_sweep", summary)
+        self._gateway.set_study_attr(
+            "last_sweep", {**summary, **reporting.objective(self.settings.objective, self._state)}
+        )
         _logger.info(f"Sweep finished in {self._now():.1f} s; logs in {self._world.requests.run_dir}.")
         events.send("on_sweep_end", self._now(), False)
 
@@ -99,6 +96,9 @@ class Sweep:
             self._plan()
             self._dispatch()
         self._asking.note_the_first_round(state)
+        asking_done, profiling = not self._may_ask(), self._profiling.pending
+        if release := self._releasing.idle(state, asking_done=asking_done, profiling=profiling):
+            self._do(release)
         if move := self._elastic.move(state, self._view, self._now()):
             self._do(move)
         ready, version = self._pool.ready(), self._planning.version

@@ -14,6 +14,7 @@ from optuna_saturn.sweep.options import OptionsView
 from optuna_saturn.sweep.outcomes import Outcomes
 from optuna_saturn.sweep.planning import Planning
 from optuna_saturn.sweep.profiling import Profiling
+from optuna_saturn.sweep.releasing import Releasing
 from optuna_saturn.sweep.settings import SweepSettings
 from optuna_saturn.sweep.state import SweepState
 
@@ -35,3 +36,4 @@ class Parts:
     faults: Faults
     elastic: Elastic
     outcomes: Outcomes
+    releasing: Releasing

@@ -12,7 +12,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from optuna_saturn.devices import Device
 from optuna_saturn.events import Broadcast, TrialProgress
-from optuna_saturn.planner import Option
+from optuna_saturn.planner import Objective, Option
 from optuna_saturn.planner._types import option_label
 from optuna_saturn.pricing.prices import PricedOption, ProfileJob
 from optuna_saturn.sweep.state import SweepState, TrialRun
@@ -98,7 +98,20 @@ def summary(
         "ask_seconds": _spread(asking.ask_seconds),  # (a summary: one number per trial grows without bound)
         "workers_ready": {str(state.devices[d]): round(t, 3) for d, t in sorted(state.ready_at.items())},
         "device_seconds": round(state.spent, 3),  # what its jobs held devices for (trials and profiling)
+        "held_device_seconds": round(state.held_seconds(wall), 3),  # what the pool held them for (a cluster's bill)
+        "released": {str(state.devices[d]): round(t, 3) for d, t in sorted(state.released.items())},
     }
+
+
+def objective(objective: Objective, state: SweepState) -> dict[str, Any]:
+    """The summary's part on what the sweep planned for (none in makespan mode) and its cost (at a price)."""
+    out: dict[str, Any] = {}
+    if not objective.is_makespan:
+        budget = None if objective.budget is None else objective.budget / 3600
+        out["objective"] = {"kind": objective.kind, "deadline": objective.deadline, "budget_hours": budget}
+    if objective.price_per_device_hour:
+        out["cost"] = round(state.spent / 3600 * objective.price_per_device_hour, 2)
+    return out
 
 
 def _spread(seconds: Sequence[float]) -> dict[str, float | int]:

@@ -95,6 +95,8 @@ class SweepState:
     started_at: float
     devices: list[Device]  # the pool's, in order; grows when a node joins (faults: Join)
     lost: set[int] = field(default_factory=set)  # devices of nodes that died (faults: Lose)
+    released: dict[int, float] = field(default_factory=dict)  # devices given back to the cluster, and when (releasing)
+    joined_at: dict[int, float] = field(default_factory=dict)  # per device: when the pool had it (nodes join later)
     topology: Topology = field(init=False)  # the nodes the plan counts on (faults: Join, Lose)
     waiting: dict[int, Waiting] = field(default_factory=dict)  # admitted by asking, left by dispatch and ends
     running: dict[str, TrialRun | ProfileRun] = field(default_factory=dict)  # started by dispatch and profiling
@@ -116,6 +118,7 @@ class SweepState:
     def __post_init__(self) -> None:
         self.topology = Topology.of(self.devices)
         self.free_since = {i: 0.0 for i in range(len(self.devices))}
+        self.joined_at = dict(self.free_since)
 
     @property
     def cluster(self) -> Cluster:
@@ -128,7 +131,16 @@ class SweepState:
     def free(self) -> set[int]:
         """Devices no job holds (their worker may still be starting), on the nodes alive."""
         held = {d for r in self.running.values() for d in r.devices}
-        return set(range(len(self.devices))) - held - self.lost
+        return set(range(len(self.devices))) - held - self.gone
+
+    @property
+    def gone(self) -> set[int]:
+        """Devices no job runs on again: lost with their node, or given back."""
+        return self.lost | set(self.released)
+
+    def held_seconds(self, now: float) -> float:
+        """Device-seconds the pool held its devices for, by ``now``: what a cluster bills, idle time included."""
+        return sum(self.released.get(d, now) - since for d, since in self.joined_at.items())
 
     def trial_runs(self) -> list[TrialRun]:
         return [r for r in self.running.values() if isinstance(r, TrialRun)]
@@ -230,9 +242,17 @@ class SweepState:
     def nodes_changed(self, devices: Sequence[Device], lost: set[int], now: float) -> bool:
         """The devices (a node joined) or the lost ones (a node died) changed; False if no device is left."""
         for index in range(len(self.devices), len(devices)):
-            self.free_since[index] = now
+            self.free_since[index] = self.joined_at[index] = now
         self.devices, self.lost = list(devices), set(lost)
-        topology = Topology.of(self.devices, without=self.lost)
+        return self._devices_changed()
+
+    def release(self, devices: set[int], now: float) -> None:
+        """``devices`` were given back to the cluster: no plan counts on them again."""
+        self.released.update({d: now for d in devices})
+        self._devices_changed()
+
+    def _devices_changed(self) -> bool:
+        topology = Topology.of(self.devices, without=self.gone)
         if not topology.members:
             return False
         self.topology = topology

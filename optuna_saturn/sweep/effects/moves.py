@@ -1,5 +1,5 @@
 """Effects that move trials and devices: a run stopped or asked to move, a trial waiting again (moved, or its
-option left out), places lost with their devices, nodes that joined or died."""
+option left out), places lost with their devices, nodes that joined or died, idle devices given back."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import optuna
 from optuna_saturn.devices import Device
 from optuna_saturn.events import TrialMove
 from optuna_saturn.sweep import reporting
-from optuna_saturn.sweep.decisions import Moved, Readmit, RequestMove, Stop, Unplan
+from optuna_saturn.sweep.decisions import Moved, Readmit, Release, RequestMove, Stop, Unplan
 from optuna_saturn.sweep.effects.prices import price
 from optuna_saturn.sweep.effects.world import World
 
@@ -57,6 +57,14 @@ def unplan(world: World, unplan: Unplan) -> None:
     world.state.unplan(unplan.numbers)
 
 
+def release(world: World, release: Release) -> None:
+    given = world.pool.release(set(release.devices))
+    if given:
+        world.state.release(given, world.now())
+        names = ", ".join(str(world.state.devices[d]) for d in sorted(given))
+        _logger.info(f"Gave {len(given)} idle device(s) back to the cluster ({names}): no trial left needs them.")
+
+
 def nodes(world: World, joined: list[Device], lost: set[int]) -> set[int]:
     """Nodes joined (their devices are planned on from now) or died (no longer counted on); returns the devices
     newly lost."""
@@ -79,4 +87,5 @@ HANDLERS: dict[type, Callable[..., Any]] = {
     Moved: moved,
     Readmit: readmit,
     Unplan: unplan,
+    Release: release,
 }
