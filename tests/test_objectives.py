@@ -5,6 +5,7 @@ misses it, with the earliest end."""
 
 from __future__ import annotations
 
+import random
 import time
 
 import optuna
@@ -24,6 +25,7 @@ from optuna_saturn.planner import (
     WorkLimit,
     best_resize,
     device_seconds,
+    fewest_nodes,
     plan_problems,
     replan,
     solve,
@@ -137,6 +139,46 @@ def test_a_simulated_sweep_meets_its_deadline_with_fewer_device_seconds_and_refu
             _simulated(jobs), cluster, solver="auto", time_limit=0.5, objective=Objective(deadline=0.5 * end)
         )
     assert refused.value.earliest_end == pytest.approx(end, rel=0.05)
+
+
+def test_fewest_nodes_leaves_out_the_nodes_a_deadline_does_not_need_but_never_a_running_jobs():
+    jobs, cluster = scaling_jobs(2), Cluster([8, 8, 8])
+    fastest = solve(jobs, cluster, "auto", work_limit=WORK)
+
+    def plan_on(deadline: float, busy: list[Reservation]):
+        objective = Objective(deadline=deadline)
+
+        def on(c: Cluster, b: list[Reservation]):
+            return solve(jobs, c, "auto", work_limit=WORK, busy=b, objective=objective)
+
+        return fewest_nodes(on(cluster, busy), cluster, busy, on), objective
+
+    relaxed, objective = plan_on(2 * fastest.makespan, [])
+    assert len({a.node for a in relaxed.assignments}) == 1 and relaxed.info["met"]
+    validate(relaxed, jobs, cluster, objective=objective)
+    running = [Reservation(2, (0,), 100.0, "r")]  # a job runs on node 2: it stays, and the others may go
+    kept, objective = plan_on(2 * fastest.makespan, running)
+    assert len({a.node for a in kept.assignments} - {2}) <= 1  # (node 0 or 1 left out: node 2 could not be)
+    validate(kept, jobs, cluster, busy=running, objective=objective)
+    tight, _ = plan_on(fastest.makespan, [])  # each trial needs a whole node to end by then
+    assert len({a.node for a in tight.assignments}) == 2
+
+
+def test_a_deadline_the_heuristics_alone_would_refuse_is_met_once_the_solvers_had_their_time():
+    """The first plan is the heuristics' (a device waits for it); one that misses the deadline used to refuse the
+    sweep with a wrong earliest end (4467 s here, where the makespan mode ends at 3764 s)."""
+    rng = random.Random(5)
+    jobs = []
+    for i in range(6):
+        size = rng.uniform(1.0, 3.0)
+        options = [Option("single", 1, 900 * size), Option("ddp", 2, 520 * size), Option("ddp", 4, 380 * size)]
+        jobs.append(Job(str(i), options))
+    cluster = Cluster([4])
+    end = run_simulation(_simulated(jobs), cluster, solver="auto", time_limit=2.0).info["wall_seconds"]
+    deadline = Objective(deadline=1.1 * end)
+    assert solve(jobs, cluster, "list", time_limit=0.1, objective=deadline).info["met"] is False
+    met = run_simulation(_simulated(jobs), cluster, solver="auto", time_limit=2.0, objective=deadline)
+    assert met.info["wall_seconds"] <= 1.1 * end
 
 
 def test_under_a_deadline_a_node_no_trial_left_needs_is_given_back_and_nothing_runs_there_after():

@@ -9,6 +9,7 @@ from __future__ import annotations
 from optuna_saturn.planner._baselines import sequential_max, task_parallel
 from optuna_saturn.planner._bounds import lower_bound
 from optuna_saturn.planner._budget import WorkLimit
+from optuna_saturn.planner._nodes import fewest_nodes
 from optuna_saturn.planner._objective import (
     MAKESPAN,
     DeadlineUnreachable,
@@ -39,6 +40,7 @@ __all__ = [
     "WorkLimit",
     "best_resize",
     "device_seconds",
+    "fewest_nodes",
     "lower_bound",
     "objective_of",
     "parse_duration",

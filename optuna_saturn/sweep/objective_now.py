@@ -1,12 +1,17 @@
 """The sweep's objective as a plan made now sees it: a deadline as the time left, a budget as the device-seconds
-left once the jobs that ran and run are paid (:meth:`~optuna_saturn.planner.Objective.shifted`)."""
+left once the jobs that ran and run are paid (:meth:`~optuna_saturn.planner.Objective.shifted`); and what is said
+when the plans miss it."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from optuna_saturn.planner import Objective, Reservation
+import optuna
+
+from optuna_saturn.planner import Objective, Plan, Reservation
 from optuna_saturn.sweep.state import SweepState, Waiting
+
+_logger = optuna.logging.get_logger("optuna.saturn")
 
 #: Under a deadline, this share of the largest uncertainty among the options the waiting trials are planned on (an
 #: option predicted 30% off: 15% of the time left; a trial not planned yet counts its surest option) is kept in
@@ -29,3 +34,29 @@ def _uncertainty(waiting: Waiting) -> float:
         if planned is not None:
             return planned.uncertainty
     return min((p.uncertainty for p in waiting.price.options), default=0.0)
+
+
+class Misses:
+    """Plans that miss the objective: the first plan's miss of a deadline refuses the sweep; a later miss (of the
+    deadline, or of a budget) is said once, and the sweep goes on. Its memory (whether it was said) is its own."""
+
+    def __init__(self, objective: Objective) -> None:
+        self._objective = objective
+        self._said = False
+
+    def refusal(self, plan: Plan, earliest: float, now_seen: Objective, *, first: bool) -> str:
+        """Why the sweep is refused (its known trials end at ``earliest`` at the earliest, after its deadline, and
+        ``plan`` is its first), or ""."""
+        objective = self._objective
+        late = objective.deadline is not None and earliest > objective.deadline
+        if not late and (objective.deadline is not None or plan.info.get("met", True)):
+            self._said = False
+            return ""
+        least = plan.info.get("device_seconds", 0.0)
+        why = objective.missed(earliest_end=earliest, least_spent=least, left=now_seen.budget or 0.0)
+        if objective.deadline is not None and first:
+            return f"{why}. Give a later deadline or more devices, or leave the deadline out."
+        if not self._said:
+            _logger.warning(f"The sweep's plan misses its objective: {why}.")
+        self._said = True
+        return ""

@@ -19,17 +19,14 @@ simulator's comparisons) a trial keeps the place its first plan gave it; new tri
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
-import optuna
-
-from optuna_saturn.planner import Assignment, Objective, Plan, WorkLimit, lower_bound, reflow, replan
+from optuna_saturn.planner import Assignment, Plan, WorkLimit, fewest_nodes, lower_bound, reflow, replan
 from optuna_saturn.sweep.decisions import Planned, Unplan
-from optuna_saturn.sweep.objective_now import objective_now
+from optuna_saturn.sweep.objective_now import Misses, objective_now
 from optuna_saturn.sweep.options import FUTURE, OptionsView
 from optuna_saturn.sweep.settings import SweepSettings
 from optuna_saturn.sweep.state import SweepState
-
-_logger = optuna.logging.get_logger("optuna.saturn")
 
 #: Plans happen while devices may wait for them, and take a core: keep them short.
 REPLAN_SECONDS = 0.1
@@ -59,10 +56,11 @@ class Planning:
         self._solver = settings.solver
         self._time_limit = min(settings.time_limit, REPLAN_SECONDS)
         self._work_limit = work_limit(settings.plan_work)
+        self._whole_limits = settings.time_limit, settings.plan_work  # (before a sweep is refused)
         self._min_improvement = settings.min_improvement if settings.replan else float("inf")
         self._seed = settings.seed
         self._objective = settings.objective
-        self._missed = False  # the plans miss the objective's deadline or budget (said once)
+        self._misses = Misses(settings.objective)
         self._ready_seen = 0  # devices whose workers were up at the last plan
         self._first_plan = settings.first_plan
         self._profile_only = settings.profile_only
@@ -112,18 +110,17 @@ class Planning:
         plan = self._repaired(previous, jobs, busy, state, now) if objective.is_makespan else None
         if plan is None:
             urgent = self._solver == "auto" and bool(state.free())
-            plan = replan(
-                previous,
-                jobs,
-                state.cluster,
-                busy=busy,
-                solver=URGENT_SOLVER if urgent else self._solver,
-                time_limit=self._time_limit,
-                seed=self._seed,
-                min_improvement=min_improvement,
-                work_limit=self._work_limit,
-                objective=objective,
-            )
+            solve = partial(replan, jobs=jobs, cluster=state.cluster, busy=busy, seed=self._seed, objective=objective)
+            solver = URGENT_SOLVER if urgent else self._solver
+            plan = solve(previous, solver=solver, time_limit=self._time_limit, min_improvement=min_improvement,
+                         work_limit=self._work_limit)  # fmt: skip
+            deadline, whole_time, whole_work = objective.deadline, *self._whole_limits
+            refused = deadline is not None and self.version == 1 and plan.info.get("met") is False
+            if refused and urgent and plan.lower_bound <= (deadline or 0.0):  # (by the heuristics: solvers first)
+                plan = solve(None, solver=self._solver, time_limit=whole_time, work_limit=whole_work)
+            if deadline is not None and plan.info.get("met") and state.all_asked:  # (idle nodes to the end go back)
+                fewer = partial(solve, None, solver=solver, time_limit=self._time_limit, work_limit=self._work_limit)
+                plan = fewest_nodes(plan, state.cluster, busy, lambda cluster, b: fewer(cluster=cluster, busy=b))
             self._refine = urgent and plan.makespan > plan.lower_bound * (1 + REFINE_GAP)
             self._fresh = (
                 {j.name for j in jobs if not j.name.startswith(FUTURE)},
@@ -144,24 +141,8 @@ class Planning:
         if self.first_makespan is None:
             self.first_makespan = now + shown.makespan
         known_end = now + max([shown.makespan, *(r.until for r in busy)])  # (the known trials': not future ones)
-        return Planned(places, shown, now, self._missing(plan, known_end, objective), known_end)
-
-    def _missing(self, plan: Plan, earliest: float, now_seen: Objective) -> str:
-        """Why the sweep is refused: its first plan cannot end its known trials by its deadline (``earliest``, at the
-        earliest). A later plan that misses the deadline or budget is said once, and the sweep goes on."""
-        objective = self._objective
-        late = objective.deadline is not None and earliest > objective.deadline
-        if not late and (objective.deadline is not None or plan.info.get("met", True)):
-            self._missed = False
-            return ""
-        least = plan.info.get("device_seconds", 0.0)
-        why = objective.missed(earliest_end=earliest, least_spent=least, left=now_seen.budget or 0.0)
-        if objective.deadline is not None and self.version == 1:
-            return f"{why}. Give a later deadline or more devices, or leave the deadline out."
-        if not self._missed:
-            _logger.warning(f"The sweep's plan misses its objective: {why}.")
-        self._missed = True
-        return ""
+        refusal = self._misses.refusal(plan, known_end, objective, first=self.version == 1)
+        return Planned(places, shown, now, refusal, known_end)
 
     def _repaired(self, previous: Plan | None, jobs: list, busy: list, state: SweepState, now: float) -> Plan | None:
         """The previous plan repaired, if a fresh one is not due yet (see the module's docstring); else None."""

@@ -134,6 +134,11 @@ class SweepState:
         return set(range(len(self.devices))) - held - self.gone
 
     @property
+    def all_asked(self) -> bool:
+        """Every trial ``n_trials`` asks for was asked (more come only as runs again)."""
+        return self.n_trials is not None and self.asked >= self.n_trials
+
+    @property
     def gone(self) -> set[int]:
         """Devices no job runs on again: lost with their node, or given back."""
         return self.lost | set(self.released)
