@@ -110,7 +110,8 @@ class SaturnExecutor:
         deadline: plan for every trial the sweep knows of (the queue's, and those ``n_trials`` asks) to end within
             this many seconds of its start (or ``"8h"``, ``"90m"``), at the fewest device-hours: trials get their
             most efficient options where the deadline allows. One the first plan cannot meet is refused before
-            any trial starts (``DeadlineUnreachable``, with the earliest end). See docs/deadlines-and-budgets.md.
+            any trial starts (``DeadlineUnreachable``, with the earliest end). On a Ray cluster, the nodes no trial
+            left needs go back to the cluster. See docs/deadlines-and-budgets.md.
         budget: device-hours the sweep may spend (trials and profiling jobs, devices times runtime): the plans
             are the earliest end within it. Under a deadline or a budget, elastic moves are off.
         price_per_device_hour: what a device-hour costs you; the plans and the sweep's summary say the cost.

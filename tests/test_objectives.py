@@ -181,6 +181,19 @@ def test_a_deadline_the_heuristics_alone_would_refuse_is_met_once_the_solvers_ha
     assert met.info["wall_seconds"] <= 1.1 * end
 
 
+def test_a_deadline_counts_every_trial_n_trials_will_ask_not_only_the_first_four_per_device():
+    """24 trials of 100 s on 2 devices end at 1200 s at the earliest: a deadline of 600 s, which their first 8 meet,
+    is refused at once (it was accepted, then missed)."""
+    jobs = [Job(str(i), [Option("single", 1, 100.0)]) for i in range(24)]
+    with pytest.raises(DeadlineUnreachable) as refused:
+        run_simulation(_simulated(jobs), Cluster([2]), solver="auto", time_limit=0.5, objective=Objective(deadline=600))
+    assert refused.value.earliest_end == pytest.approx(1200, rel=0.05)
+    met = run_simulation(
+        _simulated(jobs), Cluster([2]), solver="auto", time_limit=0.5, objective=Objective(deadline=1300)
+    )
+    assert met.info["wall_seconds"] <= 1300
+
+
 def test_under_a_deadline_a_node_no_trial_left_needs_is_given_back_and_nothing_runs_there_after():
     """Two trials on two nodes of 8: the deadline's plan puts both on node 0, so node 1 goes back to the cluster
     at once, and the devices the pool held are the ones the trials used. In makespan mode nothing goes back."""

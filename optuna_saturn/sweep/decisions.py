@@ -37,7 +37,7 @@ class Planned:
     shown: Plan
     now: float
     unreachable: str = ""  # the sweep's deadline no plan meets: the sweep is refused before any trial starts
-    earliest_end: float = 0.0  # when its known trials end at the earliest (seconds since the sweep started)
+    earliest_end: float = 0.0  # when its trials (those to come too) end at the earliest (since the sweep started)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ predicted. The planner sees it corrected three ways:
   soon the one that spends fewer device-seconds is preferred.
 
 It also stands in for the trials not asked yet (future jobs), so that a trial asked alone does not take every
-device when the trials still to come would use them better.
+device when the trials still to come would use them better, and so that a deadline or a budget counts them.
 """
 
 from __future__ import annotations
@@ -35,8 +35,10 @@ from optuna_saturn.sweep.settings import SweepSettings
 from optuna_saturn.sweep.state import ProfileRun, SweepState, TrialRun, Waiting
 from optuna_saturn.sweep.weighing import fitting, most_efficient, tie_broken, weighed
 
-#: How many trials not asked yet the planner expects (per device, at most): enough to see that more work comes.
+#: How many trials not asked yet the planner expects (per device, at most): enough to see that more work comes ...
 FUTURE_TRIALS = 4
+#: ... and under a deadline or a budget, which the whole sweep must meet: every trial ``n_trials`` will ask, up to this.
+FUTURE_TRIALS_TO_MEET = 32
 FUTURE = "future-"
 _logger = optuna.logging.get_logger("optuna.saturn")
 _Views = tuple[list[Option], list[Option], Job, tuple[float, int]]  # a trial's views: see OptionsView._view
@@ -49,20 +51,21 @@ class OptionsView:
 
     @classmethod
     def for_sweep(cls, settings: SweepSettings, study: optuna.Study, largest_node: int) -> OptionsView:
-        return cls(
-            RuntimeEstimator(settings.strategies, largest_node),
-            profile_steps=settings.profile_steps,
-            survival=Survival.of_study(
-                study,
-                blind=not (settings.plan_for_pruning or settings.plan_to_next_rung),
-                to_next_rung=settings.plan_to_next_rung,
-            ),
-        )
+        blind = not (settings.plan_for_pruning or settings.plan_to_next_rung)
+        survival = Survival.of_study(study, blind=blind, to_next_rung=settings.plan_to_next_rung)
+        future = FUTURE_TRIALS if settings.objective.is_makespan else FUTURE_TRIALS_TO_MEET
+        estimator = RuntimeEstimator(settings.strategies, largest_node)
+        return cls(estimator, profile_steps=settings.profile_steps, survival=survival, future_trials=future)
 
     def __init__(
-        self, estimator: RuntimeEstimator, *, profile_steps: tuple[int, int], survival: Survival | None = None
+        self,
+        estimator: RuntimeEstimator,
+        *,
+        profile_steps: tuple[int, int],
+        survival: Survival | None = None,
+        future_trials: int = FUTURE_TRIALS,
     ) -> None:
-        self.estimator = estimator
+        self.estimator, self._future_trials = estimator, future_trials
         self.survival = survival if survival is not None else Survival(None)
         self.measuring = MeasuringTimes(profile_steps)
         # every admitted trial's weighed options, as first priced, by their least device-seconds
@@ -115,24 +118,16 @@ class OptionsView:
         nodes): a large sweep asks for them at every event, for hundreds of trials."""
         resume = state.resumes.get(waiting.number)
         workload = waiting.price.workload
-        reached = (
-            resume.step / workload.total_steps
-            if resume is not None and workload is not None and workload.total_steps
-            else 0.0
-        )
+        total = workload.total_steps if workload is not None else 0
+        reached = resume.step / total if resume is not None and total else 0.0
         expected = round(self.survival.expected_share(reached), 2)  # (rounded: views change when it does)
         stopping = self.survival.likely_stopped(reached if progress is None else progress)
         cached = self._views.get(waiting.number)
         if cached is not None:
             price, resumed, corrects, version, largest, share, stopped, kept = cached[0]
-            if (
-                price is waiting.price
-                and resumed is resume
-                and largest == state.largest_node
-                and share == expected
-                and (stopped, kept) == (stopping, keep)
-                and (not corrects or version == self.estimator.version)
-            ):
+            same = (largest, share, stopped, kept) == (state.largest_node, expected, stopping, keep)
+            same = same and price is waiting.price and resumed is resume
+            if same and (not corrects or version == self.estimator.version):
                 return cached[1:]
         corrects = any(p.record is not None and not p.record.observed for p in waiting.price.options)
         key = (waiting.price, resume, corrects, self.estimator.version, state.largest_node, expected, stopping, keep)
@@ -168,11 +163,13 @@ class OptionsView:
 
     def future_jobs(self, state: SweepState) -> list[Job]:
         """The trials not asked yet, each like an asked trial of median size: as many as make the trials planned
-        ``FUTURE_TRIALS`` per device in all (none once ``n_trials`` are in, or when that many are known)."""
+        ``FUTURE_TRIALS`` per device in all, ``FUTURE_TRIALS_TO_MEET`` under a deadline or a budget (none once
+        ``n_trials`` are in, or when that many are known)."""
+        per_device = self._future_trials
         remaining = (
-            (state.n_trials - state.asked - state.queued_waiting()) if state.n_trials is not None else FUTURE_TRIALS
+            (state.n_trials - state.asked - state.queued_waiting()) if state.n_trials is not None else per_device
         )
-        count = min(remaining, FUTURE_TRIALS * len(state.devices) - len(state.waiting))
+        count = min(remaining, per_device * len(state.devices) - len(state.waiting))
         if not self._seen or count <= 0:
             return []
         share = self.survival.expected_share()

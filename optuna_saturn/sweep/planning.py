@@ -140,9 +140,9 @@ class Planning:
         )
         if self.first_makespan is None:
             self.first_makespan = now + shown.makespan
-        known_end = now + max([shown.makespan, *(r.until for r in busy)])  # (the known trials': not future ones)
-        refusal = self._misses.refusal(plan, known_end, objective, first=self.version == 1)
-        return Planned(places, shown, now, refusal, known_end)
+        to_come = [a.end for a in plan.assignments if a.job.startswith(FUTURE)]  # (a deadline is the whole sweep's)
+        end = now + max([shown.makespan, *to_come, *(r.until for r in busy)])
+        return Planned(places, shown, now, self._misses.refusal(plan, end, objective, first=self.version == 1), end)
 
     def _repaired(self, previous: Plan | None, jobs: list, busy: list, state: SweepState, now: float) -> Plan | None:
         """The previous plan repaired, if a fresh one is not due yet (see the module's docstring); else None."""
