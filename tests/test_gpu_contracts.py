@@ -440,6 +440,37 @@ def test_the_ops_a_zero_job_would_build_in_a_trial_are_looked_for_in_the_workers
     assert missing("cpu", tmp_path) == [] and missing("cuda", tmp_path) == []
 
 
+def test_a_build_lock_a_killed_build_left_is_removed_and_a_fresh_one_is_kept(tmp_path, monkeypatch, caplog):
+    """A ZeRO sweep stopped with kill -9 while DeepSpeed built its op left the build's lock: every later build
+    waited on it for ever (a whole CI run hung on one). A lock older than any build is removed before the build."""
+    import time
+
+    from optuna_saturn.pools import deepspeed_ops
+
+    folder = tmp_path / "extensions"
+    (folder / "deepspeed_shm_comm").mkdir(parents=True)
+    lock, ninja = folder / "deepspeed_shm_comm" / "lock", folder / "deepspeed_shm_comm" / ".ninja_lock"
+    for path in (lock, ninja):
+        path.write_text("")
+    long_ago = time.time() - deepspeed_ops.STALE_LOCK_SECONDS - 60
+    os.utime(lock, (long_ago, long_ago))
+    assert deepspeed_ops.remove_stale_locks("cpu", folder) == [lock]  # (the fresh one: a build may hold it)
+    assert not lock.exists() and ninja.exists()
+    os.utime(ninja, (long_ago, long_ago))
+    lock.write_text("")
+    os.utime(lock, (long_ago, long_ago))
+    built = []
+    monkeypatch.setattr(
+        deepspeed_ops.subprocess,
+        "run",
+        lambda *a, **k: built.append(lock.exists()) or subprocess.CompletedProcess(a, 0),
+    )
+    with caplog.at_level("WARNING", logger="optuna.saturn.runner"):
+        deepspeed_ops.build_missing("cpu", {"TORCH_EXTENSIONS_DIR": str(folder)}, log=tmp_path / "ops.log")
+    assert built == [False] and not ninja.exists()  # removed before the build started
+    assert f"Removed {lock}" in caplog.text
+
+
 @pytest.mark.launch
 def test_a_zero_sweep_builds_what_is_missing_before_its_pool_starts(saturn_options, tmp_path, monkeypatch, caplog):
     """An op missing from the workers' extensions folder is built by the pool before its workers start, in a

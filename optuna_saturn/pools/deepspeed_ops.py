@@ -9,7 +9,10 @@ pool builds what is missing first, in a process of its own, into the extensions 
 stays for later sweeps), and says so while it builds. A build that fails is reported; the op is then built (or
 done without) where DeepSpeed would have built it.
 
-The build runs :func:`main` in a fresh interpreter (:func:`build_missing`).
+The build runs :func:`main` in a fresh interpreter (:func:`build_missing`). PyTorch's builder takes a lock file
+in the op's folder while it builds and waits, for ever, while another holds it: a build that was killed (a sweep
+stopped with ``kill -9`` in its first minutes) leaves its lock, and every later ZeRO job on the machine used to
+hang on it in silence. A lock older than any build takes is removed, with a warning, and the build has a limit.
 """
 
 from __future__ import annotations
@@ -30,6 +33,30 @@ _logger = optuna.logging.get_logger("optuna.saturn.runner")
 OPS: dict[str, dict[str, str]] = {"cpu": {"ShareMemCommBuilder": "deepspeed_shm_comm"}, "cuda": {}}
 
 
+#: A build lock older than this was left by a killed build (one takes 1-2 min, 5 on a busy machine).
+STALE_LOCK_SECONDS = 15 * 60
+#: Past this, the build is stopped and the sweep goes on (its ZeRO jobs build the op, or run without it).
+BUILD_TIMEOUT_SECONDS = 20 * 60
+
+
+def remove_stale_locks(kind: str, folder: Path) -> list[Path]:
+    """Remove the build locks of ``kind``'s ops in the extensions ``folder`` that no build can still hold (older
+    than :data:`STALE_LOCK_SECONDS`); returns them."""
+    removed = []
+    for op in OPS.get(kind, {}).values():
+        for name in ("lock", ".ninja_lock"):  # (PyTorch's FileBaton, and ninja's own)
+            path = folder / op / name
+            try:
+                stale = time.time() - path.stat().st_mtime > STALE_LOCK_SECONDS
+            except FileNotFoundError:
+                continue
+            if stale:
+                path.unlink(missing_ok=True)
+                removed.append(path)
+                _logger.warning(f"Removed {path}: a DeepSpeed op build that was killed left it, and builds wait on it.")
+    return removed
+
+
 def missing(kind: str, folder: Path) -> list[str]:
     """The builders of ``kind``'s ops whose library is not in the extensions ``folder`` yet."""
     return [builder for builder, op in OPS.get(kind, {}).items() if not (folder / op / f"{op}.so").exists()]
@@ -38,9 +65,11 @@ def missing(kind: str, folder: Path) -> list[str]:
 def build_missing(kind: str, env: Mapping[str, str], *, log: Path) -> None:
     """Build the ops ZeRO jobs on ``kind`` devices would build in a trial, if any is missing (``env``: the
     workers', whose ``TORCH_EXTENSIONS_DIR`` receives them)."""
-    builders = missing(kind, Path(env["TORCH_EXTENSIONS_DIR"]))
+    folder = Path(env["TORCH_EXTENSIONS_DIR"])
+    builders = missing(kind, folder)
     if not builders:
         return
+    remove_stale_locks(kind, folder)
     names = ", ".join(OPS[kind][b] for b in builders)
     _logger.warning(
         f"Building DeepSpeed's {names} for this machine before the sweep starts: once (1-2 min), then kept in "
@@ -48,14 +77,22 @@ def build_missing(kind: str, env: Mapping[str, str], *, log: Path) -> None:
     )
     started = time.monotonic()
     with open(log, "ab") as out:
-        done = subprocess.run(
-            [sys.executable, "-c", f"import sys; from {__name__} import main; main(sys.argv[1:])", *builders],
-            env={**os.environ, **env},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
+        try:
+            done = subprocess.run(
+                [sys.executable, "-c", f"import sys; from {__name__} import main; main(sys.argv[1:])", *builders],
+                env={**os.environ, **env},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                check=False,
+                timeout=BUILD_TIMEOUT_SECONDS,
+            )
+        except subprocess.TimeoutExpired:
+            _logger.warning(
+                f"Building DeepSpeed's {names} did not end in {BUILD_TIMEOUT_SECONDS / 60:.0f} min (log: {log}; "
+                f"another build holding a lock in {folder}?): the sweep goes on, and ZeRO jobs build it themselves."
+            )
+            return
     if done.returncode != 0:
         _logger.warning(
             f"Building DeepSpeed's {names} failed (exit code {done.returncode}; log: {log}): ZeRO jobs build it "
