@@ -235,6 +235,7 @@ def test_a_rank_that_lost_its_peer_did_not_fail_first():
     wrapped = RuntimeError("validation failed")
     wrapped.__context__ = RuntimeError("Connection reset by peer")
     assert error_kind(wrapped) == PEER_GONE
+    assert error_kind(BrokenPipeError(32, "Broken pipe")) == CRASH  # (a DataLoader worker that died: not a peer)
     out_of_memory_after = RuntimeError("CUDA out of memory")
     out_of_memory_after.__context__ = RuntimeError("Connection reset by peer")
     assert error_kind(out_of_memory_after) == OUT_OF_MEMORY
@@ -459,16 +460,38 @@ def test_a_build_lock_a_killed_build_left_is_removed_and_a_fresh_one_is_kept(tmp
     os.utime(ninja, (long_ago, long_ago))
     lock.write_text("")
     os.utime(lock, (long_ago, long_ago))
-    built = []
-    monkeypatch.setattr(
-        deepspeed_ops.subprocess,
-        "run",
-        lambda *a, **k: built.append(lock.exists()) or subprocess.CompletedProcess(a, 0),
-    )
+    seen = tmp_path / "seen"  # (the build stand-in says whether the old lock was still there)
+    build = f"test -e {lock} && echo held > {seen} || echo free > {seen}"
+    monkeypatch.setattr(deepspeed_ops, "build_command", lambda builders: ["sh", "-c", build])
     with caplog.at_level("WARNING", logger="optuna.saturn.runner"):
         deepspeed_ops.build_missing("cpu", {"TORCH_EXTENSIONS_DIR": str(folder)}, log=tmp_path / "ops.log")
-    assert built == [False] and not ninja.exists()  # removed before the build started
+    assert seen.read_text().strip() == "free" and not ninja.exists()  # removed before the build started
     assert f"Removed {lock}" in caplog.text
+
+
+def test_a_build_past_its_limit_is_stopped_with_what_it_started_and_its_lock_removed(tmp_path, monkeypatch, caplog):
+    """A build that does not end (it waits on a lock another build holds, say) is stopped at its limit with the
+    compilers it started (its process group), and the lock it took is removed: a killed build's lock would hold
+    every later one."""
+    import time
+
+    import psutil
+
+    from optuna_saturn.pools import deepspeed_ops
+
+    folder = tmp_path / "extensions"
+    (folder / "deepspeed_shm_comm").mkdir(parents=True)
+    lock, pids = folder / "deepspeed_shm_comm" / "lock", tmp_path / "pids"
+    hang = f"touch {lock}; sleep 600 & echo $! > {pids}; wait"  # (a child of its own, as ninja's compilers)
+    monkeypatch.setattr(deepspeed_ops, "build_command", lambda builders: ["sh", "-c", hang])
+    monkeypatch.setattr(deepspeed_ops, "BUILD_TIMEOUT_SECONDS", 2.0)
+    started = time.monotonic()
+    with caplog.at_level("WARNING", logger="optuna.saturn.runner"):
+        deepspeed_ops.build_missing("cpu", {"TORCH_EXTENSIONS_DIR": str(folder)}, log=tmp_path / "ops.log")
+    assert time.monotonic() - started < 30
+    assert not lock.exists() and "did not end in" in caplog.text
+    child = int(pids.read_text())
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
 
 
 @pytest.mark.launch

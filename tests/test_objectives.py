@@ -31,7 +31,8 @@ from optuna_saturn.planner import (
     solve,
     validate,
 )
-from optuna_saturn.simulation.pool import Behaviour
+from optuna_saturn.pools.protocol import PoolBroken
+from optuna_saturn.simulation.pool import Behaviour, Fault
 from optuna_saturn.simulation.prices import SimulatedJob
 from optuna_saturn.simulation.simulator import run_simulation
 
@@ -164,6 +165,21 @@ def test_fewest_nodes_leaves_out_the_nodes_a_deadline_does_not_need_but_never_a_
     assert len({a.node for a in tight.assignments}) == 2
 
 
+def test_fewest_nodes_never_leaves_out_the_last_largest_node():
+    """Node 0 (8 devices) has the least work, but a trial's only option needs 8 devices: it stays, and the
+    4-device node goes."""
+    jobs = [*scaling_jobs(1), Job("big", [Option("ddp", 8, 300.0)])]
+    jobs[0] = Job("0", [Option("single", 1, 900.0), Option("ddp", 4, 380.0)])
+    cluster, objective = Cluster([8, 4]), Objective(deadline=3000.0)
+
+    def on(c: Cluster, b: list[Reservation]):
+        return solve(jobs, c, "auto", work_limit=WORK, busy=b, objective=objective)
+
+    plan = fewest_nodes(on(cluster, []), cluster, [], on)
+    assert {a.node for a in plan.assignments} == {0} and plan.info["met"]
+    validate(plan, jobs, cluster, objective=objective)
+
+
 def test_a_deadline_the_heuristics_alone_would_refuse_is_met_once_the_solvers_had_their_time():
     """The first plan is the heuristics' (a device waits for it); one that misses the deadline used to refuse the
     sweep with a wrong earliest end (4467 s here, where the makespan mode ends at 3764 s)."""
@@ -213,6 +229,20 @@ def test_under_a_deadline_a_node_no_trial_left_needs_is_given_back_and_nothing_r
     wall = relaxed.info["wall_seconds"]
     assert relaxed.info["held_device_seconds"] == pytest.approx(8 * wall + 8 * given_back)
     assert relaxed.info["held_device_seconds"] < 0.6 * 16 * wall
+
+
+def test_a_sweep_whose_kept_node_dies_after_another_was_given_back_ends_instead_of_waiting_for_ever():
+    """Node 1 goes back at once (as above); node 0 dies at 100 s: no device is left, and the sweep says so."""
+    simulated, deadline = _simulated(scaling_jobs()), Objective(deadline=390.0)
+    with pytest.raises(PoolBroken):
+        run_simulation(
+            simulated,
+            CLUSTER,
+            solver="auto",
+            time_limit=0.5,
+            objective=deadline,
+            faults=[Fault(100.0, "lose", "node0")],
+        )
 
 
 # -- a real sweep on CPU devices ----------------------------------------------------------------------------------

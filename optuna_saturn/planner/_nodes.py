@@ -4,7 +4,9 @@ plan leaves without work is one the sweep can give back, and the hours it would 
 A plan for a deadline spreads its trials over every node, whatever it needs. :func:`fewest_nodes` leaves out one
 node at a time, the one with the least planned work that no running job holds, while a plan on the nodes left
 still meets the deadline; a running job's node is kept (it is given back later, once it is idle: the sweep's
-releasing policy). One plan per node left out, and one more that fails: a few on the clusters this serves.
+releasing policy), and so is the last node of the largest size (a trial whose options need it, now or run again
+after a fault, has no other). One plan per node left out, and one more that fails: a few on the clusters this
+serves.
 """
 
 from __future__ import annotations
@@ -27,13 +29,17 @@ def fewest_nodes(plan: Plan, cluster: Cluster, busy: Sequence[Reservation], solv
         work = dict.fromkeys(kept, 0.0)
         for a in best.assignments:
             work[a.node] += len(a.devices) * (a.end - a.start)
-        free = [n for n in kept if n not in held]
+        largest = [n for n in kept if cluster.nodes[n] == max(cluster.nodes)]
+        free = [n for n in kept if n not in held and (len(largest) > 1 or n not in largest)]
         if not free:
             return best
         left_out = min(free, key=lambda n: (work[n], -n))
         trial = [n for n in kept if n != left_out]
         local = {n: i for i, n in enumerate(trial)}
-        fewer = solve(Cluster([cluster.nodes[n] for n in trial]), [replace(r, node=local[r.node]) for r in busy])
+        try:
+            fewer = solve(Cluster([cluster.nodes[n] for n in trial]), [replace(r, node=local[r.node]) for r in busy])
+        except ValueError:  # (a job no node left can hold)
+            return best
         if not fewer.info.get("met"):
             return best
         kept = trial

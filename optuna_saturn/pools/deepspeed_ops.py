@@ -17,7 +17,9 @@ hang on it in silence. A lock older than any build takes is removed, with a warn
 
 from __future__ import annotations
 
+import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -42,19 +44,31 @@ BUILD_TIMEOUT_SECONDS = 20 * 60
 def remove_stale_locks(kind: str, folder: Path) -> list[Path]:
     """Remove the build locks of ``kind``'s ops in the extensions ``folder`` that no build can still hold (older
     than :data:`STALE_LOCK_SECONDS`); returns them."""
+    removed = _remove_locks(kind, folder, before=time.time() - STALE_LOCK_SECONDS)
+    for path in removed:
+        _logger.warning(f"Removed {path}: a DeepSpeed op build that was killed left it, and builds wait on it.")
+    return removed
+
+
+def _remove_locks(kind: str, folder: Path, *, before: float = math.inf, since: float = -math.inf) -> list[Path]:
+    """Remove the build locks of ``kind``'s ops last written between ``since`` and ``before`` (epoch seconds)."""
     removed = []
     for op in OPS.get(kind, {}).values():
         for name in ("lock", ".ninja_lock"):  # (PyTorch's FileBaton, and ninja's own)
             path = folder / op / name
             try:
-                stale = time.time() - path.stat().st_mtime > STALE_LOCK_SECONDS
+                written = path.stat().st_mtime
             except FileNotFoundError:
                 continue
-            if stale:
+            if since <= written < before:
                 path.unlink(missing_ok=True)
                 removed.append(path)
-                _logger.warning(f"Removed {path}: a DeepSpeed op build that was killed left it, and builds wait on it.")
     return removed
+
+
+def build_command(builders: Sequence[str]) -> list[str]:
+    """The build, in a fresh interpreter."""
+    return [sys.executable, "-c", f"import sys; from {__name__} import main; main(sys.argv[1:])", *builders]
 
 
 def missing(kind: str, folder: Path) -> list[str]:
@@ -75,27 +89,30 @@ def build_missing(kind: str, env: Mapping[str, str], *, log: Path) -> None:
         f"Building DeepSpeed's {names} for this machine before the sweep starts: once (1-2 min), then kept in "
         f"{env['TORCH_EXTENSIONS_DIR']} (log: {log})."
     )
-    started = time.monotonic()
-    with open(log, "ab") as out:
+    started, began = time.monotonic(), time.time() - 1.0  # (a file's time may round down)
+    with open(log, "ab") as out:  # (in a process group of its own: the compilers it starts end with it)
+        build = subprocess.Popen(
+            build_command(builders),
+            env={**os.environ, **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
-            done = subprocess.run(
-                [sys.executable, "-c", f"import sys; from {__name__} import main; main(sys.argv[1:])", *builders],
-                env={**os.environ, **env},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                check=False,
-                timeout=BUILD_TIMEOUT_SECONDS,
-            )
+            code = build.wait(timeout=BUILD_TIMEOUT_SECONDS)
         except subprocess.TimeoutExpired:
+            os.killpg(build.pid, signal.SIGKILL)
+            build.wait()
+            _remove_locks(kind, folder, since=began)  # (its own: they would hold every later build)
             _logger.warning(
                 f"Building DeepSpeed's {names} did not end in {BUILD_TIMEOUT_SECONDS / 60:.0f} min (log: {log}; "
                 f"another build holding a lock in {folder}?): the sweep goes on, and ZeRO jobs build it themselves."
             )
             return
-    if done.returncode != 0:
+    if code != 0:
         _logger.warning(
-            f"Building DeepSpeed's {names} failed (exit code {done.returncode}; log: {log}): ZeRO jobs build it "
+            f"Building DeepSpeed's {names} failed (exit code {code}; log: {log}): ZeRO jobs build it "
             "themselves, or run without it."
         )
         return

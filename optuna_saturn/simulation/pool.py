@@ -165,7 +165,7 @@ class SimulatedPool:
         else:
             self._clock.advance_to(deadline)
         self._report_progress()
-        if self.devices and len(self._lost) == len(self.devices):  # (the sweep never gives back its last node)
+        if self._lost and len(self._lost | self.released) == len(self.devices):
             raise PoolBroken("every node of the simulated cluster is gone")
         return ends
 

@@ -45,8 +45,8 @@ class Misses:
         self._said = False
 
     def refusal(self, plan: Plan, earliest: float, now_seen: Objective, *, first: bool) -> str:
-        """Why the sweep is refused (its known trials end at ``earliest`` at the earliest, after its deadline, and
-        ``plan`` is its first), or ""."""
+        """Why the sweep is refused (its trials, those to come included, end at ``earliest`` at the earliest, after
+        its deadline, and ``plan`` is its first), or ""."""
         objective = self._objective
         late = objective.deadline is not None and earliest > objective.deadline
         if not late and (objective.deadline is not None or plan.info.get("met", True)):

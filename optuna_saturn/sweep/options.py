@@ -169,7 +169,7 @@ class OptionsView:
         remaining = (
             (state.n_trials - state.asked - state.queued_waiting()) if state.n_trials is not None else per_device
         )
-        count = min(remaining, per_device * len(state.devices) - len(state.waiting))
+        count = min(remaining, per_device * (len(state.devices) - len(state.gone)) - len(state.waiting))
         if not self._seen or count <= 0:
             return []
         share = self.survival.expected_share()

@@ -61,6 +61,7 @@ class Planning:
         self._seed = settings.seed
         self._objective = settings.objective
         self._misses = Misses(settings.objective)
+        self._tried_fewer: tuple | None = None  # what the last try of fewer nodes saw, if it left none out
         self._ready_seen = 0  # devices whose workers were up at the last plan
         self._first_plan = settings.first_plan
         self._profile_only = settings.profile_only
@@ -118,9 +119,13 @@ class Planning:
             refused = deadline is not None and self.version == 1 and plan.info.get("met") is False
             if refused and urgent and plan.lower_bound <= (deadline or 0.0):  # (by the heuristics: solvers first)
                 plan = solve(None, solver=self._solver, time_limit=whole_time, work_limit=whole_work)
-            if deadline is not None and plan.info.get("met") and state.all_asked:  # (idle nodes to the end go back)
+            # (nodes idle to the end go back; a try that left none out is made again once the trials, or the nodes
+            # free of jobs, changed)
+            tried = (frozenset(j.name for j in jobs), frozenset(r.node for r in busy), state.cluster)
+            if deadline is not None and plan.info.get("met") and state.all_asked and tried != self._tried_fewer:
                 fewer = partial(solve, None, solver=solver, time_limit=self._time_limit, work_limit=self._work_limit)
-                plan = fewest_nodes(plan, state.cluster, busy, lambda cluster, b: fewer(cluster=cluster, busy=b))
+                on_fewer = fewest_nodes(plan, state.cluster, busy, lambda c, b: fewer(cluster=c, busy=b))
+                plan, self._tried_fewer = on_fewer, (tried if on_fewer is plan else None)
             self._refine = urgent and plan.makespan > plan.lower_bound * (1 + REFINE_GAP)
             self._fresh = (
                 {j.name for j in jobs if not j.name.startswith(FUTURE)},

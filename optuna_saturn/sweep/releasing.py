@@ -15,11 +15,11 @@ from optuna_saturn.sweep.state import SweepState
 
 
 class Releasing:
-    """Its memory (what it offered last, and how many workers were up then) is its own, written here."""
+    """It keeps no memory: what it offers and the pool does not take (a node with a worker starting, or one
+    replaced after a job failed) is offered again at the next round, until the pool takes it."""
 
     def __init__(self, *, enabled: bool) -> None:
         self._enabled = enabled
-        self._offered: tuple[frozenset[int], int] = (frozenset(), 0)
 
     def idle(self, state: SweepState, *, asking_done: bool, profiling: bool) -> Release | None:
         """The devices no trial left will use, once no more trials come and every trial left is planned."""
@@ -36,9 +36,4 @@ class Releasing:
         if not any(len(node) == largest and set(node) & needed for node in state.topology.members):
             kept = next(node for node in state.topology.members if len(node) == largest)
             idle -= set(kept)  # (a trial run again may need the largest node)
-        # (offered again once it changed, or once more workers are up: a pool gives back only idle workers' nodes)
-        offer = (frozenset(idle), len(state.ready_at))
-        if not idle or offer == self._offered:
-            return None
-        self._offered = offer
-        return Release(offer[0])
+        return Release(frozenset(idle)) if idle else None

@@ -49,7 +49,7 @@ def devices_lost(lost: set[int], state: SweepState) -> str:
     return (
         f"Devices {', '.join(str(state.devices[d]) for d in sorted(lost))} are gone (their node died, or their "
         "worker could not start: the log above says which); "
-        f"the sweep goes on with the {len(state.devices) - len(state.lost)} others."
+        f"the sweep goes on with the {len(state.devices) - len(state.gone)} others."
     )
 
 

@@ -42,11 +42,11 @@ _OUT_OF_MEMORY_MESSAGES = (
     "failed to cuda malloc",
 )
 
-#: Messages of a collective whose peer went away (lower case): gloo's and NCCL's, and a socket's.
+#: Messages of a collective whose peer went away (lower case): gloo's and NCCL's (not a broken pipe: a DataLoader's
+#: worker that died says that too, and running the trial again would not help it).
 _PEER_GONE_MESSAGES = (
     "connection reset by peer",
     "connection closed by peer",
-    "broken pipe",
     "remote process exited",
     "nccl communicator was aborted",
 )
