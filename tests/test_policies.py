@@ -301,6 +301,9 @@ def test_releasing_gives_back_the_devices_no_trial_left_needs_at_the_tail_and_ke
     state.release({7}, 10.0)
     assert 7 not in state.free() and list(state.topology.cluster.nodes) == [4, 2, 1] and state.plan_dirty
     assert state.held_seconds(20.0) == 8 * 20.0 - 10.0
+    state.nodes_changed(state.devices, {6}, 15.0)  # node c's device 6 dies at 15 s: not billed after
+    assert state.held_seconds(20.0) == 8 * 20.0 - 10.0 - 5.0
+    state.nodes_changed(state.devices, set(), 15.0)
     state.planned([late.number])
     run.devices = (0, 1)  # (were it on node a, the largest: b and c could go)
     assert releasing.idle(state, asking_done=True, profiling=False) == Release(frozenset({2, 3, 4, 5}))

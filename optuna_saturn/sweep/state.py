@@ -97,6 +97,7 @@ class SweepState:
     lost: set[int] = field(default_factory=set)  # devices of nodes that died (faults: Lose)
     released: dict[int, float] = field(default_factory=dict)  # devices given back to the cluster, and when (releasing)
     joined_at: dict[int, float] = field(default_factory=dict)  # per device: when the pool had it (nodes join later)
+    lost_at: dict[int, float] = field(default_factory=dict)  # per device lost with its node: when (faults: Lose)
     topology: Topology = field(init=False)  # the nodes the plan counts on (faults: Join, Lose)
     waiting: dict[int, Waiting] = field(default_factory=dict)  # admitted by asking, left by dispatch and ends
     running: dict[str, TrialRun | ProfileRun] = field(default_factory=dict)  # started by dispatch and profiling
@@ -145,7 +146,8 @@ class SweepState:
 
     def held_seconds(self, now: float) -> float:
         """Device-seconds the pool held its devices for, by ``now``: what a cluster bills, idle time included."""
-        return sum(self.released.get(d, now) - since for d, since in self.joined_at.items())
+        ends = {**self.lost_at, **self.released}
+        return sum(ends.get(d, now) - since for d, since in self.joined_at.items())
 
     def trial_runs(self) -> list[TrialRun]:
         return [r for r in self.running.values() if isinstance(r, TrialRun)]
@@ -248,6 +250,7 @@ class SweepState:
         """The devices (a node joined) or the lost ones (a node died) changed; False if no device is left."""
         for index in range(len(self.devices), len(devices)):
             self.free_since[index] = self.joined_at[index] = now
+        self.lost_at.update({d: now for d in set(lost) - self.lost})
         self.devices, self.lost = list(devices), set(lost)
         return self._devices_changed()
 
