@@ -204,8 +204,11 @@ def test_a_worker_that_cannot_start_says_why_in_its_log_and_its_exit_code(tmp_pa
 def test_an_out_of_memory_is_told_by_its_type_and_by_its_message():
     from optuna_saturn.engines import StrategyMismatch
 
-    assert error_kind(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")) == OUT_OF_MEMORY
-    assert error_kind(MemoryError()) == OUT_OF_MEMORY
+    assert (
+        error_kind(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), world_size=2)
+        == OUT_OF_MEMORY
+    )
+    assert error_kind(MemoryError(), world_size=2) == OUT_OF_MEMORY
     for message in (
         "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
         "cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
@@ -213,12 +216,12 @@ def test_an_out_of_memory_is_told_by_its_type_and_by_its_message():
         "Last error:\nFailed to CUDA calloc 10485760 bytes",
         "CUDA error: out of memory",
     ):
-        assert error_kind(RuntimeError(message)) == OUT_OF_MEMORY, message
+        assert error_kind(RuntimeError(message), world_size=2) == OUT_OF_MEMORY, message
     wrapped = RuntimeError("the step failed")
     wrapped.__cause__ = torch.OutOfMemoryError("CUDA out of memory")
-    assert error_kind(wrapped) == OUT_OF_MEMORY
-    assert error_kind(StrategyMismatch("no")) == MISMATCH
-    assert error_kind(ValueError("loss is nan")) == CRASH
+    assert error_kind(wrapped, world_size=2) == OUT_OF_MEMORY
+    assert error_kind(StrategyMismatch("no"), world_size=2) == MISMATCH
+    assert error_kind(ValueError("loss is nan"), world_size=2) == CRASH
 
 
 def test_a_rank_that_lost_its_peer_did_not_fail_first():
@@ -231,14 +234,15 @@ def test_a_rank_that_lost_its_peer_did_not_fail_first():
         "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Connection closed by peer [127.0.0.1]:5321",
         "NCCL error: remote process exited or there was a network error",
     ):
-        assert error_kind(RuntimeError(message)) == PEER_GONE, message
+        assert error_kind(RuntimeError(message), world_size=2) == PEER_GONE, message
     wrapped = RuntimeError("validation failed")
     wrapped.__context__ = RuntimeError("Connection reset by peer")
-    assert error_kind(wrapped) == PEER_GONE
-    assert error_kind(BrokenPipeError(32, "Broken pipe")) == CRASH  # (a DataLoader worker that died: not a peer)
+    assert error_kind(wrapped, world_size=2) == PEER_GONE
+    assert error_kind(BrokenPipeError(32, "Broken pipe"), world_size=2) == CRASH  # (a DataLoader worker that died)
+    assert error_kind(RuntimeError("Connection reset by peer"), world_size=1) == CRASH  # (one rank has no peer)
     out_of_memory_after = RuntimeError("CUDA out of memory")
     out_of_memory_after.__context__ = RuntimeError("Connection reset by peer")
-    assert error_kind(out_of_memory_after) == OUT_OF_MEMORY
+    assert error_kind(out_of_memory_after, world_size=2) == OUT_OF_MEMORY
 
 
 @pytest.mark.launch

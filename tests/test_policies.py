@@ -234,7 +234,7 @@ def test_faults_run_again_a_trial_whose_rank_0_said_first_that_it_lost_a_killed_
     assert faults.run_again(run, ended)
     assert faults.left_out(run, ended) is None  # (nor is its option blamed)
     alone = running(state_of(1), Option("single", 1, 10.0), (0,))
-    alone.session.outcome = {"op": "fail", "error": lost, "kind": PEER_GONE}
+    alone.session.outcome = {"op": "fail", "error": lost, "kind": CRASH}  # (as one rank tells it: error_kind)
     assert not faults.run_again(alone, JobEnd(alone.key, (0,), False, "a rank failed", lost))
 
 

@@ -143,7 +143,7 @@ class Faults:
         kind = failure_kind(run, end)
         faulted = faulted or (silent and kind not in (OUT_OF_MEMORY, MISMATCH))
         # a rank that said nothing died, and the ones that said only lost it (rank 0 may say so first)
-        faulted = faulted or (not end.clean and len(end.devices) > 1 and kind == PEER_GONE)
+        faulted = faulted or (not end.clean and kind == PEER_GONE)
         if faulted and run.waiting.retries >= self.max_retries:
             _logger.warning(f"Trial {run.number} is not run again: it ran {self.max_retries + 1} times.")
             return False

@@ -70,8 +70,9 @@ class RankFailure:
         return f"rank {self.rank}: {self.error}"
 
 
-def error_kind(exc: BaseException) -> str:
-    """The kind of ``exc`` (see the module's docstring), looking through the errors that caused it."""
+def error_kind(exc: BaseException, *, world_size: int) -> str:
+    """The kind of ``exc`` (see the module's docstring), looking through the errors that caused it, for a rank of
+    a job of ``world_size`` ranks (one rank has no peer to lose: a reset connection there is its code's)."""
     import torch
 
     from optuna_saturn.engines import StrategyMismatch
@@ -90,7 +91,7 @@ def error_kind(exc: BaseException) -> str:
             return OUT_OF_MEMORY
         peer_gone = peer_gone or any(m in message for m in _PEER_GONE_MESSAGES)
         current = current.__cause__ or current.__context__
-    return PEER_GONE if peer_gone else CRASH
+    return PEER_GONE if peer_gone and world_size > 1 else CRASH
 
 
 def error_file(prefix: str, rank: int) -> str:

@@ -56,7 +56,7 @@ def main(spec_path: str) -> NoReturn:
         import traceback
 
         traceback.print_exc()
-        record_failure(spec_path, rank, f"{type(exc).__name__}: {exc}", error_kind(exc))
+        record_failure(spec_path, rank, f"{type(exc).__name__}: {exc}", error_kind(exc, world_size=world_size))
         exit_now(1)
     if not clean:
         exit_now(1)  # peers may be stuck in a collective; the launcher stops them

@@ -29,7 +29,7 @@ from optuna_saturn.microbatch import AccumulationError
 from optuna_saturn.strategy import Strategy
 from optuna_saturn.trial import SaturnTrial, TrialMoved
 from optuna_saturn.trial_steps import ProfileComplete
-from optuna_saturn.worker.failures import CRASH, OUT_OF_MEMORY, PEER_GONE, error_kind, record_failure
+from optuna_saturn.worker.failures import OUT_OF_MEMORY, error_kind, record_failure
 from optuna_saturn.worker.gpu import rank_environment
 from optuna_saturn.worker.memory import RunMemory, collect, release_memory
 
@@ -200,8 +200,7 @@ def _outcome(
     except BaseException as exc:  # the trial failed; the sweep goes on
         traceback.print_exc()
         error = f"{type(exc).__name__}: {exc}"
-        kind = error_kind(exc)
-        kind = CRASH if kind == PEER_GONE and place.world_size == 1 else kind  # (one rank has no peer to lose)
+        kind = error_kind(exc, world_size=place.world_size)
         out_of_memory = kind == OUT_OF_MEMORY
         if trial.profile_timings is not None and not out_of_memory and not isinstance(exc, KeyboardInterrupt):
             # After a shortened loop, code that expects a full one may fail (e.g. min() of validation losses that

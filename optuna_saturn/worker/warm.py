@@ -204,7 +204,12 @@ class JobRunner:
 
                 traceback.print_exc()
                 print(f"optuna-saturn: worker {worker} could not run {job['name']}: the error above.", flush=True)
-                record_failure(job["errors"], job["rank"], f"{type(exc).__name__}: {exc}", error_kind(exc))
+                record_failure(
+                    job["errors"],
+                    job["rank"],
+                    f"{type(exc).__name__}: {exc}",
+                    error_kind(exc, world_size=job["world_size"]),
+                )
                 return False, True
             why = self._why_replace()
             if why:
