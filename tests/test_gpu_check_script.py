@@ -18,18 +18,19 @@ SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu" / "review
 
 def test_the_dry_run_goes_through_every_part_and_passes_what_a_cpu_can_check(tmp_path):
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--dry", "--budget", "400"],
+        [sys.executable, str(SCRIPT), "--dry", "--budget", "460"],
         env={**os.environ, "GPU_CHECK_WORK": str(tmp_path / "work"), "SATURN_EXAMPLE_DATA": str(tmp_path / "data")},
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=660,
     )
     summary = done.stdout.split("===== SUMMARY", 1)[-1]
     checks = re.findall(r"^CHECK (C\d): (PASS|FAIL|INFO|SKIP)(.*)$", summary, re.MULTILINE)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
-    assert {part for part, _, _ in checks} == {f"C{i}" for i in range(8)}, summary
+    assert {part for part, _, _ in checks} == {f"C{i}" for i in range(9)}, summary
     assert not [c for c in checks if c[1] == "FAIL"], summary
     verdicts = {part: {v for p, v, _ in checks if p == part} for part in {p for p, _, _ in checks}}
     assert "PASS" in verdicts["C1"] and "PASS" in verdicts["C2"] and "PASS" in verdicts["C3"], verdicts
     assert "PASS" in verdicts["C4"] and "PASS" in verdicts["C5"] and "PASS" in verdicts["C7"], verdicts
+    assert verdicts["C8"] == {"PASS"}  # (a killed DDP rank over gloo: its trial runs again from its checkpoint)
     assert verdicts["C6"] == {"SKIP"}  # (a killed worker's GPU memory: a GPU only)

@@ -1,4 +1,4 @@
-"""The GPU review's checks in one go (../shared/notes/gpu-review.md, parts C0-C7; issue 36), on one GPU.
+"""The GPU review's checks in one go (../shared/notes/gpu-review.md, parts C0-C7; issue 36; C8, stop 44), on one GPU.
 
     python benchmarks/gpu/review_checks.py [--parts C0,C1,...] [--budget 540] [--dry]
 
@@ -19,6 +19,9 @@ tests/test_gpu_check_script.py runs it so.
 - C5: out of memory in the steps: the profile tries more micro-batches; a trial that ran out is planned again.
 - C6: a killed worker's memory against the next job on its GPU.
 - C7: the CPU threads of a GPU worker (an offloaded optimizer step runs there).
+- C8: a DDP trial whose rank 1's worker is killed (kill -9) mid-run: its rank 0 loses the peer (NCCL's "remote
+  process exited", gloo's "connection reset by peer"), and the trial runs again from its checkpoint, not FAIL for
+  good (stop 44). Needs two GPUs (one in --dry: two CPU devices over gloo).
 """
 
 from __future__ import annotations
@@ -479,6 +482,50 @@ def c7() -> bool:
     return ok
 
 
+# -- C8 ---------------------------------------------------------------------------------------------------------
+def c8() -> bool:
+    import optuna
+    import psutil
+    import review_objectives
+    import torch
+
+    if not DRY and torch.cuda.device_count() < 2:
+        return check("C8", "SKIP", "a killed DDP rank under NCCL: needs two GPUs")
+    storage = f"sqlite:///{WORK / 'c8.sqlite3'}"
+    study = optuna.create_study(study_name="c8", storage=storage)
+    study.enqueue_trial({})
+
+    def kill_rank_1_once_checkpointed() -> None:
+        watched = optuna.load_study(study_name="c8", storage=storage)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            trials = watched.get_trials(deepcopy=False)
+            if trials and (trials[0].user_attrs.get("saturn:checkpoint") or {}).get("step", 0) >= 10:
+                for process in psutil.Process().children(recursive=True):
+                    if process.name() == "saturn-worker-1":
+                        process.kill()
+                        return
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_rank_1_once_checkpointed, daemon=True)
+    killer.start()
+    devices = 2 if DRY else [0, 1]
+    executor(devices=devices, strategies=["ddp"], profile=False, max_retries=1).optimize(
+        study, review_objectives.ddp_checkpointed, n_trials=1
+    )
+    killer.join(timeout=5)
+    trials = optuna.load_study(study_name="c8", storage=storage).trials
+    states = [t.state.name for t in trials]
+    again = trials[-1].user_attrs if len(trials) > 1 else {}
+    ok = check(
+        "C8",
+        "PASS" if states == ["FAIL", "COMPLETE"] and again.get("saturn:resumed_from_step", 0) >= 10 else "FAIL",
+        f"states {states}; the first run's reason: {trials[0].user_attrs.get('saturn:fail_reason', '')[:160]}; "
+        f"the run again resumed from step {again.get('saturn:resumed_from_step')}",
+    )
+    return ok
+
+
 PARTS: dict[str, tuple[Callable[[], bool], int]] = {
     "C0": (c0, 30),
     "C1": (c1, 120),
@@ -488,6 +535,7 @@ PARTS: dict[str, tuple[Callable[[], bool], int]] = {
     "C5": (c5, 120),
     "C6": (c6, 60),
     "C7": (c7, 40),
+    "C8": (c8, 90),
 }
 
 

@@ -153,3 +153,27 @@ def cpu_threads(trial) -> float:
         timings[str(threads)] = round((time.perf_counter() - started) / 3, 4)
     trial.set_user_attr("adamw_step_seconds", timings)
     return 0.0
+
+
+def ddp_checkpointed(trial) -> float:
+    """C8: a DDP trial with AdamW that saves a checkpoint every 5 of its 60 steps (0.1 s each): a test kills one
+    of its ranks' workers mid-run; the trial runs again from its checkpoint."""
+    _entry_facts(trial)
+    torch.manual_seed(0)
+    model = _mlp(64, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(256, 64)), batch_size=32)
+    model, optimizer, loader = trial.prepare(model, optimizer, loader)
+    start = trial.restore(model, optimizer)
+    batches = _endless(loader)
+    loss = torch.zeros(())
+    for step in trial.steps(60, start=start):
+        (x,) = next(batches)
+        optimizer.zero_grad()
+        loss = model(x.to(trial.device)).pow(2).mean()
+        trial.backward(loss)
+        optimizer.step()
+        time.sleep(0.1)
+        if (step + 1) % 5 == 0:
+            trial.checkpoint(step + 1, model, optimizer)
+    return float(loss)
