@@ -92,8 +92,9 @@ DeadlineOption = Annotated[
     str | None,
     typer.Option(
         "--deadline",
-        help="Every known trial ends within this long of the start (seconds, or 90m, 8h, 1h30m), at the fewest "
-        "device-hours; one no plan meets is refused with the earliest end.",
+        help="Every trial of the sweep (the queue's, and those --n-trials asks) ends within this long of the start "
+        "(seconds, or 90m, 8h, 1h30m), at the fewest device-hours; one no plan meets is refused with the earliest "
+        "end.",
     ),
 ]
 BudgetOption = Annotated[
