@@ -252,11 +252,75 @@ def test_profile_fills_the_store_and_prints_the_table(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     rows = table_rows(result.stdout)
-    assert sorted((r[2], r[3], r[4], r[8]) for r in rows) == (
-        [("ddp", "2", "1", "yes")] * 2 + [("single", "1", "1", "yes")] * 2  # one micro-batch: the batch fits
+    assert sorted((r[2], r[3]) for r in rows) == (
+        [("ddpx2", "1")] * 2 + [("singlex1", "1")] * 2  # one micro-batch: the batch fits
     )
-    assert all(float(r[5]) > 0 for r in rows)
+    assert all(float(r[4]) > 0 and float(r[7]) > 0 for r in rows)  # a step time, a whole trial's runtime
     assert len(list(store.glob("*.json"))) == 2  # the two trials differ only in lr: measured once each
+
+
+def test_profile_table_shows_learned_profiles_in_80_columns() -> None:
+    """A profile learned from a real run has no peak memory (most of a store after a sweep), and one that did not
+    fit has no step time: each is a row with "-" for what it lacks, and the table fits 80 columns uncut."""
+    import io
+
+    from rich.console import Console
+
+    from optuna_saturn.cli.profile_table import profile_table
+
+    learned = {
+        "strategy": "fsdp-ckpt",
+        "devices": 2,
+        "feasible": True,
+        "step_seconds": 0.0512,
+        "startup_seconds": None,
+        "peak_memory_bytes": None,
+        "observed_step_seconds": 0.05,
+    }
+    timed = {
+        "strategy": "zero3-offload",
+        "devices": 2,
+        "feasible": True,
+        "step_seconds": 0.1,
+        "startup_seconds": 2.5,
+        "peak_memory_bytes": 300 * 2**20,
+        "gradient_accumulation": 4,
+    }
+    refused = {
+        "strategy": "single",
+        "devices": 1,
+        "feasible": False,
+        "step_seconds": None,
+        "startup_seconds": None,
+        "peak_memory_bytes": None,
+        "error": "out of memory",
+    }
+    trial = optuna.trial.create_trial(
+        params={"learning_rate": 0.000123456, "width": 256},
+        distributions={
+            "learning_rate": optuna.distributions.FloatDistribution(1e-5, 1e-2, log=True),
+            "width": optuna.distributions.IntDistribution(64, 512),
+        },
+        value=1.0,
+        user_attrs={
+            "saturn:profiles": [learned, timed, refused],
+            "saturn:options": [
+                {"strategy": "fsdp-ckpt", "devices": 2, "runtime": 12.34},
+                {"strategy": "zero3-offload", "devices": 2, "runtime": 56.7, "gradient_accumulation": 4},
+            ],
+        },
+    )
+    out = io.StringIO()
+    Console(file=out, width=80).print(profile_table([trial], title="Profiles in profiles"))
+    lines = out.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 80 and "…" not in out.getvalue(), out.getvalue()
+    rows = [[c.strip() for c in line.strip("│").split("│")] for line in lines if line.startswith("│")]
+    body = [r for r in rows if r[0]]  # (a folded params cell continues on a row with an empty trial cell)
+    assert [r[2:] for r in body] == [
+        ["fsdp-ckptx2", "1", "51.2", "-", "-", "12.3"],
+        ["zero3-offloadx2", "4", "100.0", "2.5", "300", "56.7"],
+        ["singlex1", "1", "-", "-", "-", "no fit"],
+    ], out.getvalue()
 
 
 def test_profile_explains_an_objective_it_cannot_profile(tmp_path: Path) -> None:

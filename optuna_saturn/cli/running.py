@@ -24,7 +24,6 @@ from optuna_saturn.cli.app import (
     StrategiesOption,
     StrategyFolderOption,
     app,
-    console,
     examples,
     fail,
     ints,
@@ -308,44 +307,11 @@ def profile(
             "Nothing could be profiled: the objective must build its model and data loader, call "
             "trial.prepare(model, optimizer, loader), then loop over trial.steps(n)."
         )
-    from rich.table import Table
+    from rich.console import Console
 
-    table = Table(title=f"Profiles in {profile_store}")
-    columns = (
-        "trial",
-        "params",
-        "strategy",
-        "devices",
-        "micro-batches",
-        "ms/step",
-        "start-up s",
-        "peak MiB",
-        "fits",
-        "trial s",
-    )
-    for column in columns:
-        table.add_column(column, justify="left" if column in ("params", "strategy") else "right")
-    for trial in measured.trials:
-        runtimes = {
-            (o["strategy"], o["devices"], o.get("gradient_accumulation", 1)): o["runtime"]
-            for o in trial.user_attrs.get("saturn:options", [])
-        }
-        for p in trial.user_attrs.get("saturn:profiles", []):
-            ok = p["feasible"]
-            accumulation = p.get("gradient_accumulation", 1)
-            table.add_row(
-                str(trial.number),
-                ", ".join(f"{k}={_short(v)}" for k, v in trial.params.items()),
-                p["strategy"],
-                str(p["devices"]),
-                str(accumulation),
-                f"{p['step_seconds'] * 1e3:.1f}" if ok else "-",
-                f"{p['startup_seconds']:.1f}" if ok else "-",
-                f"{p['peak_memory_bytes'] / 2**20:.0f}" if ok else "-",
-                "yes" if ok else "no",
-                f"{runtimes[(p['strategy'], p['devices'], accumulation)]:.1f}" if ok else "-",
-            )
-    console().print(table)
+    from optuna_saturn.cli.profile_table import profile_table
+
+    Console().print(profile_table(measured.trials, title=f"Profiles in {profile_store}"))
 
 
 def _executor(
@@ -369,10 +335,6 @@ def _executor(
         dashboard=False,
         **options,
     )
-
-
-def _short(value: Any) -> str:
-    return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
 def parse_devices(text: str) -> Any:
