@@ -59,6 +59,10 @@ class AuthenticationFailed(ConnectionError):
     """The executor refused the token a worker presented: it belongs to no trial of the sweep (any more)."""
 
 
+class ChannelClosed(ConnectionError):
+    """The executor closed the channel (the sweep was stopped)."""
+
+
 class RemoteError(RuntimeError):
     """An error raised in the parent while serving a worker's request, re-raised in the worker."""
 
@@ -356,7 +360,7 @@ class ChannelClient:
             self._file.flush()
             line = self._file.readline()
         if not line:
-            raise ConnectionError("The optuna-saturn executor closed the channel (the sweep was stopped).")
+            raise ChannelClosed("The optuna-saturn executor closed the channel (the sweep was stopped).")
         reply = json.loads(line)
         if not reply["ok"]:
             if reply["type"] == AuthenticationFailed.__name__:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -18,6 +19,7 @@ from optuna_saturn.devices import DeviceSpec, largest_trial, resolve_devices
 from optuna_saturn.events import SweepListener
 from optuna_saturn.leases import leased
 from optuna_saturn.planner import objective_of
+from optuna_saturn.pools.describing import DESCRIBE_TIMEOUT_SECONDS
 from optuna_saturn.pools.launched import exclusive_mode_conflict
 from optuna_saturn.pools.ray_cluster import discover
 from optuna_saturn.profiler import ProfileStore
@@ -66,6 +68,10 @@ class SaturnExecutor:
         profile_budget: device-seconds the sweep may spend on profiling jobs (``None``: as much as the value of
             measuring justifies); what is left unmeasured is predicted by the cost model.
         profile_steps: (warm-up, timed) steps of each profiling run.
+        describe_timeout: seconds the objective may take, when a trial is described, to reach its first
+            ``trial.steps()`` loop (building its data and model, on the meta device). A trial is described in a
+            process of the pool (never in yours); one whose objective exits, is killed or takes longer there ends
+            FAIL with the reason.
         device_memory: the memory one device may use, in bytes or as ``"2GiB"`` / ``"512MiB"``: the planner leaves
             out options whose model state cannot fit it (parameters, gradients, optimizer state, as each strategy
             shards them) and options whose profiled peak exceeded it. ``None``: a GPU's memory, or a CPU device's
@@ -137,6 +143,7 @@ class SaturnExecutor:
         profile_store: str | os.PathLike | ProfileStore = "profiles",
         profile_budget: float | None = None,
         profile_steps: tuple[int, int] = (2, 5),
+        describe_timeout: float = DESCRIBE_TIMEOUT_SECONDS,
         device_memory: int | str | None = None,
         worker_memory_limit: float | str | None = "auto",
         max_retries: int = 1,
@@ -151,6 +158,8 @@ class SaturnExecutor:
         runner: str = "local",
         ray_address: str | None = None,
     ) -> None:
+        if not (isinstance(describe_timeout, (int, float)) and describe_timeout > 0 and describe_timeout < math.inf):
+            raise ValueError(f"describe_timeout must be a positive number of seconds, got {describe_timeout!r}.")
         if not collective_timeout > 0:
             raise ValueError(f"collective_timeout must be a positive number of seconds, got {collective_timeout!r}.")
         if stall_timeout is not None and not stall_timeout > 0:
@@ -227,6 +236,7 @@ class SaturnExecutor:
                 else ProfileStore(profile_store)
             ),
             device_memory=None if device_memory is None else parse_bytes(device_memory, "device_memory"),
+            describe_timeout=float(describe_timeout),
         )
 
     def optimize(

@@ -8,6 +8,7 @@ import dataclasses
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import optuna
@@ -15,6 +16,7 @@ import optuna
 from optuna_saturn.capacity import device_capacity
 from optuna_saturn.clock import WallClock
 from optuna_saturn.devices import largest_trial
+from optuna_saturn.pools.describing import DESCRIBE_TIMEOUT_SECONDS, Describer
 from optuna_saturn.pools.launched import LaunchedJobs, owns_its_processes
 from optuna_saturn.pools.processes import ProcessPool
 from optuna_saturn.pools.ray import RayPool
@@ -39,6 +41,7 @@ class RealSweepOptions:
     collective_timeout: float = 1800.0  # seconds one collective may wait for a peer before the job fails
     profile_store: ProfileStore | None = None  # None: plan from runtime estimates only
     device_memory: int | None = None  # bytes one device may use (None: a GPU's memory, a CPU device's RAM share)
+    describe_timeout: float = DESCRIBE_TIMEOUT_SECONDS  # seconds one description may take before its trial fails
 
 
 def real_sweep(
@@ -57,18 +60,6 @@ def real_sweep(
         # trials are still described ahead: their runtimes decide the order)
         settings = dataclasses.replace(settings, describe_asked=False)
     study_lock = threading.Lock()  # (the pricer describes trials under the study's lock)
-    pricer = None
-    if options.profile_store is not None:
-        pricer = Pricer(
-            objective=objective,
-            strategies=settings.strategies,
-            pool=settings.devices,
-            store=options.profile_store,
-            lock=study_lock,
-            max_devices=largest,
-            hardware=None if node is None else node.hardware,
-            device_memory=device_capacity(options.device_memory, settings.devices, node),
-        )
     run_dir = run_folder(settings.log_dir, study.study_name)
     pool = ProcessPool(
         objective,
@@ -78,7 +69,28 @@ def real_sweep(
             if any(owns_its_processes(s) for s in settings.strategies)
             else None
         ),
+        describer=(
+            None
+            if options.profile_store is None
+            else Describer(
+                settings.devices,
+                log=run_dir / "workers" / "describer.log",
+                isolate_network=options.isolate_network,
+                limit=options.describe_timeout,
+            )
+        ),
     )
+    pricer = None
+    if options.profile_store is not None:
+        pricer = Pricer(
+            describe=partial(pool.describe, lock=study_lock, study=study),
+            strategies=settings.strategies,
+            pool=settings.devices,
+            store=options.profile_store,
+            max_devices=largest,
+            hardware=None if node is None else node.hardware,
+            device_memory=device_capacity(options.device_memory, settings.devices, node),
+        )
     return assemble(
         settings,
         study,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import time
 
 import optuna
@@ -619,3 +620,44 @@ def mixed_sizes(trial) -> float:
             if trial.should_prune():
                 raise optuna.TrialPruned()
     return trial.reduce_mean(loss)
+
+
+def misbehaves_before_its_loop(trial) -> float:
+    """What a user's objective may do before its ``trial.steps()`` loop (``SATURN_TEST_MISBEHAVE``), in trial 0
+    only: ``sys.exit``, ``KeyboardInterrupt``, ``os._exit``, ``hang``, ``thread`` (a non-daemon thread left
+    running), ``fork`` (a child that returns from the fork too) or ``loader`` (``iter()`` of a DataLoader with two
+    worker processes). Every trial writes where it ran to ``SATURN_TEST_PIDS`` (a folder): the executor's process
+    must never be among them."""
+    import threading
+
+    lr = trial.suggest_float("lr", 1e-3, 1e-1, log=True)
+    with open(os.path.join(os.environ["SATURN_TEST_PIDS"], f"{os.getpid()}-{trial.number}"), "w") as f:
+        f.write("real" if getattr(trial, "is_real_run", True) else "described")
+    how = os.environ.get("SATURN_TEST_MISBEHAVE", "") if trial.number == 0 else ""
+    if how == "sys.exit":
+        sys.exit(3)
+    if how == "KeyboardInterrupt":
+        raise KeyboardInterrupt
+    if how == "os._exit":
+        os._exit(7)
+    if how == "hang":
+        time.sleep(3600)
+    if how == "thread":
+        threading.Thread(target=time.sleep, args=(3600,), name="objective-thread").start()
+    if how == "fork" and os.fork() == 0:
+        time.sleep(0.1)  # (then returns from the objective too, as the classic mistake does)
+    data = regression_data(64)
+    loader = torch.utils.data.DataLoader(data, batch_size=16, num_workers=2 if how == "loader" else 0)
+    next(iter(loader))  # (the docs' plain loop starts its loader before trial.steps())
+    model = torch.nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    model, optimizer, loader = trial.prepare(model, optimizer, loader)
+    batches = _endless(loader)
+    loss = torch.zeros(())
+    for _ in trial.steps(4):
+        x, y = next(batches)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        trial.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    return float(loss)

@@ -22,7 +22,7 @@ def profile_rows(trials: Iterable[FrozenTrial]) -> list[tuple[str, ...]]:
     """One row per profile of each trial: its number, its params, the option (``ddp ×2``), the micro-batches a
     global batch is split into, the step time, the start-up, the peak memory and the whole trial's predicted
     runtime (``no fit`` where the option did not fit)."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for trial in trials:
         options = trial.user_attrs.get("saturn:options") or []
         runtimes = {(o["strategy"], o["devices"], o.get("gradient_accumulation", 1)): o.get("runtime") for o in options}

@@ -8,21 +8,28 @@ It puts three mechanisms behind the one pool protocol, so that the sweep's loop 
 - a launcher's process tree per job, for strategies whose launcher must own the processes
   (:class:`~optuna_saturn.pools.launched.LaunchedJobs`);
 - the private channel (:class:`~optuna_saturn.channel.ChannelServer`) over which each job's rank 0 talks to its
-  trial's session: registered when the job is submitted, dropped when it ends.
+  trial's session: registered when the job is submitted, dropped when it ends;
+- the describer (:class:`~optuna_saturn.pools.describing.Describer`), the process that runs the objective to
+  describe a trial before it is planned: the executor's own process never runs it.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
+
+import optuna
 
 from optuna_saturn import checkpoint
 from optuna_saturn.channel import ChannelServer
 from optuna_saturn.devices import Device
+from optuna_saturn.pools.describing import Describer
 from optuna_saturn.pools.launched import LaunchedJobs, owns_its_processes
 from optuna_saturn.pools.protocol import JobEnd, JobRequest, PoolBroken
 from optuna_saturn.pools.warm_backend import WarmBackend
+from optuna_saturn.profiler import Workload
 from optuna_saturn.study.folders import safe
 from optuna_saturn.worker.failures import first_failure
 from optuna_saturn.worker.objective_recipe import describe_objective
@@ -36,11 +43,17 @@ class ProcessPool:
     jobs' runner where some strategy's launcher must own its processes (None: no strategy's does)."""
 
     def __init__(
-        self, objective: Callable[..., Any], *, warm: WarmBackend, launched: LaunchedJobs | None = None
+        self,
+        objective: Callable[..., Any],
+        *,
+        warm: WarmBackend,
+        launched: LaunchedJobs | None = None,
+        describer: Describer | None = None,
     ) -> None:
         self._objective = objective
         self._warm = warm
         self._launched = launched
+        self._describer = describer
         self._started = False
         self._server: ChannelServer | None = None
         self._recipe: dict = {}
@@ -64,7 +77,21 @@ class ProcessPool:
         self._server = ChannelServer(host=self._warm.channel_host)
         self._recipe = describe_objective(self._objective, self._server.folder)
         self._started = True
+        if self._describer is not None:
+            self._describer.start(self._server, self._recipe)
         self._warm.start(self._server, preload=self._recipe)
+
+    def describe(self, trial: Any, *, lock: threading.Lock, study: optuna.Study | None = None) -> Workload:
+        """``trial``'s workload, described in the describer (see :meth:`Describer.describe`), while the workers
+        start or run."""
+        if self._describer is None or not self._started:
+            raise RuntimeError("this pool has no describer, or is not started")
+        return self._describer.describe(trial, lock=lock, study=study, still_up=self._still_up)
+
+    def _still_up(self) -> None:
+        problem = self._warm.host_problem()
+        if problem:
+            raise PoolBroken(problem)
 
     def ready(self) -> set[int]:
         return self._warm.ready() if self._started else set()
@@ -136,6 +163,8 @@ class ProcessPool:
     def close(self) -> None:
         """Stop everything (again: a sweep that stops early closes its pool, and then closes it at the end)."""
         if self._started:
+            if self._describer is not None:
+                self._describer.close()
             self._warm.close()
             self._started = False
         if self._launched is not None:

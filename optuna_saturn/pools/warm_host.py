@@ -79,9 +79,16 @@ def main(config_path: str) -> None:
         workers[pid] = (index, time.monotonic())
 
     def stop(signum: int, frame: object) -> None:
+        import psutil
+
         for pid in workers:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        # and what the workers' objectives forked (orphans it reaped as their subreaper, or still its workers'):
+        # nothing of the sweep outlives it
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                child.kill()
         os._exit(0)
 
     signal.signal(signal.SIGTERM, stop)

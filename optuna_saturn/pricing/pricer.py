@@ -1,7 +1,8 @@
 """What each trial may run as, and how long each option would take: measured where a profile exists, predicted by
 the cost model where none does.
 
-A trial is described before anything runs (:func:`~optuna_saturn.profiler.probe_workload`): its model's and batch's
+A trial is described before anything runs (:func:`~optuna_saturn.profiler.probe_workload`, in the pool's describer
+process: :mod:`optuna_saturn.pools.describing`): its model's and batch's
 shapes make the profile keys, so trials that differ only in learning rate share every measurement, across trials,
 sweeps and restarts. Measurements come from profiling jobs (short timed runs) and from real runs: a trial that ran
 under an option with no profile leaves one, from its own steps. Everything measured also trains the cost model,
@@ -11,7 +12,6 @@ which prices the options nobody measured for a workload (:mod:`optuna_saturn.pri
 from __future__ import annotations
 
 import statistics
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,13 +28,13 @@ from optuna_saturn.pricing.profile_jobs import Wanted, grouped_into_jobs
 from optuna_saturn.pricing.step_time_model import CostModel, Prediction
 from optuna_saturn.pricing.unprofiled import NOMINAL_TRIAL_SECONDS
 from optuna_saturn.profiler import (
+    DescribeFailed,
     ProfileRecord,
     ProfileStore,
     Work,
     Workload,
     hardware_fingerprint,
     model_state_bytes,
-    probe_workload,
     profile_key,
 )
 from optuna_saturn.profiler._hardware import device_memory_bytes
@@ -61,27 +61,27 @@ class Pricer:
     def __init__(
         self,
         *,
-        objective: Callable[..., Any],
+        describe: Callable[[Any], Workload],
         strategies: Sequence[Strategy],
         pool: Sequence[Device],
         store: ProfileStore,
-        lock: threading.Lock,
         max_devices: int | None = None,
         hardware: str | None = None,
         device_memory: int | None = None,
     ) -> None:
-        """``max_devices``: the most devices one trial may use (a node's, on a cluster; default: the pool's).
+        """``describe``: a trial's workload, from its objective run in a process of the pool (never this one).
+        ``max_devices``: the most devices one trial may use (a node's, on a cluster; default: the pool's).
         ``hardware`` and ``device_memory``: what the devices are, where they are not on this machine (measured
         on their node; default: measured here)."""
-        self._objective = objective
+        self._describe = describe
         self._strategies = {s.name: s for s in strategies}
         self._pool = list(pool)
         self._max_devices = max_devices or len(self._pool)
         self._store = store
-        self._lock = lock
         self._hardware = hardware or hardware_fingerprint(pool[0])
         self._memory = device_memory or device_memory_bytes(pool)
         self._workloads: dict[int, Workload | None] = {}
+        self._describe_failures: dict[int, str] = {}  # trials whose objective exited or hung while described
         # Options that crashed or refused the trial's code, by profile key (which includes the optimizer's class):
         # never planned in this sweep, and not stored, so that a fixed objective is measured again next time.
         self._failed: dict[str, ProfileRecord] = {}
@@ -96,17 +96,18 @@ class Pricer:
 
     # -- describing and pricing -----------------------------------------------------------------------------------
     def describe(self, trial: optuna.Trial) -> Workload | None:
-        """The trial's workload (its hyperparameters are decided here), or None if it cannot be described."""
+        """The trial's workload (its hyperparameters are decided here), or None: it cannot be described, or its
+        objective exited or hung while described (``_describe_failures``)."""
         if trial.number not in self._workloads:
+            self._workloads[trial.number] = None
             try:
-                self._workloads[trial.number] = probe_workload(self._objective, trial, self._lock)
+                self._workloads[trial.number] = self._describe(trial)
+            except DescribeFailed as exc:
+                self._describe_failures[trial.number] = str(exc)
             except RuntimeError as exc:
                 if not self._warned_probe:
-                    _logger.warning(
-                        f"Trial {trial.number} cannot be profiled ({exc}); it is planned from runtime estimates."
-                    )
+                    _logger.warning(f"Trial {trial.number} cannot be profiled ({exc}); it is planned from estimates.")
                     self._warned_probe = True
-                self._workloads[trial.number] = None
         return self._workloads[trial.number]
 
     def workload(self, number: int) -> Workload | None:
@@ -116,7 +117,7 @@ class Pricer:
         """Every option the trial may run as (feasible, not failed), each measured or predicted."""
         workload = self.describe(trial)
         if workload is None:
-            return TrialPrice(None)
+            return TrialPrice(None, failure=self._describe_failures.get(trial.number))
         price = TrialPrice(workload)
         measured_here: list[ProfileRecord] = []
         pending: list[tuple[Strategy, int, _Resolved]] = []

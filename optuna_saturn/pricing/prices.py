@@ -62,6 +62,7 @@ class TrialPrice:
     workload: Workload | None
     options: list[PricedOption] = field(default_factory=list)
     profiles: list[dict] = field(default_factory=list)
+    failure: str | None = None  # why the trial fails without a run (its objective exited or hung while described)
 
     def option(self, choice: tuple[str, int, int]) -> PricedOption | None:
         return next((p for p in self.options if p.option.choice == choice), None)

@@ -15,6 +15,11 @@ class ProbeDone(BaseException):
     objective's own ``except Exception``)."""
 
 
+class DescribeFailed(Exception):
+    """The objective ended the process that described it (``os._exit``, ``sys.exit``, a signal), or hung past the
+    describe limit, before its first training loop: its trial fails with this reason, without a run."""
+
+
 class Description(Protocol):
     """The stand-in trial as a framework's stand-in sees it: what it fills in, and ``prepare`` for the rest."""
 

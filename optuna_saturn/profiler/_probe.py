@@ -1,9 +1,10 @@
 """Describing a trial before anything is launched: its model's shape, its batch's shape, its first loop's length.
 
-The objective runs in the executor's process with a stand-in trial, up to its first ``trial.steps(n)`` loop and no
-further: no training step, no evaluation, nothing after. Its ``suggest_*`` go to the real trial (so the trial's
-hyperparameters are decided here, once). Only the *parameters* of modules built meanwhile go to PyTorch's meta
-device (Accelerate's ``init_empty_weights``), so even a 6B-parameter model is described in milliseconds without
+The objective runs in a process of the pool (the describer, :mod:`optuna_saturn.pools.describer_host`; never the
+executor's) with a stand-in trial, up to its first ``trial.steps(n)`` loop and no further: no training step, no
+evaluation, nothing after. Its ``suggest_*`` go to the real trial (the sampler in the executor decides the trial's
+hyperparameters once). Only the *parameters* of modules built meanwhile go to PyTorch's meta device
+(Accelerate's ``init_empty_weights``), so even a 6B-parameter model is described in milliseconds without
 allocating it; every other tensor the objective makes (its data, caches it writes to disk) is real, exactly as in a
 worker. The batch's shape is read from one real batch of the user's DataLoader, collated by its own
 ``collate_fn``, so sequence lengths set by a collate function or hidden in dict samples count. Global state the
@@ -29,7 +30,7 @@ from optuna_saturn.microbatch import AccumulationError, batch_rows, tensors_of
 from optuna_saturn.process_state import restored_process_state
 from optuna_saturn.profiler._description import ProbeDone
 from optuna_saturn.profiler._memory import optimizer_states
-from optuna_saturn.profiler._stand_in import BATCHES_BEFORE_THE_LOOP, StandInTrial, first_batch
+from optuna_saturn.profiler._stand_in import BATCHES_BEFORE_THE_LOOP, StandInTrial, Suggests, first_batch
 from optuna_saturn.profiler._without_gpus import without_gpus
 
 _logger = optuna.logging.get_logger("optuna.saturn.profiler")
@@ -126,7 +127,7 @@ def meta_models_stay_put() -> Iterator[None]:
         torch.nn.Module.to = original  # type: ignore[method-assign]  # torch's own, put back
 
 
-def probe_workload(objective: Any, trial: optuna.Trial, lock: threading.Lock) -> Workload:
+def probe_workload(objective: Any, trial: Suggests, lock: threading.Lock) -> Workload:
     """Describe ``objective``'s workload for ``trial`` (see the module's docstring). Raises ``RuntimeError`` with
     the reason when the objective cannot be described this way (then the trial is planned from estimates)."""
     from accelerate import init_empty_weights

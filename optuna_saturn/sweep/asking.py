@@ -119,9 +119,12 @@ class Asking:
 
     @staticmethod
     def admission(waiting: Waiting) -> Admit | Fail:
-        """A trial asked and priced waits to be planned, or fails if no option fits it."""
+        """A trial asked and priced waits to be planned, or fails if no option fits it (or its objective exited or
+        hung while it was described)."""
         if waiting.price.options:
             return Admit(waiting)
+        if waiting.price.failure:
+            return Fail(waiting, waiting.price.failure)
         return Fail(waiting, "no strategy fits this trial on these devices (every option ran out of memory or failed)")
 
     def asked(self, seconds: float) -> None:

@@ -22,14 +22,15 @@ import optuna
 import torch
 import torch.distributed as dist
 
-from optuna_saturn.channel import ChannelClient
+from optuna_saturn import raised
+from optuna_saturn.channel import AuthenticationFailed, ChannelBusy, ChannelClient, ChannelClosed, RemoteError
 from optuna_saturn.engines import StrategyMismatch, WorkerContext, _clipping, engine_for
 from optuna_saturn.integrations import _guard as accelerate_guard
 from optuna_saturn.microbatch import AccumulationError
 from optuna_saturn.strategy import Strategy
 from optuna_saturn.trial import SaturnTrial, TrialMoved
 from optuna_saturn.trial_steps import ProfileComplete
-from optuna_saturn.worker.failures import OUT_OF_MEMORY, error_kind, record_failure
+from optuna_saturn.worker.failures import CRASH, OUT_OF_MEMORY, error_kind, record_failure
 from optuna_saturn.worker.gpu import rank_environment
 from optuna_saturn.worker.memory import RunMemory, collect, release_memory
 
@@ -184,9 +185,14 @@ def _outcome(
             "reserved_memory_bytes": reserved,
         }
 
+    me = os.getpid()
     try:
-        with accelerate_guard.running(trial):
-            value = objective(trial)
+        try:
+            with accelerate_guard.running(trial):
+                value = objective(trial)
+        finally:
+            if os.getpid() != me:  # a fork the objective made returned from it too: it must not act as this rank
+                exit_now(0)
         if trial.profile_timings is not None:
             return measured()
         values = [float(v) for v in value] if isinstance(value, (list, tuple)) else [float(value)]
@@ -243,7 +249,15 @@ def _outcome(
         record_failure(
             spec["errors"], place.rank, error, kind, in_steps=in_steps, strategy=strategy.name, trial=trial.number
         )
-        return {"op": "fail", "error": error, "kind": kind, "traceback": traceback.format_exc()}
+        outcome = {"op": "fail", "error": error, "kind": kind, "traceback": traceback.format_exc()}
+        if kind == CRASH and not isinstance(exc, _MACHINERY_ERRORS):
+            outcome["raised"] = raised.record(exc)  # the objective's own: study.optimize's catch applies to it
+        return outcome
+
+
+#: Errors a run's code sees that come from the sweep's machinery, not from the objective: a collective that timed
+#: out or lost its peer, the channel to the executor closed or refusing, the executor failing to answer.
+_MACHINERY_ERRORS = (dist.DistError, ChannelClosed, AuthenticationFailed, ChannelBusy, RemoteError)
 
 
 def _max_over_ranks(values: list[float], world_size: int, group: Any) -> list[float]:

@@ -1,0 +1,61 @@
+"""The user's code runs only in the pool's processes (DESIGN decision 18): describing a trial runs its objective in
+the describer, never in the executor's process. Whatever the objective does before its first ``trial.steps()``
+loop (exit, kill itself, hang, leave a thread, fork, start DataLoader workers), the executor survives it, its
+threads and children are what they were, and no trial is left RUNNING."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import objectives
+import optuna
+import psutil
+import pytest
+from optuna.trial import TrialState
+
+from optuna_saturn import SaturnExecutor
+
+pytestmark = pytest.mark.launch
+
+#: How each misbehaviour of trial 0 ends it: FAIL with a reason that says so, or COMPLETE (what it left is ended).
+CASES = {
+    "sys.exit": "raised SystemExit(3)",
+    "KeyboardInterrupt": "raised KeyboardInterrupt()",
+    "os._exit": "exit code 7",
+    "hang": "took longer than describe_timeout",
+    "thread": None,
+    "fork": None,
+    "loader": None,
+}
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+@pytest.mark.parametrize("how", list(CASES))
+def test_the_objective_never_runs_in_the_executor(how, tmp_path, monkeypatch, saturn_options) -> None:
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    monkeypatch.setenv("SATURN_TEST_PIDS", str(pids))
+    monkeypatch.setenv("SATURN_TEST_MISBEHAVE", how)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="s")
+    threads, children = {t.ident for t in threading.enumerate()}, _children()
+    executor = SaturnExecutor(devices=2, strategies=["single", "ddp"], describe_timeout=5, **saturn_options)
+    executor.optimize(study, objectives.misbehaves_before_its_loop, n_trials=3)
+
+    states = {t.number: t.state for t in study.trials}
+    assert TrialState.RUNNING not in states.values(), states
+    first = study.trials[0]
+    if CASES[how] is None:
+        assert first.state == TrialState.COMPLETE, first.user_attrs
+    else:
+        assert first.state == TrialState.FAIL
+        assert CASES[how] in first.user_attrs["saturn:fail_reason"], first.user_attrs["saturn:fail_reason"]
+    assert [t.state for t in study.trials[1:]] == [TrialState.COMPLETE] * 2
+    ran = [name.split("-", 1) for name in os.listdir(pids)]
+    assert ran and all(int(pid) != os.getpid() for pid, _ in ran), ran  # described and run, never here
+    assert {number for _, number in ran} >= {"1", "2"}
+    assert {t.ident for t in threading.enumerate()} == threads
+    assert _children() <= children  # (the pool and the describer are gone with the sweep)
