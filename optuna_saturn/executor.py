@@ -263,14 +263,15 @@ class SaturnExecutor:
         - each callback is called with ``(study, frozen_trial)`` in this process after every trial ends
           (COMPLETE, PRUNED or FAIL), in order; ``study.stop()`` from one (``MaxTrialsCallback``) stops asking,
           and the trials already asked finish. An exception in a callback ends the sweep, as in Optuna.
-        - an exception in a trial never ends the sweep here, whatever its class: the trial ends FAIL with the
-          error in ``saturn:fail_reason`` and the other trials go on (one trial's crash must not kill the others
-          it shares the machine with). So every exception is caught; ``catch`` is accepted for code written for
-          ``study.optimize`` (and checked to be exception classes) and changes nothing.
+        - an exception the objective raises ends its trial FAIL (the error in ``saturn:fail_reason``). If ``catch``
+          lists it, the sweep goes on; if not (``KeyboardInterrupt`` and ``SystemExit`` included), no trial starts
+          after it, the trials already running finish as ``n_jobs`` threads would, and ``optimize`` raises it, as
+          ``study.optimize`` does. Faults of the sweep's machinery (a worker killed, a rank lost, out of memory, a
+          stall) are never raised: their trials run again (``max_retries``) or on another option.
         - ``gc_after_trial`` runs ``gc.collect()`` in this process after each trial, after the callbacks; worker
           processes always collect (and empty the CUDA cache) after each job.
         """
-        _check_catch(catch)
+        caught = _check_catch(catch)
         for callback in callbacks or ():
             if not callable(callback):
                 raise TypeError(f"callbacks must be callables taking (study, frozen_trial), got {callback!r}.")
@@ -297,6 +298,7 @@ class SaturnExecutor:
                 batch_size=batch,
                 callbacks=list(callbacks or ()),
                 gc_after_trial=bool(gc_after_trial),
+                catch=caught,
             ),
         )
 
@@ -373,8 +375,9 @@ def _without_launchers(strategies: list[Strategy], asked: Sequence[str] | None) 
     return kept
 
 
-def _check_catch(catch: Iterable[type[Exception]] | type[Exception]) -> None:
+def _check_catch(catch: Iterable[type[Exception]] | type[Exception]) -> tuple[type[BaseException], ...]:
     classes = (catch,) if isinstance(catch, type) else tuple(catch)
     for cls in classes:
         if not (isinstance(cls, type) and issubclass(cls, BaseException)):
             raise TypeError(f"catch must be exception classes (as in study.optimize), got {cls!r}.")
+    return classes

@@ -66,11 +66,12 @@ def test_median_pruner_stops_a_bad_ddp_trial_on_every_rank(saturn_options):
 
 
 def test_a_failing_trial_fails_alone(saturn_options):
+    """An exception ``catch`` lists ends its trial FAIL, with the reason, and the sweep goes on."""
     study = optuna.create_study()
     for fail in (1, 0, 2, 0):
         study.enqueue_trial({"fail": fail})
     executor = SaturnExecutor(devices=2, strategies=["ddp"], **saturn_options)
-    executor.optimize(study, objectives.maybe_raise, n_trials=4)
+    executor.optimize(study, objectives.maybe_raise, n_trials=4, catch=(ValueError, RuntimeError))
 
     states = [t.state for t in study.trials]
     assert states == [TrialState.FAIL, TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE]
@@ -81,6 +82,23 @@ def test_a_failing_trial_fails_alone(saturn_options):
     assert "deliberate failure on rank 1" in Path(rank1.user_attrs["saturn:log"]).read_text()
 
 
+@pytest.mark.parametrize("profile", [True, False])
+def test_an_exception_catch_does_not_list_stops_the_sweep_and_is_raised(saturn_options, profile):
+    """As ``study.optimize``: the trial that raised ends FAIL, no trial starts after it, the one running finishes,
+    and ``optimize`` raises the objective's own exception (the same class and message)."""
+    study = optuna.create_study()
+    for fail in (1, 0, 0, 0, 0):
+        study.enqueue_trial({"fail": fail})
+    executor = SaturnExecutor(devices=2, strategies=["single"], profile=profile, **saturn_options)
+    with pytest.raises(ValueError, match="deliberate failure on rank 0"):
+        executor.optimize(study, objectives.maybe_raise, n_trials=5, catch=(KeyError,))
+    states = [t.state for t in study.trials]
+    assert states[0] == TrialState.FAIL and TrialState.RUNNING not in states, states
+    assert "deliberate failure on rank 0" in study.trials[0].user_attrs["saturn:fail_reason"]
+    assert states.count(TrialState.COMPLETE) <= 1, states  # (the one started beside it, at most)
+    assert states.count(TrialState.WAITING) >= 3, states  # the queue's others never started: still queued
+
+
 def test_failed_trial_log_is_uploaded_as_an_artifact(saturn_options, tmp_path):
     from optuna.artifacts import FileSystemArtifactStore
 
@@ -89,7 +107,7 @@ def test_failed_trial_log_is_uploaded_as_an_artifact(saturn_options, tmp_path):
     study = optuna.create_study()
     study.enqueue_trial({"fail": 1})
     SaturnExecutor(devices=1, strategies=["single"], artifact_store=store, **saturn_options).optimize(
-        study, objectives.maybe_raise, n_trials=1
+        study, objectives.maybe_raise, n_trials=1, catch=ValueError
     )
     artifact_id = study.trials[0].user_attrs["saturn:log_artifact_id"]
     with store.open_reader(artifact_id) as f:

@@ -138,6 +138,7 @@ def _kill_group(pid: int) -> None:
 
 def _describe(order: dict, objective: Any) -> None:
     """In the fork: describe the trial, and answer the executor over the trial's own channel connection."""
+    from optuna_saturn import raised
     from optuna_saturn.channel import ChannelClient
     from optuna_saturn.profiler import probe_workload
     from optuna_saturn.worker.described_trial import DescribedTrial
@@ -151,15 +152,11 @@ def _describe(order: dict, objective: Any) -> None:
     except RuntimeError as exc:  # it cannot be described this way: planned from runtime estimates
         answer = {"error": str(exc)}
     except BaseException as exc:  # (SystemExit, KeyboardInterrupt: the objective's own, past probe_workload)
-        answer = {"raised": f"{type(exc).__name__}{_args(exc)}"}
+        answer = {"raised": raised.record(exc)}
     if os.getpid() != me:  # a fork the objective made returned from it too: it says nothing, and ends here
         os._exit(0)
     channel.call("described", **answer)
     channel.close()
-
-
-def _args(exc: BaseException) -> str:
-    return f"({', '.join(repr(a) for a in exc.args)})"
 
 
 if __name__ == "__main__":

@@ -195,8 +195,8 @@ class Describer:
         if "died" in ended:
             raise RuntimeError(ended["died"])
         where = "before its first trial.steps() loop, while it was described"
-        if "raised" in answer:
-            raise DescribeFailed(f"the objective raised {answer['raised']} {where}")
+        if "raised" in answer:  # (KeyboardInterrupt, SystemExit: study.optimize's rules apply to them)
+            raise DescribeFailed(f"the objective raised {answer['raised']['text']} {where}", raised=answer["raised"])
         if ended.get("timed_out"):
             raise DescribeFailed(
                 f"the objective took longer than describe_timeout {where} (it may hang there); it was stopped"

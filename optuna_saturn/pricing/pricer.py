@@ -81,7 +81,7 @@ class Pricer:
         self._hardware = hardware or hardware_fingerprint(pool[0])
         self._memory = device_memory or device_memory_bytes(pool)
         self._workloads: dict[int, Workload | None] = {}
-        self._describe_failures: dict[int, str] = {}  # trials whose objective exited or hung while described
+        self._describe_failures: dict[int, DescribeFailed] = {}  # trials whose objective exited or hung while described
         # Options that crashed or refused the trial's code, by profile key (which includes the optimizer's class):
         # never planned in this sweep, and not stored, so that a fixed objective is measured again next time.
         self._failed: dict[str, ProfileRecord] = {}
@@ -103,7 +103,7 @@ class Pricer:
             try:
                 self._workloads[trial.number] = self._describe(trial)
             except DescribeFailed as exc:
-                self._describe_failures[trial.number] = str(exc)
+                self._describe_failures[trial.number] = exc
             except RuntimeError as exc:
                 if not self._warned_probe:
                     _logger.warning(f"Trial {trial.number} cannot be profiled ({exc}); it is planned from estimates.")
@@ -117,7 +117,7 @@ class Pricer:
         """Every option the trial may run as (feasible, not failed), each measured or predicted."""
         workload = self.describe(trial)
         if workload is None:
-            return TrialPrice(None, failure=self._describe_failures.get(trial.number))
+            return TrialPrice.undescribed(self._describe_failures.get(trial.number))
         price = TrialPrice(workload)
         measured_here: list[ProfileRecord] = []
         pending: list[tuple[Strategy, int, _Resolved]] = []

@@ -10,7 +10,7 @@ import optuna
 
 from optuna_saturn.planner import Option
 from optuna_saturn.planner._types import option_label
-from optuna_saturn.profiler import ProfileRecord, Workload
+from optuna_saturn.profiler import DescribeFailed, ProfileRecord, Workload
 from optuna_saturn.strategy import Strategy
 
 
@@ -63,9 +63,18 @@ class TrialPrice:
     options: list[PricedOption] = field(default_factory=list)
     profiles: list[dict] = field(default_factory=list)
     failure: str | None = None  # why the trial fails without a run (its objective exited or hung while described)
+    raised: dict | None = None  # the exception its objective raised then (optuna_saturn.raised), if it raised one
 
     def option(self, choice: tuple[str, int, int]) -> PricedOption | None:
         return next((p for p in self.options if p.option.choice == choice), None)
+
+    @classmethod
+    def undescribed(cls, exited: DescribeFailed | None) -> TrialPrice:
+        """The price of a trial that could not be described: none yet (it is planned from estimates), or, where
+        its objective ``exited`` (or hung) while described, a failure."""
+        if exited is None:
+            return cls(None)
+        return cls(None, failure=str(exited), raised=exited.raised)
 
 
 def summary(record: ProfileRecord) -> dict:

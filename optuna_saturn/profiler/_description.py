@@ -17,7 +17,12 @@ class ProbeDone(BaseException):
 
 class DescribeFailed(Exception):
     """The objective ended the process that described it (``os._exit``, ``sys.exit``, a signal), or hung past the
-    describe limit, before its first training loop: its trial fails with this reason, without a run."""
+    describe limit, before its first training loop: its trial fails with this reason, without a run. ``raised``:
+    the exception it raised (:mod:`optuna_saturn.raised`), if that is how it ended."""
+
+    def __init__(self, reason: str, *, raised: dict | None = None) -> None:
+        super().__init__(reason)
+        self.raised = raised
 
 
 class Description(Protocol):

@@ -87,7 +87,7 @@ class Asking:
     def stopped(self, state: SweepState, now: float, stop_requested: bool) -> bool:
         """``study.stop()`` (from a callback: the trials asked still run), or the timeout passed once every device
         had a trial (see the module's docstring)."""
-        if stop_requested:
+        if stop_requested or state.raised is not None:  # (the objective raised what catch does not list)
             return True
         return self.timeout is not None and now >= self.timeout and not self._first_round_due(state)
 
@@ -136,14 +136,15 @@ class Asking:
         timeout."""
         self._had_a_first_round = self._had_a_first_round or not self._first_round_due(state)
 
-    def not_to_start(self, state: SweepState, ready: set[int], now: float) -> list[int]:
+    def not_to_start(self, state: SweepState, now: float) -> list[int]:
         """Asking stopped: the queued trials described and not started stay in the study's queue (WAITING, for
-        the next optimize), except those owed a start: planned to start by now on devices whose workers were
-        still starting. Those would run but for the workers' start-up (plain Optuna's first trials start at once,
-        and its timeout lets them finish). Which are owed a start is decided once, one per device."""
+        the next optimize), except those owed a start: planned to start by now on devices that have run no job
+        yet (their workers were starting, or the trial was being described). Those would run but for the sweep's
+        start-up (plain Optuna's first trials start at once, and its timeout lets them finish). Which are owed a
+        start is decided once, one per device."""
         if self._owed_a_start is None:
             self._owed_a_start = set()
-            waiting_for_workers = state.free() - ready
+            without_a_job = {d for d in state.free() if d not in state.idle_seconds}
             planned = sorted(
                 (w for w in state.waiting.values() if w.queued and w.assignment is not None),
                 key=lambda w: (w.planned_start, w.number),
@@ -151,9 +152,9 @@ class Asking:
             for waiting in planned:
                 assert waiting.assignment is not None  # (planned: filtered above)
                 devices = set(waiting.assignment.devices)
-                if waiting.planned_start <= now and devices <= waiting_for_workers:
+                if waiting.planned_start <= now and devices <= without_a_job:
                     self._owed_a_start.add(waiting.number)
-                    waiting_for_workers -= devices
+                    without_a_job -= devices
         return [n for n, w in state.waiting.items() if w.queued and n not in self._owed_a_start]
 
     def _first_round_due(self, state: SweepState) -> bool:

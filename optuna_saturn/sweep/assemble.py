@@ -51,6 +51,7 @@ def assemble(
     batch_size: int,
     callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = (),
     gc_after_trial: bool = False,
+    catch: tuple[type[BaseException], ...] = (),
 ) -> Sweep:
     """The sweep of ``study`` on ``pool``, on ``clock``'s time; ``prices`` price its trials (None: runtime
     estimates alone), describing them under ``study_lock``, the lock every call into the study takes."""
@@ -118,7 +119,7 @@ def assemble(
                 seed=settings.seed,
                 plan_work=settings.plan_work,
             ),
-            Outcomes(),
+            Outcomes(catch=catch),
             Releasing(enabled=not settings.objective.is_makespan),
         )
     )

@@ -57,6 +57,16 @@ class Fail:
 
 
 @dataclass(frozen=True)
+class StopOnError:
+    """Trial ``number``'s objective raised ``raised`` (:mod:`optuna_saturn.raised`), which ``catch`` does not list:
+    as in ``study.optimize``, no trial starts after it (the waiting ones end FAIL; the queue's stay in the queue),
+    the running ones end as they would, and ``optimize`` raises it."""
+
+    number: int
+    raised: dict
+
+
+@dataclass(frozen=True)
 class RequestMove:
     """Stop ``run`` at its next checkpoint, to go on under ``target`` (elastic)."""
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import optuna
 
 from optuna_saturn.pools.protocol import JobEnd
+from optuna_saturn.raised import rebuilt
 from optuna_saturn.study.liveness import Heartbeat, HeartbeatWatch
 from optuna_saturn.study.outbox import STORAGE_ERRORS
 from optuna_saturn.study.ownership import RECOVER_SECONDS, recovery_round
@@ -72,6 +73,8 @@ class Sweep:
         )
         _logger.info(f"Sweep finished in {self._now():.1f} s; logs in {self._world.requests.run_dir}.")
         events.send("on_sweep_end", self._now(), False)
+        if self._state.raised is not None:  # (the objective's exception, as study.optimize raises it)
+            raise rebuilt(self._state.raised)
 
     def _step(self) -> bool:
         """One round: what ended, what the pool's nodes did, then every policy's decisions. False at the end."""
@@ -113,7 +116,7 @@ class Sweep:
             self._do(stop)
         self._recover()
         if self._asking.stopped(state, self._now(), self._gateway.stop_requested):
-            for number in self._asking.not_to_start(state, self._pool.ready(), self._now()):
+            for number in self._asking.not_to_start(state, self._now()):
                 state.forget(number)
                 _logger.info(f"Trial {number} was not started before the sweep stopped asking: it stays queued.")
         more = self._profiling.pending if self.settings.profile_only else bool(state.waiting)
@@ -144,6 +147,8 @@ class Sweep:
             self._asking.asked(taken.seconds)
             admitted = self._asking.admission(taken.waiting)
             self._do(admitted)
+            if stop := self._outcomes.stop_on(taken.waiting.price.raised, taken.waiting.number):
+                self._do(stop)
             if isinstance(admitted, Admit):
                 self._view.saw(taken.waiting)
                 if self._asking.profile_only:
@@ -210,6 +215,8 @@ class Sweep:
         now = self._now() if at is None else at
         tell = self._outcomes.tell(run, end, self._state, now, run_again=run_again, reason=reason, profiling=profiling)
         frozen = ends.told(self._world, tell)
+        if stop := self._outcomes.stop_after(run, frozen.state, run_again=run_again, reason=reason):
+            self._do(stop)
         self._view.ended(run, frozen.state, tell.attrs["actual_runtime"])
         taught = tell.learn is not None and self._do(tell.learn)
         ends.after_trial(self._world, frozen, tell.attrs["actual_end"], call_back=call_back)

@@ -19,7 +19,8 @@ from optuna.trial import TrialState
 
 from optuna_saturn.devices import Device
 from optuna_saturn.pools.protocol import JobEnd
-from optuna_saturn.sweep.decisions import Learn, Tell
+from optuna_saturn.raised import caught
+from optuna_saturn.sweep.decisions import Learn, StopOnError, Tell
 from optuna_saturn.sweep.state import SweepState, TrialRun
 
 #: A run teaches its step rate once it took this many steps (or all of its steps, if it has fewer): a profiling run
@@ -30,8 +31,23 @@ EARLY_LESSON_STEPS = 10
 class Outcomes:
     """How a run's trial ends, and what it teaches. Its own memory: the trials that already taught early."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, catch: tuple[type[BaseException], ...] = ()) -> None:
         self._taught_early: set[int] = set()  # trials whose runs taught their step rate while running
+        self._catch = catch  # the exceptions of the objective that end only their trial (study.optimize's catch)
+
+    def stop_on(self, raised: dict | None, number: int) -> StopOnError | None:
+        """Trial ``number`` ended FAIL on an exception its objective ``raised`` (None: it did not; a fault of the
+        sweep's machinery, which the faults policy runs again, never is one): it stops the sweep, unless ``catch``
+        lists it."""
+        if raised is None or caught(raised, self._catch):
+            return None
+        return StopOnError(number, raised)
+
+    def stop_after(self, run: TrialRun, told: TrialState, *, run_again: bool, reason: str) -> StopOnError | None:
+        """:meth:`stop_on` for a run told ``told``: not one the sweep failed (``reason``) or runs again."""
+        if told != TrialState.FAIL or run_again or reason:
+            return None
+        return self.stop_on((run.session.outcome or {}).get("raised"), run.number)
 
     def early_lessons(self, state: SweepState) -> list[Learn]:
         """Running trials whose option nobody measured for their workload, and which have now taken enough steps

@@ -115,6 +115,9 @@ class SweepState:
     recorded_pool: tuple[str, ...] = ()  # the pool as a trial's saturn:pool last recorded it (ends)
     #: per node name, the node as a trial's saturn:node records it (the pool's word: at the start, and as nodes join)
     nodes: dict[str, dict] = field(default_factory=dict)
+    #: the exception the objective raised that ``catch`` does not list (:mod:`optuna_saturn.raised`): no trial
+    #: starts after it, and ``optimize`` raises it once the running ones ended (ends: StopOnError)
+    raised: dict | None = None
 
     def __post_init__(self) -> None:
         self.topology = Topology.of(self.devices)

@@ -16,7 +16,7 @@ from optuna_saturn.study.gateway import ATTR, ended_by_another
 from optuna_saturn.study.ownership import run_again
 from optuna_saturn.study.queue import QueuedTrial
 from optuna_saturn.sweep import reporting
-from optuna_saturn.sweep.decisions import Fail, Tell
+from optuna_saturn.sweep.decisions import Fail, StopOnError, Tell
 from optuna_saturn.sweep.effects.world import World
 from optuna_saturn.sweep.state import TrialRun
 
@@ -55,6 +55,20 @@ def fail(world: World, fail: Fail) -> None:
     after_trial(world, frozen, world.now())
 
 
+def stop_on_error(world: World, stop: StopOnError) -> None:
+    """No trial starts after an exception of the objective that ``catch`` does not list (see :class:`StopOnError`)."""
+    state = world.state
+    if state.raised is not None:
+        return
+    state.raised = stop.raised
+    _logger.warning(
+        f"Trial {stop.number} raised {stop.raised['text']}; as study.optimize does for an exception its catch does "
+        "not list, no trial starts after it, the running ones finish, and optimize raises it."
+    )
+    for waiting in list(state.waiting.values()):
+        fail(world, Fail(waiting, f"not started: trial {stop.number} raised {stop.raised['text']} first"))
+
+
 def after_trial(world: World, frozen: FrozenTrial, now: float, *, call_back: bool = True) -> None:
     """What follows every trial's end: the listeners, then Optuna's callbacks and ``gc_after_trial``, in this
     process, as ``study.optimize`` does (not for trials the sweep's own interruption ended)."""
@@ -86,4 +100,4 @@ def _remove_checkpoints(world: World, run: TrialRun) -> None:
 
 
 #: The decisions this module carries out, and how.
-HANDLERS: dict[type, Callable[..., Any]] = {Tell: tell, Fail: fail}
+HANDLERS: dict[type, Callable[..., Any]] = {Tell: tell, Fail: fail, StopOnError: stop_on_error}
