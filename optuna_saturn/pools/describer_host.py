@@ -33,6 +33,9 @@ from typing import Any
 
 #: Who the describer's processes are, in ``ps``.
 DESCRIBER_NAME = "saturn-describer"
+#: The exit code of a description whose own code failed (not the objective's: it answers what the objective did):
+#: its traceback is in the describer's log, and the trial is planned from estimates.
+DESCRIPTION_FAILED = 86
 
 
 def main(config_path: str) -> None:
@@ -76,7 +79,7 @@ def describe_in_a_fork(order: dict, objective: Any) -> dict[str, Any]:
             _describe(order, objective)
         except BaseException:
             traceback.print_exc()
-            code = 1
+            code = DESCRIPTION_FAILED
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -140,7 +143,7 @@ def _describe(order: dict, objective: Any) -> None:
     """In the fork: describe the trial, and answer the executor over the trial's own channel connection."""
     from optuna_saturn import raised
     from optuna_saturn.channel import ChannelClient
-    from optuna_saturn.profiler import probe_workload
+    from optuna_saturn.profiler import NothingToDescribe, probe_workload
     from optuna_saturn.worker.described_trial import DescribedTrial
 
     me = os.getpid()
@@ -149,6 +152,8 @@ def _describe(order: dict, objective: Any) -> None:
     answer: dict[str, Any]
     try:
         answer = {"workload": probe_workload(objective, trial, threading.Lock()).to_json()}
+    except NothingToDescribe as exc:  # it prepares no model: nothing of it, nor of later trials, to describe
+        answer = {"error": str(exc), "nothing_to_describe": True}
     except RuntimeError as exc:  # it cannot be described this way: planned from runtime estimates
         answer = {"error": str(exc)}
     except BaseException as exc:  # (SystemExit, KeyboardInterrupt: the objective's own, past probe_workload)

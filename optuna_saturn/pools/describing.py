@@ -35,9 +35,10 @@ import optuna
 from optuna_saturn.channel import ChannelServer
 from optuna_saturn.clock import WallClock
 from optuna_saturn.devices import Device
+from optuna_saturn.pools.describer_host import DESCRIPTION_FAILED
 from optuna_saturn.pools.forked_host import ForkedHost, start_host, why_not_fork
 from optuna_saturn.pools.launch_commands import worker_environment
-from optuna_saturn.profiler import DescribeFailed, Workload
+from optuna_saturn.profiler import DescribeFailed, NothingToDescribe, Workload
 from optuna_saturn.study.trial_session import TrialSession
 
 _logger = optuna.logging.get_logger("optuna.saturn")
@@ -183,15 +184,14 @@ class Describer:
             order.done.set()
         self._start_process()
 
-    @staticmethod
-    def _outcome(order: _Order) -> Workload:
+    def _outcome(self, order: _Order) -> Workload:
         if order.parent_error is not None:
             raise order.parent_error
         answer, ended = order.answer or {}, order.ended or {}
         if "workload" in answer:
             return Workload(**answer["workload"])
         if "error" in answer:
-            raise RuntimeError(answer["error"])
+            raise (NothingToDescribe if answer.get("nothing_to_describe") else RuntimeError)(answer["error"])
         if "died" in ended:
             raise RuntimeError(ended["died"])
         where = "before its first trial.steps() loop, while it was described"
@@ -202,6 +202,8 @@ class Describer:
                 f"the objective took longer than describe_timeout {where} (it may hang there); it was stopped"
             )
         code = ended.get("exit_code")
+        if code == DESCRIPTION_FAILED:  # (not the objective's doing)
+            raise RuntimeError(f"describing it failed (the traceback is in {self._log})")
         if isinstance(code, int) and code < 0:
             name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
             raise DescribeFailed(f"the objective's process was killed by {name} {where}")

@@ -20,6 +20,7 @@ import optuna
 
 from optuna_saturn.devices import Device
 from optuna_saturn.planner import Option
+from optuna_saturn.pricing.descriptions import Descriptions
 from optuna_saturn.pricing.floors import no_better_than_linear_scaling
 from optuna_saturn.pricing.learned import LearnedOverheads, overheads
 from optuna_saturn.pricing.measured import record_of, within
@@ -28,7 +29,6 @@ from optuna_saturn.pricing.profile_jobs import Wanted, grouped_into_jobs
 from optuna_saturn.pricing.step_time_model import CostModel, Prediction
 from optuna_saturn.pricing.unprofiled import NOMINAL_TRIAL_SECONDS
 from optuna_saturn.profiler import (
-    DescribeFailed,
     ProfileRecord,
     ProfileStore,
     Work,
@@ -73,15 +73,13 @@ class Pricer:
         ``max_devices``: the most devices one trial may use (a node's, on a cluster; default: the pool's).
         ``hardware`` and ``device_memory``: what the devices are, where they are not on this machine (measured
         on their node; default: measured here)."""
-        self._describe = describe
+        self._descriptions = Descriptions(describe)
         self._strategies = {s.name: s for s in strategies}
         self._pool = list(pool)
         self._max_devices = max_devices or len(self._pool)
         self._store = store
         self._hardware = hardware or hardware_fingerprint(pool[0])
         self._memory = device_memory or device_memory_bytes(pool)
-        self._workloads: dict[int, Workload | None] = {}
-        self._describe_failures: dict[int, DescribeFailed] = {}  # trials whose objective exited or hung while described
         # Options that crashed or refused the trial's code, by profile key (which includes the optimizer's class):
         # never planned in this sweep, and not stored, so that a fixed objective is measured again next time.
         self._failed: dict[str, ProfileRecord] = {}
@@ -90,34 +88,22 @@ class Pricer:
         self._learned = LearnedOverheads()  # feasible profiles of this hardware (the latest)
         self._reference_work = 0.0  # FLOPs of the first trial priced before anything was measured
         self._early: dict[int, str] = {}  # running trial -> the key of the profile its first steps made
-        self._warned_probe = False
         for record in store.records():
             self._learn(record)
 
     # -- describing and pricing -----------------------------------------------------------------------------------
     def describe(self, trial: optuna.Trial) -> Workload | None:
-        """The trial's workload (its hyperparameters are decided here), or None: it cannot be described, or its
-        objective exited or hung while described (``_describe_failures``)."""
-        if trial.number not in self._workloads:
-            self._workloads[trial.number] = None
-            try:
-                self._workloads[trial.number] = self._describe(trial)
-            except DescribeFailed as exc:
-                self._describe_failures[trial.number] = exc
-            except RuntimeError as exc:
-                if not self._warned_probe:
-                    _logger.warning(f"Trial {trial.number} cannot be profiled ({exc}); it is planned from estimates.")
-                    self._warned_probe = True
-        return self._workloads[trial.number]
+        """The trial's workload (:class:`~optuna_saturn.pricing.descriptions.Descriptions`)."""
+        return self._descriptions.of(trial)
 
     def workload(self, number: int) -> Workload | None:
-        return self._workloads.get(number)
+        return self._descriptions.known(number)
 
     def price(self, trial: optuna.Trial) -> TrialPrice:
         """Every option the trial may run as (feasible, not failed), each measured or predicted."""
         workload = self.describe(trial)
         if workload is None:
-            return TrialPrice.undescribed(self._describe_failures.get(trial.number))
+            return TrialPrice.undescribed(self._descriptions.failure(trial.number))
         price = TrialPrice(workload)
         measured_here: list[ProfileRecord] = []
         pending: list[tuple[Strategy, int, _Resolved]] = []
@@ -193,7 +179,7 @@ class Pricer:
         kept: list[Wanted] = []
         seen: set[str] = set()
         for trial, (name, devices, accumulation) in wanted:
-            workload = self._workloads.get(trial.number)
+            workload = self._descriptions.known(trial.number)
             strategy = self._strategies.get(name)
             if workload is None or strategy is None:
                 continue
@@ -335,7 +321,7 @@ class Pricer:
 
     def _run_record(self, number: int, option: Option) -> dict | None:
         """What a record of trial ``number``'s run under ``option`` says of it (None: the trial was not described)."""
-        workload, strategy = self._workloads.get(number), self._strategies.get(option.strategy)
+        workload, strategy = self._descriptions.known(number), self._strategies.get(option.strategy)
         if workload is None or strategy is None:
             return None
         key = self._key(workload, strategy, option.devices, option.gradient_accumulation)

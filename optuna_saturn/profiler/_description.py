@@ -15,6 +15,11 @@ class ProbeDone(BaseException):
     objective's own ``except Exception``)."""
 
 
+class NothingToDescribe(RuntimeError):
+    """The objective ran without preparing a model and a DataLoader and reaching a ``trial.steps()`` loop (or a
+    Trainer, an Accelerator): it has nothing to describe, and a sweep describes no more of its trials."""
+
+
 class DescribeFailed(Exception):
     """The objective ended the process that described it (``os._exit``, ``sys.exit``, a signal), or hung past the
     describe limit, before its first training loop: its trial fails with this reason, without a run. ``raised``:

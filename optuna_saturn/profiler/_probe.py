@@ -28,7 +28,7 @@ import torch
 
 from optuna_saturn.microbatch import AccumulationError, batch_rows, tensors_of
 from optuna_saturn.process_state import restored_process_state
-from optuna_saturn.profiler._description import ProbeDone
+from optuna_saturn.profiler._description import NothingToDescribe, ProbeDone
 from optuna_saturn.profiler._memory import optimizer_states
 from optuna_saturn.profiler._stand_in import BATCHES_BEFORE_THE_LOOP, StandInTrial, Suggests, first_batch
 from optuna_saturn.profiler._without_gpus import without_gpus
@@ -152,7 +152,7 @@ def probe_workload(objective: Any, trial: Suggests, lock: threading.Lock) -> Wor
                 if probe.batches_before_the_loop >= BATCHES_BEFORE_THE_LOOP
                 else ""
             )
-            raise RuntimeError(
+            raise NothingToDescribe(
                 "the objective must call trial.prepare(model, ..., dataloader) and then iterate trial.steps(n), "
                 "or train through trial.prepare_trainer(trainer) or trial.accelerator(), for its runtime to be "
                 f"profiled{took}"

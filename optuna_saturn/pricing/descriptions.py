@@ -1,0 +1,59 @@
+"""Each trial's description (its workload), as the pricer keeps it: described once, in a process of the pool.
+
+A description ends one of three ways (:meth:`~optuna_saturn.pools.processes.ProcessPool.describe`): a workload; a
+``RuntimeError`` where the objective cannot be described this way (it is then planned from runtime estimates); or
+:class:`~optuna_saturn.profiler.DescribeFailed` where it exited, was killed or hung (it then fails without a run).
+An objective that prepares no model at all (:class:`~optuna_saturn.profiler.NothingToDescribe`) is not run again to
+describe later trials: each of them runs once, in a worker, as under plain Optuna.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import optuna
+
+from optuna_saturn.profiler import DescribeFailed, NothingToDescribe, Workload
+
+_logger = optuna.logging.get_logger("optuna.saturn.profiler")
+
+
+class Descriptions:
+    """Trials' workloads, described on first use by ``describe``."""
+
+    def __init__(self, describe: Callable[[Any], Workload]) -> None:
+        self._describe = describe
+        self._workloads: dict[int, Workload | None] = {}
+        self._failures: dict[int, DescribeFailed] = {}  # trials whose objective exited or hung while described
+        self._nothing_to_describe = False  # the objective prepared no model: no trial is described again
+        self._warned = False
+
+    def of(self, trial: Any) -> Workload | None:
+        """The trial's workload (its hyperparameters are decided as it is described), or None: it cannot be
+        described, or its objective exited or hung while described (:meth:`failure`)."""
+        if trial.number not in self._workloads:
+            self._workloads[trial.number] = None
+            if not self._nothing_to_describe:
+                self._workloads[trial.number] = self._described(trial)
+        return self._workloads[trial.number]
+
+    def _described(self, trial: Any) -> Workload | None:
+        try:
+            return self._describe(trial)
+        except DescribeFailed as exc:
+            self._failures[trial.number] = exc
+        except RuntimeError as exc:
+            self._nothing_to_describe = isinstance(exc, NothingToDescribe)
+            if not self._warned:
+                _logger.warning(f"Trial {trial.number} cannot be profiled ({exc}); it is planned from estimates.")
+                self._warned = True
+        return None
+
+    def known(self, number: int) -> Workload | None:
+        """Trial ``number``'s workload, if it was described (describing nothing)."""
+        return self._workloads.get(number)
+
+    def failure(self, number: int) -> DescribeFailed | None:
+        """Why trial ``number`` fails without a run, if its objective exited or hung while described."""
+        return self._failures.get(number)
