@@ -116,8 +116,9 @@ def cpu_devices(count: int, *, allow_shared_cores: bool = False) -> list[Device]
     if count > len(cores) and not allow_shared_cores:
         raise ValueError(
             f"Asked for {count} CPU devices but this process may use only {len(cores)} cores, and a CPU device is "
-            f"a group of whole cores. Pass devices={len(cores)} or fewer, or allow_shared_cores=True to let "
-            "devices share cores (their trials will slow each other down)."
+            f"a group of whole cores. Pass devices={len(cores)} or fewer (--devices {len(cores)}), or "
+            "allow_shared_cores=True (--allow-shared-cores) to let devices share cores (their trials will slow each "
+            "other down)."
         )
     if count <= len(cores):
         groups = [cores[i * len(cores) // count : (i + 1) * len(cores) // count] for i in range(count)]
@@ -126,14 +127,17 @@ def cpu_devices(count: int, *, allow_shared_cores: bool = False) -> list[Device]
     return [Device("cpu", i, tuple(g)) for i, g in enumerate(groups)]
 
 
-def resolve_devices(spec: DeviceSpec = "auto", *, allow_shared_cores: bool = False) -> list[Device]:
+def resolve_devices(
+    spec: DeviceSpec = "auto", *, allow_shared_cores: bool = False, n_cuda: int | None = None
+) -> list[Device]:
     """Turn the user's ``devices=`` argument into concrete devices, or explain what is wrong with it.
 
     ``"auto"``: every visible CUDA GPU, else one CPU device per core. ``"cpu"`` / ``"cuda"``: force the kind.
     ``"cpu:N"``: N CPU devices. An int: that many devices of the auto kind. A list: CUDA indices (ints),
-    ``"cuda:N"`` names, or :class:`Device` objects (CPU devices with the cores of your choice).
+    ``"cuda:N"`` names, or :class:`Device` objects (CPU devices with the cores of your choice). ``n_cuda``: the
+    GPUs in sight, where the caller counted them (the command line's checks, without torch).
     """
-    n_cuda = cuda_device_count()
+    n_cuda = cuda_device_count() if n_cuda is None else n_cuda
     if isinstance(spec, str):
         if spec == "auto":
             return _cuda_devices(n_cuda) if n_cuda else cpu_devices(len(available_cores()))

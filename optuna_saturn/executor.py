@@ -18,7 +18,7 @@ from optuna_saturn.capacity import parse_bytes, worker_memory_limit_bytes
 from optuna_saturn.devices import DeviceSpec, largest_trial, resolve_devices
 from optuna_saturn.events import SweepListener
 from optuna_saturn.leases import leased
-from optuna_saturn.planner import objective_of
+from optuna_saturn.planner import SOLVERS, objective_of
 from optuna_saturn.pools.describing import DESCRIBE_TIMEOUT_SECONDS
 from optuna_saturn.pools.launched import exclusive_mode_conflict
 from optuna_saturn.pools.ray_cluster import discover
@@ -160,6 +160,8 @@ class SaturnExecutor:
     ) -> None:
         if not (isinstance(describe_timeout, (int, float)) and describe_timeout > 0 and describe_timeout < math.inf):
             raise ValueError(f"describe_timeout must be a positive number of seconds, got {describe_timeout!r}.")
+        if solver not in SOLVERS:
+            raise ValueError(f"solver must be one of {', '.join(SOLVERS)}, got {solver!r}.")
         if not collective_timeout > 0:
             raise ValueError(f"collective_timeout must be a positive number of seconds, got {collective_timeout!r}.")
         if stall_timeout is not None and not stall_timeout > 0:

@@ -35,6 +35,19 @@ def _session() -> Iterator[Any]:
             pynvml.nvmlShutdown()
 
 
+def visible_gpu_count() -> int:
+    """How many GPUs this process sees (NVML's count, cut to ``CUDA_VISIBLE_DEVICES``' entries where it is set),
+    without loading CUDA or torch: 0 where NVML cannot tell (no driver, no GPU)."""
+    import os
+
+    with _session() as pynvml:
+        count = 0 if pynvml is None else int(pynvml.nvmlDeviceGetCount())
+    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if mask is None or not count:
+        return count
+    return min(count, len([e for e in mask.split(",") if e.strip()]))
+
+
 def _handle(pynvml: Any, entry: str) -> Any:
     """The NVML handle of a ``CUDA_VISIBLE_DEVICES`` entry: an index, a ``GPU-`` or a ``MIG-`` UUID."""
     if entry.isdigit():

@@ -357,6 +357,52 @@ def test_missing_function(tmp_path: Path) -> None:
     assert not (tmp_path / "s.db").exists()  # nothing was created
 
 
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        (["--storage", "sweep.db"], "Malformed storage URL"),
+        (["--storage", "sqlite:////no/such/folder/s.db"], "No folder"),
+        (["--devices", "99"], "--devices 2"),
+        (["--devices", "99"], "--allow-shared-cores"),
+        (["--strategies", "single,nope"], "Unknown strategy 'nope'"),
+        (["--solver", "nope"], "--solver must be one of"),
+        (["--deadline", "0"], "deadline must be a positive duration"),
+        (["--deadline", "banana"], "deadline must be seconds or a duration"),
+        (["--sampler", "NoSuchSampler"], "NoSuchSampler"),
+    ],
+)
+def test_bad_arguments_are_answered_before_the_objective_is_imported(tmp_path: Path, bad, says) -> None:
+    """Every argument the command line can judge without the user's code is judged first: the objective's module
+    (whose imports take seconds) is never imported, and nothing is created in the storage's folder."""
+    (tmp_path / "marked.py").write_text(
+        "import pathlib\npathlib.Path(__file__).with_name('imported').touch()\n\n"
+        "def objective(trial):\n    return 0.0\n"
+    )
+    args = [
+        "run",
+        f"{tmp_path / 'marked.py'}:objective",
+        "--storage",
+        f"sqlite:///{tmp_path / 's.db'}",
+        "--devices",
+        "2",
+    ]
+    result = cli(*args, *bad, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert says in " ".join(result.stderr.split()), result.stderr
+    assert not (tmp_path / "imported").exists() and not (tmp_path / "s.db").exists()
+
+
+def test_an_objective_whose_imports_are_missing_is_a_usage_error(tmp_path: Path) -> None:
+    """A package the objective's module imports, or the module's own package, not installed: a message and exit 2,
+    not a traceback."""
+    (tmp_path / "needs.py").write_text("import no_such_package_here\n\ndef objective(trial):\n    return 0.0\n")
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    message = error_of(invoke("run", f"{tmp_path / 'needs.py'}:objective", "--storage", storage))
+    assert "no_such_package_here" in message and "not installed" in message
+    message = error_of(invoke("run", "nopkg.train:objective", "--storage", storage))
+    assert "Cannot import module 'nopkg.train'" in message
+
+
 def test_malformed_storage_url(tmp_path: Path) -> None:
     message = error_of(invoke("run", f"{OBJECTIVES}:quadratic", "--storage", "sweep.db", "--devices", "1"))
     assert "Malformed storage URL" in message and "sqlite:///" in message

@@ -87,6 +87,13 @@ RayAddressOption = Annotated[
         help="With --runner ray: the cluster's address, HEAD_IP:6379 (default: the one `ray start` runs here).",
     ),
 ]
+SharedCoresOption = Annotated[
+    bool,
+    typer.Option(
+        "--allow-shared-cores",
+        help="On CPU, allow more devices than cores (devices then share cores, and their trials slow each other).",
+    ),
+]
 LogDirOption = Annotated[Path, typer.Option("--log-dir", help="Where each trial's log is written.")]
 DeadlineOption = Annotated[
     str | None,

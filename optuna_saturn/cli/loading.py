@@ -64,9 +64,13 @@ def _import(module_name: str, spec: str) -> Any:
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name == module_name:
+        missing = exc.name or ""
+        if missing == module_name or module_name.startswith(missing + "."):  # (it, or a package above it)
             fail(
-                f"Cannot import module {module_name!r} for {spec!r}: run from the folder that contains it, put it on "
-                "PYTHONPATH, or give the objective as path/to/file.py:function."
+                f"Cannot import module {module_name!r} for {spec!r} (no module named {missing!r}): run from the "
+                "folder that contains it, put it on PYTHONPATH, or give the objective as path/to/file.py:function."
             )
-        raise
+        fail(
+            f"Importing {module_name!r} for {spec!r} failed: it imports {missing!r}, which is not installed in this "
+            f"environment ({exc}). Install it here (pip install ...), or run where it is installed."
+        )

@@ -19,6 +19,7 @@ from optuna_saturn.cli.app import (
     ProfileStoreOption,
     RayAddressOption,
     RunnerOption,
+    SharedCoresOption,
     SolverOption,
     StorageOption,
     StrategiesOption,
@@ -30,6 +31,7 @@ from optuna_saturn.cli.app import (
     open_storage,
     split,
 )
+from optuna_saturn.cli.checks import check_storage_url, check_sweep_options
 from optuna_saturn.cli.loading import load_objective
 from optuna_saturn.cli.study_options import make_pruner, make_sampler
 from optuna_saturn.planner import DeadlineUnreachable
@@ -172,6 +174,7 @@ def run(
     deadline: DeadlineOption = None,
     budget: BudgetOption = None,
     price_per_device_hour: PriceOption = 0.0,
+    allow_shared_cores: SharedCoresOption = False,
 ) -> None:
     """Run a sweep: add --n-trials trials to the study, each planned and launched on the device pool."""
     the_sampler, the_pruner = make_sampler(sampler, sampler_args, seed), make_pruner(pruner, pruner_args)
@@ -180,6 +183,18 @@ def run(
     if not _is_direction(direction):
         fail(f"--direction must be minimize or maximize, got {direction!r}.")
     mode: ProgressMode = "quiet" if quiet else progress
+    check_storage_url(storage)
+    check_sweep_options(
+        devices=parse_devices(devices),
+        strategies=split(strategies) if strategies else None,
+        folders=strategy_folder or [],
+        allow_shared_cores=allow_shared_cores,
+        runner=runner,
+        solver=solver,
+        deadline=deadline,
+        budget=budget,
+        price_per_device_hour=price_per_device_hour,
+    )
     function = load_objective(objective)
     view = make_progress(mode)
     listeners: list[Any] = [view]
@@ -204,6 +219,7 @@ def run(
             deadline=deadline,
             budget=budget,
             price_per_device_hour=price_per_device_hour,
+            allow_shared_cores=allow_shared_cores,
         )
     except (ValueError, TypeError, ImportError, ConnectionError) as exc:  # StrategyError is a ValueError
         fail(str(exc))
@@ -288,13 +304,32 @@ def profile(
     profile_store: ProfileStoreOption = Path("profiles"),
     isolate_network: IsolateOption = False,
     log_dir: LogDirOption = Path("saturn-runs"),
+    allow_shared_cores: SharedCoresOption = False,
 ) -> None:
     """Profile only: measure sampled configurations under every feasible strategy and device count, fill the
     profile store, and print the table. Runs no trial and writes nothing to any study."""
+    check_sweep_options(
+        devices=parse_devices(devices),
+        strategies=split(strategies) if strategies else None,
+        folders=strategy_folder or [],
+        allow_shared_cores=allow_shared_cores,
+        runner="local",
+        solver="auto",
+        deadline=None,
+        budget=None,
+        price_per_device_hour=0.0,
+    )
     function = load_objective(objective)
     try:
         executor = _executor(
-            devices, strategies, strategy_folder, isolate_network, log_dir, profile_store=profile_store, progress=None
+            devices,
+            strategies,
+            strategy_folder,
+            isolate_network,
+            log_dir,
+            profile_store=profile_store,
+            progress=None,
+            allow_shared_cores=allow_shared_cores,
         )
     except (ValueError, TypeError) as exc:
         fail(str(exc))

@@ -136,9 +136,16 @@ def objective_of(
     deadline: float | str | None = None, budget: float | None = None, price_per_device_hour: float = 0.0
 ) -> Objective:
     """The objective that a sweep's options name: a ``deadline`` (seconds, or ``"8h"``), a ``budget`` in
-    device-hours, neither (the makespan); ``price_per_device_hour`` to report costs."""
+    device-hours, neither (the makespan); ``price_per_device_hour`` to report costs. Each is checked under the
+    name the user gave it."""
+    seconds = None if deadline is None else parse_duration(deadline)
+    if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"deadline must be a positive duration (seconds, or '90m', '8h'), got {deadline!r}.")
+    number = isinstance(budget, (int, float)) and not isinstance(budget, bool)
+    if budget is not None and not (number and math.isfinite(budget) and budget > 0):
+        raise ValueError(f"budget must be a positive finite number of device-hours, got {budget!r}.")
     return Objective(
-        deadline=None if deadline is None else parse_duration(deadline),
+        deadline=seconds,
         budget=None if budget is None else float(budget) * 3600.0,
         price_per_device_hour=float(price_per_device_hour),
     )
