@@ -15,12 +15,12 @@ from optuna.trial import FrozenTrial
 from optuna_saturn.planner._types import option_label
 
 #: The table's columns: short headers, so that the whole table fits an 80-column terminal without breaking a word.
-COLUMNS = ("trial", "params", "option", "µbatches", "ms/step", "start s", "peak MiB", "trial s")
+COLUMNS = ("trial", "params", "option", "µbatch", "ms/step", "start s", "MiB", "trial s")
 
 
 def profile_rows(trials: Iterable[FrozenTrial]) -> list[tuple[str, ...]]:
-    """One row per profile of each trial: its number, its params, the option (``ddp ×2``), the micro-batches a
-    global batch is split into, the step time, the start-up, the peak memory and the whole trial's predicted
+    """One row per profile of each trial: its number, its params, the option (``ddpx2``), the micro-batches a
+    global batch is split into, the step time, the start-up, the peak memory (MiB) and the whole trial's predicted
     runtime (``no fit`` where the option did not fit)."""
     rows: list[tuple[str, ...]] = []
     for trial in trials:
@@ -37,10 +37,10 @@ def profile_rows(trials: Iterable[FrozenTrial]) -> list[tuple[str, ...]]:
                     params,
                     option_label(p["strategy"], p["devices"]),
                     str(accumulation),
-                    _scaled(p.get("step_seconds"), 1e3, ".1f") if fits else "-",
-                    _scaled(p.get("startup_seconds"), 1, ".1f") if fits else "-",
-                    _scaled(p.get("peak_memory_bytes"), 2**-20, ".0f"),
-                    (_scaled(runtime, 1, ".1f") if fits else "no fit"),
+                    _scaled(p.get("step_seconds"), 1e3) if fits else "-",
+                    _scaled(p.get("startup_seconds"), 1) if fits else "-",
+                    _scaled(p.get("peak_memory_bytes"), 2**-20),
+                    (_scaled(runtime, 1) if fits else "no fit"),
                 )
             )
     return rows
@@ -64,10 +64,13 @@ def profile_table(trials: Iterable[FrozenTrial], *, title: str) -> Any:
     return table
 
 
-def _scaled(value: Any, factor: float, spec: str) -> str:
+def _scaled(value: Any, factor: float) -> str:
+    """``value * factor`` with three significant figures where it is small (a tiny model's step: ``0.512``), no
+    more decimals than that where it is large; ``-`` where there is no value."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return "-"
-    return format(value * factor, spec)
+    scaled = value * factor
+    return f"{scaled:.0f}" if abs(scaled) >= 100 else f"{scaled:.1f}" if abs(scaled) >= 10 else f"{scaled:.3g}"
 
 
 def _short(value: Any) -> str:
