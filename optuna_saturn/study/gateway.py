@@ -21,6 +21,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from optuna_saturn.study import claims
+from optuna_saturn.study.attr_writes import set_user_attrs
 from optuna_saturn.study.claims import ATTR, Claimant
 from optuna_saturn.study.outbox import STORAGE_ERRORS, Outbox, Outgoing, retrying, transient
 
@@ -166,8 +167,13 @@ class StudyGateway:
 
         def set_them() -> None:
             with self.lock:
-                for key, value in attrs.items():
-                    trial.set_user_attr(ATTR + key, value)
+                if isinstance(trial, optuna.Trial):
+                    prefixed = {ATTR + k: v for k, v in attrs.items()}
+                    set_user_attrs(self.study._storage, trial._trial_id, prefixed)
+                    trial._cached_frozen_trial.user_attrs.update(prefixed)  # (as Trial.set_user_attr keeps it)
+                else:
+                    for key, value in attrs.items():
+                        trial.set_user_attr(ATTR + key, value)
 
         retrying(set_them, what=f"set trial {trial.number}'s attributes")
 
@@ -254,8 +260,7 @@ class StudyGateway:
         self, trial: optuna.Trial, state: TrialState, values: list[float] | None, attrs: dict[str, Any]
     ) -> FrozenTrial:
         try:
-            for key, value in attrs.items():
-                trial.set_user_attr(key, value)
+            set_user_attrs(self.study._storage, trial._trial_id, attrs)
             return self.study.tell(trial, values if state == TrialState.COMPLETE else None, state=state)
         except optuna.exceptions.UpdateFinishedTrialError:
             raise
@@ -284,8 +289,7 @@ class StudyGateway:
                     if not orphaned(stored):
                         continue  # its sweep lives: it tells it itself
                     try:
-                        for key, value in result.attrs.items():
-                            self.study._storage.set_trial_user_attr(result.trial_id, key, value)
+                        set_user_attrs(self.study._storage, result.trial_id, result.attrs)
                         state = TrialState[result.state]
                         values = result.values if state == TrialState.COMPLETE else None
                         self.study.tell(result.number, values, state=state)
