@@ -75,7 +75,12 @@ class RemoteError(RuntimeError):
         return f"{self.type_name}: {self.message}"
 
 
-_RELAYED_BUILTINS = {"ValueError": ValueError, "TypeError": TypeError, "KeyError": KeyError}
+_RELAYED_BUILTINS = {
+    "ValueError": ValueError,
+    "TypeError": TypeError,
+    "KeyError": KeyError,
+    "NotImplementedError": NotImplementedError,  # (report and should_prune in a multi-objective study)
+}
 
 
 def _plain(value: Any) -> Any:

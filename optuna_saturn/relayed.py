@@ -107,11 +107,13 @@ class RelayedTrial:
 
     def report(self, value: float, step: int) -> None:
         """Report an intermediate value (rank 0's value is the one recorded)."""
+        self._single_objective("Trial.report")
         if self._profile is None:
             self._relay("report", value=float(value), step=int(step))
 
     def should_prune(self) -> bool:
         """The study's pruner decides, once, for all ranks."""
+        self._single_objective("Trial.should_prune")
         return self._profile is None and bool(self._ask_and_broadcast("should_prune"))
 
     def set_user_attr(self, key: str, value: Any) -> None:
@@ -133,6 +135,12 @@ class RelayedTrial:
         self._known_part("constraints").setdefault(key, value)  # (Optuna keeps the first, and warns)
         if self._profile is None:
             self._relay("set_constraint", key=key, value=value)
+
+    def _single_objective(self, what: str) -> None:
+        """As Optuna's trial, every rank alike (from the study's directions, without asking): a multi-objective
+        study has no intermediate values and no pruning."""
+        if len((self._known.get("study") or {}).get("directions") or ()) > 1:
+            raise NotImplementedError(f"{what} is not supported for multi-objective optimization.")
 
     def _known_part(self, name: str) -> dict[str, Any]:
         part: dict[str, Any] = self._known.setdefault(name, {})  # (its parts are dicts: params, user_attrs, ...)
@@ -173,4 +181,9 @@ class RelayedTrial:
     def study(self) -> StudyView:
         """A read-only view of the study: its name, directions and user attributes (the study itself lives in
         the executor's process; do anything else with it in a callback)."""
-        return StudyView(self._known.get("study") or {})
+        return StudyView(self._known.get("study") or {}, stop=self._stop_study)
+
+    def _stop_study(self) -> None:
+        """``trial.study.stop()``: the sweep asks no trial after this one (a profiling run's asks nothing)."""
+        if self._profile is None:
+            self._relay("stop_study")

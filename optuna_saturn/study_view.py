@@ -7,19 +7,26 @@ run folder, its direction, its attributes) is here; everything else gets an erro
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from optuna.study import StudyDirection
 
 #: What the view offers.
-OFFERED = ("study_name", "direction", "directions", "user_attrs")
+OFFERED = ("study_name", "direction", "directions", "user_attrs", "stop()")
 
 
 class StudyView:
-    """The study's name, directions and user attributes, as the trial's run started."""
+    """The study's name, directions and user attributes, as the trial's run started, and ``stop()``."""
 
-    def __init__(self, known: dict[str, Any]) -> None:
+    def __init__(self, known: dict[str, Any], *, stop: Callable[[], None] | None = None) -> None:
         self._known = known
+        self._stop = stop
+
+    def stop(self) -> None:
+        """As ``study.stop()`` inside ``study.optimize``: no trial is asked after this one; those asked finish."""
+        if self._stop is not None:
+            self._stop()
 
     @property
     def study_name(self) -> str:

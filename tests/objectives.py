@@ -661,3 +661,19 @@ def misbehaves_before_its_loop(trial) -> float:
         optimizer.step()
         optimizer.zero_grad()
     return float(loss)
+
+
+def reports(trial) -> tuple[float, float]:
+    """Reports an intermediate value, as a single-objective objective would; returns two values."""
+    x = trial.suggest_float("x", 0, 1)
+    trial.report(x, 0)
+    return x, 1 - x
+
+
+def stops_the_study(trial) -> float:
+    """``trial.study.stop()`` from trial 1: as in ``study.optimize``, no trial is asked after it."""
+    x = trial.suggest_float("x", 0, 1)
+    if trial.number == 1:
+        trial.study.stop()
+    time.sleep(0.2)
+    return x

@@ -100,6 +100,26 @@ def test_an_exception_catch_does_not_list_stops_the_sweep_and_is_raised(saturn_o
     assert states[-1] == TrialState.WAITING, states  # the queue's last ones never started: still queued
 
 
+def test_report_in_a_multi_objective_study_raises_as_optuna_does(saturn_options):
+    """Optuna's ``trial.report`` raises ``NotImplementedError`` in a multi-objective study; so does the worker's
+    trial, on every rank, and ``optimize`` raises it as ``study.optimize`` would."""
+    study = optuna.create_study(directions=["minimize", "minimize"])
+    executor = SaturnExecutor(devices=2, strategies=["single"], **saturn_options)
+    with pytest.raises(NotImplementedError, match=r"Trial\.report is not supported for multi-objective"):
+        executor.optimize(study, objectives.reports, n_trials=2)
+    assert TrialState.RUNNING not in [t.state for t in study.trials]
+
+
+def test_study_stop_inside_the_objective_stops_asking(saturn_options):
+    """``trial.study.stop()`` in the objective, as in ``study.optimize``: the trials asked finish, no more are
+    asked."""
+    study = optuna.create_study()
+    executor = SaturnExecutor(devices=2, strategies=["single"], **saturn_options)
+    executor.optimize(study, objectives.stops_the_study, n_trials=20)
+    assert 2 <= len(study.trials) <= 4, len(study.trials)  # (trial 1, and those asked before its stop was heard)
+    assert all(t.state == TrialState.COMPLETE for t in study.trials)
+
+
 def test_failed_trial_log_is_uploaded_as_an_artifact(saturn_options, tmp_path):
     from optuna.artifacts import FileSystemArtifactStore
 

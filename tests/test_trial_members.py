@@ -48,17 +48,17 @@ def test_every_member_works_as_optunas_own(saturn_options, devices, strategies):
 
 
 @pytest.mark.launch
-def test_keyboard_interrupt_or_exit_in_the_objective_fails_only_its_trial(saturn_options):
-    """Raised in a worker, not in the user's process: FAIL with the reason, and the sweep goes on (Optuna's
-    study.optimize would re-raise them; docs/failures.md says where the two differ)."""
+@pytest.mark.parametrize("how, raised", [(1, KeyboardInterrupt), (2, SystemExit)])
+def test_keyboard_interrupt_or_exit_in_the_objective_is_raised_as_study_optimize_raises_it(saturn_options, how, raised):
+    """Raised in a worker, never in the user's process: its trial ends FAIL with the reason, no trial starts after
+    it, and ``optimize`` raises it, as ``study.optimize`` does (docs/failures.md)."""
     study = optuna.create_study()
-    for how in (1, 2, 0):
-        study.enqueue_trial({"how": how})
-    SaturnExecutor(devices=1, strategies=["single"], **saturn_options).optimize(study, ends_itself, n_trials=3)
-    states = {t.params["how"]: t.state for t in study.trials}
-    assert states == {1: TrialState.FAIL, 2: TrialState.FAIL, 0: TrialState.COMPLETE}
-    reasons = {t.params["how"]: t.user_attrs.get("saturn:fail_reason", "") for t in study.trials}
-    assert "KeyboardInterrupt" in reasons[1] and "SystemExit" in reasons[2]
+    for one in (how, 0):
+        study.enqueue_trial({"how": one})
+    with pytest.raises(raised):
+        SaturnExecutor(devices=1, strategies=["single"], **saturn_options).optimize(study, ends_itself, n_trials=2)
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.WAITING]  # (the other stays queued)
+    assert raised.__name__ in study.trials[0].user_attrs["saturn:fail_reason"]
 
 
 def test_a_snapshot_of_a_queued_trial_or_of_attributes_json_cannot_keep_never_fails():

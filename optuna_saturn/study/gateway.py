@@ -75,6 +75,11 @@ class StudyGateway:
         with self._held_lock:
             return set(self._taken_over)
 
+    def request_stop(self) -> None:
+        """``trial.study.stop()`` in an objective (relayed from its worker): as in ``study.optimize``, no trial is
+        asked after it; those asked finish."""
+        self.stop_requested = True
+
     def ask_new(self) -> optuna.Trial:
         """A new trial, never one of the study's queue: the sweep takes those itself (:meth:`take`), in the order
         it plans them, where ``study.ask`` would take the oldest. It is created owned (``saturn:owner``), in one

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -41,9 +42,17 @@ class TrialSession:
     """
 
     def __init__(
-        self, trial: optuna.Trial, study_lock: threading.Lock, clock: Clock, *, study: optuna.Study | None = None
+        self,
+        trial: optuna.Trial,
+        study_lock: threading.Lock,
+        clock: Clock,
+        *,
+        study: optuna.Study | None = None,
+        on_stop: Callable[[], None] | None = None,
     ) -> None:
+        """``on_stop``: what the objective's ``trial.study.stop()`` does (None: nothing, in a description)."""
         self.trial = trial
+        self._on_stop = on_stop
         self._study = study  # (a queued trial, measured before it is taken, knows no study of its own)
         self._lock = study_lock
         self._clock = clock
@@ -87,6 +96,10 @@ class TrialSession:
             return None
         if op == "progress":
             return self._progress(message)
+        if op == "stop_study":
+            if self._on_stop is not None:
+                self._on_stop()
+            return None
         if op == "profile":
             self.profiles.append(message)
             self.outcome_at = self._clock.now()

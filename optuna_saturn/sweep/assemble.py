@@ -75,6 +75,7 @@ def assemble(
         profile_steps=settings.profile_steps,
         lock=gateway.lock,
         clock=clock,
+        on_stop=gateway.request_stop,
     )
     requests.study = study  # (what a queued trial's snapshot names as its study)
     # whether every device reads a checkpoint another wrote: the pool's do, or they are in a folder the user named

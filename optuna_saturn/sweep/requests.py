@@ -8,6 +8,7 @@ import collections
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
@@ -33,8 +34,12 @@ class JobRequests:
         profile_steps: tuple[int, int],
         lock: threading.Lock,
         clock: Clock,
+        on_stop: Callable[[], None] | None = None,
     ) -> None:
+        """``on_stop``: a trial's objective called ``trial.study.stop()`` (as in ``study.optimize``, no trial is
+        asked after it)."""
         self.run_dir = run_dir
+        self._on_stop = on_stop
         self.study: optuna.Study | None = None  # what a queued trial's snapshot names as its study
         self._checkpoint_root = checkpoint_root
         self._strategies = strategies
@@ -47,7 +52,7 @@ class JobRequests:
     def trial(
         self, trial: optuna.Trial, option: Option, devices: tuple[int, ...], resume: checkpoint.CheckpointRecord | None
     ) -> JobRequest:
-        session = TrialSession(trial, self._lock, self._clock, study=self.study)
+        session = TrialSession(trial, self._lock, self._clock, study=self.study, on_stop=self._on_stop)
         earlier = self._trial_runs[trial.number]
         self._trial_runs[trial.number] += 1
         return JobRequest(
