@@ -253,7 +253,7 @@ def test_profile_fills_the_store_and_prints_the_table(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     rows = [r for r in table_rows(result.stdout) if r[0]]  # (a long params cell folds onto a row of its own)
     assert sorted((r[2], r[3]) for r in rows) == (
-        [("ddpx2", "1")] * 2 + [("singlex1", "1")] * 2  # one micro-batch: the batch fits
+        [("ddp ×2", "1")] * 2 + [("single ×1", "1")] * 2  # one micro-batch: the batch fits
     )
     assert all(float(r[4]) > 0 and float(r[7]) > 0 for r in rows)  # a step time, a whole trial's runtime
     assert len(list(store.glob("*.json"))) == 2  # the two trials differ only in lr: measured once each
@@ -317,9 +317,9 @@ def test_profile_table_shows_learned_profiles_in_80_columns() -> None:
     rows = [[c.strip() for c in line.strip("│").split("│")] for line in lines if line.startswith("│")]
     body = [r for r in rows if r[0]]  # (a folded params cell continues on a row with an empty trial cell)
     assert [r[2:] for r in body] == [
-        ["fsdp-ckptx2", "1", "51.2", "-", "-", "12.3"],
-        ["zero3-offloadx2", "4", "100", "2.5", "300", "56.7"],
-        ["singlex1", "1", "-", "-", "-", "no fit"],
+        ["fsdp-ckpt ×2", "1", "51.2", "-", "-", "12.3"],
+        ["zero3-offload ×2", "4", "100", "2.5", "300", "56.7"],
+        ["single ×1", "1", "-", "-", "-", "no fit"],
     ], out.getvalue()
 
 

@@ -145,7 +145,7 @@ def test_a_running_trial_moves_to_the_devices_its_pruned_neighbour_left(saturn_o
     assert pruned.state == TrialState.PRUNED
     assert moved.state == TrialState.COMPLETE, moved.user_attrs.get("saturn:fail_reason")
     (move,) = moved.user_attrs["saturn:moves"]
-    assert move["from"] == "singlex1" and len(move["device_ids"]) == 1, move
+    assert move["from"] == "single ×1" and len(move["device_ids"]) == 1, move
     assert move["started"] < move["at"] <= moved.user_attrs["saturn:actual_start"], move
     assert moved.user_attrs["saturn:strategy"] == "ddp" and moved.user_attrs["saturn:num_devices"] == 2
     assert moved.user_attrs["saturn:resumed_from_step"] == move["at_step"] == moved.user_attrs["started_at_step"]

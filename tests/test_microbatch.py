@@ -69,7 +69,8 @@ def test_partition_covers_every_row_with_nonempty_pieces_and_equal_row_weight(ro
 def test_option_with_accumulation_round_trips_through_json_and_keeps_its_identity():
     plain, split = Option("single", 1, 10.0), Option("single", 1, 14.0, gradient_accumulation=4)
     assert plain.to_json() == {"strategy": "single", "devices": 1, "runtime": 10.0}  # unchanged for plain options
-    assert Option.from_json(split.to_json()) == split and split.label == "singlex1-accum4"
+    assert Option.from_json(split.to_json()) == split
+    assert split.label == "single ×1 (4 micro-batches)" and split.slug == "singlex1-accum4"
     assert plain.choice != split.choice
     with pytest.raises(ValueError, match="gradient_accumulation must be a positive int"):
         Option("single", 1, 1.0, gradient_accumulation=0)

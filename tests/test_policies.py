@@ -248,7 +248,7 @@ def test_elastic_moves_nothing_when_off_and_records_a_move_where_it_stopped():
     moved = Elastic.moved(run, 20.0, 0.0)
     assert moved.run is run
     assert moved.moves == [
-        {"from": "singlex1", "device_ids": [0], "started": 3.0, "at": 20.0, "at_step": 40, "setup": 2.0}
+        {"from": "single ×1", "device_ids": [0], "started": 3.0, "at": 20.0, "at_step": 40, "setup": 2.0}
     ]
     # a trial moves only once it saved a checkpoint in this run (the proof that its objective checkpoints)
     assert Elastic(enabled=True, engines={"single": "single"}).move(state, view, 10.0) is None

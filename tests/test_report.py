@@ -238,7 +238,7 @@ def test_summary_counts_states_strategies_and_utilisation(study: optuna.Study) -
     assert record.pool == ("cpu:0", "cpu:1", "cpu:2", "cpu:3") and record.pool_inferred
     s = summarize(record)
     assert s.states == {"COMPLETE": 2, "PRUNED": 1, "FAIL": 1}
-    assert s.strategies == {"single x1": 3, "ddp x2": 1}
+    assert s.strategies == {"single ×1": 3, "ddp ×2": 1}
     assert s.makespan == pytest.approx(12.5) and s.planned_makespan == pytest.approx(20.0)
     busy = 11.5 + 2 * 6.6 + 1.8 + 0.4
     assert s.utilisation == pytest.approx(busy / (4 * 12.5))
@@ -439,7 +439,7 @@ def test_rich_progress_renders_a_table() -> None:
     progress.tracker.trial_progress(TrialProgress(0, 3, 10, 0.5))
     console.print(progress.render())
     text = console.export_text()
-    assert "RUNNING" in text and "WAITING" in text and "3/10" in text and "sweep ETA" in text
+    assert "RUNNING" in text and "WAITING" in text and "3/10" in text and "the trials planned so far end in" in text
 
 
 def test_rich_progress_off_a_terminal_leaves_the_log_handlers_writing() -> None:

@@ -226,6 +226,7 @@ def run(
     verbosity = optuna.logging.get_verbosity()
     if not isinstance(view, RichProgress):  # plain or quiet: our lines replace Optuna's per-trial INFO lines
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+    known: int | None = None  # the study's trials before this sweep (None: not opened yet)
     try:
         the_study = optuna.create_study(
             storage=open_storage(storage),
@@ -237,11 +238,18 @@ def run(
         )
         if n_trials is None and timeout is None and mode != "quiet":
             typer.echo("No --n-trials or --timeout: trials are added until Ctrl-C or study.stop().", err=True)
+        known = len(the_study.get_trials(deepcopy=False))
         executor.optimize(the_study, function, n_trials=n_trials, timeout=timeout, batch_size=batch_size)
     except DeadlineUnreachable as exc:
         fail(f"Refused: {exc}")
     except KeyboardInterrupt:
-        typer.echo("Interrupted: running trials were stopped and recorded as FAIL.", err=True)
+        ran = known is not None and len(the_study.get_trials(deepcopy=False)) > known
+        typer.echo(
+            "Interrupted: running trials were stopped and recorded as FAIL."
+            if ran
+            else "Interrupted before any trial started (the sweep was still waiting for its devices): nothing ran.",
+            err=True,
+        )
         raise typer.Exit(INTERRUPTED) from None
     finally:
         optuna.logging.set_verbosity(verbosity)

@@ -44,8 +44,13 @@ class Option:
 
     @property
     def label(self) -> str:
-        """Short human name, e.g. ``fsdpx4`` or ``singlex1-accum4``."""
+        """Short human name, e.g. ``fsdp ×4`` or ``single ×1 (4 micro-batches)``."""
         return option_label(self.strategy, self.devices, self.gradient_accumulation)
+
+    @property
+    def slug(self) -> str:
+        """The name in file names and keys, e.g. ``fsdpx4`` or ``singlex1-accum4``."""
+        return option_slug(self.strategy, self.devices, self.gradient_accumulation)
 
     def to_json(self) -> dict:
         data = {"strategy": self.strategy, "devices": self.devices, "runtime": round(self.runtime, 3)}
@@ -64,7 +69,13 @@ class Option:
 
 
 def option_label(strategy: str, devices: int, gradient_accumulation: int = 1) -> str:
-    """How logs, progress and file names spell an option: ``fsdpx4``, ``singlex1-accum4``."""
+    """How everything a person reads spells an option (logs, progress, reports, the table of ``profile``):
+    ``fsdp ×4``, ``single ×1 (4 micro-batches)``."""
+    return f"{strategy} ×{devices}" + (f" ({gradient_accumulation} micro-batches)" if gradient_accumulation > 1 else "")
+
+
+def option_slug(strategy: str, devices: int, gradient_accumulation: int = 1) -> str:
+    """How file names and keys spell an option, in plain characters: ``fsdpx4``, ``singlex1-accum4``."""
     return f"{strategy}x{devices}" + (f"-accum{gradient_accumulation}" if gradient_accumulation > 1 else "")
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import optuna
 
 from optuna_saturn.planner import Option
-from optuna_saturn.planner._types import option_label
+from optuna_saturn.planner._types import option_slug
 from optuna_saturn.profiler import DescribeFailed, ProfileRecord, Workload
 from optuna_saturn.strategy import Strategy
 
@@ -37,7 +37,7 @@ class ProfileJob:
     def name(self) -> str:
         strategies = "+".join(dict.fromkeys(s.name for e in self.entries for s in e.strategies))
         trials = ",".join(str(e.trial.number) for e in self.entries)
-        return f"{trials}-{option_label(strategies, self.devices, self.gradient_accumulation)}"
+        return f"{trials}-{option_slug(strategies, self.devices, self.gradient_accumulation)}"
 
 
 @dataclass(frozen=True)

@@ -138,7 +138,7 @@ class RichProgress(SweepListener):
         table.caption = (
             f"elapsed {format_duration(now)} | "
             + ("starting the workers | " if starting else "")
-            + f"sweep ETA {format_duration(sweep_left)} (trials planned so far) | {summary}"
+            + f"the trials planned so far end in {format_duration(sweep_left)} | {summary}"
             + (f" | {hidden} older rows hidden" if hidden else "")
         )
         table.caption_justify = "left"

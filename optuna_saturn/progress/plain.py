@@ -49,7 +49,7 @@ class PlainProgress(SweepListener):
         self.tracker.plan(plan, now)
         chosen = ", ".join(f"#{a.job} {a.option.label}" for a in plan.assignments)
         self._write(
-            f"planned {len(plan.assignments)} trial(s) ({chosen}); batch ends in ~{format_duration(plan.makespan)}"
+            f"planned {len(plan.assignments)} trial(s) ({chosen}); they end in ~{format_duration(plan.makespan)}"
         )
 
     def on_profile(self, study: optuna.Study, event: ProfileEvent) -> None:
@@ -75,7 +75,7 @@ class PlainProgress(SweepListener):
         total = f"/{status.total}" if status.total else ""
         self._write(
             f"trial {status.number}: step {status.step}{total}, ETA {format_duration(status.remaining(now))}"
-            f"; sweep ETA {format_duration(self.tracker.sweep_remaining(now))}"
+            f"; the trials planned so far end in {format_duration(self.tracker.sweep_remaining(now))}"
         )
 
     def on_trial_move(self, study: optuna.Study, move: TrialMove) -> None:
@@ -93,8 +93,8 @@ class PlainProgress(SweepListener):
         done = sum(counts.get(s, 0) for s in FINISHED)
         self._write(
             f"trial {trial.number} {status.state} after {format_duration(took)}{value}; "
-            f"{done}/{len(self.tracker.trials)} planned trials done, "
-            f"sweep ETA {format_duration(self.tracker.sweep_remaining(now))}"
+            f"{done}/{len(self.tracker.trials)} trials planned so far done, "
+            f"the others end in {format_duration(self.tracker.sweep_remaining(now))}"
         )
 
     def on_sweep_end(self, study: optuna.Study, now: float, interrupted: bool) -> None:

@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from optuna_saturn.planner._types import option_label
 from optuna_saturn.report.schedule import SweepRecord
 
 _NOTE_MAX_ROWS = 100
@@ -37,7 +38,7 @@ class SweepSummary:
 def summarize(record: SweepRecord) -> SweepSummary:
     """Count states and strategies and compute the makespans, the bound and the utilisation of one sweep."""
     states = Counter(r.state for r in record.runs)
-    strategies = Counter(f"{r.strategy} x{len(r.devices)}" for r in record.runs if r.strategy and r.devices)
+    strategies = Counter(option_label(r.strategy, len(r.devices)) for r in record.runs if r.strategy and r.devices)
     return SweepSummary(
         started_at=record.started_at,
         trials=len(record.runs),

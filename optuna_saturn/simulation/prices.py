@@ -101,7 +101,7 @@ class KnownPrices:
             price.options.append(
                 PricedOption(
                     option,
-                    f"{known.job.name}:{option.label}",
+                    f"{known.job.name}:{option.slug}",
                     record,
                     0.0 if measured else known.uncertainty,
                     "simulated",
@@ -180,7 +180,7 @@ class KnownPrices:
         steps = max(known.behaviour.steps, 1)
         step = option.runtime / steps
         return ProfileRecord(
-            key=f"{known.job.name}:{option.label}",
+            key=f"{known.job.name}:{option.slug}",
             strategy=option.strategy,
             devices=option.devices,
             hardware="simulated",

@@ -115,6 +115,7 @@ class SweepState:
     recorded_pool: tuple[str, ...] = ()  # the pool as a trial's saturn:pool last recorded it (ends)
     #: per node name, the node as a trial's saturn:node records it (the pool's word: at the start, and as nodes join)
     nodes: dict[str, dict] = field(default_factory=dict)
+    all_ready_noted: bool = False  # every device's worker was up once, and the loop said so (note_ready)
     #: the exception the objective raised that ``catch`` does not list (:mod:`optuna_saturn.raised`): no trial
     #: starts after it, and ``optimize`` raises it once the running ones ended (ends: StopOnError)
     raised: dict | None = None
@@ -239,11 +240,14 @@ class SweepState:
         return list(pool)
 
     def note_ready(self, ready: set[int], now: float) -> bool:
-        """When each device's worker was first ready; True once every device's is, the first time."""
-        before = len(self.ready_at)
+        """When each device's worker was first ready; True once every device's is, the first time (a device whose
+        first job started at once, never seen idle, counts: :meth:`launched` noted it)."""
         for device in ready:
             self.ready_at.setdefault(device, now)
-        return before < len(self.devices) <= len(self.ready_at)
+        if self.all_ready_noted or len(self.ready_at) < len(self.devices):
+            return False
+        self.all_ready_noted = True
+        return True
 
     def nodes_seen(self, records: dict[str, dict]) -> None:
         """What the pool says of its nodes (by name), for the trials that run there to record."""
