@@ -81,6 +81,11 @@ class TrainingTrial(RelayedTrial):
         self._loaders.clear()
         self._micro_batch = self._batch = None
 
+    @property
+    def resumes(self) -> bool:
+        """Whether this run goes on from a checkpoint an earlier run of the trial left (moved, or run again)."""
+        return self._profile is None and self._resume is not None
+
     # -- where this process stands --------------------------------------------------------------------------------
     @property
     def rank(self) -> int:

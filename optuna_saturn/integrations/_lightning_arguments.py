@@ -1,10 +1,21 @@
 """What ``trial.lightning_trainer(**kwargs)`` does with a script's Trainer arguments: the ones the sweep decides are
 checked (every conflict reported at once, each with its fix), checkpoint callbacks turn Lightning's checkpointing
-on, and each trial's logs go to folders of its own (concurrent trials in one ``CSVLogger("logs")`` would share,
-and race for, its ``version_N`` folders)."""
+on, and each trial's files go to folders of its own.
+
+The folders, as Lightning itself would keep them across runs:
+
+- per study and trial (``<study>-trial-<N>``): concurrent trials in one ``CSVLogger("logs")`` would share, and race
+  for, its ``version_N`` folders, and three studies run from one folder would all write ``trial-0``;
+- a run that goes on from the trial's checkpoint (moved to another strategy, or run again after a crash) appends
+  to the trial's CSV history, where Lightning would delete it ("Previous log files in this directory will be
+  deleted"): every epoch stays;
+- a profiling run (a few timed steps, not the trial) writes its logs and checkpoints into a private temporary
+  folder, removed with its Trainer: nothing in the user's folders.
+"""
 
 from __future__ import annotations
 
+import csv
 import os
 from typing import Any
 
@@ -65,20 +76,47 @@ def wants_checkpoints(kwargs: dict[str, Any]) -> bool:
     return any(isinstance(c, Checkpoint) for c in as_list(kwargs.get("callbacks")))
 
 
-def own_folders(kwargs: dict[str, Any], run: str) -> None:
+def own_folders(kwargs: dict[str, Any], run: str, *, resumes: bool = False, private: str | None = None) -> None:
     """``default_root_dir`` becomes ``<default_root_dir>/<run>``, each logger that would number its own versions
     (CSV, TensorBoard) writes to ``<its folder>/<its name>/<run>``, and a ``ModelCheckpoint`` given a ``dirpath``
-    saves in ``<dirpath>/<run>``: one folder per trial, and per profiling run, never shared."""
+    saves in ``<dirpath>/<run>``: one folder per trial, never shared. ``resumes``: the run goes on from the trial's
+    checkpoint, on rank 0 (its CSV loggers then append to the trial's history); ``private``: a folder that takes the
+    place of every folder of the user's (a profiling run's)."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    kwargs["default_root_dir"] = os.path.join(kwargs.get("default_root_dir") or "lightning_logs", run)
+    root = private or kwargs.get("default_root_dir") or "lightning_logs"
+    kwargs["default_root_dir"] = os.path.join(root, run)
     for callback in as_list(kwargs.get("callbacks")):
         if isinstance(callback, ModelCheckpoint) and callback.dirpath is not None:
-            callback.dirpath = os.path.join(callback.dirpath, run)
+            callback.dirpath = os.path.join(private or callback.dirpath, run)
     loggers = kwargs.get("logger")
     for logger in as_list(loggers) if loggers not in (None, True, False) else []:
+        if private is not None and hasattr(logger, "_root_dir"):
+            logger._root_dir = private
         if hasattr(logger, "_version") and getattr(logger, "_version", None) is None:
             logger._version = run
+        if resumes and private is None:
+            _append_to_history(logger)
+
+
+def _append_to_history(logger: Any) -> None:
+    """A CSV logger whose run goes on from a checkpoint appends its metrics to the file its earlier runs wrote,
+    under the same columns, where Lightning would delete that file. Set up on rank 0 only: Lightning's
+    experiment writer is rank 0's (``rank_zero_experiment``), and another rank's would write the file too."""
+    from lightning.pytorch.loggers import CSVLogger
+    from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+
+    if not isinstance(logger, CSVLogger) or logger._experiment is not None:
+        return
+
+    class _History(ExperimentWriter):
+        def _check_log_dir_exists(self) -> None:
+            if os.path.isfile(self.metrics_file_path):  # (its columns, so that appending rewrites nothing)
+                with open(self.metrics_file_path, newline="") as f:
+                    self.metrics_keys = sorted(next(csv.reader(f), []))
+
+    os.makedirs(logger.root_dir, exist_ok=True)
+    logger._experiment = _History(log_dir=logger.log_dir)
 
 
 def as_list(values: Any) -> list:

@@ -14,6 +14,9 @@ A callback makes the optimizer steps the trial's steps (progress, runtime profil
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
@@ -35,6 +38,7 @@ from optuna_saturn.integrations._lightning_arguments import (
 from optuna_saturn.integrations._lightning_callback import TrialCallback, restore_lightning_state
 from optuna_saturn.integrations._lightning_precision import precision_plugin
 from optuna_saturn.microbatch import AccumulationError
+from optuna_saturn.study.folders import safe
 
 if TYPE_CHECKING:
     from optuna_saturn.training_trial import TrainingTrial
@@ -64,14 +68,18 @@ def lightning_trainer(
             f"'{trial.strategy.name}' (DeepSpeed) counts micro-batches itself and cannot follow the Trainer's "
             "accumulate_grad_batches > 1; the planner leaves it out for this trial."
         )
-    own_folders(kwargs, f"trial-{trial.number}" + (f"-profile-{trial.strategy.name}" if trial.is_profiling else ""))
+    # (a run again that goes on from the earlier trial's checkpoint goes on in that trial's folders too)
+    retry_of = trial.user_attrs.get("saturn:retry_of") if trial.resumes else None
+    run = f"{safe(trial.study.study_name)}-trial-{trial.number if retry_of is None else retry_of}"
+    private = tempfile.mkdtemp(prefix="saturn-profile-") if trial.is_profiling else None  # (removed with the Trainer)
+    own_folders(kwargs, run, resumes=trial.resumes and trial.rank == 0, private=private)
     kwargs["enable_checkpointing"] = wants_checkpoints(kwargs)  # (the trial checkpoints through trial.checkpoint)
     kwargs.setdefault("enable_progress_bar", False)  # one bar per rank per trial would flood the workers' logs
     kwargs.setdefault("enable_model_summary", False)
     kwargs["callbacks"] = [*as_list(kwargs.get("callbacks")), TrialCallback(trial, metric, checkpoints=checkpoints)]
     accelerator = "cuda" if trial.device.type == "cuda" else "cpu"
     strategy = SaturnStrategy(trial)
-    return pl.Trainer(
+    trainer = pl.Trainer(
         **{k: v for k, v in kwargs.items() if k not in _SET_HERE},
         strategy=strategy,
         accelerator=accelerator,
@@ -80,6 +88,9 @@ def lightning_trainer(
         plugins=[precision_plugin(strategy, trial, kwargs.get("precision"))],
         use_distributed_sampler=False,
     )
+    if private is not None:
+        weakref.finalize(trainer, shutil.rmtree, private, True)
+    return trainer
 
 
 class SaturnStrategy(Strategy):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import optuna
 from optuna.storages import BaseStorage, RDBStorage
 
 
@@ -36,3 +37,14 @@ def set_user_attrs(storage: BaseStorage, trial_id: int, attrs: Mapping[str, Any]
             return
     for key, value in attrs.items():
         storage.set_trial_user_attr(trial_id, key, value)
+
+
+def set_attrs_of(storage: BaseStorage, trial: Any, attrs: Mapping[str, Any]) -> None:
+    """``attrs`` on a running ``optuna.Trial`` (written together, and kept on the trial object as its own
+    ``set_user_attr`` keeps them), or on a queued trial not taken yet (its own copy)."""
+    if isinstance(trial, optuna.Trial):
+        set_user_attrs(storage, trial._trial_id, attrs)
+        trial._cached_frozen_trial.user_attrs.update(attrs)
+        return
+    for key, value in attrs.items():
+        trial.set_user_attr(key, value)

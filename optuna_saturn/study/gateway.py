@@ -21,7 +21,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from optuna_saturn.study import claims
-from optuna_saturn.study.attr_writes import set_user_attrs
+from optuna_saturn.study.attr_writes import set_attrs_of, set_user_attrs
 from optuna_saturn.study.claims import ATTR, Claimant
 from optuna_saturn.study.outbox import STORAGE_ERRORS, Outbox, Outgoing, retrying, transient
 
@@ -76,8 +76,7 @@ class StudyGateway:
             return set(self._taken_over)
 
     def request_stop(self) -> None:
-        """``trial.study.stop()`` in an objective (relayed from its worker): as in ``study.optimize``, no trial is
-        asked after it; those asked finish."""
+        """``trial.study.stop()`` in an objective, relayed: as in ``study.optimize``, no trial is asked after it."""
         self.stop_requested = True
 
     def ask_new(self) -> optuna.Trial:
@@ -172,13 +171,7 @@ class StudyGateway:
 
         def set_them() -> None:
             with self.lock:
-                if isinstance(trial, optuna.Trial):
-                    prefixed = {ATTR + k: v for k, v in attrs.items()}
-                    set_user_attrs(self.study._storage, trial._trial_id, prefixed)
-                    trial._cached_frozen_trial.user_attrs.update(prefixed)  # (as Trial.set_user_attr keeps it)
-                else:
-                    for key, value in attrs.items():
-                        trial.set_user_attr(ATTR + key, value)
+                set_attrs_of(self.study._storage, trial, {ATTR + k: v for k, v in attrs.items()})
 
         retrying(set_them, what=f"set trial {trial.number}'s attributes")
 
