@@ -1,7 +1,8 @@
 """The documentation site (``mkdocs.yml``, ``docs/``) covers what the package offers and builds without a warning:
 every public name has its API entry, every page is in the navigation and every navigation entry is a page, every
 command-line option is documented, and ``mkdocs build --strict`` passes (broken links and anchors, missing
-snippets and docstrings mkdocstrings cannot parse all fail it)."""
+snippets and docstrings mkdocstrings cannot parse all fail it). No page carries the developers' notes of their own
+process (a numbered work item or session): the pages show the sweep, not its makers."""
 
 from __future__ import annotations
 
@@ -149,3 +150,39 @@ def test_the_command_lines_page_names_every_solver():
     solver_line = text[text.index("- `--solver`") :].split("\n- ", 1)[0]
     missing = [name for name in SOLVERS if f"`{name}`" not in solver_line]
     assert not missing, f"docs/cli.md's --solver does not name {missing}"
+
+
+#: A note of the developers' process (a numbered work item or session) that has no place on a user's page.
+INTERNAL_NOTE = re.compile(r"\b(?:[Ss]top|[Ii]ssue)s? \d+\b|test collection of mine")
+
+
+def _included(path: Path) -> list[Path]:
+    """The files a page pulls in with pymdownx.snippets' ``--8<-- "file"`` (a line range or a section after a
+    colon), relative to the repository root (mkdocs.yml's base_path)."""
+    names = re.findall(r'--8<--\s+"([^"]+)"', path.read_text(encoding="utf-8"))
+    return [ROOT / re.sub(r":[^/\\]*$", "", name) for name in names]
+
+
+def _page_sources() -> list[Path]:
+    """Every Markdown source that becomes a page or is shown on one: README.md (GitHub's front page), docs/,
+    benchmarks/README.md, and each file they include, followed through includes of includes."""
+    sources = [ROOT / "README.md", *sorted(DOCS.rglob("*.md")), ROOT / "benchmarks" / "README.md"]
+    seen: set[Path] = set()
+    while sources:
+        path = sources.pop(0).resolve()
+        if path in seen:
+            continue
+        seen.add(path)
+        sources.extend(_included(path))
+    return sorted(seen)
+
+
+def test_no_page_carries_internal_notes():
+    notes: list[str] = []
+    for path in _page_sources():
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            for match in INTERNAL_NOTE.finditer(line):
+                notes.append(f"{path.relative_to(ROOT).as_posix()}:{number}: {match.group(0)!r}")
+    assert not notes, "reword these developers' notes (say what was done and how, not in which work item):\n" + (
+        "\n".join(notes)
+    )
