@@ -97,7 +97,7 @@ def _where(study, namespace: str) -> str:
     mine = [
         t
         for t in study.get_trials(deepcopy=False)
-        if (t.user_attrs.get("saturn:owner") or {}).get("pid_namespace") == namespace
+        if (t.system_attrs.get("saturn:owner") or {}).get("pid_namespace") == namespace
     ]
     running = [t for t in mine if t.state == TrialState.RUNNING]
     if any(t.intermediate_values for t in running):
@@ -137,8 +137,8 @@ class Ledger:
             for t in trials:
                 interrupted = "the sweep that ran it died" in t.user_attrs.get(
                     "saturn:fail_reason", ""
-                ) or "no live sweep runs it" in t.user_attrs.get("saturn:fail_reason", "")
-                if interrupted and int(t.user_attrs.get("saturn:retries", 0)) < 1 and runs_again[t.number] != 1:
+                ) or "no live sweep runs it" in t.system_attrs.get("saturn:fail_reason", "")
+                if interrupted and int(t.system_attrs.get("saturn:retries", 0)) < 1 and runs_again[t.number] != 1:
                     self.problems.append(f"interrupted trial {t.number} was run again {runs_again[t.number]} times")
 
 
@@ -211,7 +211,7 @@ def main() -> None:
 
 
 def _why(trial) -> str:
-    reason = trial.user_attrs.get("saturn:fail_reason", "")
+    reason = trial.system_attrs.get("saturn:fail_reason", "")
     kind = (
         "its sweep died"
         if "the sweep that ran it died" in reason

@@ -44,11 +44,11 @@ def sweep_gaps(strategy: str, devices: int, n_trials: int, log_dir: str, folder:
         isolate_network=True,
     )
     executor.optimize(study, tiny_objective, n_trials=n_trials, batch_size=1)
-    trials = sorted(study.trials, key=lambda t: t.user_attrs["saturn:actual_start"])
+    trials = sorted(study.trials, key=lambda t: t.system_attrs["saturn:actual_start"])
     gaps: dict[str, list[float]] = {"reaction": [], "join": [], "setup": [], "idle": []}
     for prev, nxt in itertools.pairwise(trials):
-        end, start = prev.user_attrs["saturn:actual_end"], nxt.user_attrs["saturn:actual_start"]
-        called, first_step = nxt.user_attrs["saturn:objective_start"], nxt.user_attrs["saturn:first_step"]
+        end, start = prev.system_attrs["saturn:actual_end"], nxt.system_attrs["saturn:actual_start"]
+        called, first_step = nxt.system_attrs["saturn:objective_start"], nxt.system_attrs["saturn:first_step"]
         gaps["reaction"].append(start - end)
         gaps["join"].append(called - start)
         gaps["setup"].append(first_step - called)

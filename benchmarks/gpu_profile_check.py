@@ -109,7 +109,7 @@ def main() -> None:
     size = model_size()
     study = executor.profile(objective, n_trials=1)
     trial = study.trials[0]
-    rows = trial.user_attrs.get("saturn:profiles", [])
+    rows = trial.system_attrs.get("saturn:profiles", [])
     unavailable = sorted(s.name for s in load_strategies().values() if not s.device_counts(pool))
     print(
         f"\n{'tiny model' if args.tiny else 'GPT-2-medium'} on {', '.join(map(str, executor.devices))}; "
@@ -136,7 +136,7 @@ def main() -> None:
             "pool": pool,
             "profiles": rows,
             "unavailable": unavailable,
-            "options": trial.user_attrs.get("saturn:options", []),
+            "options": trial.system_attrs.get("saturn:options", []),
         }
         Path(os.environ["OUT"], "gpu_profile_check.json").write_text(json.dumps(summary, indent=1))
     if not any(p["feasible"] for p in rows):

@@ -74,8 +74,8 @@ def run_arm(arm: str, trial_size: str, launched: float, log_dir: str) -> dict:
             dashboard=False,
         ).optimize(study, objective, n_trials=1)
         trial = study.trials[0]
-        runtime = trial.user_attrs["saturn:actual_runtime"]
-    assert trial.state == optuna.trial.TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
+        runtime = trial.system_attrs["saturn:actual_runtime"]
+    assert trial.state == optuna.trial.TrialState.COMPLETE, trial.system_attrs.get("saturn:fail_reason")
     return {"runtime": runtime, "wall": time.time() - launched, "value": trial.value}
 
 

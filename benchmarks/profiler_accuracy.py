@@ -68,8 +68,8 @@ def row(label: str, study: optuna.Study) -> str:
         if t.state != optuna.trial.TrialState.COMPLETE:
             print(f"  (trial {t.number} {t.state.name}: {t.user_attrs.get('saturn:fail_reason')})", file=sys.stderr)
     errors = [
-        abs(t.user_attrs["saturn:planned_runtime"] - t.user_attrs["saturn:actual_runtime"])
-        / t.user_attrs["saturn:actual_runtime"]
+        abs(t.system_attrs["saturn:planned_runtime"] - t.system_attrs["saturn:actual_runtime"])
+        / t.system_attrs["saturn:actual_runtime"]
         for t in done
     ]
     for t in done:

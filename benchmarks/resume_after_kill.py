@@ -120,7 +120,7 @@ def main() -> None:
         )
         while True:
             trial = optuna.load_study(study_name="resume", storage=storage).trials[1]
-            if (trial.user_attrs.get("saturn:checkpoint") or {}).get("step") == KILL_AT:
+            if (trial.system_attrs.get("saturn:checkpoint") or {}).get("step") == KILL_AT:
                 break
             if child.poll() is not None:
                 raise SystemExit("the sweep to kill ended on its own")
@@ -135,7 +135,7 @@ def main() -> None:
         trials = optuna.load_study(study_name="resume", storage=storage).trials
     whole, _whole_startup = _timings(trials[0])
     again, again_startup = _timings(trials[2])
-    assert trials[2].user_attrs["saturn:resumed_from_step"] == KILL_AT
+    assert trials[2].system_attrs["saturn:resumed_from_step"] == KILL_AT
     print(
         markdown_table(
             [

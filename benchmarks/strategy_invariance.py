@@ -49,7 +49,7 @@ def main() -> None:
             rows.append(
                 [
                     name,
-                    trial.user_attrs.get("saturn:num_devices"),
+                    trial.system_attrs.get("saturn:num_devices"),
                     trial.state.name,
                     f"{trial.value!r}",
                     f"{relative:.1e}",

@@ -76,10 +76,10 @@ def overlaps(storage: str, studies: list[str]) -> int:
     runs: dict[str, list[tuple[float, float, str]]] = {}
     for name in studies:
         for trial in optuna.load_study(study_name=name, storage=storage).trials:
-            if trial.datetime_start is None or "saturn:devices" not in trial.user_attrs:
+            if trial.datetime_start is None or "saturn:devices" not in trial.system_attrs:
                 continue
             end = (trial.datetime_complete or trial.datetime_start).timestamp()
-            for device in trial.user_attrs["saturn:devices"]:
+            for device in trial.system_attrs["saturn:devices"]:
                 runs.setdefault(device, []).append((trial.datetime_start.timestamp(), end, name))
     count = 0
     for device_runs in runs.values():

@@ -197,7 +197,7 @@ def run_optuna_arm(
         cpu_before = _cpu_seconds()
         executor.optimize(study, objective, n_trials=n_trials)
         driver_cpu = _cpu_seconds() - cpu_before  # the executor's own process: asking, describing, planning
-        attrs = [t.user_attrs for t in study.trials if "saturn:actual_runtime" in t.user_attrs]
+        attrs = [t.user_attrs for t in study.trials if "saturn:actual_runtime" in t.system_attrs]
         last = study.user_attrs["saturn:last_sweep"]
         profiling = {
             "profiling_device_seconds": last["profiling_device_seconds"],
@@ -231,7 +231,7 @@ def run_optuna_arm(
         "options": [
             f"{t.user_attrs['saturn:strategy']}x{t.user_attrs['saturn:num_devices']}"
             for t in study.trials
-            if "saturn:strategy" in t.user_attrs
+            if "saturn:strategy" in t.system_attrs
         ],
         **profiling,
         "runs": [
@@ -243,10 +243,10 @@ def run_optuna_arm(
                 t.params.get("n_embd"),
                 t.params.get("n_layer"),
                 t.params.get("batch_size"),
-                t.user_attrs.get("saturn:actual_runtime"),
-                t.user_attrs.get("saturn:planned_runtime"),
-                t.user_attrs.get("saturn:strategy"),
-                t.user_attrs.get("saturn:num_devices"),
+                t.system_attrs.get("saturn:actual_runtime"),
+                t.system_attrs.get("saturn:planned_runtime"),
+                t.system_attrs.get("saturn:strategy"),
+                t.system_attrs.get("saturn:num_devices"),
             ]
             for t in study.trials
             if t.datetime_complete

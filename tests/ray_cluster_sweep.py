@@ -100,7 +100,7 @@ class KillNodeWhenATrialRunsThere(SweepListener):
         study = optuna.load_study(study_name=name, storage=self._storage)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            if "saturn:checkpoint" in study.trials[self.victim].user_attrs:
+            if "saturn:checkpoint" in study.trials[self.victim].system_attrs:
                 break
             time.sleep(0.1)
         self._kill()
@@ -155,8 +155,8 @@ def _two_sweeps(out: str, stack: contextlib.ExitStack) -> None:
             "state": t.state.name,
             "node": (t.user_attrs.get("saturn:node") or {}).get("node_id"),
             # (when it ran on the device: a trial is asked, and RUNNING in the study, before its device frees)
-            "start": t.user_attrs["saturn:sweep_started_at"] + t.user_attrs["saturn:actual_start"],
-            "end": t.user_attrs["saturn:sweep_started_at"] + t.user_attrs["saturn:actual_end"],
+            "start": t.system_attrs["saturn:sweep_started_at"] + t.system_attrs["saturn:actual_start"],
+            "end": t.system_attrs["saturn:sweep_started_at"] + t.system_attrs["saturn:actual_end"],
         }
         for name in ("first", "second")
         for t in optuna.load_study(study_name=name, storage=storage).trials
@@ -248,9 +248,11 @@ def _sweep(
                 "number": t.number,
                 "state": t.state.name,
                 "value": t.value,
-                "attrs": {k: v for k, v in t.user_attrs.items() if not k.startswith("saturn:profil")},
-                "log": Path(t.user_attrs["saturn:log"]).read_text(encoding="utf-8")
-                if os.path.exists(t.user_attrs.get("saturn:log", ""))
+                "attrs": {
+                    k: v for k, v in {**t.user_attrs, **t.system_attrs}.items() if not k.startswith("saturn:profil")
+                },
+                "log": Path(t.system_attrs["saturn:log"]).read_text(encoding="utf-8")
+                if os.path.exists(t.system_attrs.get("saturn:log", ""))
                 else None,
             }
             for t in study.trials

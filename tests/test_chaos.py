@@ -100,9 +100,9 @@ def _check(study: optuna.Study, completed: dict[int, float], *, max_retries: int
     trials = study.get_trials()
     for trial in trials:
         if trial.state == TrialState.RUNNING:  # the killed sweep's: its owner must be gone by now
-            owner = trial.user_attrs["saturn:owner"]
+            owner = trial.system_attrs["saturn:owner"]
             assert not _lives(owner), f"trial {trial.number} is RUNNING under a live sweep"
-        assert trial.user_attrs.get("saturn:retries", 0) <= max_retries
+        assert trial.system_attrs.get("saturn:retries", 0) <= max_retries
     for number, value in completed.items():
         assert trials[number].state == TrialState.COMPLETE and trials[number].value == value
     completed.update({t.number: t.value for t in trials if t.state == TrialState.COMPLETE})
@@ -147,7 +147,7 @@ def test_kill_9_of_the_executor_at_random_points_leaves_a_consistent_study(satur
     _check(study, completed, max_retries=1)
     for trial in trials:
         if trial.state == TrialState.FAIL:
-            assert trial.user_attrs["saturn:fail_reason"]
+            assert trial.system_attrs["saturn:fail_reason"]
     _loads_in_optuna_dashboard(storage, study)
     print(
         f"chaos: {ROUNDS} rounds of kill -9, landed {landed}, all consistent; {len(trials)} trials: "

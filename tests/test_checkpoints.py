@@ -53,7 +53,7 @@ def _killed_after_its_checkpoint(storage: str, log_dir: Path, strategy: str, dev
         while True:
             assert sweep.poll() is None and time.monotonic() < deadline, "the sweep did not get to its checkpoint"
             trial = optuna.load_study(study_name="killed", storage=storage).trials[0]
-            if HANG_AT in trial.intermediate_values and "saturn:checkpoint" in trial.user_attrs:
+            if HANG_AT in trial.intermediate_values and "saturn:checkpoint" in trial.system_attrs:
                 break
             time.sleep(0.2)
         descendants = psutil.Process(sweep.pid).children(recursive=True)
@@ -85,7 +85,7 @@ def test_a_trial_killed_with_its_sweep_resumes_from_its_checkpoint(saturn_option
     storage = f"sqlite:///{tmp_path / 'study.sqlite3'}"
     optuna.create_study(study_name="killed", storage=storage).enqueue_trial(params)
     dead = _killed_after_its_checkpoint(storage, tmp_path / "first", *first)
-    record = dead.user_attrs["saturn:checkpoint"]
+    record = dead.system_attrs["saturn:checkpoint"]
     assert dead.state == TrialState.RUNNING and record["step"] == 16 and record["strategy"] == first[0]
     assert Path(record["path"]).is_dir()
 
@@ -99,8 +99,8 @@ def test_a_trial_killed_with_its_sweep_resumes_from_its_checkpoint(saturn_option
     assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE]
     retry = trials[1]
     assert retry.user_attrs["saturn:retry_of"] == 0 and retry.user_attrs["started_at_step"] == 16
-    assert retry.user_attrs["saturn:resumed_from_step"] == 16
-    assert retry.user_attrs["saturn:strategy"] == then[0]
+    assert retry.system_attrs["saturn:resumed_from_step"] == 16
+    assert retry.system_attrs["saturn:strategy"] == then[0]
     # The steps the first run reported are kept, once each; the run again adds those after them, and ends where an
     # uninterrupted run of the same params ends (the checkpoint fell at an epoch's end: the same batches follow).
     assert sorted(retry.intermediate_values) == list(range(4, STEPS + 1, 4))
@@ -137,13 +137,13 @@ def test_a_trial_whose_rank_dies_or_hangs_is_run_again_from_its_checkpoint(
 
     first, again = optuna.load_study(study_name="faults", storage=storage).trials  # n_trials counts new trials
     assert first.state == TrialState.FAIL
-    reason = first.user_attrs["saturn:fail_reason"]
+    reason = first.system_attrs["saturn:fail_reason"]
     if stall_timeout:
         assert "reported no progress for" in reason, reason
     else:  # ended on the death itself, not by the stall limit (120 s) long after
         assert "the worker of device 1 died" in reason and "no progress" not in reason, reason
     assert again.state == TrialState.COMPLETE and again.params == first.params
-    assert again.user_attrs["saturn:retry_of"] == 0 and again.user_attrs["saturn:resumed_from_step"] == 16
+    assert again.user_attrs["saturn:retry_of"] == 0 and again.system_attrs["saturn:resumed_from_step"] == 16
     assert sorted(again.intermediate_values) == list(range(4, STEPS + 1, 4))
 
 
@@ -163,11 +163,11 @@ def test_a_trial_out_of_memory_at_run_time_goes_on_from_its_checkpoint_under_ano
         study, objectives.resumable, n_trials=1, batch_size=1
     )
     (trial,) = study.trials  # the same trial, planned again: not a new one
-    assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
+    assert trial.state == TrialState.COMPLETE, trial.system_attrs.get("saturn:fail_reason")
     # another option: single, or ddp with more micro-batches per step (the same global batch in less memory)
-    option = (trial.user_attrs["saturn:strategy"], trial.user_attrs["saturn:gradient_accumulation"])
+    option = (trial.system_attrs["saturn:strategy"], trial.system_attrs["saturn:gradient_accumulation"])
     assert option != ("ddp", 1), option
-    assert trial.user_attrs["saturn:resumed_from_step"] == 16
+    assert trial.system_attrs["saturn:resumed_from_step"] == 16
     assert trial.user_attrs["started_at_step"] == 16
     assert sorted(trial.intermediate_values) == list(range(4, STEPS + 1, 4))
 

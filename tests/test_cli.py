@@ -88,8 +88,8 @@ def test_run_records_a_sweep_and_can_continue_it(recorded: str, tmp_path: Path) 
     study = optuna.load_study(study_name=STUDY, storage=recorded)
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
     for trial in study.trials:
-        assert trial.user_attrs["saturn:strategy"] in ("single", "ddp")
-        assert trial.user_attrs["saturn:options"]
+        assert trial.system_attrs["saturn:strategy"] in ("single", "ddp")
+        assert trial.system_attrs["saturn:options"]
     attrs = study._storage.get_study_system_attrs(study._study_id)
     assert any(k.startswith(f"dashboard:plot_data:{GRAPH_OBJECT_ID}:") for k in attrs)  # published by default
 
@@ -117,7 +117,7 @@ def test_run_records_a_sweep_and_can_continue_it(recorded: str, tmp_path: Path) 
     assert again.stdout == ""  # --quiet
     study = optuna.load_study(study_name=STUDY, storage=recorded)
     assert len(study.trials) == 4 and study.trials[-1].state == TrialState.COMPLETE
-    started = {t.user_attrs["saturn:sweep_started_at"] for t in study.trials}
+    started = {t.system_attrs["saturn:sweep_started_at"] for t in study.trials}
     assert len(started) == 2  # two sweeps in one study
 
 
@@ -163,14 +163,14 @@ def test_simulate_replays_the_sweep_on_other_device_counts_and_on_its_own(record
     # the sweep's describing and its workers' start.
     alone = 0.0
     for trial in study.trials[:3]:  # (the first sweep's)
-        single = next(o["runtime"] for o in trial.user_attrs["saturn:options"] if o["strategy"] == "single")
-        attrs = trial.user_attrs
+        single = next(o["runtime"] for o in trial.system_attrs["saturn:options"] if o["strategy"] == "single")
+        attrs = trial.system_attrs
         alone += single * attrs["saturn:actual_runtime"] / attrs["saturn:planned_runtime"]
     assert walls[1] >= alone
     # On its own 2 devices, the simulator says how far it is from the recorded sweep (its last trial's end: the
     # summary with its wall clock was the latest sweep's, and is overwritten)
     assert "the simulator's error" in rows[2][5] and "the simulator's error" not in rows[1][5]
-    recorded_end = max(t.user_attrs["saturn:actual_end"] for t in study.trials[:3])
+    recorded_end = max(t.system_attrs["saturn:actual_end"] for t in study.trials[:3])
     assert walls[2] == pytest.approx(recorded_end, rel=0.25), (walls[2], recorded_end)
 
 

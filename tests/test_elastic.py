@@ -143,12 +143,12 @@ def test_a_running_trial_moves_to_the_devices_its_pruned_neighbour_left(saturn_o
 
     moved, pruned = study.trials
     assert pruned.state == TrialState.PRUNED
-    assert moved.state == TrialState.COMPLETE, moved.user_attrs.get("saturn:fail_reason")
-    (move,) = moved.user_attrs["saturn:moves"]
+    assert moved.state == TrialState.COMPLETE, moved.system_attrs.get("saturn:fail_reason")
+    (move,) = moved.system_attrs["saturn:moves"]
     assert move["from"] == "single ×1" and len(move["device_ids"]) == 1, move
-    assert move["started"] < move["at"] <= moved.user_attrs["saturn:actual_start"], move
-    assert moved.user_attrs["saturn:strategy"] == "ddp" and moved.user_attrs["saturn:num_devices"] == 2
-    assert moved.user_attrs["saturn:resumed_from_step"] == move["at_step"] == moved.user_attrs["started_at_step"]
+    assert move["started"] < move["at"] <= moved.system_attrs["saturn:actual_start"], move
+    assert moved.system_attrs["saturn:strategy"] == "ddp" and moved.system_attrs["saturn:num_devices"] == 2
+    assert moved.system_attrs["saturn:resumed_from_step"] == move["at_step"] == moved.user_attrs["started_at_step"]
     assert every <= move["at_step"] < EPOCHS * 4 and move["at_step"] % every == 0
     if every == 5:
         assert move["at_step"] % 4, f"moved at an epoch's end ({move['at_step']}): the test meant mid-epoch"
@@ -172,5 +172,5 @@ def test_with_elastic_off_a_trial_stays_where_it_started(saturn_options, monkeyp
         study, objectives.resumable, n_trials=2
     )
     kept = study.trials[0]
-    assert kept.state == TrialState.COMPLETE and "saturn:moves" not in kept.user_attrs
+    assert kept.state == TrialState.COMPLETE and "saturn:moves" not in kept.system_attrs
     assert kept.user_attrs["started_at_step"] == 0

@@ -63,7 +63,7 @@ def test_the_hugging_face_examples_run_every_trial(tmp_path, script, study_name)
     trials = optuna.load_study(study_name=study_name, storage=storage).trials
     assert len(trials) == 3
     assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials), [
-        (t.state, t.user_attrs.get("saturn:fail_reason")) for t in trials
+        (t.state, t.system_attrs.get("saturn:fail_reason")) for t in trials
     ]
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     assert complete and all(3.0 < t.value < 7.7 for t in complete)
@@ -90,7 +90,7 @@ def test_the_lightning_example_runs_four_trials_from_an_empty_folder(tmp_path):
     trials = optuna.load_study(study_name="gpt2-lightning", storage=storage).trials
     assert len(trials) == 4
     assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials), [
-        (t.state, t.user_attrs.get("saturn:fail_reason")) for t in trials
+        (t.state, t.system_attrs.get("saturn:fail_reason")) for t in trials
     ]
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     assert complete and all(3.0 < t.value < 7.7 for t in complete)
@@ -124,7 +124,7 @@ def test_the_example_trial_reports_the_same_value_under_every_strategy(example, 
             devices=1 if name == "single" else 2, strategies=[name], **{**saturn_options, "profile": False}
         ).optimize(study, example.objective, n_trials=1)
         trial = study.trials[0]
-        assert trial.state == TrialState.COMPLETE, (name, trial.user_attrs.get("saturn:fail_reason"))
+        assert trial.state == TrialState.COMPLETE, (name, trial.system_attrs.get("saturn:fail_reason"))
         runs[name] = trial
     reference = runs["single"]
     print({name: t.value for name, t in runs.items()})
@@ -170,7 +170,7 @@ def test_readme_quickstart_on_a_fresh_machine(tmp_path):
     assert len(study.trials) == n_trials
     # Optuna's default MedianPruner may prune a trial: that is the sweep working. None may fail.
     assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in study.trials), [
-        t.user_attrs.get("saturn:fail_reason") for t in study.trials
+        t.system_attrs.get("saturn:fail_reason") for t in study.trials
     ]
     assert sum(t.state == TrialState.COMPLETE for t in study.trials) >= n_trials // 2
     assert (home / ".cache" / "optuna-saturn" / "example-data").is_dir()  # the example built its data itself

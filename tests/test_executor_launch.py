@@ -22,8 +22,8 @@ def test_ddp_trial_really_trains_and_ranks_agree(saturn_options):
     SaturnExecutor(devices=2, strategies=["ddp"], **saturn_options).optimize(study, objectives.train_linear, n_trials=1)
 
     trial = study.trials[0]
-    assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
-    attrs = trial.user_attrs
+    assert trial.state == TrialState.COMPLETE, trial.system_attrs.get("saturn:fail_reason")
+    attrs = {**trial.user_attrs, **trial.system_attrs}  # (the objective's, and the sweep's records)
     assert attrs["saturn:strategy"] == "ddp" and attrs["saturn:num_devices"] == 2
     assert attrs["world_size"] == 2 and len(set(attrs["pids"])) == 2
     losses = attrs["losses"]
@@ -62,7 +62,7 @@ def test_median_pruner_stops_a_bad_ddp_trial_on_every_rank(saturn_options):
     assert states == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.PRUNED]
     pruned = study.trials[2]
     assert max(pruned.intermediate_values) < 9  # stopped early, not after the last step
-    assert "saturn:fail_reason" not in pruned.user_attrs
+    assert "saturn:fail_reason" not in pruned.system_attrs
 
 
 def test_a_failing_trial_fails_alone(saturn_options):
@@ -76,10 +76,10 @@ def test_a_failing_trial_fails_alone(saturn_options):
     states = [t.state for t in study.trials]
     assert states == [TrialState.FAIL, TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE]
     rank0, rank1 = study.trials[0], study.trials[2]
-    assert rank0.user_attrs["saturn:fail_reason"] == "rank 0: ValueError: deliberate failure on rank 0"
-    assert "deliberate failure on rank 0" in Path(rank0.user_attrs["saturn:log"]).read_text()
-    assert rank1.user_attrs["saturn:fail_reason"].startswith("rank 1: RuntimeError: deliberate failure on rank 1")
-    assert "deliberate failure on rank 1" in Path(rank1.user_attrs["saturn:log"]).read_text()
+    assert rank0.system_attrs["saturn:fail_reason"] == "rank 0: ValueError: deliberate failure on rank 0"
+    assert "deliberate failure on rank 0" in Path(rank0.system_attrs["saturn:log"]).read_text()
+    assert rank1.system_attrs["saturn:fail_reason"].startswith("rank 1: RuntimeError: deliberate failure on rank 1")
+    assert "deliberate failure on rank 1" in Path(rank1.system_attrs["saturn:log"]).read_text()
 
 
 @pytest.mark.parametrize("profile", [True, False])
@@ -94,7 +94,7 @@ def test_an_exception_catch_does_not_list_stops_the_sweep_and_is_raised(saturn_o
         executor.optimize(study, objectives.maybe_raise, n_trials=12, catch=(KeyError,))
     states = [t.state for t in study.trials]
     assert states[0] == TrialState.FAIL and TrialState.RUNNING not in states, states
-    assert "deliberate failure on rank 0" in study.trials[0].user_attrs["saturn:fail_reason"]
+    assert "deliberate failure on rank 0" in study.trials[0].system_attrs["saturn:fail_reason"]
     failed_at = study.trials[0].datetime_complete
     assert all(t.datetime_start < failed_at for t in study.trials if t.datetime_start), states  # none after it
     assert states[-1] == TrialState.WAITING, states  # the queue's last ones never started: still queued
@@ -130,7 +130,7 @@ def test_failed_trial_log_is_uploaded_as_an_artifact(saturn_options, tmp_path):
     SaturnExecutor(devices=1, strategies=["single"], artifact_store=store, **saturn_options).optimize(
         study, objectives.maybe_raise, n_trials=1, catch=ValueError
     )
-    artifact_id = study.trials[0].user_attrs["saturn:log_artifact_id"]
+    artifact_id = study.trials[0].system_attrs["saturn:log_artifact_id"]
     with store.open_reader(artifact_id) as f:
         assert b"deliberate failure on rank 0" in f.read()
 
@@ -153,7 +153,7 @@ def test_storages_and_continuing_a_study(saturn_options, tmp_path, storage_kind)
     assert [t.number for t in trials] == [0, 1, 2, 3]
     assert all(t.state == TrialState.COMPLETE for t in trials)
     assert all(t.value == objectives.quadratic(optuna.trial.FixedTrial(t.params)) for t in trials)
-    assert {t.user_attrs["saturn:devices"][0] for t in trials[:2]} == {"cpu:0", "cpu:1"}  # ran side by side
+    assert {t.system_attrs["saturn:devices"][0] for t in trials[:2]} == {"cpu:0", "cpu:1"}  # ran side by side
 
 
 class _Recorder(SweepListener):
@@ -209,7 +209,7 @@ def test_accelerate_launcher_from_a_user_strategy_folder(saturn_options, tmp_pat
     executor = SaturnExecutor(devices=2, strategies=["ddp-accelerate"], strategy_folders=[folder], **saturn_options)
     executor.optimize(study, objectives.train_linear, n_trials=1)
 
-    attrs = study.trials[0].user_attrs
+    attrs = {**study.trials[0].user_attrs, **study.trials[0].system_attrs}
     assert study.trials[0].state == TrialState.COMPLETE, attrs.get("saturn:fail_reason")
     assert attrs["world_size"] == 2 and len(set(attrs["pids"])) == 2
     assert attrs["max_param_diff_across_ranks"] == 0.0 and attrs["losses"][-1] < 0.1 * attrs["losses"][0]
@@ -236,7 +236,7 @@ def test_trials_are_asked_as_devices_free_and_planned_with_observed_runtimes(sat
     assert all(t.state == TrialState.COMPLETE for t in study.trials)
     assert heard.plans[0][0] == (0,) and len(heard.plans) >= 6  # asked one by one, re-planned at every event
     for trial in study.trials[2:]:  # asked after the first ones ended
-        assert trial.user_attrs["saturn:planned_runtime"] < 60.0
+        assert trial.system_attrs["saturn:planned_runtime"] < 60.0
 
 
 @pytest.mark.launch
@@ -287,7 +287,7 @@ def test_past_a_timeout_a_trial_on_every_device_is_the_whole_first_round(saturn_
     SaturnExecutor(devices=2, strategies=["ddp"], **saturn_options).optimize(
         study, objectives.train_linear, n_trials=20, timeout=0.001
     )
-    assert [(t.state, t.user_attrs["saturn:num_devices"]) for t in study.trials] == [(TrialState.COMPLETE, 2)]
+    assert [(t.state, t.system_attrs["saturn:num_devices"]) for t in study.trials] == [(TrialState.COMPLETE, 2)]
 
 
 @pytest.mark.launch

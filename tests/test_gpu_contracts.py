@@ -44,7 +44,7 @@ def test_every_rank_sees_one_device_and_the_variables_a_launcher_sets(saturn_opt
         study, gpu_objectives.ranks_environment, n_trials=1
     )
     trial = study.trials[0]
-    assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
+    assert trial.state == TrialState.COMPLETE, trial.system_attrs.get("saturn:fail_reason")
     ranks = trial.user_attrs["ranks"]
     assert [r["RANK"] for r in ranks] == ["0", "1"] and {r["WORLD_SIZE"] for r in ranks} == {"2"}
     assert {(r["LOCAL_RANK"], r["LOCAL_WORLD_SIZE"], r["trial_local_rank"]) for r in ranks} == {("0", "1", 0)}
@@ -112,7 +112,7 @@ def test_a_host_that_initialised_cuda_starts_its_workers_fresh_and_says_why(satu
         study, cuda_in_host.objective, n_trials=1
     )
     trial = study.trials[0]
-    assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
+    assert trial.state == TrialState.COMPLETE, trial.system_attrs.get("saturn:fail_reason")
     assert "--worker" in trial.user_attrs["cmdline"]  # rank 0's process: started, not forked
     host_log = next(saturn_options["log_dir"].rglob("pool-host.log")).read_text()
     assert "starts its workers as fresh interpreters: this process has initialised CUDA" in host_log
@@ -256,7 +256,7 @@ def test_out_of_memory_on_rank_1_tries_more_micro_batches_and_is_never_run_again
     assert records[1].feasible is False and records[1].more_micro_batches_may_fit, records[1]
     assert "rank 1" in records[1].error and "out of memory" in records[1].error
     assert records[2].feasible is True
-    assert study.trials[0].user_attrs["saturn:options"][0]["gradient_accumulation"] == 2
+    assert study.trials[0].system_attrs["saturn:options"][0]["gradient_accumulation"] == 2
 
     unprofiled = optuna.create_study()
     SaturnExecutor(devices=2, strategies=["ddp"], profile=False, **saturn_options).optimize(
@@ -264,7 +264,9 @@ def test_out_of_memory_on_rank_1_tries_more_micro_batches_and_is_never_run_again
     )
     assert len(unprofiled.trials) == 1  # not run again as a new trial
     trial = unprofiled.trials[0]
-    assert trial.state == TrialState.FAIL and trial.user_attrs["saturn:fail_reason"].startswith("rank 1: RuntimeError")
+    assert trial.state == TrialState.FAIL and trial.system_attrs["saturn:fail_reason"].startswith(
+        "rank 1: RuntimeError"
+    )
 
 
 # -- memory between runs -------------------------------------------------------------------------------------------
@@ -358,7 +360,7 @@ def test_fsdp_shards_a_model_of_nested_module_lists_and_trains_like_single(satur
         executor.optimize(study, gpu_objectives.nested_curve, n_trials=1)
         runs[strategy] = study.trials[number]
     for trial in runs.values():
-        assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
+        assert trial.state == TrialState.COMPLETE, trial.system_attrs.get("saturn:fail_reason")
     assert runs["fsdp"].user_attrs["facts"]["sharded_params"] is True
     assert runs["fsdp"].user_attrs["losses"] == pytest.approx(runs["single"].user_attrs["losses"], rel=1e-5)
 
@@ -424,9 +426,9 @@ def test_a_model_that_fits_only_when_sharded_runs_under_fsdp_and_zero3_and_never
         study.enqueue_trial({"lr": 3e-4})
         executor.optimize(study, gpu_objectives.fits_only_sharded, n_trials=1)
         ran[strategy] = trial = study.trials[0]
-        assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
-        assert (trial.user_attrs["saturn:strategy"], trial.user_attrs["saturn:num_devices"]) == (strategy, 2)
-        assert [o["strategy"] for o in trial.user_attrs["saturn:options"]] == [strategy]  # single is never planned
+        assert trial.state == TrialState.COMPLETE, trial.system_attrs.get("saturn:fail_reason")
+        assert (trial.system_attrs["saturn:strategy"], trial.system_attrs["saturn:num_devices"]) == (strategy, 2)
+        assert [o["strategy"] for o in trial.system_attrs["saturn:options"]] == [strategy]  # single is never planned
     single = next(r for r in ProfileStore(saturn_options["profile_store"]).records() if r.strategy == "single")
     assert single.peak_memory_bytes > capacity  # measured once, then never planned on these devices
     for strategy, trial in ran.items():
@@ -512,7 +514,7 @@ def test_a_zero_sweep_builds_what_is_missing_before_its_pool_starts(saturn_optio
         SaturnExecutor(devices=2, strategies=["zero2"], profile=False, **saturn_options).optimize(
             study, gpu_objectives.ranks_environment, n_trials=1
         )
-    assert study.trials[0].state == TrialState.COMPLETE, study.trials[0].user_attrs.get("saturn:fail_reason")
+    assert study.trials[0].state == TrialState.COMPLETE, study.trials[0].system_attrs.get("saturn:fail_reason")
     assert all(r["deepspeed_imported"] for r in study.trials[0].user_attrs["ranks"])  # (once, in the pool's host)
     assert "Building DeepSpeed's no_such_op for this machine before the sweep starts" in caplog.text
     log = next(saturn_options["log_dir"].rglob("deepspeed-ops.log")).read_text()

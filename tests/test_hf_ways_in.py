@@ -31,8 +31,8 @@ def runs(request, tmp_path_factory):
     trials = {}
     for strategy, devices in RUNS:
         trial = _run(objective, strategy, devices, logs).trials[0]
-        assert trial.state == TrialState.COMPLETE, (strategy, trial.user_attrs.get("saturn:fail_reason"))
-        assert trial.user_attrs["saturn:strategy"] == strategy and trial.user_attrs["saturn:num_devices"] == devices
+        assert trial.state == TrialState.COMPLETE, (strategy, trial.system_attrs.get("saturn:fail_reason"))
+        assert trial.system_attrs["saturn:strategy"] == strategy and trial.system_attrs["saturn:num_devices"] == devices
         trials[f"{strategy}x{devices}"] = trial
     single = trials["singlex1"].user_attrs["curve"]
     for run, trial in trials.items():  # (shown with -s)
@@ -77,7 +77,7 @@ class _PruneAtOnce(optuna.pruners.BasePruner):
 def test_a_pruned_trainer_trial_stops_every_rank(tmp_path):
     study = _run(hf_objectives.trainer_gpt2, "ddp", 2, tmp_path, pruner=_PruneAtOnce())
     trial = study.trials[0]
-    assert trial.state == TrialState.PRUNED, trial.user_attrs.get("saturn:fail_reason")
+    assert trial.state == TrialState.PRUNED, trial.system_attrs.get("saturn:fail_reason")
     assert list(trial.intermediate_values) == [3]
 
 
@@ -95,7 +95,7 @@ def test_both_ways_in_are_profiled_without_a_trial_steps_loop(tmp_path, objectiv
         dashboard=False,
     )
     study = executor.profile(getattr(hf_objectives, objective), n_trials=1)
-    profiles = {p["strategy"]: p for p in study.trials[0].user_attrs["saturn:profiles"]}
+    profiles = {p["strategy"]: p for p in study.trials[0].system_attrs["saturn:profiles"]}
     assert set(profiles) == {"single", "ddp"}
     assert all(p["feasible"] and 0 < p["step_seconds"] < 1 for p in profiles.values()), profiles
 
@@ -103,7 +103,7 @@ def test_both_ways_in_are_profiled_without_a_trial_steps_loop(tmp_path, objectiv
 def test_strategy_settings_of_the_script_are_refused_with_the_fix(tmp_path, monkeypatch):
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     study = _run(hf_objectives.accelerate_gpt2, "single", 1, tmp_path)
-    reason = study.trials[0].user_attrs["saturn:fail_reason"]
+    reason = study.trials[0].system_attrs["saturn:fail_reason"]
     assert study.trials[0].state == TrialState.FAIL
     assert "ACCELERATE_USE_FSDP" in reason and "optuna-saturn's choice" in reason
 
@@ -115,14 +115,14 @@ def test_trainer_gradient_accumulation_is_followed_or_refused(tmp_path, monkeypa
     curves = {}
     for strategy, devices in (("single", 1), ("ddp", 2), ("fsdp", 2)):
         trial = _run(hf_objectives.trainer_gpt2, strategy, devices, tmp_path).trials[0]
-        assert trial.state == TrialState.COMPLETE, (strategy, trial.user_attrs.get("saturn:fail_reason"))
+        assert trial.state == TrialState.COMPLETE, (strategy, trial.system_attrs.get("saturn:fail_reason"))
         curves[strategy] = trial.user_attrs["curve"]
     assert len(curves["single"]) == 6  # 12 batches, 2 per step
     assert curves["ddp"] == pytest.approx(curves["single"], rel=TOLERANCE)
     assert curves["fsdp"] == pytest.approx(curves["single"], rel=TOLERANCE)
     refused = _run(hf_objectives.trainer_gpt2, "zero2", 2, tmp_path).trials[0]
     assert refused.state == TrialState.FAIL
-    assert "counts micro-batches itself" in refused.user_attrs["saturn:fail_reason"]
+    assert "counts micro-batches itself" in refused.system_attrs["saturn:fail_reason"]
 
 
 def test_a_plain_accelerator_runs_only_where_it_cannot_pretend(tmp_path):
@@ -130,10 +130,10 @@ def test_a_plain_accelerator_runs_only_where_it_cannot_pretend(tmp_path):
     single, with the fix named; on one device under single it is the user's one-process code."""
     refused = _run(hf_objectives.plain_accelerator, "fsdp", 2, tmp_path).trials[0]
     assert refused.state == TrialState.FAIL
-    reason = refused.user_attrs["saturn:fail_reason"]
+    reason = refused.system_attrs["saturn:fail_reason"]
     assert "StrategyMismatch" in reason and "trial.accelerator()" in reason and "'fsdp'" in reason
     ran = _run(hf_objectives.plain_accelerator, "single", 1, tmp_path).trials[0]
-    assert ran.state == TrialState.COMPLETE, ran.user_attrs.get("saturn:fail_reason")
+    assert ran.state == TrialState.COMPLETE, ran.system_attrs.get("saturn:fail_reason")
 
 
 def test_accelerate_state_of_the_executors_process_does_not_reach_the_workers(tmp_path):

@@ -70,7 +70,7 @@ def test_interrupt_stops_every_process_and_ends_every_trial(saturn_options, tmp_
     trials = optuna.load_study(study_name="interrupted", storage=storage).trials
     assert len(trials) == 2
     assert all(t.state == TrialState.FAIL for t in trials)
-    assert all("interrupted" in t.user_attrs["saturn:fail_reason"] for t in trials)
+    assert all("interrupted" in t.system_attrs["saturn:fail_reason"] for t in trials)
 
 
 def test_a_stop_signal_waits_for_the_storage_call_under_way():

@@ -58,7 +58,7 @@ def test_the_objective_never_runs_in_the_executor(how, tmp_path, monkeypatch, sa
         assert first.state == TrialState.COMPLETE, first.user_attrs
     else:
         assert first.state == TrialState.FAIL
-        assert CASES[how] in first.user_attrs["saturn:fail_reason"], first.user_attrs["saturn:fail_reason"]
+        assert CASES[how] in first.system_attrs["saturn:fail_reason"], first.system_attrs["saturn:fail_reason"]
     if how not in RAISED:  # (no trial starts after an exception catch does not list)
         assert [t.state for t in study.trials[1:]] == [TrialState.COMPLETE] * 2
     ran = [name.split("-", 1) for name in os.listdir(pids)]

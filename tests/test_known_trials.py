@@ -30,13 +30,13 @@ def test_a_long_trial_enqueued_last_starts_first(saturn_options):
 
     trials = study.trials
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 5
-    starts = sorted(t.user_attrs["saturn:actual_start"] for t in trials)
-    assert trials[4].user_attrs["saturn:actual_start"] <= starts[1]  # the long trial is among the first two
+    starts = sorted(t.system_attrs["saturn:actual_start"] for t in trials)
+    assert trials[4].system_attrs["saturn:actual_start"] <= starts[1]  # the long trial is among the first two
     longest, short = (
-        trials[4].user_attrs["saturn:actual_runtime"],
-        [t.user_attrs["saturn:actual_runtime"] for t in trials[:4]],
+        trials[4].system_attrs["saturn:actual_runtime"],
+        [t.system_attrs["saturn:actual_runtime"] for t in trials[:4]],
     )
-    makespan = max(t.user_attrs["saturn:actual_end"] for t in trials) - starts[0]
+    makespan = max(t.system_attrs["saturn:actual_end"] for t in trials) - starts[0]
     assert makespan < longest + min(short), (makespan, longest, short)  # not long + two short ones
 
 
@@ -106,4 +106,4 @@ def test_an_interrupt_leaves_the_queued_trials_it_never_started_in_the_queue(sat
     assert states.count(TrialState.WAITING) >= 3, states
     assert states.count(TrialState.COMPLETE) >= 1
     failed = [t for t in study.trials if t.state == TrialState.FAIL]  # (the one still running, if any)
-    assert all("interrupted" in t.user_attrs["saturn:fail_reason"] for t in failed), failed
+    assert all("interrupted" in t.system_attrs["saturn:fail_reason"] for t in failed), failed

@@ -30,8 +30,8 @@ def runs(tmp_path_factory):
     trials = {}
     for strategy, devices in RUNS:
         trial = _run(lightning_objectives.lightning_gpt2, strategy, devices, logs)
-        assert trial.state == TrialState.COMPLETE, (strategy, trial.user_attrs.get("saturn:fail_reason"))
-        assert trial.user_attrs["saturn:strategy"] == strategy and trial.user_attrs["saturn:num_devices"] == devices
+        assert trial.state == TrialState.COMPLETE, (strategy, trial.system_attrs.get("saturn:fail_reason"))
+        assert trial.system_attrs["saturn:strategy"] == strategy and trial.system_attrs["saturn:num_devices"] == devices
         trials[f"{strategy}x{devices}"] = trial
     return trials
 
@@ -63,7 +63,7 @@ def test_clipping_through_the_trainer_clips_under_zero(tmp_path, monkeypatch):
     monkeypatch.setenv("SATURN_TEST_NO_CLIPPING", "1")
     unclipped = _run(lightning_objectives.lightning_gpt2, "single", 1, tmp_path)
     for trial in (*clipped.values(), unclipped):
-        assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
+        assert trial.state == TrialState.COMPLETE, trial.system_attrs.get("saturn:fail_reason")
     curve = clipped["single"].user_attrs["curve"]
     assert clipped["zero2"].user_attrs["curve"] == pytest.approx(curve, rel=TOLERANCE)
     assert unclipped.user_attrs["curve"][1:] != pytest.approx(curve[1:], rel=1e-3)
@@ -76,7 +76,7 @@ class _PruneAtOnce(optuna.pruners.BasePruner):
 
 def test_a_pruned_lightning_trial_stops_every_rank(tmp_path):
     trial = _run(lightning_objectives.lightning_gpt2, "ddp", 2, tmp_path, pruner=_PruneAtOnce())
-    assert trial.state == TrialState.PRUNED, trial.user_attrs.get("saturn:fail_reason")
+    assert trial.state == TrialState.PRUNED, trial.system_attrs.get("saturn:fail_reason")
     assert list(trial.intermediate_values) == [3]
     assert "curve" not in trial.user_attrs  # fit() ended at the first validation, on both ranks (or it would hang)
 
@@ -93,7 +93,7 @@ def test_lightning_is_profiled_through_its_optimizer_steps(tmp_path):
         dashboard=False,
     )
     study = executor.profile(lightning_objectives.lightning_gpt2, n_trials=1)
-    profiles = {p["strategy"]: p for p in study.trials[0].user_attrs["saturn:profiles"]}
+    profiles = {p["strategy"]: p for p in study.trials[0].system_attrs["saturn:profiles"]}
     assert set(profiles) == {"single", "ddp"}
     assert all(p["feasible"] and 0 < p["step_seconds"] < 1 for p in profiles.values()), profiles
 
@@ -116,14 +116,14 @@ def test_trainer_settings_that_pick_the_strategy_are_refused_with_the_fix(tmp_pa
     monkeypatch.setenv("SATURN_TEST_TRAINER_SETTING", repr(setting))
     trial = _run(lightning_objectives.lightning_gpt2, "single", 1, tmp_path)
     assert trial.state == TrialState.FAIL
-    assert words in trial.user_attrs["saturn:fail_reason"], trial.user_attrs["saturn:fail_reason"]
+    assert words in trial.system_attrs["saturn:fail_reason"], trial.system_attrs["saturn:fail_reason"]
 
 
 def test_accumulation_that_deepspeed_cannot_follow_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("SATURN_TEST_TRAINER_SETTING", repr({"accumulate_grad_batches": 2}))
     refused = _run(lightning_objectives.lightning_gpt2, "zero2", 2, tmp_path)
     assert refused.state == TrialState.FAIL
-    assert "counts micro-batches itself" in refused.user_attrs["saturn:fail_reason"]
+    assert "counts micro-batches itself" in refused.system_attrs["saturn:fail_reason"]
 
 
 def test_every_conflicting_argument_is_named_in_one_error():

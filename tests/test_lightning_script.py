@@ -33,8 +33,8 @@ def test_checkpoints_early_stopping_a_csv_logger_and_a_datamodule(
         study, lightning_objectives.lightning_real_script, n_trials=1
     )
     (trial,) = study.trials
-    assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
-    assert trial.user_attrs["saturn:strategy"] == strategy
+    assert trial.state == TrialState.COMPLETE, trial.system_attrs.get("saturn:fail_reason")
+    assert trial.system_attrs["saturn:strategy"] == strategy
     assert trial.user_attrs["global_step"] == 6  # of 18: EarlyStopping stopped it, on every rank at once
     run = f"{safe(study.study_name)}-trial-{trial.number}"  # (per study and trial: see the test below)
     best = Path(trial.user_attrs["best_model_path"])
@@ -58,7 +58,7 @@ def test_studies_never_share_a_folder_and_profiling_writes_none(saturn_options, 
         SaturnExecutor(devices=2, strategies=["single", "ddp"], **saturn_options).optimize(
             study, lightning_objectives.lightning_real_script, n_trials=1
         )
-        assert study.trials[0].state == TrialState.COMPLETE, study.trials[0].user_attrs.get("saturn:fail_reason")
+        assert study.trials[0].state == TrialState.COMPLETE, study.trials[0].system_attrs.get("saturn:fail_reason")
     for kind in ("csv/gpt2", "best"):
         assert sorted(p.name for p in (tmp_path / "lightning" / kind).iterdir()) == ["first-trial-0", "second-trial-0"]
     assert all(
@@ -82,7 +82,7 @@ def test_a_killed_lightning_trial_goes_on_from_its_last_checkpoint(
     SaturnExecutor(devices=devices, strategies=[strategy], **options).optimize(
         reference, lightning_objectives.lightning_real_script, n_trials=1
     )
-    assert reference.trials[0].state == TrialState.COMPLETE, reference.trials[0].user_attrs.get("saturn:fail_reason")
+    assert reference.trials[0].state == TrialState.COMPLETE, reference.trials[0].system_attrs.get("saturn:fail_reason")
 
     monkeypatch.setenv("SATURN_TEST_LIGHTNING_DIR", str(tmp_path / "killed"))
     monkeypatch.setenv("SATURN_TEST_HANG_AT", "11")
@@ -98,8 +98,8 @@ def test_a_killed_lightning_trial_goes_on_from_its_last_checkpoint(
     killer.join(timeout=5)
     first, again = optuna.load_study(study_name="killed", storage=storage).trials
     assert first.state == TrialState.FAIL
-    assert again.state == TrialState.COMPLETE, again.user_attrs.get("saturn:fail_reason")
-    assert again.user_attrs["saturn:retry_of"] == first.number and again.user_attrs["saturn:resumed_from_step"] == 10
+    assert again.state == TrialState.COMPLETE, again.system_attrs.get("saturn:fail_reason")
+    assert again.user_attrs["saturn:retry_of"] == first.number and again.system_attrs["saturn:resumed_from_step"] == 10
     # the run again goes on in the first run's folder, and its CSV history keeps every step the first run logged
     assert again.user_attrs["log_dir"] == first.user_attrs.get("log_dir", again.user_attrs["log_dir"])
     logged = (Path(again.user_attrs["log_dir"]) / "metrics.csv").read_text().splitlines()
@@ -112,4 +112,4 @@ def test_a_killed_lightning_trial_goes_on_from_its_last_checkpoint(
 
 
 def _checkpointed(trial: optuna.trial.FrozenTrial, step: int) -> bool:
-    return (trial.user_attrs.get("saturn:checkpoint") or {}).get("step") == step
+    return (trial.system_attrs.get("saturn:checkpoint") or {}).get("step") == step

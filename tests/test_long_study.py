@@ -23,7 +23,9 @@ except ImportError:  # tests/ imported as a package
 
 
 def _saturn_bytes(trial: optuna.trial.FrozenTrial) -> int:
-    return sum(len(json.dumps(v)) for k, v in trial.user_attrs.items() if k.startswith("saturn:"))
+    return sum(
+        len(json.dumps(v)) for k, v in {**trial.user_attrs, **trial.system_attrs}.items() if k.startswith("saturn:")
+    )
 
 
 def test_a_trial_records_at_most_4_kib_and_the_pool_once_on_64_devices():
@@ -40,8 +42,8 @@ def test_a_trial_records_at_most_4_kib_and_the_pool_once_on_64_devices():
     assert len(ended) == 40
     sizes = [_saturn_bytes(t) for t in ended]
     assert max(sizes) <= 4096, sorted(sizes)[-3:]
-    carriers = [t for t in ended if "saturn:pool" in t.user_attrs]
-    assert len(carriers) == 1 and len(carriers[0].user_attrs["saturn:pool"]) == 64
+    carriers = [t for t in ended if "saturn:pool" in t.system_attrs]
+    assert len(carriers) == 1 and len(carriers[0].system_attrs["saturn:pool"]) == 64
 
 
 def test_a_trials_price_history_keeps_its_first_and_latest_prices():

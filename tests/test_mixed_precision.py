@@ -59,8 +59,8 @@ def bf16_runs(request, tmp_path_factory):
 def test_bf16_runs_under_every_strategy_and_trains_like_single(bf16_runs, run):
     way, trials = bf16_runs
     reference, trial = trials["singlex1"], trials[run]
-    assert trial.state == TrialState.COMPLETE, (way, run, trial.user_attrs.get("saturn:fail_reason"))
-    assert trial.user_attrs["saturn:strategy"] == run.split("x")[0]
+    assert trial.state == TrialState.COMPLETE, (way, run, trial.system_attrs.get("saturn:fail_reason"))
+    assert trial.system_attrs["saturn:strategy"] == run.split("x")[0]
     assert trial.user_attrs["compute_dtypes"] == ["torch.bfloat16"], (way, run)  # autocast really on
     curve = trial.user_attrs["curve"]
     assert len(curve) == 12 and curve[-1] < curve[0], (way, run, curve)
@@ -72,8 +72,8 @@ def test_fp16_with_a_loss_scaler_runs_where_the_strategy_takes_one_and_is_a_mism
     """A plain loop with torch.amp.GradScaler: under DDP the scaler sees the gradients as one process does; under
     FSDP it would see one rank's shards: the strategy refuses it by name (the planner would plan another)."""
     ddp = _run(gpu_objectives.autocast_loop, "ddp", 2, tmp_path, "fp16")
-    assert ddp.state == TrialState.COMPLETE, ddp.user_attrs.get("saturn:fail_reason")
+    assert ddp.state == TrialState.COMPLETE, ddp.system_attrs.get("saturn:fail_reason")
     assert ddp.user_attrs["compute_dtypes"] == ["torch.float16"]
     fsdp = _run(gpu_objectives.autocast_loop, "fsdp", 2, tmp_path, "fp16")
     assert fsdp.state == TrialState.FAIL
-    assert "StrategyMismatch: fp16 with a loss scaler" in fsdp.user_attrs["saturn:fail_reason"]
+    assert "StrategyMismatch: fp16 with a loss scaler" in fsdp.system_attrs["saturn:fail_reason"]

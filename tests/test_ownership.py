@@ -95,7 +95,7 @@ def test_only_the_trials_of_a_sweep_that_is_gone_are_ended_and_enqueued_again(tm
         TrialState.FAIL,
     ]
     assert retried == [4, 8]  # trial 2 reached max_retries
-    reasons = {t.number: t.user_attrs["saturn:fail_reason"] for t in study.trials if t.state == TrialState.FAIL}
+    reasons = {t.number: t.system_attrs["saturn:fail_reason"] for t in study.trials if t.state == TrialState.FAIL}
     assert "is gone" in reasons[1] and "run again" in reasons[1]
     assert "max_retries" in reasons[2]
     assert f"is silent for {STALE + 1:.0f} s" in reasons[4], reasons[
@@ -136,7 +136,7 @@ def test_a_trial_claimed_but_owned_by_no_one_is_recovered_once_no_claimant_lists
     trials = study.trials
     assert (
         trials[0].state == TrialState.FAIL
-        and "which claimed it (no sweep owns it)" in trials[0].user_attrs["saturn:fail_reason"]
+        and "which claimed it (no sweep owns it)" in trials[0].system_attrs["saturn:fail_reason"]
     )
     assert trials[plain.number].state == TrialState.RUNNING
     assert trials[-1].state == TrialState.WAITING and trials[-1].user_attrs["saturn:retry_of"] == 0
@@ -182,7 +182,7 @@ def _start_sweep(storage: str, log_dir) -> subprocess.Popen:
             )
         except KeyError:  # the study is not created yet
             running = []
-        if len([t for t in running if "saturn:owner" in t.user_attrs and t.intermediate_values]) >= 2:
+        if len([t for t in running if "saturn:owner" in t.system_attrs and t.intermediate_values]) >= 2:
             return sweep
         time.sleep(0.2)
 
@@ -200,7 +200,7 @@ def test_two_executors_share_a_study_and_leave_each_others_trials_alone(saturn_o
         assert all(trials[n].state == TrialState.RUNNING for n in theirs)  # the live sweep's, untouched
         mine = [t for t in trials.values() if t.number not in theirs and "y" in t.params]
         assert len(mine) == 2 and all(t.state == TrialState.COMPLETE for t in mine)
-        owners = {t.user_attrs["saturn:owner"]["sweep"] for t in trials.values() if "saturn:owner" in t.user_attrs}
+        owners = {t.system_attrs["saturn:owner"]["sweep"] for t in trials.values() if "saturn:owner" in t.system_attrs}
         assert len(owners) == 2
     finally:
         first.send_signal(signal.SIGINT)
@@ -231,7 +231,9 @@ def test_a_sweep_killed_with_sigkill_is_resumed_by_the_next(saturn_options, tmp_
     by_number = {t.number: t for t in trials}
     for orphan in orphans:
         ended = by_number[orphan.number]
-        assert ended.state == TrialState.FAIL and "the sweep that ran it died" in ended.user_attrs["saturn:fail_reason"]
+        assert (
+            ended.state == TrialState.FAIL and "the sweep that ran it died" in ended.system_attrs["saturn:fail_reason"]
+        )
     retries = [t for t in trials if "saturn:retry_of" in t.user_attrs]
     assert sorted(t.user_attrs["saturn:retry_of"] for t in retries) == sorted(o.number for o in orphans)
     assert all(t.state == TrialState.COMPLETE for t in retries)
@@ -305,7 +307,7 @@ def test_a_running_sweep_recovers_the_trials_of_a_sweep_that_died_meanwhile(satu
         first.wait(timeout=30)
     trials = {t.number: t for t in optuna.load_study(study_name="interrupted", storage=storage).trials}
     assert all(trials[n].state == TrialState.FAIL for n in orphans)
-    assert all("the sweep that ran it died" in trials[n].user_attrs["saturn:fail_reason"] for n in orphans)
+    assert all("the sweep that ran it died" in trials[n].system_attrs["saturn:fail_reason"] for n in orphans)
     retries = [t for t in trials.values() if t.user_attrs.get("saturn:retry_of") in orphans]
     assert len(retries) == len(orphans) and all(t.state == TrialState.COMPLETE for t in retries)
     assert not [t for t in trials.values() if t.state in (TrialState.RUNNING, TrialState.WAITING)]
@@ -360,7 +362,7 @@ def test_a_sweep_that_ended_in_a_process_that_lives_on_leaves_no_trial_running_f
     study.set_user_attr(f"saturn:{kernel.heartbeat_key}", None)
     _running_trial_of(study, kernel)
     assert recover_orphans(StudyGateway(study), me, max_retries=1, watch=HeartbeatWatch()) == [0]
-    assert "its sweep ended" in study.trials[0].user_attrs["saturn:fail_reason"]
+    assert "its sweep ended" in study.trials[0].system_attrs["saturn:fail_reason"]
 
 
 def test_a_trial_claimed_by_sweeps_that_all_ended_is_recovered_after_the_stale_period(tmp_path):
@@ -423,14 +425,14 @@ def test_a_retry_the_storage_failed_to_queue_is_queued_at_the_next_round(tmp_pat
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.sqlite3'}")
     study.set_user_attr("saturn:heartbeat:ended", None)
     _running_trial_of(study, Owner("ended", "another-host", 1, 0.0))
-    enqueue, failures = study.enqueue_trial, [sqlalchemy.exc.OperationalError("INSERT", {}, Exception("down"))]
+    enqueue, failures = study.add_trial, [sqlalchemy.exc.OperationalError("INSERT", {}, Exception("down"))]
 
     def fail_once(*args, **kwargs):
         if failures:
             raise failures.pop()
         return enqueue(*args, **kwargs)
 
-    monkeypatch.setattr(study, "enqueue_trial", fail_once)
+    monkeypatch.setattr(study, "add_trial", fail_once)  # (how a retry is queued: study.enqueue_trial, with records)
     watch, me = HeartbeatWatch(), Owner.of_this_process()
     with pytest.raises(sqlalchemy.exc.OperationalError):
         recover_orphans(StudyGateway(study), me, max_retries=1, watch=watch)
@@ -514,5 +516,5 @@ def test_a_sweep_stops_the_run_of_a_trial_another_sweep_ended_and_keeps_no_late_
     ender.join(timeout=5)
     assert time.monotonic() - started < 50  # (its run alone takes 60 s)
     (trial,) = optuna.load_study(study_name="taken", storage=storage).trials
-    assert trial.state == TrialState.FAIL and trial.user_attrs["saturn:ended_by"] == "other"
+    assert trial.state == TrialState.FAIL and trial.system_attrs["saturn:ended_by"] == "other"
     assert not [key for key in study.user_attrs if key.startswith("saturn:late_result")]

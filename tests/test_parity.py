@@ -51,7 +51,7 @@ def test_simulate_replays_a_real_sweep_with_the_same_options_order_and_wall_cloc
         study.enqueue_trial(p)
     SaturnExecutor(**options).optimize(study, objectives.mixed_sizes, n_trials=len(params))
 
-    real = {t.number: t.user_attrs for t in study.trials}
+    real = {t.number: t.system_attrs for t in study.trials}
     replay = replay_of(study)
     assert replay.known_ahead and len(replay.jobs) == len(params)
     result = run_simulation(

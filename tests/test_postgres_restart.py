@@ -46,5 +46,5 @@ def test_a_sweep_outlives_a_restart_of_its_postgres_server(saturn_options, monke
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 4
     for trial in trials:
         assert sorted(trial.intermediate_values) == list(range(9, 30, 10))  # every report got through
-        assert trial.user_attrs["saturn:actual_runtime"] > 0
+        assert trial.system_attrs["saturn:actual_runtime"] > 0
     assert "trying again" in caplog.text

@@ -254,7 +254,7 @@ def _run_dir_logs(tmp_path, prefix: str) -> list:
 
 
 def _priced_by(trial) -> str:
-    return trial.user_attrs["saturn:priced_by"]
+    return trial.system_attrs["saturn:priced_by"]
 
 
 @pytest.mark.launch
@@ -279,7 +279,7 @@ def test_real_runs_are_the_profiles_of_trials_and_sweeps_that_vary_only_the_lear
     executor.optimize(second, objectives.profiled, n_trials=2)
     assert {t.params["lr"] for t in second.trials}.isdisjoint({t.params["lr"] for t in first.trials})
     assert all(t.state == TrialState.COMPLETE and _priced_by(t) == "measured" for t in second.trials)
-    (option,) = [o for o in second.trials[0].user_attrs["saturn:options"] if o["strategy"] == "single"]
+    (option,) = [o for o in second.trials[0].system_attrs["saturn:options"] if o["strategy"] == "single"]
     assert option["runtime"] == pytest.approx(learned, abs=2e-3)
 
 
@@ -294,7 +294,7 @@ def test_one_profiling_job_times_several_strategies_and_trials(saturn_options, t
     jobs = _run_dir_logs(tmp_path, "profile-")
     assert len(jobs) == 2 and all(("fsdp+ddpx2" in j) != ("single+single-ckptx1" in j) for j in jobs)
     for trial in study.trials:
-        profiles = {(p["strategy"], p["devices"]): p for p in trial.user_attrs["saturn:profiles"]}
+        profiles = {(p["strategy"], p["devices"]): p for p in trial.system_attrs["saturn:profiles"]}
         assert set(profiles) == {("single", 1), ("single-ckpt", 1), ("ddp", 2), ("fsdp", 2)}
         assert all(p["feasible"] and p["step_seconds"] > 0 for p in profiles.values())
     assert all(j.startswith("profile-0,1-") for j in jobs)  # trials 0 and 1 (one per workload) in one pass
@@ -310,7 +310,7 @@ def test_threads_is_profiled_in_a_job_of_its_own(saturn_options, tmp_path):
     jobs = _run_dir_logs(tmp_path, "profile-")
     assert sorted(j.split("-", 2)[2].rsplit(".", 1)[0] for j in jobs) == ["ddpx2", "singlex1", "threadsx2"], jobs
     for trial in study.trials:
-        profiles = {(p["strategy"], p["devices"]): p for p in trial.user_attrs["saturn:profiles"]}
+        profiles = {(p["strategy"], p["devices"]): p for p in trial.system_attrs["saturn:profiles"]}
         assert profiles[("threads", 2)]["feasible"] and profiles[("threads", 2)]["step_seconds"] > 0
 
 
@@ -318,7 +318,7 @@ def test_threads_is_profiled_in_a_job_of_its_own(saturn_options, tmp_path):
 def test_out_of_memory_in_profiling_marks_the_option_infeasible(saturn_options, tmp_path):
     executor = SaturnExecutor(devices=2, strategies=["single", "single-ckpt", "ddp"], **saturn_options)
     study = executor.profile(objectives.single_does_not_fit, n_trials=1)
-    profiles = {(p["strategy"], p["devices"]): p for p in study.trials[0].user_attrs["saturn:profiles"]}
+    profiles = {(p["strategy"], p["devices"]): p for p in study.trials[0].system_attrs["saturn:profiles"]}
     assert profiles[("single", 1)]["feasible"] is False and profiles[("single-ckpt", 1)]["feasible"] is False
     assert profiles[("ddp", 2)]["feasible"] is True
     # single ran out of memory first; the job stopped and single-ckpt got a job of its own
@@ -326,8 +326,8 @@ def test_out_of_memory_in_profiling_marks_the_option_infeasible(saturn_options, 
 
     real = optuna.create_study()
     executor.optimize(real, objectives.single_does_not_fit, n_trials=1)
-    assert real.trials[0].state == TrialState.COMPLETE and real.trials[0].user_attrs["saturn:strategy"] == "ddp"
-    assert [o["strategy"] for o in real.trials[0].user_attrs["saturn:options"]] == ["ddp"]
+    assert real.trials[0].state == TrialState.COMPLETE and real.trials[0].system_attrs["saturn:strategy"] == "ddp"
+    assert [o["strategy"] for o in real.trials[0].system_attrs["saturn:options"]] == ["ddp"]
 
 
 @pytest.mark.launch
@@ -339,10 +339,10 @@ def test_a_real_run_out_of_memory_plans_the_trial_again_with_more_micro_batches(
     executor.optimize(study, objectives.needs_small_micro_batches, n_trials=1)
 
     trial = study.trials[0]
-    assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
-    assert trial.user_attrs["saturn:gradient_accumulation"] == trial.user_attrs["gradient_accumulation_seen"] == 4
+    assert trial.state == TrialState.COMPLETE, trial.system_attrs.get("saturn:fail_reason")
+    assert trial.system_attrs["saturn:gradient_accumulation"] == trial.user_attrs["gradient_accumulation_seen"] == 4
     tried = {
-        (p["strategy"], p.get("gradient_accumulation", 1)): p["feasible"] for p in trial.user_attrs["saturn:profiles"]
+        (p["strategy"], p.get("gradient_accumulation", 1)): p["feasible"] for p in trial.system_attrs["saturn:profiles"]
     }
     assert tried == {("single", 1): False, ("single", 2): False}  # as priced for its last run
     records = {r.gradient_accumulation: r.feasible for r in ProfileStore(saturn_options["profile_store"]).records()}
@@ -350,7 +350,7 @@ def test_a_real_run_out_of_memory_plans_the_trial_again_with_more_micro_batches(
 
     again = optuna.create_study()
     executor.optimize(again, objectives.needs_small_micro_batches, n_trials=1)
-    attrs = again.trials[0].user_attrs
+    attrs = again.trials[0].system_attrs
     assert again.trials[0].state == TrialState.COMPLETE and attrs["saturn:gradient_accumulation"] == 4
     assert [o.get("gradient_accumulation", 1) for o in attrs["saturn:options"]] == [4]  # planned right away
 
@@ -361,7 +361,7 @@ def test_the_objective_after_its_loop_is_timed_even_when_it_expects_the_whole_lo
     study = SaturnExecutor(devices=1, strategies=["single"], **saturn_options).profile(
         objectives.evaluates_after_training, n_trials=1
     )
-    (profile,) = study.trials[0].user_attrs["saturn:profiles"]
+    (profile,) = study.trials[0].system_attrs["saturn:profiles"]
     # (its steps sleep 0.01 s and its evaluation 0.5 s: each lower bound shows the part was timed where it belongs;
     # the upper bounds are loose, as a loaded 2-core machine stretches both)
     assert profile["feasible"] and 0.01 <= profile["step_seconds"] < 0.5
@@ -375,15 +375,15 @@ def test_nested_epoch_loops_are_priced_as_the_whole_trial(saturn_options):
     and times the evaluation between epochs; a real run reports every loop. Priced as its first epoch alone,
     the trial was 1/6 of its length."""
     executor = SaturnExecutor(devices=1, strategies=["single", "single-ckpt"], **saturn_options)  # (to price)
-    profiles = executor.profile(objectives.epochs_with_evaluation, n_trials=1).trials[0].user_attrs["saturn:profiles"]
+    profiles = executor.profile(objectives.epochs_with_evaluation, n_trials=1).trials[0].system_attrs["saturn:profiles"]
     (profile,) = [p for p in profiles if p["strategy"] == "single"]
     assert profile["loops"] == 6 and 0.25 < profile["between_seconds"] < 3.0  # (0.3 s of evaluation between)
     study = optuna.create_study()
     executor.optimize(study, objectives.epochs_with_evaluation, n_trials=2)
     for trial in study.trials:
-        assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
+        assert trial.state == TrialState.COMPLETE, trial.system_attrs.get("saturn:fail_reason")
         assert sorted(trial.intermediate_values) == list(range(6))
-        predicted, actual = trial.user_attrs["saturn:planned_runtime"], trial.user_attrs["saturn:actual_runtime"]
+        predicted, actual = trial.system_attrs["saturn:planned_runtime"], trial.system_attrs["saturn:actual_runtime"]
         print(f"nested epochs, trial {trial.number}: predicted {predicted:.2f} s, actual {actual:.2f} s")
         assert 0.75 * actual < predicted < 1.33 * actual
 
@@ -393,7 +393,7 @@ def test_a_crashed_profile_never_reaches_the_planner_and_spares_its_job_mates(sa
     executor = SaturnExecutor(devices=2, strategies=["ddp", "fsdp"], **saturn_options)
     study = executor.profile(objectives.crashes_under_fsdp, n_trials=2)
     for trial in study.trials:
-        profiles = {p["strategy"]: p for p in trial.user_attrs["saturn:profiles"]}
+        profiles = {p["strategy"]: p for p in trial.system_attrs["saturn:profiles"]}
         assert profiles["fsdp"]["failed"] and "simulated crash under fsdp" in profiles["fsdp"]["error"]
         assert profiles["ddp"]["feasible"] and profiles["ddp"]["step_seconds"] > 0
     # fsdp went first (least memory) and crashed; ddp was measured in a job of its own, once for both trials
@@ -410,8 +410,8 @@ def test_a_real_run_that_crashes_at_once_under_a_new_option_is_planned_on_anothe
         study, objectives.crashes_under_fsdp, n_trials=2
     )
     for trial in study.trials:
-        assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
-        assert trial.user_attrs["saturn:strategy"] == "ddp"
+        assert trial.state == TrialState.COMPLETE, trial.system_attrs.get("saturn:fail_reason")
+        assert trial.system_attrs["saturn:strategy"] == "ddp"
 
 
 def test_observed_step_rate_corrects_only_the_training_loop():

@@ -57,7 +57,7 @@ def test_a_segfaulting_rank_fails_its_trial_which_runs_again_once(saturn_options
     study = optuna.create_study()
     SaturnExecutor(devices=1, strategies=["single"], **saturn_options).optimize(study, objectives.segfaults, n_trials=1)
     first, retry = study.trials
-    assert first.state == TrialState.FAIL and "died" in first.user_attrs["saturn:fail_reason"]
+    assert first.state == TrialState.FAIL and "died" in first.system_attrs["saturn:fail_reason"]
     assert retry.user_attrs["saturn:retry_of"] == 0 and retry.state == TrialState.COMPLETE
     assert retry.params == first.params
 
@@ -67,8 +67,8 @@ def test_a_segfaulting_rank_fails_its_trial_which_runs_again_once(saturn_options
         again, objectives.segfaults, n_trials=1
     )
     assert [t.state for t in again.trials] == [TrialState.FAIL, TrialState.FAIL]  # run again once, not twice
-    assert "max_retries" not in again.trials[0].user_attrs.get("saturn:fail_reason", "")
-    assert again.trials[1].user_attrs["saturn:retries"] == 1
+    assert "max_retries" not in again.trials[0].system_attrs.get("saturn:fail_reason", "")
+    assert again.trials[1].system_attrs["saturn:retries"] == 1
 
 
 def test_a_multi_objective_study_gets_every_value(saturn_options):

@@ -213,7 +213,7 @@ def test_makespan_and_lower_bound_lines() -> None:
 
 def test_recorded_pool_is_used_over_the_inferred_one(study: optuna.Study) -> None:
     trial = saturn_trial(9, TrialState.COMPLETE, "single", [0], (0.0, 1.0), (0.0, 1.0))
-    trial.user_attrs["saturn:pool"] = [f"cpu:{i}" for i in range(6)]
+    trial.system_attrs["saturn:pool"] = [f"cpu:{i}" for i in range(6)]
     study.add_trial(trial)
     (record,) = read_study(study)
     assert len(record.pool) == 6 and not record.pool_inferred

@@ -136,7 +136,7 @@ def test_an_uncertain_option_is_measured_on_the_idle_device_only_if_it_could_sho
     b = job("B", ("single", 1, single_runtime), ("ddp", 2, 40.0), measured=False, uncertainty=0.6)
     heard = Profiles()
     result = run_simulation([a, b], Cluster([2]), listeners=[heard], solver="list")
-    assert [(e.trial, e.option) for e in heard.started] == ([(1, "singlex1")] if measured else [])
+    assert [(e.trial, e.option) for e in heard.started] == ([(1, "single ×1")] if measured else [])
     (ran,) = runs(result)["B"]
     assert ran.option.choice == ("ddp", 2, 1)  # measured, it is as slow as predicted: B still waits for A
 
@@ -175,8 +175,8 @@ def test_a_trial_whose_rank_hangs_is_stopped_at_its_stall_limit_and_run_again():
         jobs, Cluster([2]), study=study, stall_timeout=30.0, faults=[Fault(20.0, "hang", 0)], solver="list"
     )
     hung = next(t for t in study.trials if t.state == TrialState.FAIL)
-    assert "reported no progress for" in hung.user_attrs["saturn:fail_reason"]
-    assert hung.user_attrs["saturn:actual_end"] == pytest.approx(50.0, abs=0.5)  # 20 s of steps + the 30 s limit
+    assert "reported no progress for" in hung.system_attrs["saturn:fail_reason"]
+    assert hung.system_attrs["saturn:actual_end"] == pytest.approx(50.0, abs=0.5)  # 20 s of steps + the 30 s limit
     retry = next(t for t in study.trials if t.user_attrs.get("saturn:retry_of") == hung.number)
     assert retry.state == TrialState.COMPLETE and retry.params == hung.params
     assert result.makespan == pytest.approx(150.0, abs=0.5)
@@ -188,8 +188,8 @@ def test_a_trial_whose_rank_dies_ends_on_the_death_and_runs_again_counted_beside
     run_simulation(jobs, Cluster([2]), study=study, n_trials=3, faults=[Fault(5.0, "kill", 0)], solver="list")
     trials = study.trials
     dead = next(t for t in trials if t.state == TrialState.FAIL)
-    assert "the worker of device 0 died" in dead.user_attrs["saturn:fail_reason"]
-    assert dead.user_attrs["saturn:actual_end"] == pytest.approx(5.0)  # at the death, not at a stall limit
+    assert "the worker of device 0 died" in dead.system_attrs["saturn:fail_reason"]
+    assert dead.system_attrs["saturn:actual_end"] == pytest.approx(5.0)  # at the death, not at a stall limit
     assert [t.state for t in trials].count(TrialState.COMPLETE) == 3  # n_trials new trials, and the retry
     assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
 
@@ -200,7 +200,7 @@ def test_a_trial_whose_rank_dies_after_a_checkpoint_runs_again_from_it():
     result = run_simulation(jobs, Cluster([2]), study=study, faults=[Fault(50.0, "kill", 0)], solver="list")
     dead = next(t for t in study.trials if t.state == TrialState.FAIL)
     retry = next(t for t in study.trials if t.user_attrs.get("saturn:retry_of") == dead.number)
-    assert retry.state == TrialState.COMPLETE and retry.user_attrs["saturn:resumed_from_step"] == 40
+    assert retry.state == TrialState.COMPLETE and retry.system_attrs["saturn:resumed_from_step"] == 40
     assert result.makespan == pytest.approx(50.0 + 60.0, abs=0.5)  # the 60 steps after its checkpoint at 40
 
 
@@ -216,7 +216,7 @@ def test_a_lost_node_fails_its_trials_which_run_again_on_the_node_left_and_a_joi
         solver="list",
     )
     lost = [t for t in study.trials if t.state == TrialState.FAIL]
-    assert len(lost) == 2 and all("node node1 died" in t.user_attrs["saturn:fail_reason"] for t in lost)
+    assert len(lost) == 2 and all("node node1 died" in t.system_attrs["saturn:fail_reason"] for t in lost)
     assert all(
         any(r.user_attrs.get("saturn:retry_of") == t.number and r.state == TrialState.COMPLETE for r in study.trials)
         for t in lost

@@ -51,7 +51,7 @@ def test_two_sweeps_that_end_one_orphan_at_the_same_moment_queue_it_once(tmp_pat
     assert sorted(len(numbers) for numbers in queued.values()) == [0, 1], queued
     trials = optuna.load_study(study_name=study.study_name, storage=url).trials
     winner = next(name for name, numbers in queued.items() if numbers)
-    assert trials[0].user_attrs["saturn:ended_by"] == winner  # (the loser wrote nothing)
+    assert trials[0].system_attrs["saturn:ended_by"] == winner  # (the loser wrote nothing)
     assert [(t.state, t.user_attrs.get("saturn:retry_of")) for t in trials] == [
         (TrialState.FAIL, None),
         (TrialState.WAITING, 0),
@@ -129,4 +129,6 @@ def test_a_sweep_that_loses_the_end_of_an_orphan_leaves_no_reason_on_it(tmp_path
     study.tell(trial, 0.5)
     assert not _end_orphan(StudyGateway(study), stale, "silent", again=True, by=Owner("b", "h", 1, 0.0))
     (stored,) = study.trials
-    assert stored.state == TrialState.COMPLETE and not [k for k in stored.user_attrs if k.startswith("saturn:")]
+    assert stored.state == TrialState.COMPLETE and not [
+        k for k in {**stored.user_attrs, **stored.system_attrs} if k.startswith("saturn:")
+    ]

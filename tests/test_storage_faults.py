@@ -19,6 +19,7 @@ import sqlalchemy.exc
 from optuna.trial import TrialState
 
 from optuna_saturn import SaturnExecutor
+from optuna_saturn.study import gateway as gateway_module
 from optuna_saturn.study import moves
 from optuna_saturn.study.folders import study_folder
 from optuna_saturn.study.gateway import StudyGateway
@@ -64,7 +65,7 @@ def test_a_result_is_told_once_the_locked_sqlite_file_is_free_and_kept_on_disk_u
     watcher.join()
     assert frozen.state == TrialState.COMPLETE and frozen.value == 1.5
     stored = optuna.load_study(study_name="locked", storage=f"sqlite:///{path}").trials[0]
-    assert stored.state == TrialState.COMPLETE and stored.user_attrs["saturn:strategy"] == "single"
+    assert stored.state == TrialState.COMPLETE and stored.system_attrs["saturn:strategy"] == "single"
     assert "trying again" in caplog.text and "database is locked" in caplog.text
     assert [r.values for r in seen_on_disk] == [[1.5]]  # kept until the storage had it, then removed
     assert not outbox.pending()
@@ -91,7 +92,7 @@ def test_a_result_a_dead_sweep_kept_on_disk_is_told_by_the_next_sweep(saturn_opt
     trials = optuna.load_study(study_name="kept", storage=storage).trials
     assert len(trials) == 1  # told, not ended FAIL and run again
     assert trials[0].state == TrialState.COMPLETE and trials[0].value == 0.25
-    assert trials[0].user_attrs["saturn:strategy"] == "ddp"
+    assert trials[0].system_attrs["saturn:strategy"] == "ddp"
     assert not list(outbox.glob("*.json"))
 
 
@@ -113,26 +114,27 @@ def test_an_ask_whose_reply_is_lost_creates_one_trial_and_it_is_owned(tmp_path):
     trial = StudyGateway(study, owner=owner.to_json()).ask_new()
     trials = study.get_trials()
     assert len(trials) == 1 and trials[0]._trial_id == trial._trial_id
-    assert trials[0].state == TrialState.RUNNING and trials[0].user_attrs["saturn:owner"] == owner.to_json()
+    assert trials[0].state == TrialState.RUNNING and trials[0].system_attrs["saturn:owner"] == owner.to_json()
 
 
 # every write a take makes, in order: the claim, the move to RUNNING, the owner, the params, the attributes
 _TAKE_WRITES = [
-    ("set_trial_user_attr", 1),
+    ("set_trial_system_attr", 1),  # the claim
     ("move", 1),  # (one conditional write: optuna_saturn.study.moves)
-    ("set_trial_user_attr", 2),
+    ("write_records", 1),  # the owner and the records, in one transaction (optuna_saturn.study.attr_writes)
     ("set_trial_param", 1),
     ("set_trial_param", 2),
-    ("set_trial_user_attr", 3),
 ]
 
 
 def _lose_replies(monkeypatch, storage, method: str, *, nth: int, before=None) -> list[str]:
     """Make ``storage``'s ``nth`` call of ``method`` commit, then raise (its reply lost); ``before`` runs first
     (another process's write, landing just before this one). Returns the log of calls. The move to RUNNING is
-    :func:`optuna_saturn.study.moves.move`'s, not a storage method."""
+    :func:`optuna_saturn.study.moves.move`'s, not a storage method; so is the write of a trial's records."""
     if method == "move":
         storage = moves
+    if method == "write_records":
+        storage = gateway_module
     real, calls = getattr(storage, method), []
 
     def commit_then_fail(*args, **kwargs):
@@ -160,12 +162,12 @@ def test_a_take_whose_reply_is_lost_at_any_write_takes_the_trial_once_and_owns_i
     calls = _lose_replies(monkeypatch, study._storage, method, nth=nth)
     owner = Owner.of_this_process()
     distributions = {"x": optuna.distributions.FloatDistribution(0, 1), "y": optuna.distributions.IntDistribution(0, 4)}
-    trial = StudyGateway(study, owner=owner.to_json()).take(queued._trial_id, distributions, {"tag": "t"})
+    trial = StudyGateway(study, owner=owner.to_json()).take(queued._trial_id, distributions, {"saturn:tag": "t"})
     assert len(calls) >= nth, f"the take made fewer than {nth} {method} calls: {calls}"
     trials = study.get_trials()
     assert trial is not None and len(trials) == 1 and trials[0]._trial_id == trial._trial_id
     assert trials[0].state == TrialState.RUNNING and trials[0].params == {"x": 0.25, "y": 2}
-    assert trials[0].user_attrs["saturn:owner"] == owner.to_json() and trials[0].user_attrs["tag"] == "t"
+    assert trials[0].system_attrs["saturn:owner"] == owner.to_json() and trials[0].system_attrs["saturn:tag"] == "t"
 
 
 def test_two_sweeps_that_claim_one_trial_while_a_reply_is_lost_never_both_run_it_and_it_is_not_left_running(
@@ -234,7 +236,7 @@ def test_two_sweeps_racing_for_each_queued_trial_take_each_one_once(storage):
     assert all(len(winners) == 1 for winners in taken.values()), taken
     trials = optuna.load_study(study_name="race", storage=url).get_trials()
     assert all(t.state == TrialState.RUNNING for t in trials)
-    assert [t.user_attrs["saturn:owner"]["sweep"] for t in trials] == [taken[t._trial_id][0] for t in trials]
+    assert [t.system_attrs["saturn:owner"]["sweep"] for t in trials] == [taken[t._trial_id][0] for t in trials]
     assert {s: len(g.held_trials()) for s, g in zip(("sweep-0", "sweep-1"), gateways)} == {
         s: sum(w == [s] for w in taken.values()) for s in ("sweep-0", "sweep-1")
     }
@@ -267,7 +269,7 @@ def test_a_storage_outage_during_recovery_ends_the_round_not_the_sweep(saturn_op
     assert "Recovery could not reach the storage (OperationalError" in caplog.text
 
 
-def test_a_result_told_while_another_sweep_ends_the_trial_is_kept_as_late_not_raised(tmp_path):
+def test_a_result_told_while_another_sweep_ends_the_trial_is_kept_as_late_not_raised(tmp_path, monkeypatch):
     """Another sweep's recovery ends the trial (taken for an orphan) in the middle of this sweep's tell, between
     its check and its writes: the tell used to raise (UpdateFinishedTrialError) and stop this sweep; the result is
     now kept as the trial's late result, in the study and the outbox (reliability review, finding 5)."""
@@ -279,15 +281,14 @@ def test_a_result_told_while_another_sweep_ends_the_trial_is_kept_as_late_not_ra
     trial = mine.ask_new()
     trial.suggest_float("x", 0, 1)
     other = StudyGateway(optuna.load_study(study_name=study.study_name, storage=url))
-    real, writes = study._storage.set_trial_user_attr, []
+    real = gateway_module.write_records
 
-    def interleaved(trial_id, key, value):
-        writes.append(key)
-        if len(writes) == 3:  # the other sweep's recovery lands while this one writes its result's attributes
-            _end_orphan(other, other.study.get_trials()[0], "silent for 61 s", again=True, by=Owner("b", "h", 1, 0.0))
-        return real(trial_id, key, value)
+    def interleaved(storage, trial_id, attrs):
+        # the other sweep's recovery lands between this tell's check of the trial and its writes
+        _end_orphan(other, other.study.get_trials()[0], "silent for 61 s", again=True, by=Owner("b", "h", 1, 0.0))
+        return real(storage, trial_id, attrs)
 
-    study._storage.set_trial_user_attr = interleaved
+    monkeypatch.setattr(gateway_module, "write_records", interleaved)
     frozen = mine.tell(trial, TrialState.COMPLETE, [0.5], attrs={f"k{i}": i for i in range(10)})
     assert frozen.state == TrialState.FAIL  # as the other sweep ended it
     late = optuna.load_study(study_name=study.study_name, storage=url).user_attrs["saturn:late_result:0"]

@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy.exc
 from optuna.trial import TrialState
 
+from optuna_saturn.study import gateway as gateway_module
 from optuna_saturn.study import liveness
 from optuna_saturn.study.gateway import FAIL_REASON_CHARS, LOG_TAIL_BYTES, StudyGateway
 from optuna_saturn.study.outbox import Outbox, retrying, transient
@@ -67,7 +68,7 @@ def test_a_long_fail_reason_is_capped_with_its_start_and_its_error(tmp_path):
     gateway = StudyGateway(study)
     reason = "Traceback (most recent call last):\n" + "  frame\n" * 50_000 + "ValueError: the real error"
     frozen = gateway.fail(gateway.ask_new(), reason)
-    kept = frozen.user_attrs["saturn:fail_reason"]
+    kept = frozen.system_attrs["saturn:fail_reason"]
     assert len(kept) <= FAIL_REASON_CHARS
     assert kept.startswith("Traceback") and kept.endswith("ValueError: the real error")
     assert "characters left out" in kept
@@ -86,7 +87,7 @@ def test_only_the_tail_of_a_failed_trials_log_is_uploaded(tmp_path):
     gateway = StudyGateway(study, artifact_store=store)
     frozen = gateway.tell(gateway.ask_new(), TrialState.FAIL, attrs={"fail_reason": "boom"}, log=log)
     download_artifact(
-        artifact_store=store, artifact_id=frozen.user_attrs["saturn:log_artifact_id"], file_path=str(tmp_path / "got")
+        artifact_store=store, artifact_id=frozen.system_attrs["saturn:log_artifact_id"], file_path=str(tmp_path / "got")
     )
     got = (tmp_path / "got").read_bytes()
     assert len(got) == LOG_TAIL_BYTES and got.endswith(b"RuntimeError: at the end\n")
@@ -150,20 +151,19 @@ def test_a_value_too_long_for_the_storage_fails_the_trial_not_the_sweep(tmp_path
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}")
     gateway = StudyGateway(study)
     trial = gateway.ask_new()
-    storage = study._storage
-    original = storage.set_trial_user_attr
+    original = gateway_module.write_records
 
-    def refuse_long(trial_id, key, value):
-        if key == "saturn:huge":
+    def refuse_long(storage, trial_id, attrs):
+        if "saturn:huge" in attrs:
             raise _internal_error(sqlalchemy.exc.DataError("UPDATE", {}, Exception("Data too long for column")))
-        return original(trial_id, key, value)
+        return original(storage, trial_id, attrs)
 
-    monkeypatch.setattr(storage, "set_trial_user_attr", refuse_long)
+    monkeypatch.setattr(gateway_module, "write_records", refuse_long)
     started = time.monotonic()
     frozen = gateway.tell(trial, TrialState.COMPLETE, [1.0], attrs={"huge": "x"})
     assert time.monotonic() - started < 5.0
     assert frozen.state == TrialState.FAIL
-    assert frozen.user_attrs["saturn:fail_reason"].startswith("could not record the result")
+    assert frozen.system_attrs["saturn:fail_reason"].startswith("could not record the result")
 
 
 def test_the_heartbeat_never_waits_for_the_lock_to_list_its_trials(tmp_path):

@@ -86,8 +86,8 @@ def runs(tmp_path_factory):
 
 
 def _complete(trial):
-    assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("saturn:fail_reason")
-    return trial.user_attrs
+    assert trial.state == TrialState.COMPLETE, trial.system_attrs.get("saturn:fail_reason")
+    return {**trial.user_attrs, **trial.system_attrs}  # (the objective's, and the sweep's records)
 
 
 @pytest.mark.parametrize("name", AGAINST_SINGLE)
@@ -114,7 +114,7 @@ def test_threads_runs_one_process_on_the_cores_of_both_devices(runs):
     its torch threads; DDP x2 runs two processes of one device's cores each."""
     cores = len(os.sched_getaffinity(0))
     threads, ddp = _complete(runs["threads"])["facts"], _complete(runs["ddp"])["facts"]
-    assert runs["threads"].user_attrs["saturn:num_devices"] == 2
+    assert runs["threads"].system_attrs["saturn:num_devices"] == 2
     assert (threads["processes"], threads["threads"]) == (1, cores)
     assert (ddp["processes"], ddp["threads"]) == (2, cores // 2)
 

@@ -95,7 +95,7 @@ def test_two_studies_of_one_name_never_touch_each_others_checkpoints(saturn_opti
         )
         (trial,) = study.trials
         assert trial.state == TrialState.COMPLETE
-        kept[storage] = checkpoint.CheckpointRecord.from_json(trial.user_attrs["saturn:checkpoint"])
+        kept[storage] = checkpoint.CheckpointRecord.from_json(trial.system_attrs["saturn:checkpoint"])
         assert study_folder(study) in kept[storage].path
     assert kept["a"].path != kept["b"].path
     assert all(checkpoint.exists(record) for record in kept.values())

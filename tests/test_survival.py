@@ -71,14 +71,14 @@ def test_a_trial_is_planned_at_what_the_pruned_trials_before_it_say_it_will_run(
     expected = (1.0 + 3 * 0.1 + PRIOR_TRIALS) / (4 + PRIOR_TRIALS)
     assert last.state == TrialState.COMPLETE
     if plan_for_pruning:
-        assert last.user_attrs["saturn:planned_runtime"] == pytest.approx(100.0 * expected, rel=0.02)
+        assert last.system_attrs["saturn:planned_runtime"] == pytest.approx(100.0 * expected, rel=0.02)
         assert (
             "priced at 61% of their steps: 4 finished trials under the MedianPruner, 3 pruned"
-            in last.user_attrs["saturn:pruning_assumed"]
+            in last.system_attrs["saturn:pruning_assumed"]
         )
     else:
-        assert last.user_attrs["saturn:planned_runtime"] == pytest.approx(100.0, rel=0.02)
-        assert "saturn:pruning_assumed" not in last.user_attrs
+        assert last.system_attrs["saturn:planned_runtime"] == pytest.approx(100.0, rel=0.02)
+        assert "saturn:pruning_assumed" not in last.system_attrs
 
 
 def _pruned_mostly_at_a_tenth(*, to_next_rung: bool) -> Survival:
@@ -154,7 +154,7 @@ def test_a_trial_likely_pruned_at_its_next_rung_starts_on_its_most_efficient_opt
     )
     placed = sorted(runs(result)["z"], key=lambda a: a.start)
     assert study.trials[-1].state == TrialState.COMPLETE
-    assumed = study.trials[-1].user_attrs["saturn:pruning_assumed"]
+    assumed = study.trials[-1].system_attrs["saturn:pruning_assumed"]
     if to_next_rung:
         assert "planned to their next rung, 10% of their steps, which 40% go past, on their most efficient" in assumed
         assert [a.option.devices for a in placed] == [1, 2]

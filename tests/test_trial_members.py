@@ -33,7 +33,7 @@ def test_every_member_works_as_optunas_own(saturn_options, devices, strategies):
     study.enqueue_trial({"lr": 0.01, "width": 8, "act": "tanh", "u": 0.75, "lu": 0.01, "du": 0.5})
     SaturnExecutor(devices=devices, strategies=strategies, **saturn_options).optimize(study, every_member, n_trials=1)
     (frozen,) = study.trials
-    assert frozen.state == TrialState.COMPLETE, frozen.user_attrs.get("saturn:fail_reason")
+    assert frozen.state == TrialState.COMPLETE, frozen.system_attrs.get("saturn:fail_reason")
     seen = frozen.user_attrs["seen"]
     assert seen["number"] == frozen.number
     assert seen["params"] == frozen.params
@@ -58,7 +58,7 @@ def test_keyboard_interrupt_or_exit_in_the_objective_is_raised_as_study_optimize
     with pytest.raises(raised):
         SaturnExecutor(devices=1, strategies=["single"], **saturn_options).optimize(study, ends_itself, n_trials=2)
     assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.WAITING]  # (the other stays queued)
-    assert raised.__name__ in study.trials[0].user_attrs["saturn:fail_reason"]
+    assert raised.__name__ in study.trials[0].system_attrs["saturn:fail_reason"]
 
 
 def test_a_snapshot_of_a_queued_trial_or_of_attributes_json_cannot_keep_never_fails():

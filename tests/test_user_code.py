@@ -36,8 +36,8 @@ def matrix(tmp_path_factory):
     results = {}
     for name, devices in RUNS:
         trial = run_on(objectives.user_code_matrix, name, devices, logs).trials[0]
-        assert trial.state == TrialState.COMPLETE, (name, devices, trial.user_attrs.get("saturn:fail_reason"))
-        assert trial.user_attrs["saturn:num_devices"] == devices
+        assert trial.state == TrialState.COMPLETE, (name, devices, trial.system_attrs.get("saturn:fail_reason"))
+        assert trial.system_attrs["saturn:num_devices"] == devices
         results[f"{name}x{devices}"] = trial.user_attrs["results"]
     for run, cases in results.items():  # (shown with -s: how far each run is from single's loss curves)
         worst = max(

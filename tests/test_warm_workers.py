@@ -46,7 +46,7 @@ def test_a_worker_is_replaced_after_an_out_of_memory(saturn_options):
     SaturnExecutor(devices=1, strategies=["single"], **saturn_options).optimize(study, objectives.oom_first, n_trials=3)
     states = [t.state for t in study.trials]
     assert states == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
-    assert "OutOfMemoryError" in study.trials[0].user_attrs["saturn:fail_reason"]
+    assert "OutOfMemoryError" in study.trials[0].system_attrs["saturn:fail_reason"]
     pids = [t.user_attrs["pid"] for t in study.trials]
     assert pids[1] != pids[0] and pids[2] == pids[1]  # a fresh worker after the out-of-memory, reused after
 
@@ -94,7 +94,7 @@ def test_no_device_idles_while_a_trial_could_be_asked(saturn_options):
     assert all(t.state == TrialState.COMPLETE for t in study.trials)
     by_device: dict[str, list] = {}
     for t in study.trials:
-        by_device.setdefault(t.user_attrs["saturn:devices"][0], []).append(t.user_attrs)
+        by_device.setdefault(t.system_attrs["saturn:devices"][0], []).append(t.system_attrs)
     long_device = next(d for d, runs in by_device.items() if any(r["saturn:actual_runtime"] > 5 for r in runs))
     short = sorted(
         (r for d, rs in by_device.items() if d != long_device for r in rs), key=lambda r: r["saturn:actual_start"]
@@ -117,7 +117,7 @@ def test_with_nothing_to_choose_a_trial_is_asked_once_its_device_is_free_as_plai
     SaturnExecutor(devices=1, strategies=["single", "ddp"], **saturn_options).optimize(
         study, gpu_objectives.steady, n_trials=3
     )
-    trials = [t.user_attrs for t in study.trials]
+    trials = [t.system_attrs for t in study.trials]
     assert all(t.state == TrialState.COMPLETE for t in study.trials)
     for before, after in itertools.pairwise(trials):
         assert after["saturn:asked_at"] >= before["saturn:actual_end"], (before, after)
@@ -134,7 +134,7 @@ def test_the_sampler_never_sees_more_trials_in_flight_than_plain_optuna_would(sa
     SaturnExecutor(devices=2, strategies=["single", "ddp"], **saturn_options).optimize(
         study, gpu_objectives.steady, n_trials=6
     )
-    runs = [t.user_attrs for t in study.trials]
+    runs = [t.system_attrs for t in study.trials]
     assert all(t.state == TrialState.COMPLETE for t in study.trials)
     for run in runs:
         asked = run["saturn:asked_at"]
@@ -150,7 +150,7 @@ def test_with_nothing_to_choose_a_trial_that_runs_out_of_memory_still_gets_more_
     SaturnExecutor(devices=1, strategies=["single"], **saturn_options).optimize(
         study, objectives.needs_small_micro_batches, n_trials=2
     )
-    first, second = (t.user_attrs for t in study.trials)
+    first, second = (t.system_attrs for t in study.trials)
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
     assert first["saturn:gradient_accumulation"] == second["saturn:gradient_accumulation"] == 4
     assert [o.get("gradient_accumulation", 1) for o in second["saturn:options"]] == [4]  # planned so at once
@@ -186,7 +186,7 @@ def test_the_pool_host_is_a_fork_of_the_executor_only_where_that_is_safe(saturn_
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
     for trial in study.trials:
         found = trial.user_attrs["host"]
-        assert trial.value == trial.user_attrs["saturn:num_devices"]  # the all_reduce over its ranks
+        assert trial.value == trial.system_attrs["saturn:num_devices"]  # the all_reduce over its ranks
         assert found["net"] != os.readlink("/proc/self/ns/net")
         # What was imported before the fork is out of the collector's sight: a collection between jobs (and
         # Python's own, during a trial) walks only what jobs made, not torch's 150,000 objects again.

@@ -13,6 +13,7 @@ from typing import Any
 from optuna.trial import FrozenTrial
 
 from optuna_saturn.planner._types import option_label
+from optuna_saturn.study.records import record
 
 #: The table's columns: short headers, so that the whole table fits an 80-column terminal without breaking a word.
 COLUMNS = ("trial", "params", "option", "µbatch", "ms/step", "start s", "MiB", "trial s")
@@ -24,10 +25,10 @@ def profile_rows(trials: Iterable[FrozenTrial]) -> list[tuple[str, ...]]:
     runtime (``no fit`` where the option did not fit)."""
     rows: list[tuple[str, ...]] = []
     for trial in trials:
-        options = trial.user_attrs.get("saturn:options") or []
+        options = record(trial, "options") or []
         runtimes = {(o["strategy"], o["devices"], o.get("gradient_accumulation", 1)): o.get("runtime") for o in options}
         params = ", ".join(f"{k}={_short(v)}" for k, v in trial.params.items())
-        for p in trial.user_attrs.get("saturn:profiles") or []:
+        for p in record(trial, "profiles") or []:
             accumulation = p.get("gradient_accumulation", 1)
             fits = bool(p.get("feasible"))
             runtime = runtimes.get((p["strategy"], p["devices"], accumulation))

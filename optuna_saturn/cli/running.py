@@ -36,6 +36,7 @@ from optuna_saturn.cli.loading import load_objective
 from optuna_saturn.cli.study_options import make_pruner, make_sampler
 from optuna_saturn.planner import DeadlineUnreachable
 from optuna_saturn.progress import PROGRESS_MODES, ProgressMode, RichProgress, make_progress
+from optuna_saturn.study.records import record
 from optuna_saturn.study.urls import without_password
 
 
@@ -345,7 +346,7 @@ def profile(
         measured = executor.profile(function, n_trials, seed=seed)
     except KeyboardInterrupt:
         raise typer.Exit(INTERRUPTED) from None
-    if not any(t.user_attrs.get("saturn:profiles") for t in measured.trials):
+    if not any(record(t, "profiles") for t in measured.trials):
         fail(
             "Nothing could be profiled: the objective must build its model and data loader, call "
             "trial.prepare(model, optimizer, loader), then loop over trial.steps(n)."

@@ -27,6 +27,8 @@ from collections.abc import Iterable
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from optuna_saturn.study.records import record
+
 #: Trials that completed, counted in before any is seen: the estimate leaves the full length gradually.
 PRIOR_TRIALS = 3.0
 #: Trials pruned at shares of their steps at most this far apart were pruned at one rung (report intervals in
@@ -67,7 +69,7 @@ class Survival:
             if trial.state == TrialState.COMPLETE:
                 self.saw(1.0, complete=True)
             elif trial.state == TrialState.PRUNED:
-                steps = trial.user_attrs.get("saturn:steps")
+                steps = record(trial, "steps")
                 if steps and steps[1]:
                     self.saw(steps[0] / steps[1], complete=False)
 

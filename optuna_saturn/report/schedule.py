@@ -19,6 +19,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from optuna_saturn.planner import Cluster, Job, Option, lower_bound
+from optuna_saturn.study.records import record, records
 
 ATTR = "saturn:"
 WAITING = "WAITING"  # planned, not started yet (a live state; Optuna calls such a trial RUNNING)
@@ -139,8 +140,8 @@ def device_sort_key(label: str) -> tuple[str, int, str]:
 
 
 def run_from_trial(trial: FrozenTrial) -> RecordedRun:
-    """Read one trial's ``saturn:*`` user attributes."""
-    attrs = trial.user_attrs
+    """Read one trial's ``saturn:*`` records (:mod:`optuna_saturn.study.records`)."""
+    attrs = {ATTR + k: v for k, v in records(trial).items()}
 
     def number(key: str) -> float | None:
         value = attrs.get(ATTR + key)
@@ -183,11 +184,11 @@ def read_sweeps(
     by_sweep: dict[float, dict[int, RecordedRun]] = {}
     recorded_pools: dict[float, tuple[str, ...]] = {}  # from `saturn:pool`, where the sweep records it
     for trial in trials:
-        started = trial.user_attrs.get(ATTR + "sweep_started_at")
+        started = record(trial, "sweep_started_at")
         if isinstance(started, (int, float)):
             by_sweep.setdefault(float(started), {})[trial.number] = run_from_trial(trial)
-            if trial.user_attrs.get(ATTR + "pool"):
-                recorded_pools[float(started)] = tuple(str(d) for d in trial.user_attrs[ATTR + "pool"])
+            if record(trial, "pool"):
+                recorded_pools[float(started)] = tuple(str(d) for d in record(trial, "pool"))
     if live_started_at is not None:
         sweep = by_sweep.setdefault(float(live_started_at), {})
         for run in live:

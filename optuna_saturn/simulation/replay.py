@@ -19,6 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 from optuna_saturn.planner import Cluster, Job, Option
 from optuna_saturn.simulation.pool import Behaviour
 from optuna_saturn.simulation.prices import SimulatedJob
+from optuna_saturn.study.records import record, records
 
 ATTR = "saturn:"
 
@@ -45,42 +46,36 @@ class Replay:
 def replay_of(study: optuna.Study, *, sweep: int = -1, observed: bool = True) -> Replay:
     """The study's sweep number ``sweep`` (as a list index: -1, the latest) as simulated jobs; ``observed=False``
     makes every trial take what it was priced."""
-    trials = [
-        t for t in study.get_trials(deepcopy=False) if isinstance(t.user_attrs.get(ATTR + "actual_start"), (int, float))
-    ]
+    trials = [t for t in study.get_trials(deepcopy=False) if isinstance(record(t, "actual_start"), (int, float))]
     if not trials:
         raise ValueError(
             f"No trial of study {study.study_name!r} recorded a run (saturn:actual_start); run a sweep "
             "with `optuna-saturn run` or SaturnExecutor first."
         )
-    sweeps = sorted({t.user_attrs.get(ATTR + "sweep_started_at", 0.0) for t in trials})
+    sweeps = sorted({record(t, "sweep_started_at", 0.0) for t in trials})
     if not -len(sweeps) <= sweep < len(sweeps):
         raise ValueError(f"Study {study.study_name!r} recorded {len(sweeps)} sweep(s); there is no sweep {sweep}.")
     started = sweeps[sweep]
-    trials = sorted(
-        (t for t in trials if t.user_attrs.get(ATTR + "sweep_started_at", 0.0) == started), key=lambda t: t.number
-    )
+    trials = sorted((t for t in trials if record(t, "sweep_started_at", 0.0) == started), key=lambda t: t.number)
     summary = study.user_attrs.get(ATTR + "last_sweep") or {}
     if summary.get("started_at") != started:  # (an earlier sweep: its own summary was overwritten)
         summary = {}
     # (one trial per pool records it: the latest that did)
-    pool: list[str] = next(
-        (t.user_attrs[ATTR + "pool"] for t in reversed(trials) if t.user_attrs.get(ATTR + "pool")), []
-    )
+    pool: list[str] = next((record(t, "pool") for t in reversed(trials) if record(t, "pool")), [])
     ready = [float(v) for v in (summary.get("workers_ready") or {}).values()]
     index = {t.number: i for i, t in enumerate(trials)}
     return Replay(
         jobs=[_job(t, observed, index) for t in trials],
-        devices=len(pool) or max(d for t in trials for d in t.user_attrs.get(ATTR + "device_ids", [0])) + 1,
+        devices=len(pool) or max(d for t in trials for d in record(t, "device_ids", [0])) + 1,
         workers_ready=ready or [0.0],
         known_ahead=all("fixed_params" in t.system_attrs for t in trials),
         # (an earlier sweep's own summary was overwritten: its last trial's end stands for its wall clock)
-        wall_seconds=summary.get("wall_seconds") or max(t.user_attrs[ATTR + "actual_end"] for t in trials),
+        wall_seconds=summary.get("wall_seconds") or max(record(t, "actual_end") for t in trials),
     )
 
 
 def _job(trial: FrozenTrial, observed: bool, index: dict[int, int]) -> SimulatedJob:
-    attrs = {k[len(ATTR) :]: v for k, v in trial.user_attrs.items() if k.startswith(ATTR)}
+    attrs = records(trial)
     options = [Option.from_json(o) for o in attrs.get("options") or []]
     history = attrs.get("prices") or []  # its price as first given, then after each run that changed it
     first = [Option.from_json(o) for o in history[0][1]] if history else options

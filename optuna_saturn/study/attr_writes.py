@@ -1,11 +1,14 @@
-"""A trial's attributes written together: one storage transaction where the storage allows it.
+"""A trial's records written together: one storage transaction where the storage allows it.
 
-Optuna's ``Trial.set_user_attr`` is one transaction per key, and on an RDB storage each is a commit (on SQLite, a
-write of the database file to disk). A sweep records twenty-odd attributes when a trial ends; written one by one
-they cost a short trial more than its own work (a review measured a tell at 420 ms on SQLite). An RDB storage
-takes them in one transaction here, through the same statement Optuna's own ``set_trial_user_attr`` runs per key;
-other storages get one write per key, as before. Optuna's cache (``_CachedStorage``) passes attribute writes of
+Optuna's ``Trial.set_user_attr`` and ``set_trial_system_attr`` are one transaction per key, and on an RDB storage
+each is a commit (on SQLite, a write of the database file to disk). A sweep records twenty-odd attributes when a
+trial ends; written one by one they cost a short trial more than its own work (a review measured a tell at 420 ms
+on SQLite). An RDB storage takes them in one transaction here, through the same statement Optuna's own setters
+run per key; other storages get one write per key. Optuna's cache (``_CachedStorage``) passes attribute writes of
 unfinished trials straight to its backend and reads those trials again, so writing to the backend skips nothing.
+
+What goes where is :mod:`optuna_saturn.study.records`' rule: the sweep's records to system attributes, its two
+public ones to user attributes.
 """
 
 from __future__ import annotations
@@ -16,11 +19,14 @@ from typing import Any
 import optuna
 from optuna.storages import BaseStorage, RDBStorage
 
+from optuna_saturn.study.records import split
 
-def set_user_attrs(storage: BaseStorage, trial_id: int, attrs: Mapping[str, Any]) -> None:
-    """Set every one of ``attrs`` on trial ``trial_id``, together where the storage allows it."""
+
+def write_records(storage: BaseStorage, trial_id: int, attrs: Mapping[str, Any]) -> None:
+    """Set the ``saturn:`` records ``attrs`` on trial ``trial_id``, together where the storage allows it."""
     if not attrs:
         return
+    user, system = split(attrs)
     backend = getattr(storage, "_backend", storage)  # (Optuna wraps an RDB storage in its cache)
     if isinstance(backend, RDBStorage):
         try:
@@ -30,21 +36,25 @@ def set_user_attrs(storage: BaseStorage, trial_id: int, attrs: Mapping[str, Any]
             pass
         else:
             with _create_scoped_session(backend.scoped_session, True) as session:
-                for key, value in attrs.items():
-                    backend._set_trial_attr_without_commit(
-                        session, models.TrialUserAttributeModel, trial_id, key, value
-                    )
+                for model, part in ((models.TrialUserAttributeModel, user), (models.TrialSystemAttributeModel, system)):
+                    for key, value in part.items():
+                        backend._set_trial_attr_without_commit(session, model, trial_id, key, value)
             return
-    for key, value in attrs.items():
+    for key, value in user.items():
         storage.set_trial_user_attr(trial_id, key, value)
+    for key, value in system.items():
+        storage.set_trial_system_attr(trial_id, key, value)
 
 
-def set_attrs_of(storage: BaseStorage, trial: Any, attrs: Mapping[str, Any]) -> None:
-    """``attrs`` on a running ``optuna.Trial`` (written together, and kept on the trial object as its own
-    ``set_user_attr`` keeps them), or on a queued trial not taken yet (its own copy)."""
+def set_records_of(storage: BaseStorage, trial: Any, attrs: Mapping[str, Any]) -> None:
+    """``attrs`` on a running ``optuna.Trial`` (written together, and kept on the trial object as its own setters
+    keep them), or on a queued trial not taken yet (its own copy, written when it is taken)."""
+    user, system = split(attrs)
     if isinstance(trial, optuna.Trial):
-        set_user_attrs(storage, trial._trial_id, attrs)
-        trial._cached_frozen_trial.user_attrs.update(attrs)
+        write_records(storage, trial._trial_id, attrs)
+        trial._cached_frozen_trial.user_attrs.update(user)
+        trial._cached_frozen_trial.system_attrs.update(system)
         return
-    for key, value in attrs.items():
+    trial.records.update(system)
+    for key, value in user.items():
         trial.set_user_attr(key, value)

@@ -26,8 +26,8 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from optuna_saturn.study import moves
+from optuna_saturn.study.records import ATTR, record, records
 
-ATTR = "saturn:"
 CLAIM_PREFIX = ATTR + "claim:"
 _logger = optuna.logging.get_logger("optuna.saturn")
 
@@ -46,7 +46,8 @@ class Claimant:
 
 def claimants(trial: FrozenTrial) -> list[str]:
     """The sweeps that claimed ``trial`` when it was queued."""
-    return [key[len(CLAIM_PREFIX) :] for key in trial.user_attrs if key.startswith(CLAIM_PREFIX)]
+    prefix = CLAIM_PREFIX[len(ATTR) :]
+    return [key[len(prefix) :] for key in records(trial) if key.startswith(prefix)]
 
 
 def take(storage: BaseStorage, trial_id: int, claimant: Claimant | None, *, retried: bool) -> bool:
@@ -59,17 +60,17 @@ def take(storage: BaseStorage, trial_id: int, claimant: Claimant | None, *, retr
     if stored.state != TrialState.WAITING:
         return False
     if claimant is not None:
-        storage.set_trial_user_attr(trial_id, claimant.key, claimant.nonce)
+        storage.set_trial_system_attr(trial_id, claimant.key, claimant.nonce)
     return moves.move(storage, trial_id, expected=TrialState.WAITING, to=TrialState.RUNNING)
 
 
 def _ours(stored: FrozenTrial, claimant: Claimant) -> bool:
     """Whether a trial found RUNNING after a lost reply was moved by ``claimant``."""
-    owner = stored.user_attrs.get(ATTR + "owner")
+    owner = record(stored, "owner")
     if owner is not None:
         ours: bool = owner.get("sweep") == claimant.sweep  # (the owner is a JSON object: sweep, ...)
         return ours
-    if stored.user_attrs.get(claimant.key) != claimant.nonce:
+    if record(stored, claimant.key[len(ATTR) :]) != claimant.nonce:
         return False  # (our claim never reached the storage: we never moved it)
     others = [sweep for sweep in claimants(stored) if sweep != claimant.sweep]
     if not others:

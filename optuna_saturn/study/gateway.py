@@ -21,9 +21,10 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from optuna_saturn.study import claims
-from optuna_saturn.study.attr_writes import set_attrs_of, set_user_attrs
+from optuna_saturn.study.attr_writes import set_records_of, write_records
 from optuna_saturn.study.claims import ATTR, Claimant
 from optuna_saturn.study.outbox import STORAGE_ERRORS, Outbox, Outgoing, retrying, transient
+from optuna_saturn.study.records import record
 
 _logger = optuna.logging.get_logger("optuna.saturn")
 
@@ -94,7 +95,7 @@ class StudyGateway:
                 self.study._thread_local.cached_all_trials = None  # (as study.ask: samplers see the newest trials)
                 if next(attempts):  # (an earlier attempt failed: did its write reach the storage?)
                     for trial in storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
-                        if trial.user_attrs.get(ATTR + "claim") == claim:
+                        if record(trial, "claim") == claim:
                             return self._hold(trial._trial_id)
                 template = FrozenTrial(
                     number=-1,
@@ -104,8 +105,8 @@ class StudyGateway:
                     datetime_complete=None,
                     params={},
                     distributions={},
-                    user_attrs=attrs,
-                    system_attrs={},
+                    user_attrs={},
+                    system_attrs=attrs,
                     intermediate_values={},
                     trial_id=-1,
                 )
@@ -132,9 +133,9 @@ class StudyGateway:
 
         return retrying(look, what="look at the study's queue")
 
-    def take(self, trial_id: int, distributions: dict[str, Any], user_attrs: dict[str, Any]) -> optuna.Trial | None:
+    def take(self, trial_id: int, distributions: dict[str, Any], records: dict[str, Any]) -> optuna.Trial | None:
         """Take one trial out of the queue (as ``study.ask`` takes the oldest), suggesting ``distributions``
-        (its queue's fixed values) and setting ``user_attrs``; None if another process took it first.
+        (its queue's fixed values) and recording ``records``; None if another process took it first.
 
         A take is three writes (:mod:`optuna_saturn.study.claims`): a claim on the WAITING trial, the move to
         RUNNING (the storage lets one process make it), then the owner. A write whose reply was lost is resolved
@@ -147,14 +148,12 @@ class StudyGateway:
                 storage = self.study._storage
                 if not claims.take(storage, trial_id, claimant, retried=next(attempts) > 0):
                     return None
-                if self._owner is not None:
-                    storage.set_trial_user_attr(trial_id, ATTR + "owner", self._owner)
+                owner = {ATTR + "owner": self._owner} if self._owner is not None else {}
+                write_records(storage, trial_id, {**owner, **records})
                 self.study._thread_local.cached_all_trials = None
                 trial = self._hold(trial_id)
                 for name, distribution in distributions.items():
                     trial._suggest(name, distribution)
-                for key, value in user_attrs.items():
-                    trial.set_user_attr(key, value)
                 return trial
 
         return retrying(take_now, what="take a trial from the study's queue")
@@ -171,7 +170,7 @@ class StudyGateway:
 
         def set_them() -> None:
             with self.lock:
-                set_attrs_of(self.study._storage, trial, {ATTR + k: v for k, v in attrs.items()})
+                set_records_of(self.study._storage, trial, {ATTR + k: v for k, v in attrs.items()})
 
         retrying(set_them, what=f"set trial {trial.number}'s attributes")
 
@@ -215,8 +214,8 @@ class StudyGateway:
         """Someone else ended this trial before its result came (another sweep that took this one for dead, or a
         person's ``study.tell``): the result is kept, in the study (``saturn:late_result:<number>``) and in the
         outbox, never thrown away."""
-        owner = (stored.user_attrs.get(ATTR + "owner") or {}).get("sweep")
-        ended_by = stored.user_attrs.get(ATTR + "ended_by")
+        owner = (record(stored, "owner") or {}).get("sweep")
+        ended_by = record(stored, "ended_by")
         who = (
             f"sweep {ended_by} had already ended it {stored.state.name}, taking this sweep ({owner}) for dead"
             if ended_by is not None and ended_by != owner
@@ -258,7 +257,7 @@ class StudyGateway:
         self, trial: optuna.Trial, state: TrialState, values: list[float] | None, attrs: dict[str, Any]
     ) -> FrozenTrial:
         try:
-            set_user_attrs(self.study._storage, trial._trial_id, attrs)
+            write_records(self.study._storage, trial._trial_id, attrs)
             return self.study.tell(trial, values if state == TrialState.COMPLETE else None, state=state)
         except optuna.exceptions.UpdateFinishedTrialError:
             raise
@@ -267,7 +266,8 @@ class StudyGateway:
                 raise
             if self.study._storage.get_trial(trial._trial_id).state.is_finished():
                 raise  # (not refused: ended by another sweep meanwhile)
-            trial.set_user_attr(ATTR + "fail_reason", capped_reason(f"could not record the result: {exc}"))
+            reason = capped_reason(f"could not record the result: {exc}")
+            write_records(self.study._storage, trial._trial_id, {ATTR + "fail_reason": reason})
             return self.study.tell(trial, state=TrialState.FAIL)
 
     def tell_what_the_outbox_kept(self, orphaned: Callable[[FrozenTrial], bool]) -> list[int]:
@@ -287,7 +287,7 @@ class StudyGateway:
                     if not orphaned(stored):
                         continue  # its sweep lives: it tells it itself
                     try:
-                        set_user_attrs(self.study._storage, result.trial_id, result.attrs)
+                        write_records(self.study._storage, result.trial_id, result.attrs)
                         state = TrialState[result.state]
                         values = result.values if state == TrialState.COMPLETE else None
                         self.study.tell(result.number, values, state=state)
@@ -385,12 +385,12 @@ def told_here(stored: FrozenTrial, state: TrialState, values: list[float] | None
     if stored.state == state:
         same: bool = stored.values == values  # (lists of floats, or None)
         return same
-    reason = str(stored.user_attrs.get(ATTR + "fail_reason", ""))
+    reason = str(record(stored, "fail_reason", ""))
     return stored.state == TrialState.FAIL and reason.startswith("could not record the result")
 
 
 def ended_by_another(trial: FrozenTrial) -> bool:
     """Whether a sweep other than the trial's owner ended it (recovering it as an orphan)."""
-    ended_by = trial.user_attrs.get(ATTR + "ended_by")
-    owner = (trial.user_attrs.get(ATTR + "owner") or {}).get("sweep")
+    ended_by = record(trial, "ended_by")
+    owner = (record(trial, "owner") or {}).get("sweep")
     return ended_by is not None and ended_by != owner

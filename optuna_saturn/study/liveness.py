@@ -22,10 +22,10 @@ from typing import Any
 
 import optuna
 
-from optuna_saturn.study.claims import ATTR
 from optuna_saturn.study.gateway import StudyGateway
 from optuna_saturn.study.handles import close_handle, own_handle, set_study_attr
 from optuna_saturn.study.outbox import retrying
+from optuna_saturn.study.records import ATTR, record
 
 _logger = optuna.logging.get_logger("optuna.saturn")
 
@@ -153,7 +153,7 @@ class Heartbeat:
         tell, and their checkpoints race the other sweep's retry."""
         for number, trial_id in held.items():
             stored = self._storage.get_trial(trial_id)
-            ended_by = stored.user_attrs.get(ATTR + "ended_by")
+            ended_by = record(stored, "ended_by")
             if stored.state.is_finished() and ended_by is not None and ended_by != self._sweep:
                 self._gateway.note_taken_over(number)
 

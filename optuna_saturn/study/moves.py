@@ -22,11 +22,14 @@ from optuna.storages import BaseStorage, RDBStorage
 from optuna.storages._rdb import models
 from optuna.trial import TrialState
 
+from optuna_saturn.study.attr_writes import write_records
+from optuna_saturn.study.records import split
+
 
 def move(
     storage: BaseStorage, trial_id: int, *, expected: TrialState, to: TrialState, attrs: dict[str, Any] | None = None
 ) -> bool:
-    """Move trial ``trial_id`` from ``expected`` to ``to``, with user attributes ``attrs``; False if it was not in
+    """Move trial ``trial_id`` from ``expected`` to ``to``, with records ``attrs``; False if it was not in
     ``expected`` when the storage made the write (another process moved it first). On an RDB storage the
     attributes are written in the move's own transaction, only by the process that made it: a sweep that loses
     the race leaves no reason or name of its own on a trial another ended."""
@@ -36,8 +39,7 @@ def move(
     if storage.get_trial(trial_id).state != expected:
         return False
     try:
-        for key, value in (attrs or {}).items():
-            storage.set_trial_user_attr(trial_id, key, value)
+        write_records(storage, trial_id, attrs or {})
         return storage.set_trial_state_values(trial_id, to)
     except optuna.exceptions.UpdateFinishedTrialError:
         return False
@@ -58,14 +60,16 @@ def _conditional_update(
     statement = (
         sqlalchemy.update(trials).where(trials.c.trial_id == trial_id, trials.c.state == expected).values(**values)
     )
-    attributes = models.TrialUserAttributeModel.__table__
+    user, system = split(attrs)
     with rdb.engine.begin() as connection:
         if connection.execute(statement).rowcount != 1:
             return False
-        for key, value in attrs.items():
-            mine = (attributes.c.trial_id == trial_id) & (attributes.c.key == key)
-            connection.execute(sqlalchemy.delete(attributes).where(mine))
-            connection.execute(
-                sqlalchemy.insert(attributes).values(trial_id=trial_id, key=key, value_json=json.dumps(value))
-            )
+        for model, part in ((models.TrialUserAttributeModel, user), (models.TrialSystemAttributeModel, system)):
+            attributes = model.__table__
+            for key, value in part.items():
+                mine = (attributes.c.trial_id == trial_id) & (attributes.c.key == key)
+                connection.execute(sqlalchemy.delete(attributes).where(mine))
+                connection.execute(
+                    sqlalchemy.insert(attributes).values(trial_id=trial_id, key=key, value_json=json.dumps(value))
+                )
         return True

@@ -25,12 +25,13 @@ from typing import Any
 
 import optuna
 import psutil
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from optuna_saturn.study import claims, liveness, moves
 from optuna_saturn.study.gateway import ATTR, StudyGateway
 from optuna_saturn.study.liveness import HeartbeatWatch
 from optuna_saturn.study.outbox import STORAGE_ERRORS
+from optuna_saturn.study.records import record, split
 
 _logger = optuna.logging.get_logger("optuna.saturn")
 
@@ -170,7 +171,7 @@ def _settle_endings(gateway: StudyGateway, me: Owner, watch: HeartbeatWatch, max
     storage = gateway.study._storage
     for number, trial in list(watch.ending.items()):
         stored = storage.get_trial(trial._trial_id)
-        ours = stored.state == TrialState.FAIL and stored.user_attrs.get(ATTR + "ended_by") == me.sweep
+        ours = stored.state == TrialState.FAIL and record(stored, "ended_by") == me.sweep
         if ours and may_run_again(trial, max_retries):
             watch.retries_due[number] = trial
         del watch.ending[number]
@@ -190,7 +191,7 @@ def _queue_retries_due(gateway: StudyGateway, watch: HeartbeatWatch) -> list[int
 def why_orphaned(trial: FrozenTrial, me: Owner, study_attrs: dict[str, Any], watch: HeartbeatWatch) -> str | None:
     """Why a RUNNING trial has no live sweep to run it (``study_attrs`` holds the sweeps' heartbeats), or None
     while one may still run it (or no sweep owns or claimed it, or it is ours)."""
-    data = trial.user_attrs.get(ATTR + "owner")
+    data = record(trial, "owner")
     if data:
         owner = Owner.from_json(data)
         if owner.sweep == me.sweep:
@@ -213,17 +214,22 @@ def why_orphaned(trial: FrozenTrial, me: Owner, study_attrs: dict[str, Any], wat
 
 def may_run_again(trial: FrozenTrial | optuna.Trial, max_retries: int) -> bool:
     """Whether a trial (whose own run was a retry, perhaps) may be run again once more."""
-    return int(trial.user_attrs.get(ATTR + "retries", 0)) < max_retries
+    return int(record(trial, "retries", 0)) < max_retries
 
 
 def run_again(gateway: StudyGateway, trial: FrozenTrial) -> None:
     """Enqueue ``trial``'s params again, recording which trial it retries and how many runs it had; with its
     checkpoint, if it saved one (the run again resumes from it)."""
-    carried = {ATTR + "retry_of": trial.number, ATTR + "retries": int(trial.user_attrs.get(ATTR + "retries", 0)) + 1}
-    if ATTR + "checkpoint" in trial.user_attrs:
-        carried[ATTR + "checkpoint"] = trial.user_attrs[ATTR + "checkpoint"]
+    carried = {ATTR + "retry_of": trial.number, ATTR + "retries": int(record(trial, "retries", 0)) + 1}
+    saved = record(trial, "checkpoint")
+    if saved is not None:
+        carried[ATTR + "checkpoint"] = saved
+    user, system = split(carried)
+    queued = create_trial(
+        state=TrialState.WAITING, system_attrs={"fixed_params": trial.params, **system}, user_attrs=user
+    )
     with gateway.lock:
-        gateway.study.enqueue_trial(trial.params, user_attrs=carried)
+        gateway.study.add_trial(queued)  # (study.enqueue_trial, with records: one write)
 
 
 def _end_orphan(gateway: StudyGateway, trial: FrozenTrial, reason: str, *, again: bool, by: Owner) -> bool:
@@ -245,7 +251,7 @@ def _end_orphan(gateway: StudyGateway, trial: FrozenTrial, reason: str, *, again
 def inherit_intermediate_values(gateway: StudyGateway, trial: optuna.Trial) -> None:
     """A retried trial starts with the intermediate values its first run reported (the pruner sees its curve)."""
     with gateway.lock:
-        retry_of = trial.user_attrs.get(ATTR + "retry_of")
+        retry_of = record(trial, "retry_of")
         if retry_of is None:
             return
         storage = gateway.study._storage

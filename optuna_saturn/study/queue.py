@@ -23,7 +23,8 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial
 
 from optuna_saturn.clock import Clock
-from optuna_saturn.study.gateway import ATTR, StudyGateway
+from optuna_saturn.study.gateway import StudyGateway
+from optuna_saturn.study.records import ATTR, record
 
 #: How many known trials may wait at once, per device: enough for the planner to order the sweep's tail ...
 QUEUED_TRIALS_PER_DEVICE = 4
@@ -41,13 +42,15 @@ class ParameterNotFixed(BaseException):
 
 class QueuedTrial(optuna.trial.FixedTrial):
     """A queued trial as the sweep describes it before taking it: it answers ``suggest_*`` from the parameters
-    the queue fixed, and keeps the attributes the sweep sets, which go to the real trial when it is taken."""
+    the queue fixed, and keeps the records the sweep makes (:mod:`optuna_saturn.study.records`), which go to the
+    real trial when it is taken."""
 
     def __init__(self, queued: FrozenTrial) -> None:
         super().__init__(dict(queued.system_attrs.get("fixed_params") or {}), number=queued.number)
         self.trial_id = queued._trial_id
         for key, value in queued.user_attrs.items():
             self.set_user_attr(key, value)
+        self.records = {k: v for k, v in queued.system_attrs.items() if k.startswith(ATTR)}
 
     def _suggest(self, name: str, distribution: BaseDistribution) -> Any:
         if name not in self._params:
@@ -95,7 +98,7 @@ class StudyQueue:
         """Whether ``queued`` may be described before it is asked: it did not need the sampler when it was last
         tried (its objective is not run up to that point again), and it is not a trial run again (whose checkpoint
         decides its options when it is taken)."""
-        return queued.number not in self._sampling and ATTR + "retry_of" not in queued.user_attrs
+        return queued.number not in self._sampling and record(queued, "retry_of") is None
 
     def samples(self, number: int, name: str) -> None:
         """Queued trial ``number`` suggested ``name``, which the queue did not fix."""
@@ -111,5 +114,5 @@ class StudyQueue:
         took it first."""
         self._taken.add(queued.number)
         if isinstance(queued, QueuedTrial):
-            return self._gateway.take(queued.trial_id, queued.distributions, queued.user_attrs)
+            return self._gateway.take(queued.trial_id, queued.distributions, queued.records)
         return self._gateway.take(queued._trial_id, {}, {})

@@ -9,8 +9,9 @@ from typing import Any
 import optuna
 
 from optuna_saturn.clock import Clock
-from optuna_saturn.study.gateway import ATTR
+from optuna_saturn.study.attr_writes import set_records_of
 from optuna_saturn.study.outbox import STORAGE_ERRORS, retrying
+from optuna_saturn.study.records import ATTR
 from optuna_saturn.study.trial_snapshot import trial_snapshot
 
 _SUGGEST_METHODS = frozenset(
@@ -172,7 +173,7 @@ class TrialSession:
 
         def record_it() -> None:
             with self._lock:
-                self.trial.set_user_attr(ATTR + "checkpoint", record)
+                set_records_of(self.trial.study._storage, self.trial, {ATTR + "checkpoint": record})
 
         try:
             retrying(record_it, what=f"record trial {self.trial.number}'s checkpoint")

@@ -15,6 +15,7 @@ from optuna_saturn.events import Broadcast, TrialProgress
 from optuna_saturn.planner import Objective, Option
 from optuna_saturn.planner._types import option_label
 from optuna_saturn.pricing.prices import PricedOption, ProfileJob
+from optuna_saturn.study.records import record
 from optuna_saturn.sweep.state import SweepState, TrialRun
 
 _LOG_TAIL_LINES = 20
@@ -77,7 +78,7 @@ def log_finished(frozen: FrozenTrial, seconds: float, reason: str, log: Path) ->
     elif frozen.state == TrialState.PRUNED:
         logger.info(f"Trial {frozen.number} pruned after {seconds:.1f} s.")
     else:
-        reason = reason or frozen.user_attrs.get("saturn:fail_reason", "")  # (the study refused its value)
+        reason = reason or record(frozen, "fail_reason", "")  # (the study refused its value)
         logger.warning(f"Trial {frozen.number} failed after {seconds:.1f} s: {reason}\n{_tail(log)}")
 
 

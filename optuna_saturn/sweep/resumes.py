@@ -22,7 +22,7 @@ from optuna_saturn import checkpoint
 from optuna_saturn.checkpoint_paths import refusal
 from optuna_saturn.pricing.prices import TrialPrice
 from optuna_saturn.strategy import Strategy
-from optuna_saturn.study.gateway import ATTR
+from optuna_saturn.study import records
 from optuna_saturn.sweep.state import SweepState, TrialRun
 
 _logger = optuna.logging.get_logger("optuna.saturn")
@@ -47,7 +47,7 @@ class Resumes:
 
     def inherited(self, trial: optuna.Trial) -> checkpoint.CheckpointRecord | None:
         """The checkpoint a retried trial inherited from the run the dead sweep left, if it is still on disk."""
-        data = trial.user_attrs.get(ATTR + "checkpoint") if ATTR + "retry_of" in trial.user_attrs else None
+        data = records.record(trial, "checkpoint") if records.record(trial, "retry_of") is not None else None
         if not data:
             return None
         record = checkpoint.CheckpointRecord.from_json(data)

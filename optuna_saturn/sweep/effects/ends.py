@@ -12,9 +12,10 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from optuna_saturn import checkpoint
-from optuna_saturn.study.gateway import ATTR, ended_by_another
+from optuna_saturn.study.gateway import ended_by_another
 from optuna_saturn.study.ownership import run_again
 from optuna_saturn.study.queue import QueuedTrial
+from optuna_saturn.study.records import record
 from optuna_saturn.sweep import reporting
 from optuna_saturn.sweep.decisions import Fail, StopOnError, Tell
 from optuna_saturn.sweep.effects.world import World
@@ -87,7 +88,7 @@ def _run_again(world: World, frozen: FrozenTrial) -> None:
     world.state.runs_again()
     _logger.warning(
         f"Trial {frozen.number}'s params run again as a new trial"
-        + (" from its checkpoint." if ATTR + "checkpoint" in frozen.user_attrs else ".")
+        + (" from its checkpoint." if record(frozen, "checkpoint") is not None else ".")
     )
 
 

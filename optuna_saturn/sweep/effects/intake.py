@@ -11,10 +11,10 @@ from typing import Any
 import optuna
 
 from optuna_saturn.pricing.prices import TrialPrice
-from optuna_saturn.study.gateway import ATTR
 from optuna_saturn.study.outbox import retrying
 from optuna_saturn.study.ownership import inherit_intermediate_values
 from optuna_saturn.study.queue import ParameterNotFixed, QueuedTrial
+from optuna_saturn.study.records import record
 from optuna_saturn.sweep.decisions import Admit
 from optuna_saturn.sweep.effects.prices import price
 from optuna_saturn.sweep.effects.world import World
@@ -70,7 +70,7 @@ def describe_queued(world: World) -> Taken | None:
 def _priced(world: World, trial: optuna.Trial | QueuedTrial, priced: TrialPrice, asked_at: float) -> Taken:
     now = world.now()
     options = [[-1, [p.option.to_json() for p in priced.options]]]
-    retries = int(trial.user_attrs.get(ATTR + "retries", 0))  # (a run again of a trial whose rank died, perhaps)
+    retries = int(record(trial, "retries", 0))  # (a run again of a trial whose rank died, perhaps)
     waiting = Waiting(
         trial, priced, asked_at=asked_at, describe_seconds=now - asked_at, prices=options, retries=retries
     )
