@@ -24,5 +24,38 @@ def test_the_users_attributes_are_the_users_alone(saturn_options, tmp_path) -> N
         assert not [key for key in trial.user_attrs if key.startswith("saturn:")], sorted(trial.user_attrs)
         assert trial.system_attrs["saturn:strategy"] in ("single", "ddp")  # (the sweep's records are kept)
         assert trial.user_attrs["world_size"] in (1, 2)  # (what the objective set is there)
-    columns = study.trials_dataframe().columns
-    assert not [c for c in columns if "saturn" in c], list(columns)
+    columns = study.trials_dataframe().columns  # (system attributes are Optuna's own columns, as fixed_params)
+    assert not [c for c in columns if c.startswith("user_attrs_saturn")], list(columns)
+
+
+def test_an_objective_that_cannot_be_pickled_runs_in_the_pools_forks(saturn_options) -> None:
+    """``study.optimize`` runs any callable; a closure that holds a lock cannot be pickled for a worker, and runs
+    in the pool's processes that are forks of the executor's, where it is in memory."""
+    import threading
+
+    lock = threading.Lock()
+
+    def objective(trial) -> float:
+        with lock:
+            x = trial.suggest_float("x", 0, 1)
+        return x * x
+
+    study = optuna.create_study()
+    SaturnExecutor(devices=2, strategies=["single", "ddp"], **saturn_options).optimize(study, objective, n_trials=2)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2, [
+        t.system_attrs.get("saturn:fail_reason") for t in study.trials
+    ]
+
+
+def test_an_objective_that_cannot_be_pickled_is_refused_where_no_fork_can_run_it() -> None:
+    """Where the pool's processes would not be forks of this one (another machine), it is refused with the
+    reason and the fix, before anything runs."""
+    import threading
+
+    from optuna_saturn.worker.objective_recipe import NotInherited, describe_objective, portable
+
+    lock = threading.Lock()
+    recipe = describe_objective(lambda trial: lock.locked(), "/tmp")
+    assert recipe["kind"] == "inherited"
+    with pytest.raises(NotInherited, match="cannot be pickled"):
+        portable(recipe)

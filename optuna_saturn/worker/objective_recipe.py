@@ -4,6 +4,8 @@ Workers are fresh interpreters started by a launcher, so the objective must be f
 function is found by its import path (a function in the script that is running as ``__main__`` by its file, run
 under another name so that its ``if __name__ == "__main__":`` block does not start a second sweep). Anything else
 (a lambda, a closure, a notebook function) is serialised by value with cloudpickle into the sweep's private folder.
+One that cannot be pickled (it holds a lock, an open file, a connection) is *inherited*: the pool's processes that
+are forks of this one (its host, its workers, the describer) find it in their memory, as this process left it.
 """
 
 from __future__ import annotations
@@ -45,9 +47,24 @@ def describe_objective(objective: Callable[..., Any], private_folder: str) -> di
             except (ImportError, AttributeError, KeyError):
                 pass
     path = os.path.join(private_folder, "objective.pkl")
-    with open(path, "wb") as f:
-        cloudpickle.dump(objective, f)
+    try:
+        with open(path, "wb") as f:
+            cloudpickle.dump(objective, f)
+    except Exception as exc:  # (it holds what cannot be pickled: a fork of this process finds it in memory)
+        os.unlink(path)
+        key = f"{os.getpid()}-{id(objective)}"
+        _INHERITED[key] = objective
+        why = f"{type(exc).__name__}: {exc}"
+        return {**recipe, "kind": "inherited", "key": key, "why": why, "qualname": qualname or repr(objective)}
     return {**recipe, "kind": "pickle", "path": path}
+
+
+#: Objectives that could not be pickled, for the forks of this process to find (see the module's docstring).
+_INHERITED: dict[str, Callable[..., Any]] = {}
+
+
+class NotInherited(RuntimeError):
+    """The objective could not be pickled, and this process is not a fork of the one that holds it."""
 
 
 def load_objective(recipe: dict) -> Callable[..., Any]:
@@ -72,6 +89,15 @@ def load_objective(recipe: dict) -> Callable[..., Any]:
     elif kind == "file":
         namespace = runpy.run_path(recipe["path"], run_name="__saturn_main__")
         objective = _lookup(namespace, recipe["qualname"])
+    elif kind == "inherited":
+        if recipe["key"] not in _INHERITED:
+            raise NotInherited(
+                f"The objective {recipe['qualname']} cannot be pickled ({recipe['why']}), so it runs only in "
+                "processes forked from the executor's, and this one is not (a fresh interpreter: the executor had "
+                "initialised CUDA or ran other threads, or the pool is on other machines). Define the objective at "
+                "the top level of a module, or create what it cannot pickle (a lock, a file, a connection) inside it."
+            )
+        objective = _INHERITED[recipe["key"]]
     else:
         with open(recipe["path"], "rb") as f:
             objective = cloudpickle.load(f)
@@ -81,6 +107,8 @@ def load_objective(recipe: dict) -> Callable[..., Any]:
 def portable(recipe: dict) -> dict:
     """``recipe`` for a worker on another machine, which may not see this one's files: a script or pickle it
     names travels inside it (the objective's imports must still be installed there)."""
+    if recipe.get("kind") == "inherited":  # (no fork of this process runs on another machine)
+        load_objective({**recipe, "key": ""})
     if recipe.get("kind") not in ("file", "pickle") or "content" in recipe:
         return recipe
     with open(recipe["path"], "rb") as f:
