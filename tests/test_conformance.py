@@ -59,3 +59,30 @@ def test_an_objective_that_cannot_be_pickled_is_refused_where_no_fork_can_run_it
     assert recipe["kind"] == "inherited"
     with pytest.raises(NotInherited, match="cannot be pickled"):
         portable(recipe)
+
+
+class _AfterTrialFails(optuna.samplers.RandomSampler):
+    """A sampler whose ``after_trial`` raises on its second call."""
+
+    def __init__(self) -> None:
+        super().__init__(seed=0)
+        self.heard: list[int] = []
+
+    def after_trial(self, study, trial, state, values) -> None:
+        self.heard.append(trial.number)
+        if len(self.heard) == 2:
+            raise ZeroDivisionError("the sampler's own bug")
+
+
+def test_an_exception_of_the_samplers_after_trial_reaches_the_caller(saturn_options) -> None:
+    """As in ``study.optimize``: the sampler hears every trial's end once, and what it raises is raised from
+    ``optimize`` (the trial's end is stored first); no trial is left RUNNING."""
+    sampler = _AfterTrialFails()
+    study = optuna.create_study(sampler=sampler)
+    with pytest.raises(ZeroDivisionError, match="the sampler's own bug"):
+        SaturnExecutor(devices=1, strategies=["single"], **saturn_options).optimize(
+            study, objectives.quadratic, n_trials=4
+        )
+    assert TrialState.RUNNING not in [t.state for t in study.trials]
+    assert len(sampler.heard) == len(set(sampler.heard)) >= 2  # (each end heard once)
+    assert "after_trial" not in vars(sampler)  # (the sampler object is left as it was)

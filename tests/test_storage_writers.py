@@ -15,7 +15,8 @@ from optuna.trial import TrialState
 
 from optuna_saturn.study import gateway as gateway_module
 from optuna_saturn.study import liveness
-from optuna_saturn.study.gateway import FAIL_REASON_CHARS, LOG_TAIL_BYTES, StudyGateway
+from optuna_saturn.study.gateway import FAIL_REASON_CHARS, StudyGateway
+from optuna_saturn.study.log_artifacts import LOG_TAIL_BYTES
 from optuna_saturn.study.outbox import Outbox, retrying, transient
 
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import datetime
 import itertools
-import os
-import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -23,8 +21,10 @@ from optuna.trial import FrozenTrial, TrialState
 from optuna_saturn.study import claims
 from optuna_saturn.study.attr_writes import set_records_of, write_records
 from optuna_saturn.study.claims import ATTR, Claimant
+from optuna_saturn.study.log_artifacts import uploaded_log
 from optuna_saturn.study.outbox import STORAGE_ERRORS, Outbox, Outgoing, retrying, transient
 from optuna_saturn.study.records import record
+from optuna_saturn.study.sampler_errors import sampler_errors_kept
 
 _logger = optuna.logging.get_logger("optuna.saturn")
 
@@ -190,15 +190,16 @@ class StudyGateway:
         if isinstance(attrs.get(ATTR + "fail_reason"), str):
             attrs[ATTR + "fail_reason"] = capped_reason(attrs[ATTR + "fail_reason"])
         if state == TrialState.FAIL and log is not None:  # (once, before telling, and outside the study's lock)
-            attrs.update(self._keep_log(trial, log))
+            attrs.update(uploaded_log(self._artifact_store, trial, log))
         kept = (
             None
             if self._outbox is None
             else self._outbox.keep(Outgoing(trial._trial_id, trial.number, state.name, values, attrs))
         )
-        frozen = retrying(
-            lambda: self._tell_now(trial, state, values, attrs), what=f"record trial {trial.number}'s result"
-        )
+        with sampler_errors_kept(self.study) as sampler_raised:
+            frozen = retrying(
+                lambda: self._tell_now(trial, state, values, attrs), what=f"record trial {trial.number}'s result"
+            )
         with self._held_lock:
             self._held.pop(trial.number, None)
         if not told_here(frozen, state, values):
@@ -208,6 +209,8 @@ class StudyGateway:
                 self._outbox.set_aside(kept)  # (where no recovery clears it)
         elif kept is not None:
             Outbox.done(kept)
+        if sampler_raised:  # (the trial's end is stored: Optuna writes it, then raises, as study.optimize does)
+            raise sampler_raised[0]
         return frozen
 
     def _keep_late_result(self, stored: FrozenTrial, state: TrialState, values: list[float] | None) -> None:
@@ -332,35 +335,7 @@ class StudyGateway:
 
         retrying(set_it, what=f"set the study's {ATTR + key}", budget=budget)
 
-    def _keep_log(self, trial: optuna.Trial, log: Path) -> dict[str, Any]:
-        """Upload the last :data:`LOG_TAIL_BYTES` of a failed trial's log to the artifact store; the attribute that
-        names it. Everyone who reads the storage may read it, so only its tail (where the error is) goes there;
-        the whole log stays in the sweep's private log folder. A store that fails costs the upload, not the
-        result."""
-        if self._artifact_store is None or not log.exists():
-            return {}
-        from optuna.artifacts import upload_artifact
 
-        try:
-            with log.open("rb") as source, tempfile.TemporaryDirectory(prefix="saturn-log-") as folder:
-                size = source.seek(0, os.SEEK_END)
-                source.seek(max(0, size - LOG_TAIL_BYTES))
-                tail = Path(folder) / log.name
-                tail.write_bytes(source.read())
-                artifact_id = upload_artifact(
-                    artifact_store=self._artifact_store,
-                    file_path=str(tail),
-                    study_or_trial=trial,
-                    mimetype="text/plain",
-                )
-        except Exception:
-            _logger.warning(f"Could not upload trial {trial.number}'s log to the artifact store.", exc_info=True)
-            return {}
-        return {ATTR + "log_artifact_id": artifact_id}
-
-
-#: How much of a failed trial's log is uploaded to the artifact store (its end, where the error is).
-LOG_TAIL_BYTES = 1 << 20
 #: The longest ``saturn:fail_reason`` kept in the study (optuna-dashboard shows it; a whole traceback of a
 #: library's error can run to megabytes, and a MySQL TEXT column holds 64 KiB).
 FAIL_REASON_CHARS = 2048
