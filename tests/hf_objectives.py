@@ -42,17 +42,19 @@ def compute_dtypes(model: torch.nn.Module) -> set[str]:
 
 
 def tiny_gpt2():
+    """A GPT-2 of two layers from a config; ``SATURN_TEST_DROPOUT`` sets its dropout (none by default)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
+    dropout = float(os.environ.get("SATURN_TEST_DROPOUT", "0"))
     config = GPT2Config(
         vocab_size=VOCAB,
         n_positions=LENGTH,
         n_embd=32,
         n_layer=2,
         n_head=2,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
+        resid_pdrop=dropout,
+        embd_pdrop=dropout,
+        attn_pdrop=dropout,
         bos_token_id=0,
         eos_token_id=0,
     )

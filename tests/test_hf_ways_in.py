@@ -7,6 +7,7 @@ from __future__ import annotations
 import hf_objectives
 import optuna
 import pytest
+import torch
 from optuna.trial import TrialState
 from support import assert_trains_like, run_on
 
@@ -45,6 +46,10 @@ def runs(request, tmp_path_factory):
 def test_the_same_trial_trains_the_same_under_every_strategy(runs, run):
     reference, result = runs["singlex1"], runs[run]
     assert_trains_like(reference, result, steps=12, rel=TOLERANCE)
+    # what the study is told, and every evaluation on the way: the same value under every strategy
+    assert result.value == pytest.approx(reference.value, rel=1e-5)
+    if "eval_losses" in reference.user_attrs:
+        assert result.user_attrs["eval_losses"] == pytest.approx(reference.user_attrs["eval_losses"], rel=1e-5)
     assert result.user_attrs["grad_norms"] == pytest.approx(reference.user_attrs["grad_norms"], rel=TOLERANCE)
     assert max(reference.user_attrs["grad_norms"]) > 0.5  # clipping clipped
 
@@ -154,3 +159,31 @@ def test_accelerate_state_of_the_executors_process_does_not_reach_the_workers(tm
         PartialState._reset_state()
     assert attrs["ddp"]["accelerate_processes"] == 2
     assert attrs["ddp"]["curve"] == pytest.approx(attrs["single"]["curve"], rel=TOLERANCE)
+
+
+class PlainTrial(optuna.trial.FixedTrial):
+    """The objective's trial as plain Optuna would give it in one process: ``prepare_trainer`` hands the Trainer
+    back as it is."""
+
+    device = torch.device("cpu")
+
+    def prepare_trainer(self, trainer, **kwargs):
+        return trainer
+
+
+@pytest.mark.parametrize("dropout", ["0", "0.1"])
+def test_single_trains_exactly_as_a_plain_trainer_in_one_process(tmp_path, monkeypatch, dropout):
+    """The strategy is ours, the training is the user's: under ``single`` the Trainer objective gives exactly
+    what the same Trainer gives in one process without optuna-saturn (the same batches in the same order, each
+    pass's shuffle from the seed, the evaluation weighing the last, smaller batch by its rows), with or without
+    dropout: every training loss, every evaluation and the value told, bit for bit."""
+    monkeypatch.setenv("SATURN_TEST_DROPOUT", dropout)
+    monkeypatch.setenv("SATURN_TEST_OUTPUT", str(tmp_path / "plain"))
+    plain = PlainTrial(PARAMS)
+    value = hf_objectives.trainer_gpt2(plain)
+    monkeypatch.setenv("SATURN_TEST_OUTPUT", str(tmp_path / "saturn"))
+    (trial,) = _run(hf_objectives.trainer_gpt2, "single", 1, tmp_path / "logs").trials
+    assert trial.state == TrialState.COMPLETE, trial.system_attrs.get("saturn:fail_reason")
+    assert trial.user_attrs["curve"] == plain.user_attrs["curve"]
+    assert trial.user_attrs["eval_losses"] == plain.user_attrs["eval_losses"]
+    assert trial.value == value

@@ -20,14 +20,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate import Accelerator
+from accelerate.data_loader import SeedableRandomSampler
 from accelerate.optimizer import AcceleratedOptimizer
 from accelerate.scheduler import AcceleratedScheduler
 from accelerate.utils import convert_outputs_to_fp32, get_mixed_precision_context_manager
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, RandomSampler
 
 from optuna_saturn.engines import StrategyMismatch
 from optuna_saturn.engines._base import loss_scaler_mismatch
-from optuna_saturn.sharding import LoaderView
+from optuna_saturn.microbatch import AccumulationError, batch_rows
+from optuna_saturn.sharding import LoaderView, RankRows
 
 if TYPE_CHECKING:
     from optuna_saturn.training_trial import TrainingTrial
@@ -94,6 +96,7 @@ class SaturnAccelerator(Accelerator):
         kwargs.setdefault("cpu", trial.device.type == "cpu")
         self._saturn_trial = trial  # (first: Accelerator's own set-up reads self.device)
         self._count_steps = count_steps
+        self._rows_seen: int | None = None  # rows of the batch a prepared loader yielded last (one process)
         super().__init__(**kwargs)
 
     @property
@@ -120,6 +123,8 @@ class SaturnAccelerator(Accelerator):
                 "Prepare the model together with its optimizer, accelerator.prepare(model, optimizer, ...): sharding "
                 "strategies must point the optimizer at the sharded parameters."
             )
+        for loader in (a for a in strategy_objects if isinstance(a, DataLoader)):
+            self._seed_its_order(loader)
         prepared = trial.prepare(*strategy_objects) if strategy_objects else ()
         if len(strategy_objects) == 1:
             prepared = (prepared,)
@@ -135,6 +140,7 @@ class SaturnAccelerator(Accelerator):
                 self._optimizers.append(result)
             elif isinstance(obj, DataLoader):
                 result = _CountedSteps(result, self) if self._count_steps else result
+                result = _RowsNoted(result, self) if trial.world_size == 1 else result
                 self._dataloaders.append(result)
             elif isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
                 result = AcceleratedScheduler(
@@ -143,6 +149,25 @@ class SaturnAccelerator(Accelerator):
                 self._schedulers.append(result)
             results.append(result)
         return results[0] if len(results) == 1 else tuple(results)
+
+    def _seed_its_order(self, loader: DataLoader) -> None:
+        """A shuffling DataLoader draws its order as Accelerate's own ``prepare`` makes it: with
+        ``use_seedable_sampler`` (on in Trainer's accelerator config), each pass's order comes from the seed and the
+        pass's number (Accelerate's ``SeedableRandomSampler``, told the pass as its ``DataLoaderShard`` tells it),
+        not from the global generator as the pass begins.
+        The same trial then sees the same batches as under a plain Trainer, whatever ran before its first pass."""
+        config = getattr(self, "dataloader_config", None)
+        batch_sampler = loader.batch_sampler
+        sampler = getattr(batch_sampler, "sampler", None)
+        if config is None or not config.use_seedable_sampler or type(sampler) is not RandomSampler:
+            return
+        batch_sampler.sampler = _SeededPerPass(  # type: ignore[union-attr]  # (a batch sampler: checked above)
+            data_source=sampler.data_source,
+            replacement=sampler.replacement,
+            num_samples=sampler._num_samples,
+            generator=sampler.generator,
+            data_seed=config.data_seed,
+        )
 
     def _autocast_forward(self, model: torch.nn.Module) -> None:
         """With mixed precision, the user's module's forward runs under autocast and returns float32, as
@@ -225,17 +250,20 @@ class SaturnAccelerator(Accelerator):
 
     def _gather_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
         """Trainer's evaluation loop repeats each batch's mean loss by the per-device batch size, and averages
-        what it gathers: in one process each batch counts as that many rows, whatever its real size. Here a
-        rank holds its share of the global batch, so the ranks' values are gathered by their rows into the whole
-        batch's mean, then repeated as in one process (the evaluation loss is then exactly one process's)."""
+        what it gathers; in one process Accelerate keeps as many of them as the batch has rows (the last batch of a
+        pass may have fewer), so each batch weighs by its rows. Here a rank holds its share of the global batch, so
+        the ranks' values are gathered by their rows into the whole batch's mean, and repeated once per row of the
+        whole batch (the evaluation loss is then exactly one process's)."""
         gather = self._saturn_trial.gather_for_metrics
         rows = self._saturn_trial._batch
+        if rows is None and self._rows_seen is not None:  # (one process: the batch its loader yielded last)
+            rows = RankRows(0, self._rows_seen, self._rows_seen, 1.0)
         if rows is None or tensor.dim() != 1 or tensor.numel() == 0 or tensor.shape[0] == rows.stop - rows.start:
             return gather(tensor)
         if not bool((tensor == tensor[0]).all()):
             return gather(tensor)  # (raises the error that names the expected shape)
         whole = gather(tensor[:1].expand(rows.stop - rows.start))
-        return whole.mean().expand(tensor.shape[0]).to(tensor.dtype)
+        return whole.mean().expand(whole.shape[0]).to(tensor.dtype)
 
     def unwrap_model(
         self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
@@ -257,6 +285,39 @@ class SaturnAccelerator(Accelerator):
         )
 
     load_state = save_state
+
+
+class _SeededPerPass(SeedableRandomSampler):
+    """Accelerate's seedable sampler, told which pass begins as Accelerate's ``DataLoaderShard`` tells it
+    (``set_epoch(iteration)`` at each ``iter()``): a loop that takes a pass's batches with ``next()`` and never
+    exhausts it (Trainer's) still gets each pass its own order."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._passes = 0
+
+    def __iter__(self) -> Iterator[int]:
+        self.set_epoch(self._passes)
+        self._passes += 1
+        yield from super().__iter__()
+
+
+class _RowsNoted(LoaderView):
+    """A prepared DataLoader of a trial in one process, which notes how many rows each batch has: Trainer's
+    evaluation repeats a batch's loss by the per-device batch size, and Accelerate keeps as many as the batch has
+    rows (:meth:`SaturnAccelerator._gather_tensor`). A sharded loader tells the trial its rows itself."""
+
+    def __init__(self, loader: DataLoader, accelerator: SaturnAccelerator) -> None:
+        super().__init__(loader)
+        self._accelerator = accelerator
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # torch types it as a private iterator
+        for batch in self.loader:
+            try:
+                self._accelerator._rows_seen = batch_rows(batch)
+            except AccumulationError:  # (no rows to count: nothing is repeated by them either)
+                self._accelerator._rows_seen = None
+            yield batch
 
 
 class _CountedSteps(LoaderView):
