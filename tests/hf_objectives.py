@@ -58,7 +58,7 @@ def tiny_gpt2():
         bos_token_id=0,
         eos_token_id=0,
     )
-    torch.manual_seed(0)
+    torch.manual_seed(int(os.environ.get("SATURN_TEST_SEED", "0")))
     return GPT2LMHeadModel(config)
 
 
@@ -85,7 +85,7 @@ def trainer_gpt2(trial) -> float:
         eval_steps=3,
         save_strategy="no",
         report_to=[],
-        seed=0,
+        seed=int(os.environ.get("SATURN_TEST_SEED", "0")),
         use_cpu=trial.device.type == "cpu",
         disable_tqdm=True,
         bf16=precision() == "bf16",
