@@ -79,12 +79,14 @@ def saturn_trial(
     }
     if profiling is not None:
         attrs["profiling"] = profiling
+    if state == TrialState.FAIL:
+        attrs["fail_reason"] = f"rank 0: ValueError: trial {number} went wrong\nTraceback (most recent call last): ..."
     trial = optuna.trial.create_trial(
         state=state,
         value=value if state == TrialState.COMPLETE else None,
         params={"lr": 0.01 * (number + 1)},
         distributions={"lr": FloatDistribution(1e-4, 1.0)},
-        user_attrs={"saturn:" + k: v for k, v in attrs.items()},
+        system_attrs={"saturn:" + k: v for k, v in attrs.items()},  # (the sweep's records: system attributes)
     )
     trial.number = number
     return trial
@@ -252,6 +254,25 @@ def test_plan_note_lists_every_trial(study: optuna.Study) -> None:
     assert "| 1 | COMPLETE | ddp | cpu:1, cpu:3 | 0.0–6.0 | 0.4–7.0 |" in note
     assert sum(line.startswith("| ") and line[2].isdigit() for line in note.splitlines()) == 4
     assert "lower bound" in note
+    # why a trial failed, where optuna-dashboard shows it (a record is no user attribute): its first line
+    assert "- **Trial 3 failed**: rank 0: ValueError: trial 3 went wrong\n" in note + "\n" and "Traceback" not in note
+
+
+def test_a_study_an_earlier_version_recorded_in_user_attributes_is_still_read(study: optuna.Study) -> None:
+    """Records a study got before they moved to the system attributes (its user attributes) read the same."""
+    moved = make_study(
+        [
+            optuna.trial.create_trial(
+                state=t.state,
+                values=t.values,
+                params=t.params,
+                distributions=t.distributions,
+                user_attrs={k: v for k, v in t.system_attrs.items() if k.startswith("saturn:")},
+            )
+            for t in study.trials
+        ]
+    )
+    assert plan_note(read_study(moved)) == plan_note(read_study(study))
 
 
 # -- dashboard publisher ----------------------------------------------------------------------------------------------

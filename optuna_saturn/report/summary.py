@@ -117,12 +117,21 @@ def plan_note(records: Sequence[SweepRecord]) -> str:
                 f"{_span(r.planned_start, r.planned_end)} | {_span(r.actual_start, r.actual_end)} |"
             )
         lines.append("")
+        # (why each trial failed: the sweep's records are not user attributes, which the dashboard shows)
+        failed = [r for r in runs if r.state == "FAIL" and r.fail_reason]
+        lines += [f"- **Trial {r.number} failed**: {_first_line(r.fail_reason)}" for r in failed]
+        lines += [""] if failed else []
     lines.append(
         "_Times are seconds since each sweep started. The lower bound holds for any plan of these trials "
         "on this pool; it uses the options the planner chose from (`saturn:options`), each trial's "
         "rescaled by its actual / planned runtime._"
     )
     return "\n".join(lines)
+
+
+def _first_line(text: str | None, limit: int = 300) -> str:
+    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _state_rank(state: str) -> int:
