@@ -66,7 +66,7 @@ def row(label: str, study: optuna.Study) -> str:
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     for t in study.trials:
         if t.state != optuna.trial.TrialState.COMPLETE:
-            print(f"  (trial {t.number} {t.state.name}: {t.user_attrs.get('saturn:fail_reason')})", file=sys.stderr)
+            print(f"  (trial {t.number} {t.state.name}: {t.system_attrs.get('saturn:fail_reason')})", file=sys.stderr)
     errors = [
         abs(t.system_attrs["saturn:planned_runtime"] - t.system_attrs["saturn:actual_runtime"])
         / t.system_attrs["saturn:actual_runtime"]
@@ -74,8 +74,8 @@ def row(label: str, study: optuna.Study) -> str:
     ]
     for t in done:
         print(
-            f"  trial {t.number}: {t.user_attrs['saturn:strategy']} predicted "
-            f"{t.user_attrs['saturn:planned_runtime']:.1f} s, actual {t.user_attrs['saturn:actual_runtime']:.1f} s"
+            f"  trial {t.number}: {t.system_attrs['saturn:strategy']} predicted "
+            f"{t.system_attrs['saturn:planned_runtime']:.1f} s, actual {t.system_attrs['saturn:actual_runtime']:.1f} s"
             f" ({breakdown(t)})",
             file=sys.stderr,
         )

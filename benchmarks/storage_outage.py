@@ -227,7 +227,7 @@ def _figures(storage_url: str, n_trials: int, log_dir: str, steps: int, reported
             f.running += 1
         elif t.state == TrialState.FAIL:
             f.fail += 1
-            f.fail_reasons.append(f"trial {t.number}: {t.user_attrs.get('saturn:fail_reason', '?')}")
+            f.fail_reasons.append(f"trial {t.number}: {t.system_attrs.get('saturn:fail_reason', '?')}")
     f.lost = max(0, n_trials - f.complete_ok)
     f.outbox_left = len(list(Path(log_dir, "outbox").glob("*/trial-*.json")))
     f.late = sum(k.startswith("saturn:late_result:") for k in study_attrs)

@@ -229,7 +229,7 @@ def run_optuna_arm(
         "trials": len(study.trials),
         "params": [t.params for t in sorted(study.trials, key=lambda t: t.number)],
         "options": [
-            f"{t.user_attrs['saturn:strategy']}x{t.user_attrs['saturn:num_devices']}"
+            f"{t.system_attrs['saturn:strategy']}x{t.system_attrs['saturn:num_devices']}"
             for t in study.trials
             if "saturn:strategy" in t.system_attrs
         ],

@@ -184,7 +184,7 @@ def main(
         raise SystemExit("No trial completed; see the trials' saturn:fail_reason and their logs.")
     best = study.best_trial
     print(f"\nBest trial #{best.number}: validation loss {best.value:.4f} with {best.params}")
-    print(f"  ran as {best.user_attrs['saturn:strategy']} on {best.user_attrs['saturn:devices']}")
+    print(f"  ran as {best.system_attrs['saturn:strategy']} on {best.system_attrs['saturn:devices']}")
     print(f"See the sweep:  optuna-dashboard {without_password(args.storage)}")
 
 

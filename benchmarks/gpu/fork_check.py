@@ -48,7 +48,7 @@ def main(mode: str) -> None:
     trial = study.trials[0]
     print(
         f"[{mode}] trial 0: {trial.state.name} in {time.time() - started:.1f} s; value {trial.value}; "
-        f"fail_reason {trial.user_attrs.get('saturn:fail_reason')!r}; losses {trial.user_attrs.get('losses')}"
+        f"fail_reason {trial.system_attrs.get('saturn:fail_reason')!r}; losses {trial.user_attrs.get('losses')}"
     )
     for log in sorted(glob.glob(f"{logs}/*/trial-*.log")):
         print(f"----- {log}\n" + Path(log).read_text()[-3000:])

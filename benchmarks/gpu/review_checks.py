@@ -181,7 +181,7 @@ def c1() -> bool:
         "C1",
         "PASS" if trial.state.name == "COMPLETE" else "FAIL",
         f"Trainer objective through the executor: {trial.state.name} "
-        f"{trial.user_attrs.get('saturn:fail_reason', '')} (workers {'started fresh' if fresh else 'forked'})",
+        f"{trial.system_attrs.get('saturn:fail_reason', '')} (workers {'started fresh' if fresh else 'forked'})",
     )
     return ok
 
@@ -401,7 +401,7 @@ def c5() -> bool:
         "C5",
         "PASS" if trial.state.name == "COMPLETE" and len(trials.trials) == 1 else "FAIL",
         f"a trial run as it was: {trial.state.name} with {accumulation} micro-batch(es), "
-        f"{len(trials.trials)} trial(s) {trial.user_attrs.get('saturn:fail_reason', '')}",
+        f"{len(trials.trials)} trial(s) {trial.system_attrs.get('saturn:fail_reason', '')}",
     )
     if fitted and study.trials:
         peak = records[fitted[0]].peak_memory_bytes or 0
@@ -448,7 +448,7 @@ def c6() -> bool:
     ok = check(
         "C6",
         "PASS" if grab.state.name == "COMPLETE" else "FAIL",
-        f"hog {hog.state.name}, grab {grab.state.name} {grab.user_attrs.get('saturn:fail_reason', '')}",
+        f"hog {hog.state.name}, grab {grab.state.name} {grab.system_attrs.get('saturn:fail_reason', '')}",
     )
     peak = max((u for _, u in polled if u is not None), default=None)
     check("C6", "INFO", f"device memory peak {peak} MiB; the replacement: {waited[-1] if waited else 'no wait needed'}")
@@ -520,7 +520,7 @@ def c8() -> bool:
     ok = check(
         "C8",
         "PASS" if states == ["FAIL", "COMPLETE"] and again.get("saturn:resumed_from_step", 0) >= 10 else "FAIL",
-        f"states {states}; the first run's reason: {trials[0].user_attrs.get('saturn:fail_reason', '')[:160]}; "
+        f"states {states}; the first run's reason: {trials[0].system_attrs.get('saturn:fail_reason', '')[:160]}; "
         f"the run again resumed from step {again.get('saturn:resumed_from_step')}",
     )
     return ok
