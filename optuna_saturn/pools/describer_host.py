@@ -54,6 +54,11 @@ def main(config_path: str) -> None:
     import torch
 
     torch.set_num_threads(1)  # a description reads shapes; its forks must not inherit a thread pool
+    import accelerate  # noqa: F401  (what every description uses, imported once here, not in each fork)
+
+    import optuna_saturn.profiler._probe
+    import optuna_saturn.worker.described_trial  # noqa: F401
+
     objective = load_objective(config["objective"])
     channel = ChannelClient(config["channel"], config["token"], hello={"describer": True})
     while True:
@@ -151,7 +156,7 @@ def _describe(order: dict, objective: Any) -> None:
     trial = DescribedTrial(channel, order["trial"], number=int(order["number"]))
     answer: dict[str, Any]
     try:
-        answer = {"workload": probe_workload(objective, trial, threading.Lock()).to_json()}
+        answer = {"workload": probe_workload(objective, trial, threading.Lock(), throwaway=True).to_json()}
     except NothingToDescribe as exc:  # it prepares no model: nothing of it, nor of later trials, to describe
         answer = {"error": str(exc), "nothing_to_describe": True}
     except RuntimeError as exc:  # it cannot be described this way: planned from runtime estimates

@@ -127,13 +127,15 @@ def meta_models_stay_put() -> Iterator[None]:
         torch.nn.Module.to = original  # type: ignore[method-assign]  # torch's own, put back
 
 
-def probe_workload(objective: Any, trial: Suggests, lock: threading.Lock) -> Workload:
+def probe_workload(objective: Any, trial: Suggests, lock: threading.Lock, *, throwaway: bool = False) -> Workload:
     """Describe ``objective``'s workload for ``trial`` (see the module's docstring). Raises ``RuntimeError`` with
-    the reason when the objective cannot be described this way (then the trial is planned from estimates)."""
+    the reason when the objective cannot be described this way (then the trial is planned from estimates).
+    ``throwaway``: this process ends after the description (the describer's fork), so the global state the
+    objective changed is not put back (putting it back imports every library that keeps one: 1.4 s here)."""
     from accelerate import init_empty_weights
 
     probe = StandInTrial(trial, lock)
-    with restored_process_state(), without_gpus():
+    with contextlib.nullcontext() if throwaway else restored_process_state(), without_gpus():
         try:
             with init_empty_weights(include_buffers=False), meta_models_stay_put():
                 objective(probe)
