@@ -135,7 +135,7 @@ class Ledger:
             if left:
                 self.problems.append(f"trials left RUNNING or WAITING: {left}")
             for t in trials:
-                interrupted = "the sweep that ran it died" in t.user_attrs.get(
+                interrupted = "the sweep that ran it died" in t.system_attrs.get(
                     "saturn:fail_reason", ""
                 ) or "no live sweep runs it" in t.system_attrs.get("saturn:fail_reason", "")
                 if interrupted and int(t.system_attrs.get("saturn:retries", 0)) < 1 and runs_again[t.number] != 1:

@@ -92,7 +92,7 @@ def run_arm(arm: str, store: str, log_dir: str) -> dict:
         return {"wall": time.time() - started}
     executor.optimize(study, objective, n_trials=len(PRUNE_AT))
     wall = time.time() - started
-    attrs = [t.user_attrs for t in study.trials]
+    attrs = [t.system_attrs for t in study.trials]  # (the sweep's records)
     # device-seconds: each trial's last run, and the runs a move ended (saturn:moves)
     runtimes = [
         a["saturn:actual_runtime"] * a["saturn:num_devices"]

@@ -191,7 +191,7 @@ def run_arm(arm: str, params: list[dict], devices: str, store: str, log_dir: str
     wall = time.time() - started
     trials = []
     for t in study.trials:
-        a = t.user_attrs
+        a = {**t.user_attrs, **t.system_attrs}  # (the objective's, and the sweep's records)
         runtime = a.get("saturn:actual_runtime")
         if runtime is None and t.datetime_start and t.datetime_complete:
             runtime = (t.datetime_complete - t.datetime_start).total_seconds()
@@ -405,11 +405,11 @@ def part_parity(budget: float) -> int:
         results[name] = {
             "state": t.state.name,
             "losses": t.user_attrs.get("losses"),
-            "strategy": t.user_attrs.get("saturn:strategy"),
+            "strategy": t.system_attrs.get("saturn:strategy"),
             "facts": t.user_attrs.get("facts"),
-            "devices": t.user_attrs.get("saturn:devices"),
+            "devices": t.system_attrs.get("saturn:devices"),
             "wall": time.time() - started,
-            "fail_reason": t.user_attrs.get("saturn:fail_reason"),
+            "fail_reason": t.system_attrs.get("saturn:fail_reason"),
         }
     ref = (results.get("single") or {}).get("losses")
     print(f"  device: {'cuda:0' if device == 0 else 'cpu'}; tolerance rel 1e-4 (tests/test_strategies_real.py)")

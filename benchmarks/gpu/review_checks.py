@@ -228,7 +228,9 @@ def c2() -> bool:
         ok &= check(
             "C2", "PASS" if abs(memory) <= 64 else "FAIL", f"device memory in use, trial 3 to {n}: {memory:+.0f} MiB"
         )
-    starts = [t.user_attrs["saturn:objective_start"] - t.user_attrs["saturn:actual_start"] for t in study.trials[:2]]
+    starts = [
+        t.system_attrs["saturn:objective_start"] - t.system_attrs["saturn:actual_start"] for t in study.trials[:2]
+    ]
     check(
         "C2",
         "INFO",
@@ -396,7 +398,7 @@ def c5() -> bool:
         trials, review_objectives.activations_of_160_gb, n_trials=1
     )
     trial = trials.trials[0]
-    accumulation = trial.user_attrs.get("saturn:gradient_accumulation")
+    accumulation = trial.system_attrs.get("saturn:gradient_accumulation")
     ok &= check(
         "C5",
         "PASS" if trial.state.name == "COMPLETE" and len(trials.trials) == 1 else "FAIL",
@@ -500,7 +502,7 @@ def c8() -> bool:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             trials = watched.get_trials(deepcopy=False)
-            if trials and (trials[0].user_attrs.get("saturn:checkpoint") or {}).get("step", 0) >= 10:
+            if trials and (trials[0].system_attrs.get("saturn:checkpoint") or {}).get("step", 0) >= 10:
                 for process in psutil.Process().children(recursive=True):
                     if process.name() == "saturn-worker-1":
                         process.kill()
@@ -516,7 +518,7 @@ def c8() -> bool:
     killer.join(timeout=5)
     trials = optuna.load_study(study_name="c8", storage=storage).trials
     states = [t.state.name for t in trials]
-    again = trials[-1].user_attrs if len(trials) > 1 else {}
+    again = trials[-1].system_attrs if len(trials) > 1 else {}
     ok = check(
         "C8",
         "PASS" if states == ["FAIL", "COMPLETE"] and again.get("saturn:resumed_from_step", 0) >= 10 else "FAIL",
