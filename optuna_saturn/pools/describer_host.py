@@ -21,7 +21,6 @@ The describer itself never runs user code, never touches a GPU, and runs one thr
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import select
 import signal
@@ -41,15 +40,11 @@ DESCRIPTION_FAILED = 86
 def main(config_path: str) -> None:
     """The describer process: serve describe orders until the executor says to exit (or dies)."""
     from optuna_saturn.channel import ChannelClient
-    from optuna_saturn.pools.process_identity import become_subreaper
+    from optuna_saturn.pools.process_identity import started_as
     from optuna_saturn.worker.objective_recipe import load_objective
-    from optuna_saturn.worker.tied_to_parent import die_with_parent, name_process
 
-    with open(config_path, encoding="utf-8") as f:
-        config = json.load(f)
-    die_with_parent(config["executor_pid"])
-    name_process(DESCRIBER_NAME)
-    become_subreaper()  # (what a description's children leave behind comes back to it, to be ended)
+    # (what a description's children leave behind comes back to it, as their reaper, to be ended)
+    config = started_as(DESCRIBER_NAME, config_path)
     os.environ["OPTUNA_SATURN_WORKER"] = "1"  # (an objective that starts a sweep of its own is refused, as in a worker)
     import torch
 

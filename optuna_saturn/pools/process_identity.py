@@ -56,3 +56,18 @@ def become_subreaper() -> bool:
         return result == 0
     except (OSError, AttributeError):
         return False
+
+
+def started_as(name: str, config_path: str) -> dict:
+    """A process of the pool's first moves (the pool host, the describer): its config read, tied to the executor
+    (it dies with it), named as ``ps`` shows it, and the reaper of its descendants' orphans."""
+    import json
+
+    from optuna_saturn.worker.tied_to_parent import die_with_parent, name_process
+
+    with open(config_path, encoding="utf-8") as f:
+        config: dict = json.load(f)
+    die_with_parent(config["executor_pid"])
+    name_process(name)
+    become_subreaper()
+    return config

@@ -32,14 +32,11 @@ _QUICK_EXITS = 3
 
 
 def main(config_path: str) -> None:
-    from optuna_saturn.pools.process_identity import become_subreaper
-    from optuna_saturn.worker.tied_to_parent import HOST_NAME, die_with_parent, name_process
+    from optuna_saturn.pools.process_identity import started_as
+    from optuna_saturn.worker.tied_to_parent import HOST_NAME
 
-    with open(config_path, encoding="utf-8") as f:
-        config = json.load(f)
-    die_with_parent(config["executor_pid"])
-    name_process(HOST_NAME)
-    become_subreaper()  # (orphans of its workers, their data loaders', are reaped by its wait loop below)
+    # (orphans of its workers, their data loaders', are reaped by its wait loop below)
+    config = started_as(HOST_NAME, config_path)
     config["host_pid"] = os.getpid()  # its workers' parent
     config["memory_baseline"] = _memory_in_use(config)  # before any worker holds a context
     from optuna_saturn.worker.warm import prepare_process, serve
