@@ -18,7 +18,7 @@ import lightning as L
 import torch
 from gpt2_sweep import EVAL_EVERY, TRAIN_STEPS, main, search_space, tiny_gpt2, train_and_validation
 
-LOG_DIR = "saturn-lightning-runs"  # each trial logs under <this>/trial-<number>
+LOG_DIR = "saturn-lightning-runs"  # each trial logs under <this>/<study>-trial-<number>
 
 
 class LanguageModel(L.LightningModule):

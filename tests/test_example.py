@@ -94,7 +94,7 @@ def test_the_lightning_example_runs_four_trials_from_an_empty_folder(tmp_path):
     ]
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     assert complete and all(3.0 < t.value < 7.7 for t in complete)
-    assert (tmp_path / "saturn-lightning-runs" / f"trial-{complete[0].number}").is_dir()
+    assert (tmp_path / "saturn-lightning-runs" / f"gpt2-lightning-trial-{complete[0].number}").is_dir()
 
 
 #: The example's trial that gave 6.2465 under single x1 and 6.2589 under ddp x2 before data sharding kept the

@@ -33,6 +33,11 @@ CASES = {
 }
 
 
+def _new_threads(before: set[int | None]) -> list[str]:
+    """The threads of this process that were not there ``before`` (ones that ended meanwhile do not count)."""
+    return [t.name for t in threading.enumerate() if t.ident not in before]
+
+
 def _children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
@@ -68,9 +73,7 @@ def test_the_objective_never_runs_in_the_executor(how, tmp_path, monkeypatch, sa
     # the executor's threads and children are as before: the pool and the describer are gone with the sweep (a
     # channel thread that served them may take a moment to see its connection close, on a loaded machine)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (
-        {t.ident for t in threading.enumerate()} != threads or _children() - children
-    ):
+    while time.monotonic() < deadline and (_new_threads(threads) or _children() - children):
         time.sleep(0.1)
-    assert {t.ident for t in threading.enumerate()} == threads, [t.name for t in threading.enumerate()]
+    assert not _new_threads(threads), _new_threads(threads)
     assert not _children() - children, [psutil.Process(p).cmdline() for p in _children() - children]

@@ -24,7 +24,7 @@ from optuna_saturn.study.claims import ATTR, Claimant
 from optuna_saturn.study.log_artifacts import uploaded_log
 from optuna_saturn.study.outbox import STORAGE_ERRORS, Outbox, Outgoing, retrying, transient
 from optuna_saturn.study.records import record
-from optuna_saturn.study.sampler_errors import sampler_errors_kept
+from optuna_saturn.study.sampler_errors import as_in_optimize
 
 _logger = optuna.logging.get_logger("optuna.saturn")
 
@@ -196,7 +196,7 @@ class StudyGateway:
             if self._outbox is None
             else self._outbox.keep(Outgoing(trial._trial_id, trial.number, state.name, values, attrs))
         )
-        with sampler_errors_kept(self.study) as sampler_raised:
+        with as_in_optimize(self.study) as sampler:
             frozen = retrying(
                 lambda: self._tell_now(trial, state, values, attrs), what=f"record trial {trial.number}'s result"
             )
@@ -209,8 +209,9 @@ class StudyGateway:
                 self._outbox.set_aside(kept)  # (where no recovery clears it)
         elif kept is not None:
             Outbox.done(kept)
-        if sampler_raised:  # (the trial's end is stored: Optuna writes it, then raises, as study.optimize does)
-            raise sampler_raised[0]
+        self.stop_requested = self.stop_requested or sampler.stopped  # (GridSampler, its grid done, say)
+        if sampler.raised:  # (the trial's end is stored: Optuna writes it, then raises, as study.optimize does)
+            raise sampler.raised[0]
         return frozen
 
     def _keep_late_result(self, stored: FrozenTrial, state: TrialState, values: list[float] | None) -> None:

@@ -138,21 +138,24 @@ class Asking:
 
     def not_to_start(self, state: SweepState, now: float) -> list[int]:
         """Asking stopped: the queued trials described and not started stay in the study's queue (WAITING, for
-        the next optimize), except those owed a start: planned to start by now on devices that have run no job
-        yet (their workers were starting, or the trial was being described). Those would run but for the sweep's
-        start-up (plain Optuna's first trials start at once, and its timeout lets them finish). Which are owed a
-        start is decided once, one per device."""
+        the next optimize), except those owed a start: a first trial for each device that has run no job yet
+        (its worker was starting, or the trial was being described), planned there to start by now, or not
+        planned yet. Those would run but for the sweep's start-up (plain Optuna's first trials start at once,
+        one per thread, and its timeout lets them finish). Which are owed a start is decided once, one per
+        device."""
         if self._owed_a_start is None:
             self._owed_a_start = set()
             without_a_job = {d for d in state.free() if d not in state.idle_seconds}
-            planned = sorted(
-                (w for w in state.waiting.values() if w.queued and w.assignment is not None),
-                key=lambda w: (w.planned_start, w.number),
+            queued = sorted(
+                (w for w in state.waiting.values() if w.queued),
+                key=lambda w: (w.assignment is None, w.planned_start if w.assignment else 0.0, w.number),
             )
-            for waiting in planned:
-                assert waiting.assignment is not None  # (planned: filtered above)
-                devices = set(waiting.assignment.devices)
-                if waiting.planned_start <= now and devices <= without_a_job:
+            for waiting in queued:
+                if waiting.assignment is None:  # (described, not planned yet: it takes a device of its own)
+                    devices = {min(without_a_job)} if without_a_job else {-1}
+                else:
+                    devices = set(waiting.assignment.devices) if waiting.planned_start <= now else {-1}
+                if devices <= without_a_job:
                     self._owed_a_start.add(waiting.number)
                     without_a_job -= devices
         return [n for n, w in state.waiting.items() if w.queued and n not in self._owed_a_start]
