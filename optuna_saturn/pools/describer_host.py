@@ -51,6 +51,9 @@ def main(config_path: str) -> None:
     torch.set_num_threads(1)  # a description reads shapes; its forks must not inherit a thread pool
     import accelerate  # noqa: F401  (what every description uses, imported once here, not in each fork)
 
+    # (a process's first optimizer imports torch._dynamo: 1.3 s a description, paid here once)
+    import torch._dynamo
+
     import optuna_saturn.profiler._probe
     import optuna_saturn.worker.described_trial  # noqa: F401
 
