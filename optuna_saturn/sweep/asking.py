@@ -139,10 +139,10 @@ class Asking:
     def not_to_start(self, state: SweepState, now: float) -> list[int]:
         """Asking stopped: the queued trials described and not started stay in the study's queue (WAITING, for
         the next optimize), except those owed a start: a first trial for each device that has run no job yet
-        (its worker was starting, or the trial was being described), planned there to start by now, or not
-        planned yet. Those would run but for the sweep's start-up (plain Optuna's first trials start at once,
-        one per thread, and its timeout lets them finish). Which are owed a start is decided once, one per
-        device."""
+        (its worker was starting, or the trial was being described), planned there (the device is free now,
+        whenever the plan would start it) or not planned yet. Those would run but for the sweep's start-up
+        (plain Optuna's first trials start at once, one per thread, and its timeout lets them finish). Which are
+        owed a start is decided once, one per device."""
         if self._owed_a_start is None:
             self._owed_a_start = set()
             without_a_job = {d for d in state.free() if d not in state.idle_seconds}
@@ -154,7 +154,7 @@ class Asking:
                 if waiting.assignment is None:  # (described, not planned yet: it takes a device of its own)
                     devices = {min(without_a_job)} if without_a_job else {-1}
                 else:
-                    devices = set(waiting.assignment.devices) if waiting.planned_start <= now else {-1}
+                    devices = set(waiting.assignment.devices)
                 if devices <= without_a_job:
                     self._owed_a_start.add(waiting.number)
                     without_a_job -= devices
