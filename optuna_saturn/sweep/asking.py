@@ -136,7 +136,7 @@ class Asking:
         timeout."""
         self._had_a_first_round = self._had_a_first_round or not self._first_round_due(state)
 
-    def not_to_start(self, state: SweepState, now: float) -> list[int]:
+    def not_to_start(self, state: SweepState) -> list[int]:
         """Asking stopped: the queued trials described and not started stay in the study's queue (WAITING, for
         the next optimize), except those owed a start: a first trial for each device that has run no job yet
         (its worker was starting, or the trial was being described), planned there (the device is free now,

@@ -116,7 +116,7 @@ class Sweep:
             self._do(stop)
         self._recover()
         if self._asking.stopped(state, self._now(), self._gateway.stop_requested):
-            for number in self._asking.not_to_start(state, self._now()):
+            for number in self._asking.not_to_start(state):
                 state.forget(number)
                 _logger.info(f"Trial {number} was not started before the sweep stopped asking: it stays queued.")
         more = self._profiling.pending if self.settings.profile_only else bool(state.waiting)
