@@ -68,20 +68,30 @@ def test_simulate_replays_a_real_sweep_with_the_same_options_order_and_wall_cloc
     # chosen it then (how soon a trial is described is the machine's speed), where the replay knows every trial;
     # and except where the replay starts them within its own timing error of each other (the wall clock's 5%): it
     # replays each trial's measured runtime, while the real loop notices an end up to a poll later, so which of
-    # two devices frees first may differ (a CI rehearsal swapped two single-device trials that way)
+    # two devices frees first may differ (a CI rehearsal swapped two single-device trials that way);
+    # and except between two trials of one device count planned within that timing error of each other: either
+    # order ends the sweep as soon, so which the re-plan puts first is decided by the hysteresis (kept plan or
+    # fresh one) on the machine's timing (a CI run swapped trials planned at 2.34 s and 2.83 s in an 11 s sweep)
     wall = study.user_attrs["saturn:last_sweep"]["wall_seconds"]
     started = {n: real[n]["saturn:actual_start"] for n in real}
     asked = {n: real[n]["saturn:asked_at"] for n in real}
+    planned = {n: (real[n]["saturn:num_devices"], real[n]["saturn:planned_runtime"]) for n in real}
+    timing_error = 0.05 * wall
+
+    def tied(a: int, b: int) -> bool:
+        return planned[a][0] == planned[b][0] and abs(planned[a][1] - planned[b][1]) <= timing_error
+
     swapped = [
         (a, b)
         for a in real
         for b in real
         if started[a] + AT_ONCE < started[b]
         and asked[b] <= started[a]
-        and simulated[a].start > simulated[b].start + 0.05 * wall
+        and simulated[a].start > simulated[b].start + timing_error
+        and not tied(a, b)
     ]
     replayed = {n: round(simulated[n].start, 2) for n in sorted(simulated, key=lambda n: simulated[n].start)}
-    assert not swapped, (real_order, {n: started[n] for n in real_order}, replayed)
+    assert not swapped, (swapped, {n: started[n] for n in real_order}, replayed, planned)
     assert result.info["wall_seconds"] == pytest.approx(wall, rel=0.05)
     print(
         f"options {sorted(chosen.items())}; order {real_order}; wall clock: real {wall:.2f} s, simulated "
