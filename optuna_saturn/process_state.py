@@ -67,7 +67,8 @@ class ProcessState:
         torch.set_grad_enabled(self.grad_enabled)
         if torch.get_num_threads() != self.num_threads:
             torch.set_num_threads(self.num_threads)
-        torch.use_deterministic_algorithms(self.deterministic)
+        if torch.are_deterministic_algorithms_enabled() != self.deterministic:  # (setting it imports torch._dynamo)
+            torch.use_deterministic_algorithms(self.deterministic)
         if dict(os.environ) != self.environ:
             os.environ.clear()
             os.environ.update(self.environ)

@@ -194,15 +194,21 @@ class _FirstValues:
         return next(iter(choices))
 
 
-def warm_up(objective: Any) -> None:
+def warm_up(objective: Any) -> bool:
     """Run ``objective`` up to its first training loop with placeholder hyperparameters, as the description
     does, in this process: what it imports lazily (transformers' model classes, say) is then imported once here,
-    before warm workers are forked from this process. Any error is ignored: this is only a warm-up."""
+    before warm workers are forked from this process. Any error is ignored: this is only a warm-up. Returns
+    whether the objective reached its loop or its end without preparing anything for a strategy (a plain
+    objective: the strategies' libraries, seconds of imports, are then not needed before its trials)."""
     from accelerate import init_empty_weights
 
+    stand_in = StandInTrial(_FirstValues(), threading.Lock())
     with restored_process_state():
         try:
             with init_empty_weights(include_buffers=False), meta_models_stay_put():
-                objective(StandInTrial(_FirstValues(), threading.Lock()))
-        except BaseException:
+                objective(stand_in)
+        except ProbeDone:
             pass
+        except BaseException:
+            return False
+    return not stand_in.asked_for_training

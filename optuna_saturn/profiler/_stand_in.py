@@ -103,6 +103,7 @@ class StandInTrial:
         self.loader: DataLoader | None = None
         self.total_steps: int | None = None
         self.batches_before_the_loop = 0  # taken from a prepared DataLoader before its trial.steps() loop
+        self.asked_for_training = False  # it prepared something, or asked for a Trainer, an Accelerator
 
     def suggest_float(
         self, name: str, low: float, high: float, *, step: float | None = None, log: bool = False
@@ -190,6 +191,7 @@ class StandInTrial:
         pass
 
     def prepare(self, *objects: Any, loaders_are_loops: bool = False) -> Any:
+        self.asked_for_training = True
         prepared: list[Any] = []
         for obj in objects:
             if isinstance(obj, torch.nn.Module):
@@ -203,14 +205,17 @@ class StandInTrial:
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
     def prepare_trainer(self, trainer: Any, *, metric: str = "eval_loss") -> Any:
+        self.asked_for_training = True
         describe_trainer(self, trainer)
 
     def accelerator(self, **kwargs: Any) -> Any:
+        self.asked_for_training = True
         return ProbeAccelerator(self)
 
     def lightning_trainer(self, *, metric: str = "val_loss", checkpoints: bool = True, **kwargs: Any) -> Any:
         from optuna_saturn.profiler._probe_lightning import ProbeLightningTrainer
 
+        self.asked_for_training = True
         return ProbeLightningTrainer(self, kwargs)
 
     def micro_batches(self, batch: Any) -> Iterator[Any]:

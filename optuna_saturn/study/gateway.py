@@ -235,10 +235,7 @@ class StudyGateway:
     def _tell_now(
         self, trial: optuna.Trial, state: TrialState, values: list[float] | None, attrs: dict[str, Any]
     ) -> FrozenTrial:
-        with self.lock:
-            stored = self.study._storage.get_trial(trial._trial_id)
-            if stored.state.is_finished():  # an attempt the storage took, though its answer was lost
-                return stored
+        with self.lock:  # (a trial already finished, by an attempt whose answer was lost, say, refuses the writes)
             try:
                 return self._write_result(trial, state, values, attrs)
             except STORAGE_ERRORS as exc:
@@ -249,9 +246,8 @@ class StudyGateway:
                     return stored
                 raise
             except Exception:
-                # another sweep's recovery ended the trial between the check above and these writes (its
-                # attributes, then the tell, are some twenty writes): what it stored is the trial now, and the
-                # caller keeps this result as a late one
+                # another sweep's recovery ended the trial before these writes or between them (its records, then
+                # the tell): what it stored is the trial now, and the caller keeps this result as a late one
                 stored = self.study._storage.get_trial(trial._trial_id)
                 if stored.state.is_finished():
                     return stored

@@ -24,8 +24,8 @@ from typing import Any, NoReturn
 
 def prepare_process(config: dict) -> dict[str, Any]:
     """What every worker needs, done once in the pool host before it forks them: imports (torch, optuna-saturn,
-    what strategies import, the objective's module, what the objective imports lazily). Returns the objectives
-    loaded, by recipe."""
+    the objective's module, what the objective imports lazily, what strategies import unless the warm-up found
+    that it prepares nothing for one). Returns the objectives loaded, by recipe."""
     os.environ["OPTUNA_SATURN_WORKER"] = "1"
     import torch
 
@@ -38,12 +38,14 @@ def prepare_process(config: dict) -> dict[str, Any]:
     torch.set_num_threads(1)  # no thread pool before the forks: each worker sizes its own
     _clipping.install()  # before any objective's module imports clip_grad_norm_
     accelerate_guard.install()  # (imports accelerate once, before the forks)
-    _import_what_strategies_import(config.get("engines", ()), multi_device=bool(config.get("multi_device")))
     objectives: dict[str, Any] = {}
+    plain = False  # the objective prepares nothing: its trials run as they are, and no strategy is imported
     if config.get("preload") is not None:
         objective = _objective(objectives, config["preload"])
         with without_gpus():  # the workers are forked from this process: it must not touch a GPU
-            warm_up(objective)
+            plain = warm_up(objective)
+    if not plain:
+        _import_what_strategies_import(config.get("engines", ()), multi_device=bool(config.get("multi_device")))
     reset_library_state()  # what the executor's process (this is a fork of it) or the warm-up left set up
     _freeze_what_is_imported()
     return objectives
