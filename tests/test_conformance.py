@@ -86,3 +86,31 @@ def test_an_exception_of_the_samplers_after_trial_reaches_the_caller(saturn_opti
     assert TrialState.RUNNING not in [t.state for t in study.trials]
     assert len(sampler.heard) == len(set(sampler.heard)) >= 2  # (each end heard once)
     assert "after_trial" not in vars(sampler)  # (the sampler object is left as it was)
+
+
+def test_an_objective_that_prepares_nothing_runs_once_per_trial_on_one_device(saturn_options, tmp_path) -> None:
+    """A plain objective (no ``trial.prepare``, Trainer or Accelerator) has nothing for a strategy to choose: it
+    is described once (its first trial), then every trial runs once, in a worker, as ``single`` on one device;
+    never on two devices, where each rank would run it again for nothing. None of it runs in this process."""
+    import os
+
+    calls = tmp_path / "calls"
+
+    def objective(trial) -> float:
+        x = trial.suggest_float("x", -1, 1)
+        with open(calls, "a") as f:
+            f.write(f"{trial.number} {os.getpid()}\n")
+        return x * x
+
+    study = optuna.create_study()
+    SaturnExecutor(devices=2, **saturn_options).optimize(study, objective, n_trials=5)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 5
+    assert {(t.system_attrs["saturn:strategy"], t.system_attrs["saturn:num_devices"]) for t in study.trials} == {
+        ("single", 1)
+    }
+    lines = [line.split() for line in calls.read_text().splitlines()]
+    numbers = sorted(int(number) for number, _ in lines)
+    # the pool host's warm-up once (a stand-in trial, number -1: what the objective imports is then imported
+    # before the workers fork), trial 0 twice (described, then run), every other trial once
+    assert numbers == [-1, 0, 0, 1, 2, 3, 4], numbers
+    assert str(os.getpid()) not in {pid for _, pid in lines}

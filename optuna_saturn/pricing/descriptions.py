@@ -45,10 +45,20 @@ class Descriptions:
             self._failures[trial.number] = exc
         except RuntimeError as exc:
             self._nothing_to_describe = isinstance(exc, NothingToDescribe)
-            if not self._warned:
+            if self._nothing_to_describe:  # (a plain objective is a drop-in's first case, not a fault)
+                _logger.info(
+                    f"Trial {trial.number}'s objective prepares nothing for a strategy to choose (no trial.prepare, "
+                    "Trainer or Accelerator): its trials run as they are, one device each, as under study.optimize."
+                )
+            elif not self._warned:
                 _logger.warning(f"Trial {trial.number} cannot be profiled ({exc}); it is planned from estimates.")
                 self._warned = True
         return None
+
+    @property
+    def prepares_nothing(self) -> bool:
+        """The objective prepared nothing for a strategy when it was described (a plain objective)."""
+        return self._nothing_to_describe
 
     def known(self, number: int) -> Workload | None:
         """Trial ``number``'s workload, if it was described (describing nothing)."""

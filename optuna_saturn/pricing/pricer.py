@@ -99,6 +99,10 @@ class Pricer:
     def workload(self, number: int) -> Workload | None:
         return self._descriptions.known(number)
 
+    @property
+    def prepares_nothing(self) -> bool:
+        return self._descriptions.prepares_nothing
+
     def price(self, trial: optuna.Trial) -> TrialPrice:
         """Every option the trial may run as (feasible, not failed), each measured or predicted."""
         workload = self.describe(trial)

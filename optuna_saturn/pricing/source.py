@@ -28,6 +28,10 @@ class PriceSource(Protocol):
     def workload(self, number: int) -> Workload | None:
         """Trial ``number``'s workload, if it was described (None: planned from runtime estimates)."""
 
+    @property
+    def prepares_nothing(self) -> bool:
+        """The objective, described, prepared nothing for a strategy to choose: its trials run as they are."""
+
     def price(self, trial: Any) -> TrialPrice:
         """Every option the trial may run as, measured or predicted (describing it first if it is new). ``trial``
         is an ``optuna.Trial``, or a trial still in the study's queue (its parameters fixed)."""

@@ -79,7 +79,13 @@ class RuntimeEstimator:
             for strategy, n, accumulation in self._choices
         ]
 
-    def priced(self) -> list[PricedOption]:
+    def priced(self, *, as_is: bool = False) -> list[PricedOption]:
         """Every option priced by these estimates alone: a trial that cannot be described (or a sweep with no
-        profile store) is planned with them."""
-        return [PricedOption(o, "", None, 1.0, "estimate") for o in self.options()]
+        profile store) is planned with them. ``as_is``: its objective prepares nothing for a strategy, so only
+        one device's plainest option (``single`` where offered): more devices would run the same objective on
+        each, for nothing."""
+        options = self.options()
+        if as_is:
+            one = [o for o in options if o.devices == 1]
+            options = [o for o in one if o.strategy == "single"] or one[:1] or options
+        return [PricedOption(o, "", None, 1.0, "estimate") for o in options]

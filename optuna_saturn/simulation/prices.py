@@ -171,6 +171,10 @@ class KnownPrices:
     def workload(self, number: int) -> Workload | None:
         return self._workload(self._job_of[number]) if number in self._job_of else None
 
+    @property
+    def prepares_nothing(self) -> bool:
+        return False  # (every simulated job is described)
+
     def _workload(self, index: int) -> Workload:
         return Workload(self.jobs[index].job.name, 0, 0, "", self.jobs[index].behaviour.steps)
 

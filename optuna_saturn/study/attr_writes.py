@@ -59,15 +59,16 @@ def _upsert(backend: RDBStorage, session: Any, model: Any, trial_id: int, part: 
         return
     rows = [{"trial_id": trial_id, "key": key, "value_json": json.dumps(value)} for key, value in part.items()]
     dialect = backend.engine.name
+    statement: Any
     if dialect == "postgresql" or (dialect == "sqlite" and sqlite3.sqlite_version_info >= (3, 24, 0)):
         insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-        statement = insert(model).values(rows)
-        statement = statement.on_conflict_do_update(
-            index_elements=[model.trial_id, model.key], set_={"value_json": statement.excluded.value_json}
+        values = insert(model).values(rows)
+        statement = values.on_conflict_do_update(
+            index_elements=[model.trial_id, model.key], set_={"value_json": values.excluded.value_json}
         )
     elif dialect == "mysql":
-        statement = mysql.insert(model).values(rows)
-        statement = statement.on_duplicate_key_update(value_json=statement.inserted.value_json)
+        on_mysql = mysql.insert(model).values(rows)
+        statement = on_mysql.on_duplicate_key_update(value_json=on_mysql.inserted.value_json)
     else:
         for key, value in part.items():
             backend._set_trial_attr_without_commit(session, model, trial_id, key, value)

@@ -36,7 +36,7 @@ def price(
     described = prices is not None and (describe or prices.workload(trial.number) is not None)
     priced = prices.price(trial) if prices is not None and described else TrialPrice(None)
     if priced.workload is None and priced.failure is None:  # cannot be described: planned from runtime estimates
-        priced.options = world.view.estimator.priced()
+        priced.options = world.view.estimator.priced(as_is=prices is not None and prices.prepares_nothing)
     priced = world.resumes.restricted(trial.number, priced, leaving=leaving)
     options = [p.option.to_json() for p in priced.options]
     if prices is not None and options != was:
