@@ -106,14 +106,14 @@ def template_trial(cluster: Cluster, seed: int) -> optuna.trial.FrozenTrial:
     study = enqueued(optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed)), len(jobs))
     run_simulation(jobs, cluster, study=study, mode="replan", solver="auto", tick=60.0, seed=seed)
     done = [
-        t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if ATTR + "pool" not in t.user_attrs
+        t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if ATTR + "pool" not in t.system_attrs
     ]
     return sorted(done, key=lambda t: attr_bytes(t)[0])[len(done) // 2]
 
 
 def past_trial(template: optuna.trial.FrozenTrial, i: int, n: int, per_sweep: int) -> optuna.trial.FrozenTrial:
     """The ``i``-th of ``n`` past trials like ``template``, ``per_sweep`` per past sweep (a day apart, in 2025)."""
-    started = template.user_attrs.get(ATTR + "sweep_started_at", 0.0) - 86_400.0 * (n // per_sweep - i // per_sweep)
+    started = template.system_attrs.get(ATTR + "sweep_started_at", 0.0) - 86_400.0 * (n // per_sweep - i // per_sweep)
     distribution = template.distributions[JOB_PARAMETER]
     began = PAST + datetime.timedelta(days=i // per_sweep, minutes=i % per_sweep)
     trial = create_trial(
@@ -121,8 +121,11 @@ def past_trial(template: optuna.trial.FrozenTrial, i: int, n: int, per_sweep: in
         value=template.value,
         params={JOB_PARAMETER: i % per_sweep},
         distributions={JOB_PARAMETER: type(distribution)(0, per_sweep - 1)},
-        user_attrs={**template.user_attrs, ATTR + "sweep_started_at": started},
-        system_attrs={k: v for k, v in template.system_attrs.items() if k != "fixed_params"},
+        user_attrs=dict(template.user_attrs),
+        system_attrs={
+            **{k: v for k, v in template.system_attrs.items() if k != "fixed_params"},
+            ATTR + "sweep_started_at": started,
+        },
     )
     trial.datetime_start, trial.datetime_complete = began, began + datetime.timedelta(hours=1)
     return trial
@@ -169,8 +172,8 @@ def add_past_trials(
                 for i, past in pasts.items():
                     for row in copied:
                         row = {**row, "trial_id": ids[i]}
-                        if table.name == "trial_user_attributes" and row["key"] == ATTR + "sweep_started_at":
-                            row["value_json"] = json.dumps(past.user_attrs[row["key"]])
+                        if table.name == "trial_system_attributes" and row["key"] == ATTR + "sweep_started_at":
+                            row["value_json"] = json.dumps(past.system_attrs[row["key"]])
                         if table.name == "trial_params" and row["param_name"] == JOB_PARAMETER:
                             row["param_value"] = float(past.params[JOB_PARAMETER])
                         out.append(row)
@@ -183,9 +186,10 @@ def dates(trial: optuna.trial.FrozenTrial) -> dict:
 
 
 def attr_bytes(trial: optuna.trial.FrozenTrial) -> tuple[int, int]:
-    """The bytes of ``trial``'s ``saturn:`` user attributes: values as JSON, and keys plus values."""
-    values = sum(len(json.dumps(v)) for k, v in trial.user_attrs.items() if k.startswith(ATTR))
-    keys = sum(len(k) for k in trial.user_attrs if k.startswith(ATTR))
+    """The bytes of ``trial``'s ``saturn:`` records (system attributes): values as JSON, and keys plus values."""
+    records = {k: v for k, v in trial.system_attrs.items() if k.startswith(ATTR)}
+    values = sum(len(json.dumps(v)) for v in records.values())
+    keys = sum(len(k) for k in records)
     return values, values + keys
 
 

@@ -47,7 +47,7 @@ def sweep(store: str, n_trials: int, devices: int, log_dir: str, seed: int, arch
 
 def breakdown(trial: optuna.trial.FrozenTrial) -> str:
     """Where a prediction went wrong: start-up, step time, and the time after the last step (final evaluation)."""
-    attrs = trial.user_attrs
+    attrs = {**trial.user_attrs, **trial.system_attrs}
     profile = next(
         p
         for p in attrs["saturn:profiles"]

@@ -68,7 +68,7 @@ def run_arm(arm: str, objective: str, params: list[dict], devices: int, folder: 
         **options,
     ).optimize(study, vs_optuna.OBJECTIVES[objective], n_trials=len(params))
     wall = time.time() - started
-    attrs = [t.user_attrs for t in study.trials if "saturn:actual_runtime" in t.system_attrs]
+    attrs = [{**t.user_attrs, **t.system_attrs} for t in study.trials if "saturn:actual_runtime" in t.system_attrs]
     runtimes = [a["saturn:actual_runtime"] for a in attrs]
     used = [a["saturn:num_devices"] for a in attrs]
     total = len(attrs[0]["saturn:pool"]) if attrs else devices

@@ -85,7 +85,7 @@ def _sweep(args: argparse.Namespace, storage: str, folder: str, n_trials: int) -
 
 
 def _timings(trial: optuna.trial.FrozenTrial) -> tuple[float, float]:
-    a = trial.user_attrs
+    a = {**trial.user_attrs, **trial.system_attrs}
     return a["saturn:actual_runtime"], a["saturn:first_step"] - a["saturn:actual_start"]
 
 

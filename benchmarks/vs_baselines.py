@@ -197,7 +197,7 @@ def run_optuna_arm(
         cpu_before = _cpu_seconds()
         executor.optimize(study, objective, n_trials=n_trials)
         driver_cpu = _cpu_seconds() - cpu_before  # the executor's own process: asking, describing, planning
-        attrs = [t.user_attrs for t in study.trials if "saturn:actual_runtime" in t.system_attrs]
+        attrs = [{**t.user_attrs, **t.system_attrs} for t in study.trials if "saturn:actual_runtime" in t.system_attrs]
         last = study.user_attrs["saturn:last_sweep"]
         profiling = {
             "profiling_device_seconds": last["profiling_device_seconds"],
@@ -209,7 +209,7 @@ def run_optuna_arm(
             # completed trials only: a pruned one ran a share of what was planned
             "prediction_errors": [
                 abs(a["saturn:planned_runtime"] / a["saturn:actual_runtime"] - 1)
-                for t, a in ((t, t.user_attrs) for t in study.trials)
+                for t, a in ((t, {**t.user_attrs, **t.system_attrs}) for t in study.trials)
                 if t.state == optuna.trial.TrialState.COMPLETE
                 and "saturn:planned_runtime" in a
                 and a.get("saturn:actual_runtime")

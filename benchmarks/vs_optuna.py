@@ -251,7 +251,7 @@ def run_arm(arm: str, objective: str, params: list[dict], devices: int, store: s
     wall = time.time() - started
     driver_cpu = _cpu_seconds() - cpu_before
     trials = [t for t in study.trials if "saturn:actual_runtime" in t.system_attrs]
-    attrs = [t.user_attrs for t in trials]
+    attrs = [{**t.user_attrs, **t.system_attrs} for t in trials]
     last = study.user_attrs["saturn:last_sweep"]
     runtimes = [a["saturn:actual_runtime"] for a in attrs]
     return {
