@@ -60,7 +60,7 @@ def notebook_progress(out: Path) -> None:
             f'<body><div class="jp-OutputArea-output">{table}</div></body></html>',
             encoding="utf-8",
         )
-        screenshot(page.as_uri(), out, width=760, height=250)
+        screenshot(page.as_uri(), out, width=840, height=250)  # (the whole table, its last column too)
 
 
 def main() -> None:

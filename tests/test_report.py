@@ -196,6 +196,11 @@ def test_planned_bars_are_transparent_outlines(study: optuna.Study) -> None:
     ]
     (planned,) = [t for t in fig.data if t.name == PLANNED_NAME]
     assert planned.marker.color == "rgba(0,0,0,0)" and planned.marker.line.width > 0
+    # every trial here ran: its own bar names it, and its outline carries no label to run into the next bar's
+    assert set(planned.text) == {""}
+    # labels sit inside their bars, and one that does not fit is hidden rather than drawn over its neighbour
+    assert {t.textposition for t in fig.data if t.type == "bar"} == {"inside"}
+    assert fig.layout.uniformtext.mode == "hide"
 
 
 def test_makespan_and_lower_bound_lines() -> None:

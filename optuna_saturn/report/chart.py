@@ -104,7 +104,10 @@ def _bars(
             ys.append(device)
             bases.append(offset + begin)
             lengths.append(max(length, 0.0))
-            texts.append(f"#{run.number} planned" if outline else f"#{run.number} {run.strategy or ''}".strip())
+            if outline:  # (only a trial that has not run yet: one that ran is named by its own bar)
+                texts.append("" if run.actual_start is not None else f"#{run.number} planned")
+            else:
+                texts.append(f"#{run.number} {run.strategy or ''}".strip())
             hovers.append(_hover(run))
     marker: dict[str, Any] = (
         {"color": "rgba(0,0,0,0)", "line": {"color": "#8a8a8a", "width": 1.2}}
@@ -120,8 +123,9 @@ def _bars(
         marker=marker,
         width=0.8 if outline else 0.5,
         text=texts,
-        # an outline's label after its end, in grey (inside, it would sit under the bar of what ran)
-        textposition="outside" if outline else "inside",
+        # inside, hidden where it does not fit (the layout's uniformtext): outside its bar, a label ran into the
+        # next bar's on a busy device
+        textposition="inside",
         insidetextanchor="start",
         textangle=0,
         textfont={"color": "#6a6a6a", "size": 10} if outline else {"color": "white", "size": 11},
