@@ -98,5 +98,5 @@ class PlainProgress(SweepListener):
         )
 
     def on_sweep_end(self, study: optuna.Study, now: float, interrupted: bool) -> None:
-        counts = ", ".join(f"{k} {v}" for k, v in sorted(self.tracker.counts().items()))
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(self.tracker.counts().items())) or "no trial ran"
         self._write(f"sweep {'interrupted' if interrupted else 'finished'} after {format_duration(now)}: {counts}")
