@@ -106,7 +106,9 @@ def template_trial(cluster: Cluster, seed: int) -> optuna.trial.FrozenTrial:
     study = enqueued(optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed)), len(jobs))
     run_simulation(jobs, cluster, study=study, mode="replan", solver="auto", tick=60.0, seed=seed)
     done = [
-        t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if ATTR + "pool" not in t.system_attrs
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if ATTR + "pool" not in t.system_attrs
     ]
     return sorted(done, key=lambda t: attr_bytes(t)[0])[len(done) // 2]
 
