@@ -15,7 +15,9 @@ describer, in a session of its own:
 - how it ended (its answer, or its exit code or signal when it gave none) goes back to the executor, which fails the
   trial with the reason where the objective exited, was killed or hung.
 
-The describer itself never runs user code, never touches a GPU, and runs one thread, so its forks are safe.
+The describer itself never runs user code, never touches a GPU, and runs one thread, so its forks are safe. What a
+description imported of a library (a model class imported lazily) the describer imports after it, for the next
+forks (:mod:`~optuna_saturn.pools.learned_imports`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import os
 import select
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -71,15 +74,21 @@ def main(config_path: str) -> None:
 def describe_in_a_fork(order: dict, objective: Any) -> dict[str, Any]:
     """Describe ``order``'s trial in a fork of this process, within ``order["limit"]`` seconds; how the fork ended:
     ``exit_code`` (a negative one is the signal that killed it), or ``timed_out``."""
+    from optuna_saturn.pools import learned_imports
+
     sys.stdout.flush()
     sys.stderr.flush()
+    handle, imports = tempfile.mkstemp(prefix="saturn-describe-", suffix=".json")
+    os.close(handle)
     pid = os.fork()
     if pid == 0:
         code = 0
         try:
+            before = frozenset(sys.modules)
             os.setsid()  # its own session: whatever it forks is ended with it
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             _describe(order, objective)
+            learned_imports.write(imports, learned_imports.library_modules_imported_since(before))
         except BaseException:
             traceback.print_exc()
             code = DESCRIPTION_FAILED
@@ -89,6 +98,7 @@ def describe_in_a_fork(order: dict, objective: Any) -> dict[str, Any]:
             os._exit(code)  # (its threads, non-daemon ones too, end here: nothing of it may linger)
     status = _wait(pid, float(order["limit"]))
     _end_what_it_left(pid)
+    learned_imports.import_what_was_written(imports)  # (the next forks start with them)
     if status is None:
         return {"timed_out": True}
     return {"exit_code": os.waitstatus_to_exitcode(status)}
