@@ -28,6 +28,10 @@ class StudyView:
         if self._stop is not None:
             self._stop()
 
+    def optimize(self, *args: Any, **kwargs: Any) -> None:
+        """Refused, as ``study.optimize`` refuses to be called from its own objective (the same exception)."""
+        raise RuntimeError("Nested invocation of `Study.optimize` method isn't allowed.")
+
     @property
     def study_name(self) -> str:
         return str(self._known.get("study_name", ""))

@@ -85,13 +85,22 @@ def test_a_failing_trial_fails_alone(saturn_options):
 @pytest.mark.parametrize("profile", [True, False])
 def test_an_exception_catch_does_not_list_stops_the_sweep_and_is_raised(saturn_options, profile):
     """As ``study.optimize``: the trial that raised ends FAIL, no trial starts after it, the one running finishes,
-    and ``optimize`` raises the objective's own exception (the same class and message)."""
+    ``optimize`` raises the objective's own exception (the same class and message), and the callbacks never hear
+    of the trial that raised (described, with ``profile``, or run)."""
     study = optuna.create_study()
     for fail in (1, *[0] * 11):
         study.enqueue_trial({"fail": fail})
     executor = SaturnExecutor(devices=2, strategies=["single"], profile=profile, **saturn_options)
+    heard: list[int] = []
     with pytest.raises(ValueError, match="deliberate failure on rank 0"):
-        executor.optimize(study, objectives.maybe_raise, n_trials=12, catch=(KeyError,))
+        executor.optimize(
+            study,
+            objectives.maybe_raise,
+            n_trials=12,
+            catch=(KeyError,),
+            callbacks=[lambda _, trial: heard.append(trial.number)],
+        )
+    assert 0 not in heard, heard
     states = [t.state for t in study.trials]
     assert states[0] == TrialState.FAIL and TrialState.RUNNING not in states, states
     assert "deliberate failure on rank 0" in study.trials[0].system_attrs["saturn:fail_reason"]

@@ -118,13 +118,13 @@ class Asking:
         return len(state.devices) - len(state.gone)
 
     @staticmethod
-    def admission(waiting: Waiting) -> Admit | Fail:
+    def admission(waiting: Waiting, *, stops: bool = False) -> Admit | Fail:
         """A trial asked and priced waits to be planned, or fails if no option fits it (or its objective exited or
-        hung while it was described)."""
+        hung while it was described; ``stops``: it raised what stops the sweep, and no callback hears of it)."""
         if waiting.price.options:
             return Admit(waiting)
         if waiting.price.failure:
-            return Fail(waiting, waiting.price.failure)
+            return Fail(waiting, waiting.price.failure, call_back=not stops)
         return Fail(waiting, "no strategy fits this trial on these devices (every option ran out of memory or failed)")
 
     def asked(self, seconds: float) -> None:

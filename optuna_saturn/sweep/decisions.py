@@ -50,10 +50,13 @@ class Stop:
 
 @dataclass(frozen=True)
 class Fail:
-    """End the waiting trial ``waiting`` FAIL (or, if it is still in the study's queue, leave it there)."""
+    """End the waiting trial ``waiting`` FAIL (or, if it is still in the study's queue, leave it there);
+    ``call_back``: Optuna's callbacks hear of it (not of a trial whose exception ``optimize`` raises, as in
+    ``study.optimize``)."""
 
     waiting: Waiting
     reason: str
+    call_back: bool = True
 
 
 @dataclass(frozen=True)

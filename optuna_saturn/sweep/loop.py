@@ -145,9 +145,10 @@ class Sweep:
             if taken.waiting is None:
                 continue  # another sweep took it from the queue first
             self._asking.asked(taken.seconds)
-            admitted = self._asking.admission(taken.waiting)
+            stop = self._outcomes.stop_on(taken.waiting.price.raised, taken.waiting.number)
+            admitted = self._asking.admission(taken.waiting, stops=stop is not None)
             self._do(admitted)
-            if stop := self._outcomes.stop_on(taken.waiting.price.raised, taken.waiting.number):
+            if stop:
                 self._do(stop)
             if isinstance(admitted, Admit):
                 self._view.saw(taken.waiting)
@@ -216,10 +217,10 @@ class Sweep:
         tell = self._outcomes.tell(run, end, self._state, now, run_again=run_again, reason=reason, profiling=profiling)
         frozen = ends.told(self._world, tell)
         if stop := self._outcomes.stop_after(run, frozen.state, run_again=run_again, reason=reason):
-            self._do(stop)
+            self._do(stop)  # (and, as in study.optimize, the callbacks do not hear of the trial it raised in)
         self._view.ended(run, frozen.state, tell.attrs["actual_runtime"])
         taught = tell.learn is not None and self._do(tell.learn)
-        ends.after_trial(self._world, frozen, tell.attrs["actual_end"], call_back=call_back)
+        ends.after_trial(self._world, frozen, tell.attrs["actual_end"], call_back=call_back and stop is None)
         return bool(taught)
 
     def _nodes(self) -> None:

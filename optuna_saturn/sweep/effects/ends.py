@@ -53,7 +53,7 @@ def fail(world: World, fail: Fail) -> None:
         return
     frozen = world.gateway.fail(fail.waiting.trial, fail.reason, attrs={"profiles": fail.waiting.price.profiles})
     _logger.warning(f"Trial {fail.waiting.number} failed: {fail.reason}.")
-    after_trial(world, frozen, world.now())
+    after_trial(world, frozen, world.now(), call_back=fail.call_back)
 
 
 def stop_on_error(world: World, stop: StopOnError) -> None:
