@@ -259,3 +259,16 @@ def test_a_loaded_cuda_driver_is_not_forked(monkeypatch):
     assert why_not_fork([Device("cpu", 0, (0,))]) is None  # CPU workers never touch CUDA
     monkeypatch.undo()
     assert forked_host.cuda_driver_loaded() is False  # (this machine has no GPU: the driver is never loaded)
+
+
+def test_a_pool_closed_while_its_host_warms_up_stops_at_once(saturn_options):
+    """A sweep with nothing to run closes its pool while the host still warms the objective up: the host ends at
+    the pool's SIGTERM. (It is a fork of the executor, whose handler makes SIGTERM a KeyboardInterrupt, and the
+    warm-up ignores what the objective raises: the pool waited 10 s for it, then killed it.)"""
+    import time
+
+    started = time.monotonic()
+    SaturnExecutor(devices=1, strategies=["single"], **saturn_options).optimize(
+        optuna.create_study(), objectives.slow_to_warm_up, n_trials=0
+    )
+    assert time.monotonic() - started < 8

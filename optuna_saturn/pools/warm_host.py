@@ -39,6 +39,24 @@ def main(config_path: str) -> None:
     config = started_as(HOST_NAME, config_path)
     config["host_pid"] = os.getpid()  # its workers' parent
     config["memory_baseline"] = _memory_in_use(config)  # before any worker holds a context
+    workers: dict[int, tuple[int, float]] = {}  # pid -> (device index, started)
+
+    def stop(signum: int, frame: object) -> None:
+        import psutil
+
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        # and what the workers' objectives forked (orphans it reaped as their subreaper, or still its workers'):
+        # nothing of the sweep outlives it
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+        os._exit(0)
+
+    # (first: a fork of the executor inherits its handler, which turns SIGTERM into a KeyboardInterrupt, and the
+    # warm-up below ignores what the objective raises; a pool closed while its host prepared waited 10 s for it)
+    signal.signal(signal.SIGTERM, stop)
     from optuna_saturn.worker.warm import prepare_process, serve
 
     objectives = prepare_process(config)
@@ -48,7 +66,6 @@ def main(config_path: str) -> None:
         fresh_config = os.path.join(config["folder"], "pool-workers.json")
         with open(os.open(fresh_config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
             json.dump(config, f)
-    workers: dict[int, tuple[int, float]] = {}  # pid -> (device index, started)
     quick_exits = [0] * len(config["devices"])
 
     def start(index: int) -> None:
@@ -75,20 +92,6 @@ def main(config_path: str) -> None:
         os.close(log)
         workers[pid] = (index, time.monotonic())
 
-    def stop(signum: int, frame: object) -> None:
-        import psutil
-
-        for pid in workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        # and what the workers' objectives forked (orphans it reaped as their subreaper, or still its workers'):
-        # nothing of the sweep outlives it
-        for child in psutil.Process().children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                child.kill()
-        os._exit(0)
-
-    signal.signal(signal.SIGTERM, stop)
     for index in range(len(config["devices"])):
         start(index)
     while workers:
