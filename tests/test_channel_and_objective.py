@@ -65,3 +65,27 @@ def test_objective_references(tmp_path):
     assert recipe["kind"] == "pickle" and load_objective(recipe)(None) == 3.0
     with pytest.raises(TypeError, match="callable"):
         describe_objective(42, str(tmp_path))  # type: ignore[arg-type]  # not callable on purpose: its error is tested
+
+
+def test_an_instance_with_call_in_a_script_is_pickled_not_looked_up_by_an_empty_name(tmp_path):
+    """An objective that is an instance of a class of the script's (``__main__``) has that module but no name of
+    its own: it was recorded as the script's ``""``, and the pool host failed with ``KeyError: ''``."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import sys\n"
+        "from optuna_saturn.worker.objective_recipe import describe_objective, load_objective\n"
+        "class Objective:\n"
+        "    def __call__(self, trial):\n"
+        "        return 2.0\n"
+        "if __name__ == '__main__':\n"
+        "    recipe = describe_objective(Objective(), sys.argv[1])\n"
+        "    print(recipe['kind'], load_objective(recipe)(None))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["pickle", "2.0"]

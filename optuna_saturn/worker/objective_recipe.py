@@ -28,6 +28,14 @@ def _lookup(namespace: Any, qualname: str) -> Any:
     return namespace
 
 
+def _named(namespace: Any, qualname: str, objective: Any) -> bool:
+    """Whether ``qualname`` in ``namespace`` is ``objective`` itself."""
+    try:
+        return _lookup(namespace, qualname) is objective
+    except (AttributeError, KeyError):
+        return False
+
+
 def describe_objective(objective: Callable[..., Any], private_folder: str) -> dict:
     """A JSON-able recipe that lets a worker get ``objective`` back."""
     if not callable(objective):
@@ -35,16 +43,17 @@ def describe_objective(objective: Callable[..., Any], private_folder: str) -> di
     module = getattr(objective, "__module__", None)
     qualname = getattr(objective, "__qualname__", "")
     recipe: dict = {"sys_path": [os.path.abspath(p) if p else os.getcwd() for p in sys.path]}
-    if module and "<" not in qualname:
+    # (by name only where the name finds it: an instance with __call__ has its class's module, but no name)
+    if module and qualname and "<" not in qualname:
         if module == "__main__":
             main_file = getattr(sys.modules["__main__"], "__file__", None)
-            if main_file and os.path.exists(main_file):
+            if main_file and os.path.exists(main_file) and _named(sys.modules["__main__"], qualname, objective):
                 return {**recipe, "kind": "file", "path": os.path.abspath(main_file), "qualname": qualname}
         else:
             try:
-                if _lookup(importlib.import_module(module), qualname) is objective:
+                if _named(importlib.import_module(module), qualname, objective):
                     return {**recipe, "kind": "module", "module": module, "qualname": qualname}
-            except (ImportError, AttributeError, KeyError):
+            except ImportError:
                 pass
     path = os.path.join(private_folder, "objective.pkl")
     try:
