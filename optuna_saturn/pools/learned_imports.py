@@ -4,9 +4,9 @@ Each description runs in a fork of the describer, so what the objective imports 
 class the first time it is touched: ``transformers.models.gpt2.modeling_gpt2`` and its like, 1.3 s on these
 machines) is imported again in every fork, and lost with it: eight enqueued trials of the example took 10 s to
 describe instead of 2. The fork lists the *library* modules it imported (under the interpreter's standard library
-or site-packages: none of the user's own modules), and the describer imports them after the fork ended, with the
-GPUs hidden as the description had them, so later forks start with them. That is library code only: the
-describer still never runs the user's code.
+or site-packages: not the modules of the user's script or project folder), and the describer imports them after
+the fork ended, with the GPUs hidden as the description had them, so later forks start with them. That is the
+import of installed packages only: the describer still never calls the user's objective.
 """
 
 from __future__ import annotations
