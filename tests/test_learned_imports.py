@@ -39,3 +39,21 @@ def test_the_describer_imports_the_libraries_a_description_imported_and_never_th
     assert found["minidom"] and "xml.dom.minidom" in found["imported"]
     assert not found["users_own"] and "users_own" not in found["imported"]
     assert not found["file_left"]
+
+
+def test_the_describer_imports_them_with_the_gpus_hidden_as_the_description_had_them(tmp_path, monkeypatch):
+    """A library that looks for GPUs at import (DeepSpeed picks its accelerator then) must find none in the
+    describer, whose forks could not use CUDA once it held a context: it imports as the description did."""
+    import os
+
+    from optuna_saturn.pools import learned_imports
+
+    (tmp_path / "looks_for_gpus.py").write_text("import os\nSEEN = os.environ.get('CUDA_VISIBLE_DEVICES')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    names = tmp_path / "names.json"
+    learned_imports.write(str(names), ["looks_for_gpus"])
+    assert learned_imports.import_what_was_written(str(names)) == ["looks_for_gpus"]
+    assert sys.modules["looks_for_gpus"].SEEN == ""  # hidden while it imported
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"  # and back afterwards
+    del sys.modules["looks_for_gpus"]

@@ -33,6 +33,8 @@ import time
 import traceback
 from typing import Any
 
+from optuna_saturn.pools import learned_imports
+
 #: Who the describer's processes are, in ``ps``.
 DESCRIBER_NAME = "saturn-describer"
 #: The exit code of a description whose own code failed (not the objective's: it answers what the objective did):
@@ -66,20 +68,21 @@ def main(config_path: str) -> None:
         order = channel.call("next")
         if order.get("exit"):
             break
-        ended = describe_in_a_fork(order, objective)
+        handle, imports = tempfile.mkstemp(prefix="saturn-describe-", suffix=".json")
+        os.close(handle)
+        ended = describe_in_a_fork(order, objective, imports)
         channel.call("done", id=order["id"], **ended)
+        # (after answering: the executor plans and starts the trial meanwhile; the next fork starts with them)
+        learned_imports.import_what_was_written(imports)
     channel.close()
 
 
-def describe_in_a_fork(order: dict, objective: Any) -> dict[str, Any]:
+def describe_in_a_fork(order: dict, objective: Any, imports: str) -> dict[str, Any]:
     """Describe ``order``'s trial in a fork of this process, within ``order["limit"]`` seconds; how the fork ended:
-    ``exit_code`` (a negative one is the signal that killed it), or ``timed_out``."""
-    from optuna_saturn.pools import learned_imports
-
+    ``exit_code`` (a negative one is the signal that killed it), or ``timed_out``. The fork writes to the file
+    ``imports`` the library modules it imported (:mod:`~optuna_saturn.pools.learned_imports`)."""
     sys.stdout.flush()
     sys.stderr.flush()
-    handle, imports = tempfile.mkstemp(prefix="saturn-describe-", suffix=".json")
-    os.close(handle)
     pid = os.fork()
     if pid == 0:
         code = 0
@@ -98,7 +101,6 @@ def describe_in_a_fork(order: dict, objective: Any) -> dict[str, Any]:
             os._exit(code)  # (its threads, non-daemon ones too, end here: nothing of it may linger)
     status = _wait(pid, float(order["limit"]))
     _end_what_it_left(pid)
-    learned_imports.import_what_was_written(imports)  # (the next forks start with them)
     if status is None:
         return {"timed_out": True}
     return {"exit_code": os.waitstatus_to_exitcode(status)}

@@ -12,14 +12,8 @@ from typing import Any
 import optuna
 from optuna.distributions import distribution_to_json
 
-try:  # (how Optuna's ``Trial.constraints`` reads them, from the trial already read, rather than from the storage)
-    from optuna.study._constrained_optimization import _get_constraints_from_system_attrs as _from_system_attrs
-except ImportError:  # (an Optuna laid out otherwise: the trial's own property)
-    _constraints = None
-else:
-
-    def _constraints(frozen: optuna.trial.FrozenTrial) -> dict[str, float]:
-        return _from_system_attrs(frozen.system_attrs)
+# (what Optuna's own ``Trial.constraints`` reads them with, here from the trial already read: one read, not two)
+from optuna.study._constrained_optimization import _get_constraints_from_system_attrs
 
 
 def trial_snapshot(trial: Any, study: optuna.Study | None = None) -> dict[str, Any]:
@@ -34,7 +28,7 @@ def trial_snapshot(trial: Any, study: optuna.Study | None = None) -> dict[str, A
         # (what the sampler already sampled jointly: reading trial.relative_params would make it sample now, and
         # Optuna never does for a trial whose parameters the queue fixed)
         relative = dict(getattr(trial, "_relative_params", None) or {})
-        constraints = _constraints(frozen) if _constraints is not None else trial.constraints  # (one read, not two)
+        constraints = _get_constraints_from_system_attrs(frozen.system_attrs)
     else:
         params, distributions = dict(trial.params), dict(trial.distributions)
         user_attrs, started, relative, constraints = dict(trial.user_attrs), None, {}, {}
