@@ -264,6 +264,30 @@ def test_a_real_sweep_refuses_a_deadline_no_plan_meets_before_any_trial_starts(s
 
 
 @pytest.mark.launch
+def test_a_refused_deadline_leaves_a_sampling_study_as_it_was_and_a_met_one_samples_as_plain_optuna(saturn_options):
+    """No trial is asked before the deadline is checked: a trial of a copy of the study (its sampler copied) is
+    priced instead, so the refused sweep leaves no trial (it left a FAIL one), and the study's sampler is untouched:
+    the next sweep's trials have the parameters a fresh sampler of the same seed gives."""
+    import objectives
+
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    began = time.monotonic()
+    with pytest.raises(DeadlineUnreachable, match="earliest end"):
+        SaturnExecutor(devices=2, strategies=["single"], deadline="1s", **saturn_options).optimize(
+            study, objectives.sleeps, n_trials=3
+        )
+    assert study.trials == []
+    assert time.monotonic() - began < 30
+    SaturnExecutor(devices=2, strategies=["single"], deadline="10m", **saturn_options).optimize(
+        study, objectives.train_linear, n_trials=2
+    )
+    assert [(t.number, t.state) for t in study.trials] == [(0, TrialState.COMPLETE), (1, TrialState.COMPLETE)]
+    plain = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    first_two = [plain.ask().suggest_float("lr", 0.05, 0.2) for _ in range(2)]  # (the two trials run at once)
+    assert sorted(t.params["lr"] for t in study.trials) == sorted(first_two)
+
+
+@pytest.mark.launch
 def test_a_real_sweep_with_a_deadline_it_can_meet_runs_every_trial_and_records_its_objective(saturn_options):
     import objectives
 

@@ -60,6 +60,12 @@ class Descriptions:
         """The objective prepared nothing for a strategy when it was described (a plain objective)."""
         return self._nothing_to_describe
 
+    def forget(self, number: int) -> None:
+        """Trial ``number`` was a stand-in (a trial the study never saw): the next trial of that number is described
+        afresh."""
+        self._workloads.pop(number, None)
+        self._failures.pop(number, None)
+
     def known(self, number: int) -> Workload | None:
         """Trial ``number``'s workload, if it was described (describing nothing)."""
         return self._workloads.get(number)

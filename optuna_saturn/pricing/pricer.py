@@ -99,6 +99,9 @@ class Pricer:
     def workload(self, number: int) -> Workload | None:
         return self._descriptions.known(number)
 
+    def forget(self, number: int) -> None:
+        self._descriptions.forget(number)
+
     @property
     def prepares_nothing(self) -> bool:
         return self._descriptions.prepares_nothing

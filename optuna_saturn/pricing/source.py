@@ -28,6 +28,9 @@ class PriceSource(Protocol):
     def workload(self, number: int) -> Workload | None:
         """Trial ``number``'s workload, if it was described (None: planned from runtime estimates)."""
 
+    def forget(self, number: int) -> None:
+        """Trial ``number`` was priced as a stand-in the study never saw: a later trial of that number is new."""
+
     @property
     def prepares_nothing(self) -> bool:
         """The objective, described, prepared nothing for a strategy to choose: its trials run as they are."""

@@ -171,6 +171,9 @@ class KnownPrices:
     def workload(self, number: int) -> Workload | None:
         return self._workload(self._job_of[number]) if number in self._job_of else None
 
+    def forget(self, number: int) -> None:
+        self._job_of.pop(number, None)
+
     @property
     def prepares_nothing(self) -> bool:
         return False  # (every simulated job is described)

@@ -13,6 +13,8 @@ was told, exactly as plain Optuna's ``n_jobs`` threads ask (the sampler sees wha
 undescribed (its runtime is estimated from the trials that ended), until one runs out of memory: from then on
 trials are described, so that each is planned with the micro-batches its workload needs.
 
+Under a deadline, a trial of a copy of the study is priced first (:mod:`optuna_saturn.study.stand_in`).
+
 Trials of the study's queue whose parameters are all fixed need no sampler: they are described ahead and planned
 as a set, up to ``QUEUED_TRIALS_PER_DEVICE`` per device and ``MOST_QUEUED_TRIALS`` in all
 (:mod:`optuna_saturn.study.queue`). A profile-only sweep asks all its trials at once.
@@ -41,6 +43,7 @@ ASK_AHEAD_SECONDS = 0.1
 class Next(Enum):
     ASK = "ask"  # take the queue's next trial, or ask a new one
     PLAN_FIRST = "plan first"  # what waits changed: plan it, then look again
+    PREVIEW = "preview"  # under a deadline, before the first trial: plan on one the study never sees, to refuse
 
 
 class Asking:
@@ -48,7 +51,14 @@ class Asking:
     long asking took (:meth:`asked`), whether trials are described (:meth:`describe_from_now`), the first round."""
 
     def __init__(
-        self, *, timeout: float | None, lookahead: int, profile_only: bool, describe_ahead: bool, ask_ahead: bool = True
+        self,
+        *,
+        timeout: float | None,
+        lookahead: int,
+        profile_only: bool,
+        describe_ahead: bool,
+        ask_ahead: bool = True,
+        preview: bool = False,
     ) -> None:
         self.timeout = timeout
         self.lookahead = lookahead
@@ -57,6 +67,7 @@ class Asking:
         self._ask_ahead = ask_ahead  # False: only for a device that is free now, as plain Optuna's threads ask
         self.describes_asked = ask_ahead  # an asked trial is described before it is planned (else it runs as is)
         self._had_a_first_round = False
+        self._preview_due = preview and not profile_only  # (see :meth:`next`)
         self._owed_a_start: set[int] | None = None  # queued trials to run although asking stopped
         self.ask_seconds: list[float] = []  # how long asking and describing each trial took
 
@@ -71,6 +82,7 @@ class Asking:
             profile_only=settings.profile_only,
             describe_ahead=describes and (settings.describe_asked or len(settings.devices) > 1),
             ask_ahead=describes and settings.describe_asked,
+            preview=settings.objective.deadline is not None,
         )
 
     def describe_from_now(self) -> None:
@@ -105,6 +117,9 @@ class Asking:
             return None
         if state.plan_dirty:
             return Next.PLAN_FIRST
+        preview, self._preview_due = self._preview_due and not (state.waiting or state.running or state.asked), False
+        if preview:  # (once, before anything waits, runs or was asked)
+            return Next.PREVIEW
         return Next.ASK if self._idle_soon(state, now, options) else None
 
     @staticmethod
@@ -132,8 +147,7 @@ class Asking:
         self.ask_seconds.append(seconds)
 
     def note_the_first_round(self, state: SweepState) -> None:
-        """Once every device had a trial, it stays had: a node that joins later does not reopen asking past the
-        timeout."""
+        """Once every device had a trial, it stays had (a node that joins later reopens no asking)."""
         self._had_a_first_round = self._had_a_first_round or not self._first_round_due(state)
 
     def not_to_start(self, state: SweepState) -> list[int]:
@@ -171,8 +185,7 @@ class Asking:
         return state.asked + state.queued_waiting() < len(devices) and not devices <= held
 
     def _idle_soon(self, state: SweepState, now: float, options: OptionsView) -> bool:
-        """Whether some device has nothing to do (no running job, no waiting trial planned on it) from now, or
-        from within the time it takes to ask and describe a trial."""
+        """Whether some device has nothing to do (no job, no trial planned on it) within asking's time."""
         recent = self.ask_seconds[-5:]
         horizon = ASK_AHEAD_SECONDS + 2 * max(recent) if recent and self._ask_ahead else 0.0
         busy_until = {d: now for m in state.topology.members for d in m}

@@ -41,6 +41,14 @@ class Planned:
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """The sweep's deadline, checked before its first trial is asked: refused if ``why`` says why."""
+
+    why: str
+    earliest_end: float  # when its trials end at the earliest (since the sweep started)
+
+
+@dataclass(frozen=True)
 class Stop:
     """Stop the running trial ``run``: ``reason`` says why (faults: its ranks stopped moving)."""
 

@@ -130,8 +130,7 @@ class Sweep:
         return self._asking.may_ask(self._state, self._now(), self._gateway.stop_requested)
 
     def _ask(self) -> None:
-        """Take trials in while the asking policy says so: the queue's fixed trials described ahead, while they
-        stay in the queue; else the queue's next trial, or a new one asked of the sampler."""
+        """Take trials in while the asking policy says so: the queue's fixed ones described ahead, or asked."""
         while self._may_ask():
             taken = intake.describe_queued(self._world) if self._asking.room_to_describe(self._state) else None
             if taken is None:
@@ -140,6 +139,10 @@ class Sweep:
                     return
                 if step is Next.PLAN_FIRST:  # (what waits changed: plan it, then look again)
                     self._plan()
+                    continue
+                if step is Next.PREVIEW:  # (a deadline no plan meets is refused before the study holds a trial)
+                    preview = intake.preview(self._world)
+                    self._do(self._planning.deadline_check(preview, self._state, self._view, self._now()))
                     continue
                 taken = intake.ask(self._world, describe=self._asking.describes_asked)
             if taken.waiting is None:
@@ -156,8 +159,7 @@ class Sweep:
                     self._profiling.measure_every_option(taken.waiting.trial, taken.waiting.price)
 
     def _recover(self) -> None:
-        """At the start, and every :data:`RECOVER_SECONDS` after: the trials of sweeps on the study that died end
-        FAIL and run again here (ahead of new trials; ``n_trials`` counts new trials)."""
+        """At the start, then every :data:`RECOVER_SECONDS`: dead sweeps' trials end FAIL and run again here."""
         if not self.settings.owned or self._clock.now() < self._next_recovery:
             return
         self._next_recovery = self._clock.now() + RECOVER_SECONDS
@@ -224,8 +226,7 @@ class Sweep:
         return bool(taught)
 
     def _nodes(self) -> None:
-        """Devices of nodes that joined are planned on; those of nodes that died are not, nor the trials no node
-        left can hold."""
+        """Devices of nodes that joined are planned on; not those of nodes that died, nor trials none can hold."""
         if moves.nodes(self._world, self._pool.joined(), self._pool.lost()):
             self._do(self._planning.unplan_lost(self._state))
             for fail in self._faults.without_a_node(self._state):

@@ -20,10 +20,13 @@ _logger = optuna.logging.get_logger("optuna.saturn")
 DEADLINE_SLACK = 0.5
 
 
-def objective_now(objective: Objective, state: SweepState, busy: Sequence[Reservation], now: float) -> Objective:
-    """``objective`` for a plan of the waiting trials made at ``now`` (``busy``: the running jobs' devices)."""
+def objective_now(
+    objective: Objective, state: SweepState, busy: Sequence[Reservation], now: float, *, unsure: float = 0.0
+) -> Objective:
+    """``objective`` for a plan of the waiting trials made at ``now`` (``busy``: the running jobs' devices;
+    ``unsure``: the uncertainty of trials planned beside the waiting ones)."""
     spent = state.spent_by(now) + sum(len(r.devices) * r.until for r in busy)
-    unsure = max((_uncertainty(w) for w in state.waiting.values()), default=0.0)
+    unsure = max([unsure, *(_uncertainty(w) for w in state.waiting.values())])
     spare = DEADLINE_SLACK * unsure * max(0.0, (objective.deadline or now) - now)
     return objective.shifted(elapsed=now + spare, spent=spent)
 

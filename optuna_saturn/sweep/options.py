@@ -33,7 +33,7 @@ from optuna_saturn.pricing.unprofiled import RuntimeEstimator
 from optuna_saturn.sweep.measuring import MeasuringTimes
 from optuna_saturn.sweep.settings import SweepSettings
 from optuna_saturn.sweep.state import ProfileRun, SweepState, TrialRun, Waiting
-from optuna_saturn.sweep.weighing import fitting, most_efficient, tie_broken, weighed
+from optuna_saturn.sweep.weighing import fitting, most_efficient, standing_for, tie_broken, weighed
 
 #: How many trials not asked yet the planner expects (per device, at most): enough to see that more work comes ...
 FUTURE_TRIALS = 4
@@ -87,7 +87,7 @@ class OptionsView:
 
     def saw(self, waiting: Waiting) -> None:
         """A trial was admitted: it stands for the trials to come."""
-        options = weighed([p.option for p in waiting.price.options], waiting.price.options)
+        options = standing_for(waiting.price)
         if options:
             bisect.insort(self._seen, (min(o.runtime * o.devices for o in options), len(self._seen), options))
 
@@ -161,19 +161,21 @@ class OptionsView:
         ]
         return (jobs + self.future_jobs(state) if future else jobs), busy
 
-    def future_jobs(self, state: SweepState) -> list[Job]:
-        """The trials not asked yet, each like an asked trial of median size: as many as make the trials planned
-        ``FUTURE_TRIALS`` per device in all, ``FUTURE_TRIALS_TO_MEET`` under a deadline or a budget (none once
-        ``n_trials`` are in, or when that many are known)."""
+    def future_jobs(self, state: SweepState, *, like: list[Option] | None = None) -> list[Job]:
+        """The trials not asked yet, each like an asked trial of median size (or ``like`` these options): as many
+        as make the trials planned ``FUTURE_TRIALS`` per device in all, ``FUTURE_TRIALS_TO_MEET`` under a deadline
+        or a budget (none once ``n_trials`` are in, or when that many are known)."""
         per_device = self._future_trials
         remaining = (
             (state.n_trials - state.asked - state.queued_waiting()) if state.n_trials is not None else per_device
         )
         count = min(remaining, per_device * (len(state.devices) - len(state.gone)) - len(state.waiting))
-        if not self._seen or count <= 0:
+        if like is None and self._seen:
+            like = self._seen[len(self._seen) // 2][2]
+        if not like or count <= 0:
             return []
         share = self.survival.expected_share()
-        median = [replace(o, runtime=o.runtime * share) for o in self._seen[len(self._seen) // 2][2]]
+        median = [replace(o, runtime=o.runtime * share) for o in like]
         if self.survival.likely_stopped():  # (as a trial asked now would be)
             median = most_efficient(median, state.largest_node)
         options = tie_broken(fitting(median, state.largest_node))

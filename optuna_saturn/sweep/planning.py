@@ -21,12 +21,15 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import partial
 
-from optuna_saturn.planner import Assignment, Plan, WorkLimit, fewest_nodes, lower_bound, reflow, replan
-from optuna_saturn.sweep.decisions import Planned, Unplan
+from optuna_saturn.planner import Assignment, Objective, Plan, WorkLimit, fewest_nodes, replan
+from optuna_saturn.pricing.prices import TrialPrice
+from optuna_saturn.sweep.decisions import Planned, Refusal, Unplan
 from optuna_saturn.sweep.objective_now import Misses, objective_now
 from optuna_saturn.sweep.options import FUTURE, OptionsView
+from optuna_saturn.sweep.plan_following import FRESH_SHARE, Fresh, followed, small
 from optuna_saturn.sweep.settings import SweepSettings
 from optuna_saturn.sweep.state import SweepState
+from optuna_saturn.sweep.weighing import standing_for
 
 #: Plans happen while devices may wait for them, and take a core: keep them short.
 REPLAN_SECONDS = 0.1
@@ -40,13 +43,6 @@ REPLAN_WORK = WorkLimit(0.025)
 URGENT_SOLVER = "list"
 #: Solvers refine a plan only when it may be this much longer than its lower bound.
 REFINE_GAP = 0.02
-#: Above this many (waiting trial, node) pairs, a fresh plan costs more than an event leaves time for: the last
-#: one is followed between fresh plans (see the module's docstring) ...
-REPAIR_ABOVE = 512
-#: ... which come once this share of the trials are new, or the repaired plan ends this much later.
-FRESH_SHARE = 0.1
-DRIFT = 0.05
-CLOSE_ENOUGH = 0.05
 
 
 class Planning:
@@ -68,7 +64,7 @@ class Planning:
         self._refine = False  # the last plan was the heuristics' alone: the solvers refine it when they may
         self.version = 0  # plans made
         self.first_makespan: float | None = None
-        self._fresh: tuple[set[str], int, float, float] | None = None  # the last fresh plan: trials, changes, end, span
+        self._fresh: Fresh | None = None  # the last fresh plan
 
     @staticmethod
     def unplan_lost(state: SweepState) -> Unplan:
@@ -90,7 +86,7 @@ class Planning:
         devices as planned) waits for the next one that does not, or for a fresh plan to be due."""
         if not state.plan_dirty:
             return self._refine and not state.free()
-        if self._small(len(state.waiting), state) or self._fresh is None or state.free() & ready:
+        if small(len(state.waiting), state) or self._fresh is None or state.free() & ready:
             return True
         fresh_names, changes, _, _ = self._fresh  # (a trial that arrived meanwhile is placed by the next plan)
         new = sum(1 for n in state.waiting if str(n) not in fresh_names)
@@ -108,22 +104,17 @@ class Planning:
         if previous is None and self._first_plan is not None:  # a replay: the first plan is given
             previous, self._first_plan, min_improvement = self._first_plan, None, float("inf")
         objective = objective_now(self._objective, state, busy, now)
-        plan = self._repaired(previous, jobs, busy, state, now) if objective.is_makespan else None
+        plan = followed(previous, self._fresh, jobs, busy, state, now) if objective.is_makespan else None
         if plan is None:
             urgent = self._solver == "auto" and bool(state.free())
-            solve = partial(replan, jobs=jobs, cluster=state.cluster, busy=busy, seed=self._seed, objective=objective)
-            solver = URGENT_SOLVER if urgent else self._solver
-            plan = solve(previous, solver=solver, time_limit=self._time_limit, min_improvement=min_improvement,
-                         work_limit=self._work_limit)  # fmt: skip
-            deadline, whole_time, whole_work = objective.deadline, *self._whole_limits
-            refused = deadline is not None and self.version == 1 and plan.info.get("met") is False
-            if refused and urgent and plan.lower_bound <= (deadline or 0.0):  # (by the heuristics: solvers first)
-                plan = solve(None, solver=self._solver, time_limit=whole_time, work_limit=whole_work)
+            plan = self._solved(previous, jobs, busy, state, objective, min_improvement, first=self.version == 1)
+            deadline, solver = objective.deadline, URGENT_SOLVER if urgent else self._solver
             # (nodes idle to the end go back; a try that left none out is made again once the trials, or the nodes
             # free of jobs, changed)
             tried = (frozenset(j.name for j in jobs), frozenset(r.node for r in busy), state.cluster)
             if deadline is not None and plan.info.get("met") and state.all_asked and tried != self._tried_fewer:
-                fewer = partial(solve, None, solver=solver, time_limit=self._time_limit, work_limit=self._work_limit)
+                fewer = partial(replan, None, jobs, seed=self._seed, objective=objective, solver=solver,
+                                time_limit=self._time_limit, work_limit=self._work_limit)  # fmt: skip
                 on_fewer = fewest_nodes(plan, state.cluster, busy, lambda c, b: fewer(cluster=c, busy=b))
                 plan, self._tried_fewer = on_fewer, (tried if on_fewer is plan else None)
             self._refine = urgent and plan.makespan > plan.lower_bound * (1 + REFINE_GAP)
@@ -149,29 +140,42 @@ class Planning:
         end = now + max([shown.makespan, *to_come, *(r.until for r in busy)])
         return Planned(places, shown, now, self._misses.refusal(plan, end, objective, first=self.version == 1), end)
 
-    def _repaired(self, previous: Plan | None, jobs: list, busy: list, state: SweepState, now: float) -> Plan | None:
-        """The previous plan repaired, if a fresh one is not due yet (see the module's docstring); else None."""
-        names = {j.name for j in jobs if not j.name.startswith(FUTURE)}
-        if previous is None or self._fresh is None or self._small(len(names), state):
-            return None
-        fresh_names, changes, fresh_end, span = self._fresh
-        if changes != state.changes or len(names - fresh_names) >= FRESH_SHARE * len(names):
-            return None
-        kept = reflow(previous, jobs, state.cluster, busy=busy)
-        # the trials that arrived since may end it later by their work spread over the devices, and no more; a
-        # followed plan within 5% of its lower bound (no plan can end sooner) is close enough
-        arrived = sum(min(o.runtime * o.devices for o in j.options) for j in jobs if j.name in names - fresh_names)
-        allowed = fresh_end + arrived / state.cluster.total_devices + DRIFT * span
-        if now + kept.makespan <= allowed or kept.makespan <= (1 + CLOSE_ENOUGH) * lower_bound(
-            jobs, state.cluster, busy=busy
-        ):
-            return kept
-        return None
+    def deadline_check(self, price: TrialPrice | None, state: SweepState, view: OptionsView, now: float) -> Refusal:
+        """Under a deadline, before the first trial is asked: the sweep planned as trials like ``price``'s (a trial
+        the study never saw), as many as its first plan counts; a deadline that plan misses is refused now, before
+        the study holds a trial of this sweep."""
+        jobs = view.future_jobs(state, like=standing_for(price)) if price is not None else []
+        if not jobs:
+            return Refusal("", 0.0)
+        unsure = min(p.uncertainty for p in price.options) if price is not None else 0.0
+        objective = objective_now(self._objective, state, [], now, unsure=unsure)
+        plan = self._solved(None, jobs, [], state, objective, self._min_improvement, first=True)
+        end = now + max((a.end for a in plan.assignments), default=0.0)
+        return Refusal(self._misses.refusal(plan, end, objective, first=True), end)
 
-    @staticmethod
-    def _small(waiting: int, state: SweepState) -> bool:
-        """Whether a fresh plan of ``waiting`` trials costs little enough to make at every event."""
-        return waiting * len(state.cluster.nodes) <= REPAIR_ABOVE
+    def _solved(
+        self,
+        previous: Plan | None,
+        jobs: list,
+        busy: list,
+        state: SweepState,
+        objective: Objective,
+        improve: float,
+        *,
+        first: bool,
+    ) -> Plan:
+        """A fresh plan, by the heuristics alone while a device waits; the first one that misses a deadline the
+        lower bound allows is made again with the solvers' whole time before the sweep is refused."""
+        urgent = self._solver == "auto" and bool(state.free())
+        solve = partial(replan, jobs=jobs, cluster=state.cluster, busy=busy, seed=self._seed, objective=objective)
+        solver = URGENT_SOLVER if urgent else self._solver
+        plan = solve(previous, solver=solver, time_limit=self._time_limit, min_improvement=improve,
+                     work_limit=self._work_limit)  # fmt: skip
+        deadline, whole_time, whole_work = objective.deadline, *self._whole_limits
+        refused = deadline is not None and first and plan.info.get("met") is False
+        if refused and urgent and plan.lower_bound <= (deadline or 0.0):
+            plan = solve(None, solver=self._solver, time_limit=whole_time, work_limit=whole_work)
+        return plan
 
     @staticmethod
     def _previous_plan(state: SweepState) -> Plan | None:

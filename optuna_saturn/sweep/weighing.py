@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from optuna_saturn.planner import Option
-from optuna_saturn.pricing.prices import PricedOption
+from optuna_saturn.pricing.prices import PricedOption, TrialPrice
 
 #: Among options that finish the plan equally soon, prefer the one that spends fewer device-seconds: each option
 #: is priced to the planner this much longer per unit of area beyond the trial's most efficient option.
@@ -28,6 +28,11 @@ def weighed(options: Sequence[Option], priced: Sequence[PricedOption]) -> list[O
         o if p.measured else replace(o, runtime=o.runtime * (1 + CAUTION * p.uncertainty))
         for o, p in zip(options, priced, strict=True)
     ]
+
+
+def standing_for(price: TrialPrice) -> list[Option]:
+    """A trial's options as the trials to come are planned like it (weighed, at their full length)."""
+    return weighed([p.option for p in price.options], price.options)
 
 
 def tie_broken(options: Sequence[Option]) -> list[Option]:

@@ -15,6 +15,7 @@ from optuna_saturn.study.outbox import retrying
 from optuna_saturn.study.ownership import inherit_intermediate_values
 from optuna_saturn.study.queue import ParameterNotFixed, QueuedTrial
 from optuna_saturn.study.records import record
+from optuna_saturn.study.stand_in import stand_in_trial
 from optuna_saturn.sweep.decisions import Admit
 from optuna_saturn.sweep.effects.prices import price
 from optuna_saturn.sweep.effects.world import World
@@ -43,6 +44,13 @@ def ask(world: World, *, describe: bool) -> Taken:
     inherited = retrying(partial(world.resumes.inherited, trial), what=f"read trial {number}'s checkpoint")
     state.resume_from(number, inherited)
     return _priced(world, trial, price(world, trial, describe=describe), asked_at)
+
+
+def preview(world: World) -> TrialPrice | None:
+    """A trial the study never sees (:func:`~optuna_saturn.study.stand_in.stand_in_trial`), priced as the first
+    asked trial would be; None where the study's sampler cannot be copied."""
+    trial = stand_in_trial(world.gateway.study, world.gateway.lock)
+    return price(world, trial, describe=True, stand_in=True) if trial is not None else None
 
 
 def describe_queued(world: World) -> Taken | None:

@@ -28,18 +28,24 @@ def price(
     leaving: tuple | None = None,
     was: list | None = None,
     describe: bool = False,
+    stand_in: bool = False,
 ) -> TrialPrice:
     """The trial's options that its checkpoint allows (``describe``: a new trial, described now; else priced
     again from its description, if any); recorded on the trial (``saturn:options``) unless they are what it
-    ``was`` priced (a storage write per trial and event costs a large sweep's loop more than the re-pricing)."""
+    ``was`` priced (a storage write per trial and event costs a large sweep's loop more than the re-pricing).
+    ``stand_in``: a trial the study never sees (:mod:`optuna_saturn.study.stand_in`), recorded nowhere."""
     prices = world.prices
     described = prices is not None and (describe or prices.workload(trial.number) is not None)
-    priced = prices.price(trial) if prices is not None and described else TrialPrice(None)
+    try:
+        priced = prices.price(trial) if prices is not None and described else TrialPrice(None)
+    finally:
+        if stand_in and prices is not None:  # (the study's trial of that number is described for itself)
+            prices.forget(trial.number)
     if priced.workload is None and priced.failure is None:  # cannot be described: planned from runtime estimates
         priced.options = world.view.estimator.priced(as_is=prices is not None and prices.prepares_nothing)
     priced = world.resumes.restricted(trial.number, priced, leaving=leaving)
     options = [p.option.to_json() for p in priced.options]
-    if prices is not None and options != was:
+    if prices is not None and options != was and not stand_in:
         survival = world.view.survival  # (what it assumed, where it plans for the pruner)
         assumed = {} if survival.blind else {"pruning_assumed": survival.describe()}
         world.gateway.set_attrs(trial, {"options": options, "profiles": priced.profiles, **assumed})

@@ -13,7 +13,7 @@ from optuna_saturn.events import ProfileEvent, TrialStart
 from optuna_saturn.planner import DeadlineUnreachable
 from optuna_saturn.study.queue import QueuedTrial
 from optuna_saturn.sweep import reporting
-from optuna_saturn.sweep.decisions import Measure, Planned, Start
+from optuna_saturn.sweep.decisions import Measure, Planned, Refusal, Start
 from optuna_saturn.sweep.effects.world import World
 from optuna_saturn.sweep.state import ProfileRun, TrialRun
 
@@ -33,6 +33,11 @@ def planned(world: World, planned: Planned | None) -> None:
         waiting.planned_start, waiting.planned_end = planned.now + place.start, planned.now + place.end
     state.planned(sorted(planned.places, key=lambda n: (planned.places[n].start, n)))
     world.events.send("on_plan", planned.shown, list(planned.places), planned.now)
+
+
+def refused(world: World, refusal: Refusal) -> None:
+    if refusal.why:  # (the study holds no trial of this sweep yet)
+        raise DeadlineUnreachable(refusal.why, refusal.earliest_end)
 
 
 def start(world: World, start: Start) -> None:
@@ -82,4 +87,4 @@ def measure(world: World, measure: Measure) -> None:
 
 
 #: The decisions this module carries out, and how.
-HANDLERS: dict[type, Callable[..., Any]] = {Planned: planned, Start: start, Measure: measure}
+HANDLERS: dict[type, Callable[..., Any]] = {Planned: planned, Refusal: refused, Start: start, Measure: measure}
