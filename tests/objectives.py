@@ -684,17 +684,3 @@ def slow_to_warm_up(trial) -> float:
     if not trial.is_real_run:
         time.sleep(30)
     return trial.suggest_float("x", 0, 1)
-
-
-def notes_what_its_description_finds(trial) -> float:
-    """A plain objective that, run as a description (in the describer's fork), notes which of the libraries a
-    prepared model's description uses the fork found imported (to the file ``SATURN_TEST_NOTES``)."""
-    import json
-
-    x = trial.suggest_float("x", 0, 1)
-    with open("/proc/self/comm", encoding="utf-8") as f:
-        described = f.read().startswith("saturn-describ")
-    if described:
-        with open(os.environ["SATURN_TEST_NOTES"], "a", encoding="utf-8") as out:
-            out.write(json.dumps({name: name in sys.modules for name in ("torch._dynamo", "accelerate")}) + "\n")
-    return x

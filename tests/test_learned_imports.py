@@ -8,8 +8,6 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 #: In a fresh interpreter: a fork imports a standard-library module and a module of the user's, lists what it
 #: imported, and the parent imports what it wrote.
 SCRIPT = """
@@ -59,22 +57,3 @@ def test_the_describer_imports_them_with_the_gpus_hidden_as_the_description_had_
     assert sys.modules["looks_for_gpus"].SEEN == ""  # hidden while it imported
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"  # and back afterwards
     del sys.modules["looks_for_gpus"]
-
-
-@pytest.mark.launch
-def test_the_first_description_waits_for_no_import_a_plain_objective_lacks(saturn_options, tmp_path, monkeypatch):
-    """The describer imports what a prepared model's description uses (torch._dynamo, accelerate where the executor
-    did not: 1.2 s) after its first description, not before: a plain objective's first trial (and a deadline's
-    stand-in) is described in 0.1 s instead of 1.3 s."""
-    import objectives
-    import optuna
-
-    from optuna_saturn import SaturnExecutor
-
-    notes = tmp_path / "notes.jsonl"
-    monkeypatch.setenv("SATURN_TEST_NOTES", str(notes))
-    study = optuna.create_study()
-    SaturnExecutor(devices=2, **saturn_options).optimize(study, objectives.notes_what_its_description_finds, n_trials=2)
-    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 2
-    found = [json.loads(line) for line in notes.read_text().splitlines()]
-    assert len(found) == 1 and not found[0]["torch._dynamo"]  # (described once: it prepares nothing)

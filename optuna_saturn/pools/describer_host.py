@@ -23,7 +23,6 @@ forks (:mod:`~optuna_saturn.pools.learned_imports`).
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import select
 import signal
@@ -55,12 +54,17 @@ def main(config_path: str) -> None:
     import torch
 
     torch.set_num_threads(1)  # a description reads shapes; its forks must not inherit a thread pool
+    import accelerate  # noqa: F401  (what every description uses, imported once here, not in each fork)
+
+    # (a process's first optimizer imports torch._dynamo: 1.3 s a description, paid here once)
+    import torch._dynamo
+
     import optuna_saturn.profiler._probe
     import optuna_saturn.worker.described_trial  # noqa: F401
 
     objective = load_objective(config["objective"])
     channel = ChannelClient(config["channel"], config["token"], hello={"describer": True})
-    for described in itertools.count():
+    while True:
         order = channel.call("next")
         if order.get("exit"):
             break
@@ -70,18 +74,7 @@ def main(config_path: str) -> None:
         channel.call("done", id=order["id"], **ended)
         # (after answering: the executor plans and starts the trial meanwhile; the next fork starts with them)
         learned_imports.import_what_was_written(imports)
-        if described == 0:
-            _import_what_descriptions_use()
     channel.close()
-
-
-def _import_what_descriptions_use() -> None:
-    """After the first description, not before: it waited for nothing (a plain objective's is answered in 0.1 s,
-    where these imports take 1.2 s), and a description that needed them imported them itself."""
-    import accelerate  # noqa: F401  (what a prepared model's description uses)
-
-    # (a process's first optimizer imports torch._dynamo: 1.3 s a description)
-    import torch._dynamo  # noqa: F401
 
 
 def describe_in_a_fork(order: dict, objective: Any, imports: str) -> dict[str, Any]:
