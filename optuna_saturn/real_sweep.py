@@ -91,7 +91,7 @@ def real_sweep(
             hardware=None if node is None else node.hardware,
             device_memory=device_capacity(options.device_memory, settings.devices, node),
         )
-    return assemble(
+    sweep = assemble(
         settings,
         study,
         pool=pool,
@@ -101,6 +101,8 @@ def real_sweep(
         run_dir=run_dir,
         **sweep_options,
     )
+    pool.while_describing = sweep.while_describing  # (a description takes seconds: ready trials start meanwhile)
+    return sweep
 
 
 def _warm_backend(settings: SweepSettings, options: RealSweepOptions, largest: int, log_dir: Any) -> WarmBackend:

@@ -684,3 +684,12 @@ def slow_to_warm_up(trial) -> float:
     if not trial.is_real_run:
         time.sleep(30)
     return trial.suggest_float("x", 0, 1)
+
+
+def described_slowly_after_the_first(trial) -> float:
+    """Trains ``Blocks``; described (in the describer's fork), every trial but the first takes 3 s more before its
+    loop: a slow description, as a large model's first import makes one."""
+    with open("/proc/self/comm", encoding="utf-8") as f:
+        if f.read().startswith("saturn-describ") and trial.number > 0:
+            time.sleep(3.0)
+    return _train_blocks(trial, 40)

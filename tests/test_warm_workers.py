@@ -272,3 +272,21 @@ def test_a_pool_closed_while_its_host_warms_up_stops_at_once(saturn_options):
         optuna.create_study(), objectives.slow_to_warm_up, n_trials=0
     )
     assert time.monotonic() - started < 8
+
+
+@pytest.mark.launch
+@pytest.mark.parametrize("queued", [False, True])
+def test_a_described_trial_starts_once_its_worker_is_up_while_the_next_is_still_described(saturn_options, queued):
+    """Describing a trial blocks the sweep's thread (seconds, for a large model's first imports): a trial described
+    before it starts as soon as a worker comes up meanwhile, not once the description ends; one of the study's
+    queue too, which is planned then (the queue's trials are otherwise all described before the first plan)."""
+    study = optuna.create_study()
+    for lr in (0.02, 0.03) if queued else ():
+        study.enqueue_trial({"lr": lr})
+    executor = SaturnExecutor(devices=2, strategies=["single", "ddp"], **saturn_options)
+    executor.optimize(study, objectives.described_slowly_after_the_first, n_trials=2)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
+    first, second = (t.system_attrs for t in study.trials)
+    described = second["saturn:asked_at"] + second["saturn:describe_seconds"]
+    assert second["saturn:describe_seconds"] >= 3.0
+    assert first["saturn:actual_start"] < described - 1.0, (first["saturn:actual_start"], described)

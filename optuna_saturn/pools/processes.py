@@ -60,6 +60,9 @@ class ProcessPool:
         self._tokens: dict[str, list[str]] = {}  # job -> the tokens of its trials' sessions on the channel
         self._errors: dict[str, str] = {}  # job -> where its ranks leave their errors
         self._stopped: list[JobEnd] = []  # launched jobs stopped, not reported yet
+        #: Called about every 0.25 s while a trial is described (by the sweep's thread, which waits for the
+        #: description): the sweep starts the trials planned on workers that came up meanwhile.
+        self.while_describing: Callable[[], None] = lambda: None
 
     def node_of(self, device: Device) -> dict[str, Any]:
         return self._warm.node_of(device)
@@ -86,7 +89,11 @@ class ProcessPool:
         start or run."""
         if self._describer is None or not self._started:
             raise RuntimeError("this pool has no describer, or is not started")
-        return self._describer.describe(trial, lock=lock, study=study, still_up=self._still_up)
+        return self._describer.describe(trial, lock=lock, study=study, still_up=self._meanwhile)
+
+    def _meanwhile(self) -> None:
+        self._still_up()
+        self.while_describing()
 
     def _still_up(self) -> None:
         problem = self._warm.host_problem()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -273,18 +274,27 @@ def take_over(gateway: StudyGateway, me: Owner, *, max_retries: int, watch: Hear
     return recover_orphans(gateway, me, max_retries=max_retries, watch=watch)
 
 
-def recovery_round(
-    gateway: StudyGateway, me: Owner, *, max_retries: int, watch: HeartbeatWatch | None = None
-) -> list[int]:
-    """:func:`take_over`, as the loop runs it every :data:`RECOVER_SECONDS`: a storage that fails during the round
-    (an outage of the length the sweep rides out elsewhere) ends the round, not the sweep. The next round does
-    the same work again: every step of it reads the trials anew."""
-    try:
-        return take_over(gateway, me, max_retries=max_retries, watch=watch)
-    except STORAGE_ERRORS as exc:
-        cause = exc.__cause__ or exc
-        _logger.warning(
-            f"Recovery could not reach the storage ({type(cause).__name__}: {str(cause).splitlines()[0]}); the sweep "
-            f"goes on, and the next round tries again in {RECOVER_SECONDS:.0f} s."
-        )
-        return []
+class RecoveryRounds:
+    """The rounds of :func:`take_over` a sweep makes: at its start, then every :data:`RECOVER_SECONDS` of
+    ``clock``. A storage that fails during a round (an outage of the length the sweep rides out elsewhere) ends the
+    round, not the sweep; the next round does the same work again, since every step of it reads the trials anew."""
+
+    def __init__(self, gateway: StudyGateway, me: Owner, *, max_retries: int, clock: Callable[[], float]) -> None:
+        self._gateway, self._me, self._max_retries, self._clock = gateway, me, max_retries, clock
+        self._next = float("-inf")
+        self._watch = HeartbeatWatch()  # (on the machine's clock: other sweeps' heartbeats change in real time)
+
+    def due(self) -> list[int]:
+        """The round, if one is due: the numbers of the trials enqueued again."""
+        if self._clock() < self._next:
+            return []
+        self._next = self._clock() + RECOVER_SECONDS
+        try:
+            return take_over(self._gateway, self._me, max_retries=self._max_retries, watch=self._watch)
+        except STORAGE_ERRORS as exc:
+            cause = exc.__cause__ or exc
+            _logger.warning(
+                f"Recovery could not reach the storage ({type(cause).__name__}: {str(cause).splitlines()[0]}); the "
+                f"sweep goes on, and the next round tries again in {RECOVER_SECONDS:.0f} s."
+            )
+            return []

@@ -17,9 +17,9 @@ import optuna
 
 from optuna_saturn.pools.protocol import JobEnd
 from optuna_saturn.raised import rebuilt
-from optuna_saturn.study.liveness import Heartbeat, HeartbeatWatch
+from optuna_saturn.study.liveness import Heartbeat
 from optuna_saturn.study.outbox import STORAGE_ERRORS
-from optuna_saturn.study.ownership import RECOVER_SECONDS, recovery_round
+from optuna_saturn.study.ownership import RecoveryRounds
 from optuna_saturn.study.queue import QueuedTrial
 from optuna_saturn.sweep import dispatch, reporting
 from optuna_saturn.sweep.asking import Next
@@ -37,12 +37,11 @@ class Sweep:
         self._state, self._effects, self._view = parts.state, parts.effects, parts.view
         self._asking, self._planning, self._profiling = parts.asking, parts.planning, parts.profiling
         self._faults, self._elastic, self._outcomes = parts.faults, parts.elastic, parts.outcomes
-        self._releasing = parts.releasing
-        self._world = parts.effects.world
+        self._releasing, self._world = parts.releasing, parts.effects.world
         self._do, self._gateway, self._called_back = self._effects.carry_out, self._world.gateway, parts.called_back
         self._planning_seconds = 0.0
-        self._next_recovery = float("-inf")
-        self._watch = HeartbeatWatch()  # (on the machine's clock: other sweeps' heartbeats change in real time)
+        owner, retries = self._world.owner, self.settings.max_retries
+        self._recoveries = RecoveryRounds(self._gateway, owner, max_retries=retries, clock=self._clock.now)
 
     def _now(self) -> float:
         """Seconds since the sweep started, on its clock."""
@@ -122,6 +121,14 @@ class Sweep:
         more = self._profiling.pending if self.settings.profile_only else bool(state.waiting)
         return bool(more or state.running or self._may_ask())
 
+    def while_describing(self) -> None:
+        """While a trial is described (seconds, at the start), trials start on the workers that came up meanwhile."""
+        if self._state.note_ready(ready := self._pool.ready(), self._now()):
+            self._world.events.send("on_workers_ready", self._now())
+        if self._planning.due(self._state, ready) and self._state.free() & ready:
+            self._plan()
+        self._dispatch()
+
     def _dispatch(self) -> None:
         for start in dispatch.starts(self._state, self._pool.ready(), self._view, self._now()):
             self._do(start)
@@ -160,12 +167,7 @@ class Sweep:
 
     def _recover(self) -> None:
         """At the start, then every :data:`RECOVER_SECONDS`: dead sweeps' trials end FAIL and run again here."""
-        if not self.settings.owned or self._clock.now() < self._next_recovery:
-            return
-        self._next_recovery = self._clock.now() + RECOVER_SECONDS
-        owner, retries = self._world.owner, self.settings.max_retries
-        retried = recovery_round(self._gateway, owner, max_retries=retries, watch=self._watch)
-        if retried:
+        if retried := self._recoveries.due() if self.settings.owned else []:
             self._world.queue.look_again()
             self._state.runs_again(len(retried))
 
@@ -183,8 +185,7 @@ class Sweep:
             try:
                 self._elastic.job_ended()
                 if isinstance(run, ProfileRun):
-                    names = [str(self._state.devices[i]) for i in run.devices]
-                    where = self._profiling.ran(run, self._now(), names)
+                    where = self._profiling.ran(run, self._now(), [str(self._state.devices[i]) for i in run.devices])
                     self._profiling.follow_up(prices.profile_ended(self._world, run, end, where))
                     taught = None
                 elif self._trial_ended(run, end, at=at):
@@ -241,8 +242,7 @@ class Sweep:
             for run in runs:
                 stopped = JobEnd(run.key, run.devices, False, "stopped")
                 self._trial_ended(run, stopped, reason=f"sweep stopped: {reason}", call_back=False)
-            for waiting in self._state.waiting.values():
-                # (a queued one is still in the queue: the next optimize runs it)
+            for waiting in self._state.waiting.values():  # (a queued one stays in the queue, for the next optimize)
                 if not isinstance(waiting.trial, QueuedTrial):
                     self._gateway.fail(waiting.trial, f"not started: sweep stopped: {reason}")
         except STORAGE_ERRORS:  # (what it could not tell is in the outbox: the next sweep tells it)
