@@ -24,6 +24,7 @@ from optuna_saturn.pools.launched import exclusive_mode_conflict
 from optuna_saturn.pools.ray_cluster import discover
 from optuna_saturn.profiler import ProfileStore
 from optuna_saturn.progress import ProgressMode, default_listeners
+from optuna_saturn.progress.optuna_bar import OptunaProgressBar
 from optuna_saturn.real_sweep import RealSweepOptions, real_sweep
 from optuna_saturn.strategy import Strategy, select_strategies
 from optuna_saturn.study.interrupts import sigterm_as_keyboard_interrupt
@@ -252,6 +253,8 @@ class SaturnExecutor:
         callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] | None = None,
         catch: Iterable[type[Exception]] | type[Exception] = (),
         gc_after_trial: bool = False,
+        n_jobs: int = -1,
+        show_progress_bar: bool = False,
     ) -> None:
         """Run ``n_trials`` more trials of ``study`` (or until ``timeout`` seconds, or Ctrl-C).
 
@@ -260,7 +263,8 @@ class SaturnExecutor:
         trials; trials already asked still run. Ctrl-C stops every process and ends the running trials as FAIL
         with the reason in their user attrs, then re-raises ``KeyboardInterrupt``.
 
-        ``callbacks``, ``catch`` and ``gc_after_trial`` speak ``study.optimize``'s language:
+        ``callbacks``, ``catch``, ``gc_after_trial``, ``n_jobs`` and ``show_progress_bar`` speak
+        ``study.optimize``'s language:
 
         - each callback is called with ``(study, frozen_trial)`` in this process after every trial ends
           (COMPLETE, PRUNED or FAIL), in order; ``study.stop()`` from one (``MaxTrialsCallback``) stops asking,
@@ -272,6 +276,9 @@ class SaturnExecutor:
           stall) are never raised: their trials run again (``max_retries``) or on another option.
         - ``gc_after_trial`` runs ``gc.collect()`` in this process after each trial, after the callbacks; worker
           processes always collect (and empty the CUDA cache) after each job.
+        - ``n_jobs``: the most trials running at once (each on one device or more); -1 (the default), one per
+          device. A trial is never split into threads: ``n_jobs=1`` on 4 devices runs one trial at a time.
+        - ``show_progress_bar`` draws Optuna's own bar, beside the executor's display (``progress=``).
         """
         caught = _check_catch(catch)
         for callback in callbacks or ():
@@ -284,6 +291,8 @@ class SaturnExecutor:
             raise ValueError(f"n_trials must be a non-negative int or None, got {n_trials!r}.")
         if timeout is not None and timeout <= 0:
             raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}.")
+        if isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or not (n_jobs == -1 or n_jobs >= 1):
+            raise ValueError(f"n_jobs must be -1 (one trial per device) or a positive int, got {n_jobs!r}.")
         batch = len(self.devices) if batch_size is None else batch_size
         if not isinstance(batch, int) or batch < 1:
             raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}.")
@@ -291,7 +300,7 @@ class SaturnExecutor:
             study.study_name,
             timeout,
             real_sweep(
-                self._settings,
+                self._with_bar(n_trials, timeout) if show_progress_bar else self._settings,
                 self._options,
                 study,
                 objective,
@@ -301,8 +310,14 @@ class SaturnExecutor:
                 callbacks=list(callbacks or ()),
                 gc_after_trial=bool(gc_after_trial),
                 catch=caught,
+                n_jobs=None if n_jobs == -1 else n_jobs,
             ),
         )
+
+    def _with_bar(self, n_trials: int | None, timeout: float | None) -> SweepSettings:
+        """The settings with Optuna's own progress bar among the listeners (``show_progress_bar=True``)."""
+        bar = OptunaProgressBar(n_trials, timeout)
+        return dataclasses.replace(self._settings, listeners=(*self._settings.listeners, bar))
 
     def profile(
         self,

@@ -4,6 +4,8 @@ hold. The sweep's records are the trials' system attributes (``optuna_saturn.stu
 
 from __future__ import annotations
 
+import itertools
+
 import objectives
 import optuna
 import pytest
@@ -114,3 +116,22 @@ def test_an_objective_that_prepares_nothing_runs_once_per_trial_on_one_device(sa
     # before the workers fork), trial 0 twice (described, then run), every other trial once
     assert numbers == [-1, 0, 0, 1, 2, 3, 4], numbers
     assert str(os.getpid()) not in {pid for _, pid in lines}
+
+
+def test_n_jobs_caps_the_trials_running_at_once_and_show_progress_bar_draws_optunas_bar(saturn_options, capsys):
+    """``n_jobs=1`` on two devices: one trial at a time (queued ones too, which the sweep describes ahead), as
+    ``study.optimize(n_jobs=1)`` runs them; ``show_progress_bar=True``: Optuna's own bar, as in
+    ``test_optimize_with_progbar`` of Optuna's tests."""
+    study = optuna.create_study()
+    for x in (0.1, 0.2):
+        study.enqueue_trial({"lr": x})
+    executor = SaturnExecutor(devices=2, strategies=["single", "ddp"], **saturn_options)
+    executor.optimize(study, objectives.train_linear, n_trials=4, n_jobs=1, show_progress_bar=True)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 4
+    runs = sorted((t.system_attrs["saturn:actual_start"], t.system_attrs["saturn:actual_end"]) for t in study.trials)
+    assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(runs)), runs
+    err = capsys.readouterr().err
+    assert "Best trial: " in err and "4/4" in err
+    for wrong in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="n_jobs must be -1"):
+            executor.optimize(study, objectives.train_linear, n_trials=1, n_jobs=wrong)

@@ -129,8 +129,8 @@ class Asking:
 
     @staticmethod
     def _slots(state: SweepState) -> int:
-        """As many trials in flight as plain Optuna's ``n_jobs`` threads would hold: one per device."""
-        return len(state.devices) - len(state.gone)
+        """As many trials in flight as plain Optuna's ``n_jobs`` threads would hold: one per device, or ``n_jobs``."""
+        return min(len(state.devices) - len(state.gone), state.n_jobs or len(state.devices))
 
     @staticmethod
     def admission(waiting: Waiting, *, stops: bool = False) -> Admit | Fail:

@@ -52,10 +52,11 @@ def assemble(
     callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = (),
     gc_after_trial: bool = False,
     catch: tuple[type[BaseException], ...] = (),
+    n_jobs: int | None = None,
 ) -> Sweep:
     """The sweep of ``study`` on ``pool``, on ``clock``'s time; ``prices`` price its trials (None: runtime
     estimates alone), describing them under ``study_lock``, the lock every call into the study takes."""
-    state = SweepState(clock.now(), list(settings.devices), n_trials=n_trials)
+    state = SweepState(clock.now(), list(settings.devices), n_trials=n_trials, n_jobs=n_jobs)
     state.nodes_seen({d.node: pool.node_of(d) for d in settings.devices})
     folder = study_folder(study)  # (not the study's name: two storages may hold studies of one name)
     owner = Owner.of_this_process()

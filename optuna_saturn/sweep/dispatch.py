@@ -6,7 +6,7 @@ while a trial could run. A trial that must wait for more devices than are free h
 after it, except those that end before it is planned to start (backfilling), so it is not starved. Then a trial
 planned for later starts now under another option if that ends it no later than planned, on devices nobody needs
 before (the plan's makespan is indifferent to such idle time; the trial is not). A trial whose options are being
-measured waits for what the measurement shows.
+measured waits for what the measurement shows. With ``optimize(n_jobs=k)``, no more than k trials run at once.
 """
 
 from __future__ import annotations
@@ -18,7 +18,12 @@ from optuna_saturn.sweep.state import ProfileRun, SweepState, TrialRun, Waiting
 
 
 def starts(state: SweepState, ready: set[int], view: OptionsView, now: float) -> list[Start]:
-    """The trials to start now (see the module's docstring)."""
+    """The trials to start now (see the module's docstring), no more than make ``n_jobs`` run at once."""
+    decided = _starts(state, ready, view, now)
+    return decided if state.n_jobs is None else decided[: max(0, state.n_jobs - len(state.trial_runs()))]
+
+
+def _starts(state: SweepState, ready: set[int], view: OptionsView, now: float) -> list[Start]:
     free = state.free() & ready
     measuring = {e.trial.number for r in state.running.values() if isinstance(r, ProfileRun) for e in r.job.entries}
     planned = [

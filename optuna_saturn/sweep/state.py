@@ -105,6 +105,7 @@ class SweepState:
     resumes: dict[int, checkpoint.CheckpointRecord | None] = field(default_factory=dict)
     asked: int = 0  # trials this sweep asked or took from the queue (asking)
     n_trials: int | None = None  # how many to run; retries add one each (ends: RunAgain)
+    n_jobs: int | None = None  # the most trials running at once (``optimize(n_jobs=)``; None: one per device)
     plan_dirty: bool = False  # something changed since the last plan (every transition; planning clears it)
     plan_order: list[int] = field(default_factory=list)  # the planned trials, by planned start (planning)
     changes: int = 0  # counts what changes plans besides ends and arrivals: prices, nodes
