@@ -7,10 +7,9 @@ the root conftest of that run, so that the patch is in place before any Optuna t
 
 For the session, ``optuna.study.Study.optimize`` becomes :func:`_through_saturn`: it builds a fresh
 ``SaturnExecutor(devices=2, strategies=["single"], progress=None, dashboard=False, log_dir=<tmp>,
-profile_store=<tmp>)`` and calls its ``optimize`` with the same ``n_trials``, ``timeout``, ``catch``,
-``callbacks`` and ``gc_after_trial``. ``SaturnExecutor.optimize`` takes no ``n_jobs`` and no
-``show_progress_bar``: ``n_jobs`` is dropped (the executor's concurrency is its devices, 2 here) and so is
-``show_progress_bar`` (``progress=None``); every call that passed either is recorded.
+profile_store=<tmp>)`` and calls its ``optimize`` with the same ``n_trials``, ``timeout``, ``n_jobs``, ``catch``,
+``callbacks``, ``gc_after_trial`` and ``show_progress_bar`` (``n_jobs``: the most trials at once, on its 2
+devices; ``show_progress_bar``: Optuna's own bar); every call that passed either is recorded.
 
 Recursion: the executor never calls ``Study.optimize`` itself, and inside a worker process (a fork of this one, in
 which the patch is also in place) an objective that calls ``study.optimize`` gets Optuna's original; a call made
@@ -108,6 +107,8 @@ def _through_saturn(
             catch=catch,
             callbacks=callbacks,
             gc_after_trial=gc_after_trial,
+            n_jobs=n_jobs,
+            show_progress_bar=show_progress_bar,
         )
     finally:
         _routing.active = False
