@@ -277,13 +277,13 @@ def test_a_running_sweep_recovers_the_trials_of_a_sweep_that_died_meanwhile(satu
     """Two sweeps on one study; the first dies (kill -9) after the second started, when the second's start-up
     recovery had found it alive. The second, still running, ends the dead one's trials FAIL and runs them again
     itself (before, only a sweep started after the death did)."""
-    from optuna_saturn.sweep import loop
+    from optuna_saturn.study import ownership
 
     storage = f"sqlite:///{tmp_path / 'study.sqlite3'}"
     first = _start_sweep(storage, tmp_path / "first")
     study = optuna.load_study(study_name="interrupted", storage=storage)
     orphans = [t.number for t in study.get_trials(states=(TrialState.RUNNING,))]
-    monkeypatch.setattr(loop, "RECOVER_SECONDS", 1.0)
+    monkeypatch.setattr(ownership, "RECOVER_SECONDS", 1.0)
     monkeypatch.setenv("SATURN_TEST_SLEEPY_STEPS", "40")  # the second sweep's trials: 4 s
 
     def kill_the_first_once_the_second_runs() -> None:

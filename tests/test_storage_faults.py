@@ -247,7 +247,6 @@ def test_a_storage_outage_during_recovery_ends_the_round_not_the_sweep(saturn_op
     """Recovery runs every 30 s (here 0.3 s) and reads the whole study: an outage then (here every round after the
     first fails) used to leave the loop and stop every running trial (reliability review, finding 1)."""
     from optuna_saturn.study import ownership
-    from optuna_saturn.sweep import loop
 
     real, rounds = ownership.take_over, []
 
@@ -258,7 +257,7 @@ def test_a_storage_outage_during_recovery_ends_the_round_not_the_sweep(saturn_op
         return real(*args, **kwargs)
 
     monkeypatch.setattr(ownership, "take_over", flaky)
-    monkeypatch.setattr(loop, "RECOVER_SECONDS", 0.3)
+    monkeypatch.setattr(ownership, "RECOVER_SECONDS", 0.3)
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.sqlite3'}")
     for offset in (1.0, 2.0, 3.0):
         study.enqueue_trial({"offset": offset})
