@@ -290,3 +290,21 @@ def test_a_described_trial_starts_once_its_worker_is_up_while_the_next_is_still_
     described = second["saturn:asked_at"] + second["saturn:describe_seconds"]
     assert second["saturn:describe_seconds"] >= 3.0
     assert first["saturn:actual_start"] < described - 1.0, (first["saturn:actual_start"], described)
+
+
+@pytest.mark.launch
+def test_ctrl_c_while_a_trial_is_described_leaves_no_trial_running(saturn_options, monkeypatch):
+    """The asked trial was no trial of the sweep's yet (not waiting, not running), so the sweep's stop did not end
+    it: it stayed RUNNING until another sweep's recovery round. It ends FAIL with the reason, as waiting ones do."""
+    from optuna_saturn.pools.processes import ProcessPool
+
+    def interrupted(self) -> None:  # (what the pool checks while a description runs: Ctrl-C lands there)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ProcessPool, "_still_up", interrupted)
+    study = optuna.create_study()
+    executor = SaturnExecutor(devices=2, strategies=["single", "ddp"], **saturn_options)
+    with pytest.raises(KeyboardInterrupt):
+        executor.optimize(study, objectives.described_slowly_after_the_first, n_trials=2)
+    assert study.trials and all(t.state == TrialState.FAIL for t in study.trials), [t.state for t in study.trials]
+    assert "while it was described" in study.trials[0].system_attrs["saturn:fail_reason"]

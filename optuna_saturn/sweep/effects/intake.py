@@ -3,6 +3,7 @@ described while it stays there (another sweep may yet take it); owned, priced, a
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -11,7 +12,7 @@ from typing import Any
 import optuna
 
 from optuna_saturn.pricing.prices import TrialPrice
-from optuna_saturn.study.outbox import retrying
+from optuna_saturn.study.outbox import STORAGE_ERRORS, retrying
 from optuna_saturn.study.ownership import inherit_intermediate_values
 from optuna_saturn.study.queue import ParameterNotFixed, QueuedTrial
 from optuna_saturn.study.records import record
@@ -43,7 +44,13 @@ def ask(world: World, *, describe: bool) -> Taken:
     retrying(partial(inherit_intermediate_values, gateway, trial), what=f"read trial {number}'s first run")
     inherited = retrying(partial(world.resumes.inherited, trial), what=f"read trial {number}'s checkpoint")
     state.resume_from(number, inherited)
-    return _priced(world, trial, price(world, trial, describe=describe), asked_at)
+    try:
+        priced = price(world, trial, describe=describe)
+    except BaseException as exc:  # (the sweep stopped while it was described: it is no trial of the sweep's yet)
+        with contextlib.suppress(*STORAGE_ERRORS):  # (the outbox keeps it: the next sweep tells it)
+            world.gateway.fail(trial, f"not started: sweep stopped while it was described: {exc!r}")
+        raise
+    return _priced(world, trial, priced, asked_at)
 
 
 def preview(world: World) -> TrialPrice | None:
