@@ -18,6 +18,7 @@ from optuna_saturn.capacity import parse_bytes, worker_memory_limit_bytes
 from optuna_saturn.devices import DeviceSpec, largest_trial, resolve_devices
 from optuna_saturn.events import SweepListener
 from optuna_saturn.leases import leased
+from optuna_saturn.optimize_arguments import checked
 from optuna_saturn.planner import SOLVERS, objective_of
 from optuna_saturn.pools.describing import DESCRIBE_TIMEOUT_SECONDS
 from optuna_saturn.pools.launched import exclusive_mode_conflict
@@ -28,7 +29,6 @@ from optuna_saturn.progress.optuna_bar import OptunaProgressBar
 from optuna_saturn.real_sweep import RealSweepOptions, real_sweep
 from optuna_saturn.strategy import Strategy, select_strategies
 from optuna_saturn.study.interrupts import sigterm_as_keyboard_interrupt
-from optuna_saturn.study.storage_checks import refuse_lost_guarantees
 from optuna_saturn.sweep import Sweep, SweepSettings
 
 WORKER_ENV = "OPTUNA_SATURN_WORKER"
@@ -253,7 +253,7 @@ class SaturnExecutor:
         callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] | None = None,
         catch: Iterable[type[Exception]] | type[Exception] = (),
         gc_after_trial: bool = False,
-        n_jobs: int = -1,
+        n_jobs: int | None = None,
         show_progress_bar: bool = False,
     ) -> None:
         """Run ``n_trials`` more trials of ``study`` (or until ``timeout`` seconds, or Ctrl-C).
@@ -276,41 +276,37 @@ class SaturnExecutor:
           stall) are never raised: their trials run again (``max_retries``) or on another option.
         - ``gc_after_trial`` runs ``gc.collect()`` in this process after each trial, after the callbacks; worker
           processes always collect (and empty the CUDA cache) after each job.
-        - ``n_jobs``: the most trials running at once (each on one device or more); -1 (the default), one per
-          device. A trial is never split into threads: ``n_jobs=1`` on 4 devices runs one trial at a time.
-        - ``show_progress_bar`` draws Optuna's own bar, beside the executor's display (``progress=``).
+        - ``n_jobs``: the most trials running at once (each on one device or more); None (the default) or -1, one
+          per device. A trial is never split into threads: ``n_jobs=1`` on 4 devices runs one trial at a time.
+        - ``show_progress_bar`` draws Optuna's own bar, beside the executor's display (``progress=``); as in
+          Optuna, not for a ``timeout`` alone with ``n_jobs`` other than 1 (a warning says so).
         """
-        caught = _check_catch(catch)
-        for callback in callbacks or ():
-            if not callable(callback):
-                raise TypeError(f"callbacks must be callables taking (study, frozen_trial), got {callback!r}.")
-        if not isinstance(study, optuna.Study):
-            raise TypeError(f"study must be an optuna.Study, got {type(study).__name__}.")
-        refuse_lost_guarantees(study._storage)
-        if n_trials is not None and (not isinstance(n_trials, int) or n_trials < 0):
-            raise ValueError(f"n_trials must be a non-negative int or None, got {n_trials!r}.")
-        if timeout is not None and timeout <= 0:
-            raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}.")
-        if isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or not (n_jobs == -1 or n_jobs >= 1):
-            raise ValueError(f"n_jobs must be -1 (one trial per device) or a positive int, got {n_jobs!r}.")
-        batch = len(self.devices) if batch_size is None else batch_size
-        if not isinstance(batch, int) or batch < 1:
-            raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}.")
+        args = checked(
+            study,
+            devices=len(self.devices),
+            n_trials=n_trials,
+            timeout=timeout,
+            batch_size=batch_size,
+            n_jobs=n_jobs,
+            catch=catch,
+            callbacks=callbacks,
+            show_progress_bar=show_progress_bar,
+        )
         self._run(
             study.study_name,
             timeout,
             real_sweep(
-                self._with_bar(n_trials, timeout) if show_progress_bar else self._settings,
+                self._with_bar(n_trials, timeout) if args.show_progress_bar else self._settings,
                 self._options,
                 study,
                 objective,
                 n_trials=n_trials,
                 timeout=timeout,
-                batch_size=batch,
+                batch_size=args.batch_size,
                 callbacks=list(callbacks or ()),
                 gc_after_trial=bool(gc_after_trial),
-                catch=caught,
-                n_jobs=None if n_jobs == -1 else n_jobs,
+                catch=args.catch,
+                n_jobs=args.n_jobs,
             ),
         )
 
@@ -390,11 +386,3 @@ def _without_launchers(strategies: list[Strategy], asked: Sequence[str] | None) 
     if launched:
         _logger.info(f"runner='ray' leaves out {launched}: they need their own launcher.")
     return kept
-
-
-def _check_catch(catch: Iterable[type[Exception]] | type[Exception]) -> tuple[type[BaseException], ...]:
-    classes = (catch,) if isinstance(catch, type) else tuple(catch)
-    for cls in classes:
-        if not (isinstance(cls, type) and issubclass(cls, BaseException)):
-            raise TypeError(f"catch must be exception classes (as in study.optimize), got {cls!r}.")
-    return classes

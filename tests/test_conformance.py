@@ -132,6 +132,9 @@ def test_n_jobs_caps_the_trials_running_at_once_and_show_progress_bar_draws_optu
     assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(runs)), runs
     err = capsys.readouterr().err
     assert "Best trial: " in err and "4/4" in err
+    with pytest.warns(UserWarning, match="The timeout-based progress bar is not supported with n_jobs != 1"):
+        executor.optimize(study, objectives.train_linear, timeout=1.0, n_jobs=2, show_progress_bar=True)
+    assert "%|" not in capsys.readouterr().err  # (as study.optimize: no bar there)
     for wrong in (0, -2, 1.5, True):
-        with pytest.raises(ValueError, match="n_jobs must be -1"):
+        with pytest.raises(ValueError, match="n_jobs must be None or -1"):
             executor.optimize(study, objectives.train_linear, n_trials=1, n_jobs=wrong)
