@@ -12,6 +12,7 @@ import pytest
 from optuna.trial import TrialState
 
 from optuna_saturn import SaturnExecutor
+from optuna_saturn.pools.forked_host import why_not_fork
 
 pytestmark = pytest.mark.launch
 
@@ -132,6 +133,7 @@ def test_n_jobs_caps_the_trials_running_at_once_and_show_progress_bar_draws_optu
     assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(runs)), runs
     err = capsys.readouterr().err
     assert "Best trial: " in err and "4/4" in err
+    assert why_not_fork(executor.devices) is None  # (tqdm's monitor thread, left behind the bar, is stopped)
     with pytest.warns(UserWarning, match="The timeout-based progress bar is not supported with n_jobs != 1"):
         executor.optimize(study, objectives.train_linear, timeout=1.0, n_jobs=2, show_progress_bar=True)
     assert "%|" not in capsys.readouterr().err  # (as study.optimize: no bar there)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import optuna
 from optuna.progress_bar import _ProgressBar
 
@@ -21,3 +23,16 @@ class OptunaProgressBar(SweepListener):
 
     def on_sweep_end(self, study: optuna.Study, now: float, interrupted: bool) -> None:
         self._bar.close()
+        _stop_the_monitor(getattr(self._bar, "_progress_bar", None))
+
+
+def _stop_the_monitor(bar: Any) -> None:
+    """tqdm leaves a monitor thread (``tqdm_monitor``) behind its last bar. A process with a thread of its own
+    cannot be forked safely, so the next sweep's pool would start fresh interpreters: once no bar is left, it
+    is stopped (tqdm starts another with the next bar)."""
+    cls = type(bar)
+    monitor = getattr(cls, "monitor", None)
+    if bar is None or monitor is None or getattr(cls, "_instances", None):
+        return
+    monitor.exit()
+    cls.monitor = None
