@@ -1,0 +1,116 @@
+"""Apply each GPU-contract mutation to a copy of the repository, run the tests named for it there, and say which
+test caught it (a mutation caught by no test is a fix no test guards).
+
+    python benchmarks/mutations/run.py             # every mutation (about N minutes on 2 cores)
+    python benchmarks/mutations/run.py --check     # only check that each mutation still applies (seconds)
+    python benchmarks/mutations/run.py -k mask     # the mutations whose name contains "mask"
+
+The copy is the repository's tracked files as they are on disk (uncommitted edits included), in a temporary
+folder, with ``PYTHONPATH`` pointing at it first, so the workers the tests start import the mutated package too.
+Prints a markdown table; exits 1 if any mutation is not caught or no longer applies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import pkgutil
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from mutations import Mutation  # noqa: E402
+
+
+def all_mutations() -> list[Mutation]:
+    """Every area module's ``MUTATIONS``, in module order."""
+    import mutations
+
+    found: list[Mutation] = []
+    for info in sorted(pkgutil.iter_modules(mutations.__path__), key=lambda i: i.name):
+        if info.name != "run":
+            found.extend(importlib.import_module(f"mutations.{info.name}").MUTATIONS)
+    return found
+
+
+def why_not_applicable(mutation: Mutation, root: Path) -> str | None:
+    text = (root / mutation.path).read_text()
+    count = text.count(mutation.old)
+    return None if count == 1 else f"its text occurs {count} times in {mutation.path}"
+
+
+def copy_of_repository() -> Path:
+    """The tracked files (as on disk) in a fresh folder."""
+    target = Path(tempfile.mkdtemp(prefix="saturn-mutation-"))
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for name in filter(None, files.decode().split("\0")):
+        source = ROOT / name
+        if source.is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name)
+    return target
+
+
+def run_one(mutation: Mutation, *, timeout: float) -> tuple[str, str, float]:
+    """(verdict, the test that caught it or why not, seconds)."""
+    copy = copy_of_repository()
+    started = time.monotonic()
+    try:
+        path = copy / mutation.path
+        path.write_text(path.read_text().replace(mutation.old, mutation.new))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(copy), os.environ.get("PYTHONPATH", "")])}
+        caught = []
+        for test in mutation.tests:
+            result = subprocess.run(
+                [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", test],
+                cwd=copy,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+            if result.returncode != 0:
+                caught.append(test)
+                break
+        verdict = "caught" if caught else "NOT CAUGHT"
+        return verdict, caught[0] if caught else "every named test passed", time.monotonic() - started
+    except subprocess.TimeoutExpired:
+        return "NOT CAUGHT", f"timed out after {timeout:.0f} s", time.monotonic() - started
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="only check that each mutation applies")
+    parser.add_argument("-k", default="", help="only the mutations whose name contains this")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per test run")
+    args = parser.parse_args()
+    chosen = [m for m in all_mutations() if args.k in m.name]
+    failed = False
+    print("| mutation | contract | verdict | caught by | seconds |\n|---|---|---|---|---|", flush=True)
+    for mutation in chosen:
+        problem = why_not_applicable(mutation, ROOT)
+        if problem or args.check:
+            failed |= problem is not None
+            print(
+                f"| {mutation.name} | {mutation.contract} | {'applies' if not problem else 'STALE'} | "
+                f"{problem or '-'} | - |",
+                flush=True,
+            )
+            continue
+        verdict, by, seconds = run_one(mutation, timeout=args.timeout)
+        failed |= verdict != "caught"
+        print(f"| {mutation.name} | {mutation.contract} | {verdict} | `{by}` | {seconds:.0f} |", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
