@@ -85,21 +85,31 @@ def mig_entries() -> list[str]:
 
 
 def _cuda_devices(count: int) -> list[Device]:
-    """The first ``count`` visible GPUs, or MIG instances. A GPU in MIG mode that no MIG instance names is refused:
-    CUDA would show each worker the same first instance."""
+    """The first ``count`` visible GPUs, or MIG instances."""
     mig = bool(mig_entries())
-    if not mig:
-        from optuna_saturn.nvml import gpus_in_mig_mode
+    devices = [Device("cuda", i, mig=mig) for i in range(count)]
+    refuse_partitioned(devices)
+    return devices
 
-        partitioned = gpus_in_mig_mode()
-        if partitioned:
-            raise ValueError(
-                f"GPU(s) {partitioned} are in MIG mode: name the MIG instances the sweep may use in "
-                "CUDA_VISIBLE_DEVICES (`nvidia-smi -L` lists their MIG-... UUIDs), e.g. "
-                "CUDA_VISIBLE_DEVICES=MIG-<uuid>,MIG-<uuid>; each instance is then one device, for one-device "
-                "strategies. Or turn MIG mode off (`nvidia-smi -mig 0`)."
-            )
-    return [Device("cuda", i, mig=mig) for i in range(count)]
+
+def refuse_partitioned(devices: Sequence[Device]) -> None:
+    """Refuse a whole GPU of ``devices`` in MIG mode, where no MIG instance names it: CUDA would show each worker
+    the same first instance. Only the GPUs the sweep would use count: one partitioned for notebooks elsewhere on
+    the node, outside the mask, is none of its business."""
+    whole = [d for d in devices if d.kind == "cuda" and not d.mig and not d.node]
+    if not whole:
+        return
+    from optuna_saturn.nvml import in_mig_mode
+
+    partitioned = in_mig_mode(physical_gpus(whole))
+    if partitioned:
+        raise ValueError(
+            f"GPU(s) {partitioned} (as CUDA_VISIBLE_DEVICES names them) are in MIG mode: name the MIG instances the "
+            "sweep may use in CUDA_VISIBLE_DEVICES (`nvidia-smi -L` lists their MIG-... UUIDs), e.g. "
+            "CUDA_VISIBLE_DEVICES=MIG-<uuid>,MIG-<uuid>; each instance is then one device, for one-device "
+            "strategies. Or leave them out of CUDA_VISIBLE_DEVICES or devices=, or turn MIG mode off "
+            "(`nvidia-smi -mig 0`)."
+        )
 
 
 def largest_trial(devices: Sequence[Device]) -> int:
@@ -184,6 +194,7 @@ def _devices_from_list(items: list, n_cuda: int) -> list[Device]:
         raise ValueError(f"devices lists a device twice: {[str(d) for d in devices]}.")
     if len({d.kind for d in devices}) > 1:
         raise ValueError("devices mixes CUDA and CPU devices; a pool holds one kind.")
+    refuse_partitioned(devices)
     return devices
 
 

@@ -11,7 +11,8 @@ instance where a whole GPU is asked about.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -48,10 +49,30 @@ def visible_gpu_count() -> int:
     return min(count, len([e for e in mask.split(",") if e.strip()]))
 
 
+#: How CUDA numbers the GPUs in every process the pool starts (set in their environment by
+#: :func:`optuna_saturn.pools.launch_commands.worker_environment`): by PCI bus id, the order NVML is read in here.
+#: CUDA's default, FASTEST_FIRST, puts a faster model first on a node of mixed GPUs, where NVML's index does not.
+CUDA_DEVICE_ORDER = "PCI_BUS_ID"
+
+
+def _pci_bus_order(pynvml: Any) -> list[Any]:
+    """The handles of the GPUs NVML lists, in CUDA's ``PCI_BUS_ID`` order (domain, bus, device). NVML's own index
+    may follow another order, and under SLURM's cgroups CUDA numbers the GPUs it is allowed from 0: an index entry
+    is a position in this list, never NVML's index."""
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+
+    def bus_id(handle: Any) -> tuple[int, int, int]:
+        pci = pynvml.nvmlDeviceGetPciInfo(handle)
+        return int(pci.domain), int(pci.bus), int(pci.device)
+
+    return sorted(handles, key=bus_id)
+
+
 def _handle(pynvml: Any, entry: str) -> Any:
-    """The NVML handle of a ``CUDA_VISIBLE_DEVICES`` entry: an index, a ``GPU-`` or a ``MIG-`` UUID."""
+    """The NVML handle of a ``CUDA_VISIBLE_DEVICES`` entry as CUDA reads it: an index (in PCI bus order), a
+    ``GPU-`` or a ``MIG-`` UUID."""
     if entry.isdigit():
-        return pynvml.nvmlDeviceGetHandleByIndex(int(entry))
+        return _pci_bus_order(pynvml)[int(entry)]
     return pynvml.nvmlDeviceGetHandleByUUID(entry)
 
 
@@ -80,20 +101,54 @@ def used_memory(entry: str) -> float | None:
             return None
 
 
-def gpus_in_mig_mode() -> list[int]:
-    """Indices of the GPUs whose MIG mode is on (their memory and compute are split into instances)."""
+@dataclass(frozen=True)
+class HeldMemory:
+    """A GPU's memory, and what processes other than the sweep's own hold of it (``others``, bytes; ``pids``:
+    theirs, empty where NVML could not say who holds it: then all of its used memory counts as theirs)."""
+
+    total: int
+    others: int
+    pids: tuple[int, ...] = ()
+
+
+def held_memory(entry: str, own: Collection[int]) -> HeldMemory | None:
+    """How much of the GPU's memory processes outside ``own`` (the sweep's pids) hold now. Where NVML lists no
+    processes (no permission, a driver that does not say) or not their memory, every byte in use counts: the
+    planner had better plan a context short than run out of memory because of someone else."""
+    with _session() as pynvml:
+        if pynvml is None:
+            return None
+        try:
+            handle = _handle(pynvml, entry)
+            info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        except Exception:
+            return None
+        total, used = int(info.total), int(info.used)
+        try:
+            listed = [
+                *pynvml.nvmlDeviceGetComputeRunningProcesses(handle),
+                *pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle),
+            ]
+        except Exception:
+            return HeldMemory(total, used)
+    others = {int(p.pid): p.usedGpuMemory for p in listed if int(p.pid) not in own}
+    if any(held is None for held in others.values()):  # (NVML_VALUE_NOT_AVAILABLE)
+        return HeldMemory(total, used, tuple(sorted(others)))
+    return HeldMemory(total, sum(int(held) for held in others.values()), tuple(sorted(others)))
+
+
+def in_mig_mode(entries: list[str]) -> list[str]:
+    """The entries (of ``CUDA_VISIBLE_DEVICES``, as CUDA reads them) that name a whole GPU whose MIG mode is on:
+    its memory and compute are split into instances. GPUs the entries do not name are none of the sweep's
+    business, partitioned or not."""
     with _session() as pynvml:
         if pynvml is None:
             return []
         found = []
-        try:
-            for index in range(pynvml.nvmlDeviceGetCount()):
-                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-                with contextlib.suppress(Exception):  # (a GPU without MIG support raises NotSupported)
-                    if pynvml.nvmlDeviceGetMigMode(handle)[0] == pynvml.NVML_DEVICE_MIG_ENABLE:
-                        found.append(index)
-        except Exception:
-            return found
+        for entry in entries:
+            with contextlib.suppress(Exception):  # (a GPU without MIG support raises NotSupported)
+                if pynvml.nvmlDeviceGetMigMode(_handle(pynvml, entry))[0] == pynvml.NVML_DEVICE_MIG_ENABLE:
+                    found.append(entry)
         return found
 
 

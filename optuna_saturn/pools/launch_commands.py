@@ -157,6 +157,7 @@ def worker_environment(kind: str, log_dir: Path) -> dict[str, str]:
         return {**env, "CUDA_VISIBLE_DEVICES": ""}
     return {
         **env,
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # (the order optuna_saturn.nvml maps a mask's index entries in)
         "NCCL_SOCKET_IFNAME": "lo",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
@@ -181,6 +182,7 @@ def build_launch(
     inherited = {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # (as worker_environment's)
         "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(extensions_cache())),
         **extra_env,
     }

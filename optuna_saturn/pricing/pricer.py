@@ -27,6 +27,7 @@ from optuna_saturn.pricing.measured import record_of, within
 from optuna_saturn.pricing.prices import PricedOption, ProfileEntry, ProfileJob, TrialPrice, summary
 from optuna_saturn.pricing.profile_jobs import Wanted, grouped_into_jobs
 from optuna_saturn.pricing.step_time_model import CostModel, Prediction
+from optuna_saturn.pricing.sweep_store import SweepStore
 from optuna_saturn.pricing.unprofiled import NOMINAL_TRIAL_SECONDS
 from optuna_saturn.profiler import (
     ProfileRecord,
@@ -77,7 +78,7 @@ class Pricer:
         self._strategies = {s.name: s for s in strategies}
         self._pool = list(pool)
         self._max_devices = max_devices or len(self._pool)
-        self._store = store
+        self._store = SweepStore(store, self._pool)  # (an out-of-memory beside another process: this sweep's only)
         self._hardware = hardware or hardware_fingerprint(pool[0])
         self._memory = device_memory or device_memory_bytes(pool)
         # Options that crashed or refused the trial's code, by profile key (which includes the optimizer's class):
