@@ -135,7 +135,9 @@ def probe_workload(objective: Any, trial: Suggests, lock: threading.Lock, *, thr
     from accelerate import init_empty_weights
 
     probe = StandInTrial(trial, lock)
-    with contextlib.nullcontext() if throwaway else restored_process_state(), without_gpus():
+    # (the GPUs hidden around the state put back too: putting it back resets torch._dynamo, which asks
+    # torch.cuda.is_available(), and asked with the GPUs in sight that initialises CUDA in this process)
+    with without_gpus(), contextlib.nullcontext() if throwaway else restored_process_state():
         try:
             with init_empty_weights(include_buffers=False), meta_models_stay_put():
                 objective(probe)

@@ -1,0 +1,57 @@
+"""Mutations of issue 46's describing and DeepSpeed contracts: a mixed-precision Trainer described while the GPUs
+are hidden, no CUDA check in the executor, ZeRO's buckets sized to the model and the device, DeepSpeed's ops built
+before the pool."""
+
+from mutations import Mutation
+
+_DESCRIBE = "tests/test_describe_hidden_gpus.py"
+
+MUTATIONS: list[Mutation] = [
+    Mutation(
+        name="trainer-bf16-check-answered-while-hidden",
+        contract="TrainingArguments(bf16=True) is described while the GPUs are hidden (not planned from estimates)",
+        path="optuna_saturn/profiler/_transformers_hidden.py",
+        old="        setattr(module, _BF16_CHECK, _bf16_taken_as_available)\n",
+        new="        pass\n",
+        tests=(
+            f"{_DESCRIBE}::test_a_mixed_precision_trainer_is_described_where_transformers_is_already_imported",
+            f"{_DESCRIBE}::test_a_bf16_trainer_trial_is_profiled_from_its_description",
+        ),
+    ),
+    Mutation(
+        name="trainer-bf16-check-answered-when-imported-while-hidden",
+        contract="the bf16 check is answered too where the objective itself imports transformers (the describer)",
+        path="optuna_saturn/profiler/_transformers_hidden.py",
+        old="        sys.meta_path.insert(0, hook)\n",
+        new="        pass\n",
+        tests=(
+            f"{_DESCRIBE}::test_a_mixed_precision_trainer_is_described_while_transformers_is_imported_by_the_objective",
+        ),
+    ),
+    Mutation(
+        name="hidden-gpu-answers-forgotten",
+        contract="what transformers caches about the hardware while the GPUs are hidden does not reach the workers",
+        path="optuna_saturn/profiler/_transformers_hidden.py",
+        old="                probe.cache_clear()\n",
+        new="                pass\n",
+        tests=(
+            f"{_DESCRIBE}::test_what_transformers_caches_about_the_hidden_gpus_is_forgotten_when_they_are_shown_again",
+        ),
+    ),
+    Mutation(
+        name="describe-state-restored-with-gpus-hidden",
+        contract="the executor never initialises CUDA: the state put back after describing (dynamo.reset) sees no GPU",
+        path="optuna_saturn/profiler/_probe.py",
+        old="    with without_gpus(), contextlib.nullcontext() if throwaway else restored_process_state():\n",
+        new="    with contextlib.nullcontext() if throwaway else restored_process_state(), without_gpus():\n",
+        tests=(f"{_DESCRIBE}::test_describing_makes_no_cuda_check_with_the_gpus_in_sight",),
+    ),
+    Mutation(
+        name="gpus-in-sight-counted-by-nvml",
+        contract="the executor never initialises CUDA: DeepSpeed's accelerator is picked from NVML's count",
+        path="optuna_saturn/profiler/_without_gpus.py",
+        old='"cuda" if visible_gpu_count() else "cpu"',
+        new='"cuda" if torch.cuda.device_count() else "cpu"',
+        tests=(f"{_DESCRIBE}::test_describing_makes_no_cuda_check_with_the_gpus_in_sight",),
+    ),
+]
