@@ -172,16 +172,16 @@ def _pricer(store: ProfileStore) -> Pricer:
 
 @pytest.mark.parametrize("when", ["at the start", "at the out-of-memory"])
 def test_an_out_of_memory_beside_another_process_is_kept_for_this_sweep_only(node, tmp_path, when):
-    """Another process holds 30 GiB of the pool's GPU (from the sweep's start, or only when the run fails): the
-    option is left out for this sweep, with the reason in its record, and the profile store stays empty, so a
-    later sweep on a free GPU measures it again."""
+    """Another process held 30 GiB of the pool's GPU at the sweep's start (and is gone when the run fails), or
+    holds it only when the run fails: the option is left out for this sweep, with the reason in its record, and
+    the profile store stays empty, so a later sweep on a free GPU measures it again."""
     (gpu,) = node([FakeGPU(bus=0, uuid="GPU-0")])
-    if when == "at the start":
-        gpu.processes = {OTHER_PID: 30 * GiB}
+    other = {OTHER_PID: 30 * GiB}
+    gpu.processes = other if when == "at the start" else {}
     store = ProfileStore(tmp_path / "profiles")
     pricer, trial = _pricer(store), optuna.trial.FixedTrial({}, number=0)
     assert pricer.price(trial).options  # (single ×1 is planned)
-    gpu.processes = {OTHER_PID: 30 * GiB}
+    gpu.processes = {} if when == "at the start" else other
     pricer.mark_out_of_memory(0, Option("single", 1, 1.0), "CUDA out of memory")
     price = pricer.price(trial)
     assert not any(o.option.gradient_accumulation == 1 for o in price.options)
