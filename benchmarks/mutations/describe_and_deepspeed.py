@@ -5,6 +5,7 @@ before the pool."""
 from mutations import Mutation
 
 _DESCRIBE = "tests/test_describe_hidden_gpus.py"
+_BUCKETS = "tests/test_deepspeed_buckets.py"
 
 MUTATIONS: list[Mutation] = [
     Mutation(
@@ -53,5 +54,37 @@ MUTATIONS: list[Mutation] = [
         old='"cuda" if visible_gpu_count() else "cpu"',
         new='"cuda" if torch.cuda.device_count() else "cpu"',
         tests=(f"{_DESCRIBE}::test_describing_makes_no_cuda_check_with_the_gpus_in_sight",),
+    ),
+    Mutation(
+        name="zero3-buckets-by-the-hidden-size",
+        contract="ZeRO-3's buckets are the hidden size squared, not the largest parameter (an LM's embedding)",
+        path="optuna_saturn/engines/_deepspeed_buckets.py",
+        old="        h = hidden_size(model)\n",
+        new="        h = int(max(p.numel() for p in model.parameters()) ** 0.5)\n",
+        tests=(f"{_BUCKETS}::test_zero3_buckets_are_the_hidden_size_squared_not_the_embedding",),
+    ),
+    Mutation(
+        name="zero12-buckets-by-the-devices-memory",
+        contract="ZeRO-1/2's reduce buckets (two with overlap_comm) take at most 1/64 of the device's memory",
+        path="optuna_saturn/engines/_deepspeed_buckets.py",
+        old="    if device_memory:\n",
+        new="    if False:\n",
+        tests=(f"{_BUCKETS}::test_zero12_reduce_buckets_take_a_64th_of_the_devices_memory_at_most",),
+    ),
+    Mutation(
+        name="zero12-buckets-by-the-models-size",
+        contract="ZeRO-1/2's reduce buckets are no larger than the model's gradients",
+        path="optuna_saturn/engines/_deepspeed_buckets.py",
+        old="    bucket = min(total, DEEPSPEED_REDUCE_BUCKET)\n",
+        new="    bucket = DEEPSPEED_REDUCE_BUCKET\n",
+        tests=(f"{_BUCKETS}::test_zero12_reduce_buckets_are_no_larger_than_the_models_gradients",),
+    ),
+    Mutation(
+        name="zero12-buckets-sized-by-the-engine",
+        contract="the DeepSpeed engine sizes ZeRO-1/2's buckets too (with its GPU's memory), not only ZeRO-3's",
+        path="optuna_saturn/engines/_deepspeed.py",
+        old='        if "zero_optimization" in config:\n',
+        new="        if self.stage >= 3:\n",
+        tests=(f"{_BUCKETS}::test_a_zero2_engine_hands_deepspeed_buckets_sized_to_its_devices_memory",),
     ),
 ]

@@ -11,6 +11,7 @@ import torch
 from optuna_saturn import checkpoint
 from optuna_saturn.engines import _clipping
 from optuna_saturn.engines._base import Engine, StrategyMismatch, WorkerContext, refuse_a_loss_scaler
+from optuna_saturn.engines._deepspeed_buckets import device_memory_of, size_buckets
 
 #: Optimizers whose update of each element depends only on that element's gradient and state. ZeRO flattens each
 #: parameter group into one vector per rank, so only these compute the same update as in one process.
@@ -88,26 +89,6 @@ class _EngineOptimizer(torch.optim.Optimizer):
         return f"{type(self).__name__}({type(self.optimizer).__name__})"
 
 
-def _size_buckets_to(model: torch.nn.Module, zero: dict, world_size: int) -> None:
-    """ZeRO-3's buffers sized to the model, where the strategy does not set them. DeepSpeed's fixed defaults hold
-    more memory than a middling model's whole training state: a 500 M-element gradient bucket, and up to a
-    billion gathered parameters kept live between their uses (the whole model, for any model under a billion
-    parameters). ZeRO-3 is offered for models that fit only when sharded, so its memory must be about the
-    shard's: the buckets are the largest parameter (a hidden size squared; Hugging Face's ``"auto"`` values, as
-    is the persistence threshold of ten hidden sizes), and gathered parameters stay live up to a shard's worth
-    (at least two of the largest)."""
-    sizes = [p.numel() for p in model.parameters()]
-    if not sizes:
-        return
-    largest, total = max(sizes), sum(sizes)
-    live = int(min(1e9, max(2 * largest, total // world_size)))
-    zero.setdefault("reduce_bucket_size", largest)
-    zero.setdefault("stage3_prefetch_bucket_size", int(0.9 * largest))
-    zero.setdefault("stage3_param_persistence_threshold", 10 * int(largest**0.5))
-    zero.setdefault("stage3_max_live_parameters", live)
-    zero.setdefault("stage3_max_reuse_distance", live)
-
-
 class DeepSpeedEngine(Engine):
     """DeepSpeed ZeRO (stage and offload from the strategy's ``launcher_config``), through
     ``deepspeed.initialize`` so it is real on CPU too."""
@@ -164,8 +145,13 @@ class DeepSpeedEngine(Engine):
         config.setdefault("zero_force_ds_cpu_optimizer", False)  # the user's torch optimizer, even with offload
         config.setdefault("steps_per_print", 10**9)
         config["gradient_clipping"] = 0.0  # clipping is the user's call: clip_grad_norm_ sets it per step
-        if self.stage >= 3:
-            _size_buckets_to(model, config["zero_optimization"], self.context.world_size)
+        if "zero_optimization" in config:
+            size_buckets(
+                model,
+                config["zero_optimization"],
+                world_size=self.context.world_size,
+                device_memory=device_memory_of(self.context.device),
+            )
         model = self._partitioned(model, config) if self.shards_parameters else model.to(self.context.device)
         engine, _, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=config, dist_init_required=False
