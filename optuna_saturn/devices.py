@@ -89,6 +89,7 @@ def _cuda_devices(count: int) -> list[Device]:
     mig = bool(mig_entries())
     devices = [Device("cuda", i, mig=mig) for i in range(count)]
     refuse_partitioned(devices)
+    warn_of_mixed_models(devices)
     return devices
 
 
@@ -109,6 +110,28 @@ def refuse_partitioned(devices: Sequence[Device]) -> None:
             "CUDA_VISIBLE_DEVICES=MIG-<uuid>,MIG-<uuid>; each instance is then one device, for one-device "
             "strategies. Or leave them out of CUDA_VISIBLE_DEVICES or devices=, or turn MIG mode off "
             "(`nvidia-smi -mig 0`)."
+        )
+
+
+def warn_of_mixed_models(devices: Sequence[Device]) -> None:
+    """Say so where the pool's GPUs (or MIG instances) are not all of one model: the profiles are keyed by the
+    first one's model, so a profile measured on one model prices the others, every GPU gets the least memory
+    among them, and a trial that spans two models runs at the slower one's pace."""
+    whole = [d for d in devices if d.kind == "cuda" and not d.node]
+    if len(whole) < 2:
+        return
+    from optuna_saturn.nvml import gpu_model
+
+    models = {str(d): gpu_model(entry) for d, entry in zip(whole, physical_gpus(whole))}
+    if len({m for m in models.values() if m is not None}) > 1:
+        import optuna
+
+        listed = ", ".join(f"{d}: {m[0]} {m[1] / 2**30:.0f} GiB" for d, m in models.items() if m is not None)
+        optuna.logging.get_logger("optuna.saturn").warning(
+            f"The pool's GPUs are of different models ({listed}). The sweep prices them all as {whole[0]} (its "
+            "profiles, its speed), gives each the least memory among them, and a trial that spans two models runs "
+            "at the slower one's pace. For plans that hold, name GPUs of one model in CUDA_VISIBLE_DEVICES or "
+            "devices= (a sweep per model, each on its own GPUs)."
         )
 
 
@@ -195,6 +218,7 @@ def _devices_from_list(items: list, n_cuda: int) -> list[Device]:
     if len({d.kind for d in devices}) > 1:
         raise ValueError("devices mixes CUDA and CPU devices; a pool holds one kind.")
     refuse_partitioned(devices)
+    warn_of_mixed_models(devices)
     return devices
 
 

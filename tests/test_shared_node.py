@@ -200,3 +200,24 @@ def test_an_out_of_memory_on_a_gpu_nobody_else_holds_is_stored_as_the_options(no
     pricer.mark_out_of_memory(0, Option("single", 1, 1.0), "CUDA out of memory")
     (record,) = store.records()
     assert not record.feasible and "kept for this sweep" not in record.error
+
+
+# -- mixed models -------------------------------------------------------------------------------------------------
+def test_a_pool_of_mixed_gpu_models_is_warned_of_with_the_fix(node, monkeypatch, caplog):
+    """Profiles are keyed by the first GPU's model: a pool that mixes an A100 and an H100 is said to be priced as
+    its first GPU, with the fix; a pool of one model is not."""
+    node([FakeGPU(bus=0x01, uuid="GPU-a100", name="NVIDIA A100-SXM4-40GB", total=40 * GiB), FakeGPU(0x81, "GPU-h100")])
+    with caplog.at_level("WARNING", logger="optuna.saturn"):
+        resolve_devices("auto", n_cuda=2)
+    assert (
+        "different models (cuda:0: NVIDIA A100-SXM4-40GB 40 GiB, cuda:1: NVIDIA H100 80GB HBM3 80 GiB)" in caplog.text
+    )
+    assert (
+        "prices them all as cuda:0" in caplog.text and "name GPUs of one model in CUDA_VISIBLE_DEVICES" in caplog.text
+    )
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="optuna.saturn"):
+        resolve_devices([1], n_cuda=2)
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-h100")
+        resolve_devices("auto", n_cuda=1)
+    assert caplog.text == ""

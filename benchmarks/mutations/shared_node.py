@@ -70,4 +70,12 @@ MUTATIONS: list[Mutation] = [
         new="shared_gpus(self._pool)",
         tests=(f"{TESTS}::test_an_out_of_memory_beside_another_process_is_kept_for_this_sweep_only",),
     ),
+    Mutation(
+        name="shared-node-mixed-gpu-models-warned-of",
+        contract="a pool of GPUs of different models is warned of (its profiles are keyed by the first GPU's model)",
+        path="optuna_saturn/devices.py",
+        old="    warn_of_mixed_models(devices)\n    return devices\n\n\ndef refuse_partitioned",
+        new="    return devices\n\n\ndef refuse_partitioned",
+        tests=(f"{TESTS}::test_a_pool_of_mixed_gpu_models_is_warned_of_with_the_fix",),
+    ),
 ]
