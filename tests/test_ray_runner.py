@@ -153,10 +153,12 @@ def _sweep_on_a_ray_cluster(mode: str, tmp_path) -> dict:
     return json.loads(out.read_text())
 
 
-def _run_in_its_own_group(command: list[str], *, timeout: float) -> subprocess.CompletedProcess:
+def _run_in_its_own_group(
+    command: list[str], *, timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """Run ``command``; past ``timeout``, kill it with everything it started (Ray's processes too)."""
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env
     )
     try:
         stdout, stderr = process.communicate(timeout=timeout)

@@ -5,9 +5,11 @@ test caught it (a mutation caught by no test is a fix no test guards).
     python benchmarks/mutations/run.py --check     # only check that each mutation still applies (seconds)
     python benchmarks/mutations/run.py -k mask     # the mutations whose name contains "mask"
 
-The copy is the repository's tracked files as they are on disk (uncommitted edits included), in a temporary
+The copy is the repository's files as they are on disk (tracked and untracked, not ignored ones), in a temporary
 folder, with ``PYTHONPATH`` pointing at it first, so the workers the tests start import the mutated package too.
-Prints a markdown table; exits 1 if any mutation is not caught or no longer applies.
+First every named test runs once on an unmutated copy and must pass; a mutation counts as caught only where a
+test then fails (pytest's exit code 1), not where pytest cannot even collect it. Prints a markdown table; exits 1
+if any mutation is not caught or no longer applies, or a test fails unmutated.
 """
 
 from __future__ import annotations
@@ -49,13 +51,39 @@ def why_not_applicable(mutation: Mutation, root: Path) -> str | None:
 def copy_of_repository() -> Path:
     """The tracked files (as on disk) in a fresh folder."""
     target = Path(tempfile.mkdtemp(prefix="saturn-mutation-"))
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
-    for name in filter(None, files.decode().split("\0")):
+    command = ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
+    listed = subprocess.run(command, cwd=ROOT, capture_output=True, check=True).stdout
+    for name in filter(None, listed.decode().split("\0")):
         source = ROOT / name
         if source.is_file():
             (target / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target / name)
     return target
+
+
+def _pytest(test: str, copy: Path, timeout: float) -> int:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(copy), os.environ.get("PYTHONPATH", "")])}
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", test],
+            cwd=copy,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        ).returncode
+    except subprocess.TimeoutExpired:
+        return -1
+
+
+def failing_unmutated(tests: set[str], *, timeout: float) -> dict[str, int]:
+    """The named tests that do not pass on an unmutated copy, with pytest's exit code (-1: timed out)."""
+    copy = copy_of_repository()
+    try:
+        codes = {test: _pytest(test, copy, timeout) for test in sorted(tests)}
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+    return {test: code for test, code in codes.items() if code != 0}
 
 
 def run_one(mutation: Mutation, *, timeout: float) -> tuple[str, str, float]:
@@ -65,24 +93,14 @@ def run_one(mutation: Mutation, *, timeout: float) -> tuple[str, str, float]:
     try:
         path = copy / mutation.path
         path.write_text(path.read_text().replace(mutation.old, mutation.new))
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(copy), os.environ.get("PYTHONPATH", "")])}
-        caught = []
+        problems = []
         for test in mutation.tests:
-            result = subprocess.run(
-                [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", test],
-                cwd=copy,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-            )
-            if result.returncode != 0:
-                caught.append(test)
-                break
-        verdict = "caught" if caught else "NOT CAUGHT"
-        return verdict, caught[0] if caught else "every named test passed", time.monotonic() - started
-    except subprocess.TimeoutExpired:
-        return "NOT CAUGHT", f"timed out after {timeout:.0f} s", time.monotonic() - started
+            code = _pytest(test, copy, timeout)
+            if code == 1:
+                return "caught", test, time.monotonic() - started
+            if code != 0:
+                problems.append(f"{test}: pytest exit code {code}" + (" (timed out)" if code == -1 else ""))
+        return "NOT CAUGHT", "; ".join(problems) or "every named test passed", time.monotonic() - started
     finally:
         shutil.rmtree(copy, ignore_errors=True)
 
@@ -95,6 +113,12 @@ def main() -> int:
     args = parser.parse_args()
     chosen = [m for m in all_mutations() if args.k in m.name]
     failed = False
+    if not args.check:
+        broken = failing_unmutated({t for m in chosen for t in m.tests}, timeout=args.timeout)
+        for test, code in broken.items():
+            print(f"unmutated, {test} does not pass (pytest exit code {code}): fix it first", flush=True)
+        if broken:
+            return 1
     print("| mutation | contract | verdict | caught by | seconds |\n|---|---|---|---|---|", flush=True)
     for mutation in chosen:
         problem = why_not_applicable(mutation, ROOT)

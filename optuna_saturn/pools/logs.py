@@ -41,3 +41,13 @@ def open_log(path: Path) -> BinaryIO:
     """``path`` opened to append to, created readable by this user alone (its folder too)."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     return open(path, "ab", opener=lambda name, flags: os.open(name, flags, LOG_MODE))
+
+
+def last_unindented_line(log: Path) -> str:
+    """The last line a process wrote that is not indented: a traceback's exception (or, for a process killed from
+    outside, just its last message)."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return next((line.strip() for line in reversed(lines) if line.strip() and not line[0].isspace()), "")

@@ -30,8 +30,10 @@ from optuna_saturn.devices import Device, available_cores, physical_gpus, pin_co
 from optuna_saturn.pools.deepspeed_ops import build_missing
 from optuna_saturn.pools.forked_host import ForkedHost, start_host, why_not_fork
 from optuna_saturn.pools.launch_commands import extensions_cache, worker_environment
+from optuna_saturn.pools.logs import last_unindented_line
 from optuna_saturn.pools.process_identity import alive, kill_if_same, start_ticks
 from optuna_saturn.pools.protocol import JobEnd, JobRanks
+from optuna_saturn.pools.worker_starts import StartWatch
 
 _logger = optuna.logging.get_logger("optuna.saturn.runner")
 
@@ -82,6 +84,7 @@ class WorkerPool:
         grace_period: float = 5.0,
         multi_device: bool = True,
         engines: Sequence[str] = (),
+        deepspeed_configs: Sequence[dict] = (),
         one_process: bool = False,
         fork: bool = True,
         collective_timeout: float = COLLECTIVE_TIMEOUT_SECONDS,
@@ -95,6 +98,7 @@ class WorkerPool:
         self._grace = grace_period
         self._multi_device = multi_device  # jobs may span devices: workers import what process groups need
         self._engines = sorted(engines)  # the engines jobs will use: imported once, before the workers fork
+        self._deepspeed_configs = list(deepspeed_configs)  # (the ZeRO strategies': which ops to build first)
         self._fork = fork  # the host may be a fork of this process (runner._forked_host says when it is safe)
         self._one_process = one_process  # a worker may run on several devices' cores (see forked_host)
         self._collective_timeout = collective_timeout
@@ -107,6 +111,7 @@ class WorkerPool:
         self._token = ""
         self._rendezvous_ids = itertools.count()
         self._checked_at = 0.0  # when the running jobs' workers were last looked at (monotonic)
+        self._starts: StartWatch | None = None  # (from the start)
 
     # -- life cycle ----------------------------------------------------------------------------------------------
     def start(self, channel: ChannelServer, preload: dict | None = None) -> None:
@@ -114,6 +119,7 @@ class WorkerPool:
         self._server = channel
         self._token = channel.register(self._handle)
         self._log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._starts = StartWatch(self._log_dir, len(self.devices))
         config = {
             "devices": [d.to_json() for d in self.devices],
             "channel": self._server.address,
@@ -141,7 +147,9 @@ class WorkerPool:
             **worker_environment(self.devices[0].kind, self._log_dir),
         }
         if "deepspeed" in self._engines:  # before any timed or watched run: see deepspeed_ops
-            build_missing(self.devices[0].kind, env, log=self._log_dir / "deepspeed-ops.log")
+            build_missing(
+                self.devices[0].kind, env, log=self._log_dir / "deepspeed-ops.log", configs=self._deepspeed_configs
+            )
         why_not = None if self._fork else "forking the executor was turned off"
         self._host = start_host(
             "optuna_saturn.pools.warm_host",
@@ -182,8 +190,9 @@ class WorkerPool:
         return []
 
     def lost(self) -> set[int]:
-        """Devices that can no longer run jobs: none on one machine (a dead worker is replaced)."""
-        return set()
+        """Devices that can no longer run jobs: those whose worker cannot start (a dead worker is replaced)."""
+        with self._lock:
+            return set() if self._starts is None else set(self._starts.lost())
 
     def node_of(self, device: Device) -> dict[str, Any]:
         return {}
@@ -198,9 +207,11 @@ class WorkerPool:
             return {w.index for w in self._workers if not w.connected}
 
     def host_problem(self) -> str | None:
-        """Why the pool cannot run jobs any more, if it cannot (its host died)."""
+        """Why the pool cannot run jobs any more, if it cannot: no device's worker could start, or its host died."""
+        if self._starts is not None and len(self._starts.lost()) == len(self.devices):
+            return self._starts.why_none_started()  # (the host ends once it gave up on every worker: this first)
         if self._host is not None and self._host.poll() is not None:
-            said = _last_unindented_line(self._host_log)
+            said = last_unindented_line(self._host_log)
             said = said if len(said) <= 300 else said[:300] + "..."
             return (
                 f"the worker pool's host exited with code {self._host.returncode}"
@@ -311,6 +322,8 @@ class WorkerPool:
                 if previous is not None and index not in previous.finished:
                     self._rank_ended(previous, index, False, f"the worker of device {index} died")
                 worker.pid, worker.connected, worker.job = pid, True, None
+                if self._starts is not None:
+                    self._starts.up(index)
                 self._started[pid] = start_ticks(pid)  # (its pid is killed only while it still names it)
                 worker.orders = queue.Queue()
             return {"worker": index}
@@ -353,6 +366,8 @@ class WorkerPool:
         with self._lock:
             worker = self._workers[index]
             worker.connected = worker.connected and still_up
+            if not still_up and self._starts is not None:
+                self._starts.down(index)
             key, worker.job = worker.job, None
             job = self._jobs.get(key)
             if job is not None and index not in job.finished:
@@ -382,13 +397,3 @@ class WorkerPool:
             pids = [job.pids[d] for d in job.unfinished() if job.pids.get(d)]
         for pid in pids:
             self._kill(pid)
-
-
-def _last_unindented_line(log: Path) -> str:
-    """The last line a process wrote that is not indented: a traceback's exception (or, for a process killed from
-    outside, just its last message)."""
-    try:
-        lines = log.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    return next((line.strip() for line in reversed(lines) if line.strip() and not line[0].isspace()), "")

@@ -11,9 +11,9 @@ It imports torch, optuna-saturn and the objective's module, and runs the objecti
 with placeholder hyperparameters (so what it imports lazily, transformers' model classes say, is imported too),
 once; each worker is then a fork of it, ready in milliseconds, instead of an interpreter that imports it all again.
 The host runs one thread and never touches a GPU, so the forks are safe. A worker that exits (recycled after
-a failure, an out-of-memory or memory growth, or killed by the executor) is replaced the same way; one that keeps
-dying right after it starts is given up on (its log says why; the executor reports it). SIGTERM ends the host and
-its workers; so does the executor's death.
+a failure, an out-of-memory or memory growth, or killed by the executor) is replaced the same way; one that
+cannot start is given up on (:mod:`optuna_saturn.pools.worker_starts`: the sweep goes on without its device).
+SIGTERM ends the host and its workers; so does the executor's death.
 """
 
 from __future__ import annotations
@@ -24,11 +24,13 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
-#: A worker that fails (a non-zero exit code) this soon after starting, this many times in a row, is not started
-#: again.
+from optuna_saturn.pools.logs import last_unindented_line
+from optuna_saturn.pools.worker_starts import COULD_NOT_START, START_TRIES, give_up
+
+#: A worker that dies this soon after its start, by a signal or an error, counts as one that could not start.
 _QUICK_EXIT_SECONDS = 5.0
-_QUICK_EXITS = 3
 
 
 def main(config_path: str) -> None:
@@ -66,7 +68,7 @@ def main(config_path: str) -> None:
         fresh_config = os.path.join(config["folder"], "pool-workers.json")
         with open(os.open(fresh_config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
             json.dump(config, f)
-    quick_exits = [0] * len(config["devices"])
+    failed_starts = [0] * len(config["devices"])
 
     def start(index: int) -> None:
         log = os.open(
@@ -103,17 +105,17 @@ def main(config_path: str) -> None:
         code = os.waitstatus_to_exitcode(status)
         if code != 0:
             print(f"optuna-saturn: the worker of device {index} (pid {pid}) exited with code {code}.", flush=True)
-        # (a worker replaced after a job, out of memory say, exits 0: trials may fail fast, one after another)
-        quick = code != 0 and time.monotonic() - started < _QUICK_EXIT_SECONDS
-        quick_exits[index] = quick_exits[index] + 1 if quick else 0
-        if quick_exits[index] < _QUICK_EXITS:
+        # A worker that exits before its hello could not start; one that dies by a signal right after its start (a
+        # crash in the driver) likely could not either. (A worker replaced after a job exits 0.)
+        failed_start = code == COULD_NOT_START or (code != 0 and time.monotonic() - started < _QUICK_EXIT_SECONDS)
+        failed_starts[index] = failed_starts[index] + 1 if failed_start else 0
+        if failed_starts[index] < START_TRIES:
             start(index)
-        else:
-            print(
-                f"optuna-saturn: the worker of device {index} failed {_QUICK_EXITS} times within "
-                f"{_QUICK_EXIT_SECONDS:.0f} s of its start; it is not started again (its log: worker-{index}.log).",
-                flush=True,
-            )
+            continue
+        log_name = os.path.join(config["folder"], f"worker-{index}.log")
+        why = f"its worker failed to start {START_TRIES} times: {last_unindented_line(Path(log_name))} ({log_name})"
+        print(f"optuna-saturn: device {index} is given up on: {why}", flush=True)
+        give_up(config["folder"], index, why)
 
 
 def fresh_worker(config_path: str, index: int) -> None:

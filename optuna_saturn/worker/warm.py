@@ -21,6 +21,10 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
+#: The exit code of a worker that stopped before it said hello to the pool: it could not start (see
+#: :mod:`optuna_saturn.pools.worker_starts`).
+COULD_NOT_START = 3
+
 
 def prepare_process(config: dict) -> dict[str, Any]:
     """What every worker needs, done once in the pool host before it forks them: imports (torch, optuna-saturn,
@@ -81,20 +85,23 @@ def serve(config: dict, index: int, objectives: dict[str, Any] | None) -> NoRetu
     die_with_parent(config["host_pid"])
     name_process(f"{WORKER_NAME}{index}")
     faulthandler.enable(all_threads=True)  # a worker killed by a signal (a crash in CUDA, NCCL) leaves its stack
+    up: list[bool] = []  # (it said hello to the pool: from then on it started)
     try:
-        _serve(config, index, objectives)
-    except BaseException:
+        _serve(config, index, objectives, up)
+    except BaseException as exc:
         import traceback
 
         traceback.print_exc()
         print(
-            f"optuna-saturn: the worker of device {index} (pid {os.getpid()}) stopped on the error above.", flush=True
+            f"optuna-saturn: the worker of device {index} (pid {os.getpid()}) stopped on the error above "
+            f"({type(exc).__name__}: {exc})"[:500],
+            flush=True,
         )
-        _exit(1)
+        _exit(1 if up else COULD_NOT_START)
     _exit(0)
 
 
-def _serve(config: dict, index: int, objectives: dict[str, Any] | None) -> None:
+def _serve(config: dict, index: int, objectives: dict[str, Any] | None, up: list[bool]) -> None:
     from optuna_saturn.worker.launched import pin_to_device
 
     device = config["devices"][index]
@@ -109,6 +116,7 @@ def _serve(config: dict, index: int, objectives: dict[str, Any] | None) -> None:
 
     size_threads(device, config.get("gpu_threads"))
     pool = ChannelClient(config["channel"], config["token"], hello={"worker": index})
+    up.append(True)
     runner = JobRunner(
         device, objectives=objectives, memory_limit=config.get("memory_limit"), timeouts=config.get("timeouts")
     )
