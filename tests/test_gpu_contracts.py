@@ -186,8 +186,8 @@ def test_a_worker_that_cannot_join_leaves_its_traceback_and_its_failure(tmp_path
 
 
 def test_a_worker_that_cannot_start_says_why_in_its_log_and_its_exit_code(tmp_path):
-    """The pool host's worker dies before its first job (its channel is gone): a traceback and exit code 1, not a
-    silent exit 0."""
+    """The pool host's worker dies before its first job (its channel is gone): a traceback and the exit code of a
+    worker that could not start (its host gives up on it after three), not a silent exit 0."""
     config = {
         "devices": [{"kind": "cpu", "index": 0, "cores": [], "node": ""}],
         "channel": str(tmp_path / "no-such-socket"),
@@ -196,7 +196,9 @@ def test_a_worker_that_cannot_start_says_why_in_its_log_and_its_exit_code(tmp_pa
     }
     code = "import json, sys; from optuna_saturn.worker.warm import serve; serve(json.loads(sys.argv[1]), 0, None)"
     done = subprocess.run([sys.executable, "-c", code, json.dumps(config)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1
+    from optuna_saturn.pools.worker_starts import COULD_NOT_START
+
+    assert done.returncode == COULD_NOT_START
     assert "Traceback" in done.stdout + done.stderr and "stopped on the error above" in done.stdout + done.stderr
 
 
