@@ -10,6 +10,7 @@ MODE:
   a context;
 - ``hangs``: the context creation of the GPUs ``SATURN_FAKE_GPU_HANGS`` names hangs; the pool's start time-out is
   ``HANG_START_TIMEOUT``;
+- ``leaks``: one GPU, three trials (``leaky``) that keep memory on it past their end;
 - ``ray``: a one-node Ray cluster started here with four GPUs, where Ray leaves every actor the node's whole mask,
   as ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES`` makes it: only optuna-saturn's own binding puts an actor on
   its GPU.
@@ -74,6 +75,27 @@ def placement(trial) -> float:
     return float(loss)
 
 
+#: What ``leaky`` keeps on its GPU per trial number: under the worker's threshold, then over it, then nothing.
+HELD_MIB = [100, 300, 0]
+
+
+def leaky(trial) -> float:
+    """Keeps ``HELD_MIB[number]`` on its (fake) GPU past its end, as a module-level cache of GPU tensors would;
+    records its worker's pid."""
+    import fake_cuda
+
+    trial.suggest_float("lr", 0.01, 0.1)
+    fake_cuda.hold(HELD_MIB[trial.number] * 2**20)
+    trial.set_user_attr("ranks", [{"pid": os.getpid(), "mask": os.environ.get("CUDA_VISIBLE_DEVICES")}])
+    return 0.0
+
+
+def _leaks(study: optuna.Study, options: dict) -> None:
+    """One GPU, three trials one after another (``leaky``)."""
+    executor = SaturnExecutor(devices=1, strategies=["single"], dashboard=False, **options)
+    executor.optimize(study, leaky, n_trials=len(HELD_MIB))
+
+
 def main(mode: str, out: str) -> None:
     tmp = tempfile.mkdtemp(prefix="saturn-fake-gpu-")
     os.environ["SATURN_FAKE_GPU_LOG"] = log = os.path.join(tmp, "fake-gpu.jsonl")
@@ -97,11 +119,11 @@ def main(mode: str, out: str) -> None:
         with open(os.path.join(folder, "ddp2.toml"), "w", encoding="utf-8") as f:
             f.write('name = "ddp2"\nlauncher = "torchrun"\nengine = "ddp"\nmin_devices = 2\nmax_devices = 2\n')
         study = optuna.create_study()
-        for number in range(2 * TRIALS_PER_PHASE):
+        for number in range(0 if mode == "leaks" else 2 * TRIALS_PER_PHASE):
             study.enqueue_trial({"lr": 0.01 + 0.005 * number})
         started = time.monotonic()
         error = None
-        for strategy in ("single", "ddp2"):
+        for strategy in () if mode == "leaks" else ("single", "ddp2"):
             executor = SaturnExecutor(
                 devices=4, strategies=[strategy], strategy_folders=[folder], dashboard=False, **options
             )
@@ -113,6 +135,8 @@ def main(mode: str, out: str) -> None:
                 error = f"{type(exc).__name__}: {exc}"
                 traceback.print_exc()
                 break
+        if mode == "leaks":
+            _leaks(study, options)
         seconds = time.monotonic() - started
         trials = [
             {

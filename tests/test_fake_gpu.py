@@ -18,6 +18,7 @@ from test_ray_runner import _run_in_its_own_group
 
 from optuna_saturn.pools.launch_commands import network_isolation_prefix
 from optuna_saturn.pools.worker_starts import COULD_NOT_START, START_TRIES, WORKER_START_SECONDS
+from optuna_saturn.worker.gpu import LEFTOVER_BYTES
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 #: The node's mask: physical GPUs 4-7, so that a worker's entry is not its pool index.
@@ -118,3 +119,15 @@ def test_workers_that_hang_at_their_start_are_given_up_after_the_start_time_out(
     timeout = fake_gpu_sweep.HANG_START_TIMEOUT
     assert result["error"] is not None and f"did not start within {timeout:.0f} s" in result["error"], result["error"]
     assert timeout <= result["seconds"] < 2 * timeout, result["seconds"]
+
+
+@pytest.mark.launch
+def test_a_worker_whose_gpu_still_holds_memory_after_a_job_is_replaced_before_the_next(tmp_path):
+    """A job that leaves 100 MiB referenced on its GPU keeps its worker (under the 256 MiB threshold); one that
+    leaves 300 MiB has it replaced, so the next trial does not start with that memory held."""
+    result = _fake_node_sweep("leaks", tmp_path)
+    trials = result["trials"]
+    assert [t["state"] for t in trials] == ["COMPLETE"] * 3, [t["reason"] for t in trials]
+    first, second, third = (t["ranks"][0]["pid"] for t in trials)
+    assert first == second and third != second, (first, second, third)
+    assert LEFTOVER_BYTES == 256 * 2**20 and 100 * 2**20 < LEFTOVER_BYTES < 300 * 2**20

@@ -108,10 +108,13 @@ def run_one(mutation: Mutation, *, timeout: float) -> tuple[str, str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="only check that each mutation applies")
-    parser.add_argument("-k", default="", help="only the mutations whose name contains this")
+    parser.add_argument(
+        "-k", default="", help="only the mutations whose name contains this (or any of these, comma-separated)"
+    )
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per test run")
     args = parser.parse_args()
-    chosen = [m for m in all_mutations() if args.k in m.name]
+    wanted = args.k.split(",")
+    chosen = [m for m in all_mutations() if any(w in m.name for w in wanted)]
     failed = False
     if not args.check:
         broken = failing_unmutated({t for m in chosen for t in m.tests}, timeout=args.timeout)

@@ -6,7 +6,8 @@ started with this folder first on ``PYTHONPATH`` and ``SATURN_FAKE_GPUS`` set: t
 workers, Ray's workers). It fakes three things, and nothing of optuna-saturn's own:
 
 - ``torch.cuda``: as many GPUs as ``CUDA_VISIBLE_DEVICES`` lists (``SATURN_FAKE_GPUS`` where it is unset);
-  ``set_device``, ``init`` and ``current_device`` keep a per-process state; memory queries answer 0; and every
+  ``set_device``, ``init`` and ``current_device`` keep a per-process state; memory queries answer what a test's
+  objective :func:`hold` s (0 otherwise); and every
   call that binds or initialises appends a line to ``SATURN_FAKE_GPU_LOG`` with the process's mask, ``RANK`` and
   ``LOCAL_RANK`` at that moment.
 - tensors: a torch function mode runs everything asked of ``cuda`` on the CPU (factories' ``device=``,
@@ -117,6 +118,21 @@ def _answering(value: Any) -> Any:
     return answer
 
 
+def hold(nbytes: int) -> None:
+    """(For a test's objective.) Count ``nbytes`` more as allocated on this process's GPU, as a cache of GPU
+    tensors that a module keeps would be: the memory queries answer it until the process ends."""
+    _STATE["held"] = _STATE.get("held", 0) + nbytes
+
+
+def _holding() -> Any:
+    """A new function (see :func:`_answering`) that answers the bytes :func:`hold` counted."""
+
+    def allocated(*args: Any, **kwargs: Any) -> int:
+        return int(_STATE.get("held", 0))
+
+    return allocated
+
+
 def _patch_cuda(torch: Any) -> None:
     cuda = torch.cuda
     cuda.is_available = lambda: bool(_mask())
@@ -133,7 +149,7 @@ def _patch_cuda(torch: Any) -> None:
         name="Fake GPU", total_memory=FAKE_MEMORY, major=9, minor=0, multi_processor_count=132, uuid="fake"
     )
     for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
-        setattr(cuda, name, _answering(0))
+        setattr(cuda, name, _holding())
     for name in ("reset_peak_memory_stats", "empty_cache", "synchronize", "ipc_collect", "manual_seed_all"):
         setattr(cuda, name, _answering(None))
     cuda.manual_seed = _answering(None)
