@@ -120,5 +120,6 @@ def _warm_backend(settings: SweepSettings, options: RealSweepOptions, largest: i
         settings.devices,
         isolate_network=options.isolate_network,
         one_process=any(s.one_process for s in settings.strategies),
+        deepspeed_configs=[dict(s.launcher_config) for s in settings.strategies if s.engine == "deepspeed"],
         **common,
     )

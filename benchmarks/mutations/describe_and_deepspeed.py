@@ -6,6 +6,7 @@ from mutations import Mutation
 
 _DESCRIBE = "tests/test_describe_hidden_gpus.py"
 _BUCKETS = "tests/test_deepspeed_buckets.py"
+_OPS = "tests/test_deepspeed_ops_needed.py"
 
 MUTATIONS: list[Mutation] = [
     Mutation(
@@ -86,5 +87,45 @@ MUTATIONS: list[Mutation] = [
         old='        if "zero_optimization" in config:\n',
         new="        if self.stage >= 3:\n",
         tests=(f"{_BUCKETS}::test_a_zero2_engine_hands_deepspeed_buckets_sized_to_its_devices_memory",),
+    ),
+    Mutation(
+        name="offload-steps-deepspeeds-cpu-adam",
+        contract="under ZeRO-Offload on a GPU, DeepSpeedCPUAdam steps for the user's Adam/AdamW",
+        path="optuna_saturn/engines/_deepspeed.py",
+        old="optimizer = host_optimizer(optimizer, ",
+        new="optimizer = (lambda o, *_: o)(optimizer, ",
+        tests=(f"{_OPS}::test_a_zero_offload_engine_hands_deepspeed_its_cpu_adam",),
+    ),
+    Mutation(
+        name="cpu-adam-keeps-the-users-groups",
+        contract="the swapped optimizer steps the user's own parameter groups (a scheduler on them still applies)",
+        path="optuna_saturn/engines/_offload_optimizer.py",
+        old="        optimizer.param_groups,  # (the same dicts",
+        new="        [dict(g) for g in optimizer.param_groups],  # (the same dicts",
+        tests=(f"{_OPS}::test_offload_on_a_gpu_steps_deepspeeds_cpu_adam_over_the_users_own_groups",),
+    ),
+    Mutation(
+        name="cpu-adam-only-where-built",
+        contract="a trial never compiles cpu_adam: without it built, the user's optimizer steps",
+        path="optuna_saturn/engines/_offload_optimizer.py",
+        old="    if not cpu_adam_is_built():\n",
+        new="    if False:\n",
+        tests=(f"{_OPS}::test_the_users_optimizer_steps_where_deepspeeds_would_not_compute_the_same",),
+    ),
+    Mutation(
+        name="gpu-ops-built-before-the-pool",
+        contract="on GPUs, cpu_adam (offload) and fused_adam (a config-named Adam) are built before the pool",
+        path="optuna_saturn/pools/deepspeed_ops.py",
+        old='    "cuda": {"CPUAdamBuilder": "cpu_adam", "FusedAdamBuilder": "fused_adam"},\n',
+        new='    "cuda": {},\n',
+        tests=(f"{_OPS}::test_the_ops_built_first_are_those_the_sweeps_strategies_need_on_its_devices",),
+    ),
+    Mutation(
+        name="ops-chosen-by-the-sweeps-strategies",
+        contract="the pool builds the ops its sweep's strategies need, before its first job",
+        path="optuna_saturn/pools/warm.py",
+        old=", configs=self._deepspeed_configs\n",
+        new="\n",
+        tests=(f"{_OPS}::test_an_op_a_strategy_needs_is_built_before_the_pools_first_job",),
     ),
 ]

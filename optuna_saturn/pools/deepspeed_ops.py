@@ -9,6 +9,16 @@ pool builds what is missing first, in a process of its own, into the extensions 
 stays for later sweeps), and says so while it builds. A build that fails is reported; the op is then built (or
 done without) where DeepSpeed would have built it.
 
+Which ops, by device kind and by the sweep's ZeRO strategies (read from DeepSpeed 0.19.8: a ZeRO job hands
+``deepspeed.initialize`` the user's optimizer, and DeepSpeed then builds no optimizer op of its own):
+
+- CPU devices: the shared-memory op, for every ZeRO strategy.
+- GPUs: ``DeepSpeedCPUAdam``'s ``cpu_adam`` where a strategy offloads the optimizer (its step then runs it, in
+  place of the user's Adam or AdamW: :mod:`optuna_saturn.engines._offload_optimizer`); ``FusedAdam``'s
+  ``fused_adam`` where a strategy names Adam or AdamW in its own DeepSpeed config without offloading it (DeepSpeed
+  makes that optimizer for a trial that prepares none). Nothing else, so a sweep without such a strategy compiles
+  nothing (``nvcc`` takes minutes).
+
 The build runs :func:`main` in a fresh interpreter (:func:`build_missing`). PyTorch's builder takes a lock file
 in the op's folder while it builds and waits, for ever, while another holds it: a build that was killed (a sweep
 stopped with ``kill -9`` in its first minutes) leaves its lock, and every later ZeRO job on the machine used to
@@ -23,16 +33,39 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import optuna
 
+from optuna_saturn.engines._offload_optimizer import offloads_optimizer
+
 _logger = optuna.logging.get_logger("optuna.saturn.runner")
 
-#: The ops a ZeRO job builds on its own, by device kind: DeepSpeed's builder class and the op's name (its folder
-#: and library in the extensions folder).
-OPS: dict[str, dict[str, str]] = {"cpu": {"ShareMemCommBuilder": "deepspeed_shm_comm"}, "cuda": {}}
+#: The ops a ZeRO job may build on its own, by device kind: DeepSpeed's builder class and the op's name (its folder
+#: and library in the extensions folder). Those in :data:`NEEDED_WHEN` only where a strategy needs them.
+OPS: dict[str, dict[str, str]] = {
+    "cpu": {"ShareMemCommBuilder": "deepspeed_shm_comm"},
+    "cuda": {"CPUAdamBuilder": "cpu_adam", "FusedAdamBuilder": "fused_adam"},
+}
+
+
+def _offloads_optimizer(config: Mapping[str, Any]) -> bool:
+    return offloads_optimizer(config.get("zero_optimization", {}))
+
+
+def _names_a_fused_adam(config: Mapping[str, Any]) -> bool:
+    optimizer = config.get("optimizer") or {}
+    adam = str(optimizer.get("type", "")).lower() in ("adam", "adamw")
+    return adam and not (optimizer.get("params") or {}).get("torch_adam") and not _offloads_optimizer(config)
+
+
+#: The ops built only for some strategies: whether one strategy (its DeepSpeed config) needs it.
+NEEDED_WHEN: dict[str, Callable[[Mapping[str, Any]], bool]] = {
+    "CPUAdamBuilder": _offloads_optimizer,
+    "FusedAdamBuilder": _names_a_fused_adam,
+}
 
 
 #: A build lock older than this was left by a killed build (one takes 1-2 min, 5 on a busy machine).
@@ -71,16 +104,23 @@ def build_command(builders: Sequence[str]) -> list[str]:
     return [sys.executable, "-c", f"import sys; from {__name__} import main; main(sys.argv[1:])", *builders]
 
 
-def missing(kind: str, folder: Path) -> list[str]:
-    """The builders of ``kind``'s ops whose library is not in the extensions ``folder`` yet."""
-    return [builder for builder, op in OPS.get(kind, {}).items() if not (folder / op / f"{op}.so").exists()]
+def missing(kind: str, folder: Path, configs: Sequence[Mapping[str, Any]] = ()) -> list[str]:
+    """The builders of the ops ZeRO jobs on ``kind`` devices need, under the strategies whose DeepSpeed ``configs``
+    are given, whose library is not in the extensions ``folder`` yet."""
+    return [
+        builder
+        for builder, op in OPS.get(kind, {}).items()
+        if (builder not in NEEDED_WHEN or any(NEEDED_WHEN[builder](c) for c in configs))
+        and not (folder / op / f"{op}.so").exists()
+    ]
 
 
-def build_missing(kind: str, env: Mapping[str, str], *, log: Path) -> None:
+def build_missing(kind: str, env: Mapping[str, str], *, log: Path, configs: Sequence[Mapping[str, Any]] = ()) -> None:
     """Build the ops ZeRO jobs on ``kind`` devices would build in a trial, if any is missing (``env``: the
-    workers', whose ``TORCH_EXTENSIONS_DIR`` receives them)."""
+    workers', whose ``TORCH_EXTENSIONS_DIR`` receives them; ``configs``: the sweep's ZeRO strategies' DeepSpeed
+    configs)."""
     folder = Path(env["TORCH_EXTENSIONS_DIR"])
-    builders = missing(kind, folder)
+    builders = missing(kind, folder, configs)
     if not builders:
         return
     remove_stale_locks(kind, folder)
