@@ -1,11 +1,11 @@
 """Under ZeRO-Offload on GPUs, the optimizer step runs on the host while the GPU waits: it steps DeepSpeed's
 ``DeepSpeedCPUAdam`` (vectorised C++) instead of the user's ``torch.optim.Adam``/``AdamW``.
 
-Measured here on one core (``benchmarks/offload_optimizer.py``): a step over 50 M parameters took 715 ms with
-torch's AdamW and 80 ms with ``DeepSpeedCPUAdam``; 40 steps of a small MLP under a warm-up schedule gave the same
-losses within 6e-7 relative (AdamW with weight decay, Adam, Adam with L2 decay), where the strategy-invariance tests
-allow 1e-4. So the trial's values stay those of the user's optimizer, and an offload option is priced at its real
-speed.
+Measured here on one core (``benchmarks/offload_optimizer.py``, two runs): a step over 50 M parameters took
+500-715 ms with torch's AdamW and 70-80 ms with ``DeepSpeedCPUAdam``; 40 steps of a small MLP under a warm-up
+schedule gave the same losses within 6e-7 relative (AdamW with weight decay, Adam, Adam with L2 decay), where the
+strategy-invariance tests allow 1e-4. So the trial's values stay those of the user's optimizer, and an offload
+option is priced at its real speed.
 
 The swap keeps the user's parameter groups (the same dicts: a learning-rate scheduler made on the user's optimizer,
 before or after ``prepare``, still sets the rate that is used) and their hyperparameters. It is made only where the
