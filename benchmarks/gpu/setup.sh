@@ -25,6 +25,18 @@ else  # no venv: install into $PY's own environment (the device machine is throw
 fi
 "$V/bin/python" -m pip --version
 "$V/bin/python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "$WHEELS"/*.whl
+# --no-deps checks nothing: an import that breaks (a pydantic-core that does not match pydantic, say) is said here,
+# loudly, and each DeepSpeed part of the review FAILs with the reason (checks_common.deepspeed_import), never SKIPs.
+if "$V/bin/python" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("deepspeed") is None)'; then
+  if ds=$(cd /tmp && DS_ACCELERATOR=cuda PYTORCH_NVML_BASED_CUDA_CHECK=1 "$V/bin/python" -c \
+      'import deepspeed; print(deepspeed.__version__)' 2>&1); then
+    echo "import deepspeed: OK ($(tail -1 <<<"$ds"))"
+  else
+    echo "IMPORT DEEPSPEED FAILED (every DeepSpeed part will FAIL): $(tail -1 <<<"$ds")"
+  fi
+else
+  echo "DeepSpeed is not installed: its parts will SKIP (are the wheels of benchmarks/gpu/wheels.sh in $WHEELS?)"
+fi
 err=${GPU_CHECK_WORK:-/tmp}/editable.err
 if "$V/bin/python" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir -e . 2>"$err"; then
   echo "optuna-saturn: editable install OK"
