@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -17,9 +16,10 @@ from optuna.trial import FrozenTrial
 from optuna_saturn.capacity import parse_bytes, worker_memory_limit_bytes
 from optuna_saturn.devices import DeviceSpec, largest_trial, resolve_devices
 from optuna_saturn.events import SweepListener
+from optuna_saturn.executor_arguments import check_executor_arguments
 from optuna_saturn.leases import leased
 from optuna_saturn.optimize_arguments import checked
-from optuna_saturn.planner import SOLVERS, objective_of
+from optuna_saturn.planner import objective_of
 from optuna_saturn.pools.describing import DESCRIBE_TIMEOUT_SECONDS
 from optuna_saturn.pools.launched import exclusive_mode_conflict
 from optuna_saturn.pools.ray_cluster import discover
@@ -159,20 +159,18 @@ class SaturnExecutor:
         runner: str = "local",
         ray_address: str | None = None,
     ) -> None:
-        if not (isinstance(describe_timeout, (int, float)) and describe_timeout > 0 and describe_timeout < math.inf):
-            raise ValueError(f"describe_timeout must be a positive number of seconds, got {describe_timeout!r}.")
-        if solver not in SOLVERS:
-            raise ValueError(f"solver must be one of {', '.join(SOLVERS)}, got {solver!r}.")
-        if not collective_timeout > 0:
-            raise ValueError(f"collective_timeout must be a positive number of seconds, got {collective_timeout!r}.")
-        if stall_timeout is not None and not stall_timeout > 0:
-            raise ValueError(f"stall_timeout must be a positive number of seconds or None, got {stall_timeout!r}.")
-        if not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0:
-            raise ValueError(f"max_retries must be an integer >= 0 (0: never run a trial again), got {max_retries!r}.")
-        if runner not in ("local", "ray"):
-            raise ValueError(f"runner must be 'local' or 'ray', got {runner!r}.")
-        if runner == "local" and ray_address is not None:
-            raise ValueError("ray_address is for runner='ray'; pass runner='ray' too.")
+        check_executor_arguments(
+            devices=devices,
+            solver=solver,
+            plan_time_limit=plan_time_limit,
+            grace_period=grace_period,
+            describe_timeout=describe_timeout,
+            collective_timeout=collective_timeout,
+            stall_timeout=stall_timeout,
+            max_retries=max_retries,
+            runner=runner,
+            ray_address=ray_address,
+        )
         cluster = None
         if runner == "ray":
             if isolate_network:

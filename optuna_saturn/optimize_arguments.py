@@ -10,6 +10,7 @@ from typing import Any
 
 import optuna
 
+from optuna_saturn.executor_arguments import is_number
 from optuna_saturn.study.storage_checks import refuse_lost_guarantees
 
 
@@ -48,7 +49,7 @@ def checked(
     refuse_lost_guarantees(study._storage)
     if n_trials is not None and (not isinstance(n_trials, int) or n_trials < 0):
         raise ValueError(f"n_trials must be a non-negative int or None, got {n_trials!r}.")
-    if timeout is not None and timeout <= 0:
+    if timeout is not None and not (is_number(timeout) and timeout > 0):  # (NaN compares False: refused too)
         raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}.")
     if n_jobs is not None and (isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or n_jobs < -1 or not n_jobs):
         raise ValueError(f"n_jobs must be None or -1 (one trial per device) or a positive int, got {n_jobs!r}.")

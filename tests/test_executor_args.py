@@ -16,6 +16,8 @@ from optuna_saturn import SaturnExecutor
     [
         ({"n_trials": -1}, ValueError, "n_trials"),
         ({"n_trials": 1, "timeout": 0}, ValueError, "timeout"),
+        ({"n_trials": 0, "timeout": float("nan")}, ValueError, r"timeout must be a positive number .* got nan"),
+        ({"n_trials": 0, "timeout": True}, ValueError, r"timeout must be a positive number .* got True"),
         ({"n_trials": 1, "batch_size": 0}, ValueError, "batch_size"),
         ({"n_trials": 1, "callbacks": ["not callable"]}, TypeError, "callbacks"),
         ({"n_trials": 1, "catch": (ValueError, "oops")}, TypeError, "catch"),
@@ -26,6 +28,30 @@ def test_bad_arguments_are_rejected_before_anything_starts(kwargs, error, messag
     with pytest.raises(error, match=message):
         SaturnExecutor(devices=1, strategies=["single"]).optimize(study, objectives.quadratic, **kwargs)
     assert study.trials == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"devices": 2.5}, r"devices must be .*an int .* got 2\.5\. Pass a whole number of devices: devices=2\."),
+        ({"devices": float("nan")}, r"devices must be .* got nan\.$"),
+        ({"plan_time_limit": -1}, r"plan_time_limit must be a finite number of seconds > 0 .* got -1\."),
+        ({"plan_time_limit": 0}, r"plan_time_limit must be .* got 0\."),
+        ({"plan_time_limit": float("nan")}, r"plan_time_limit must be .* got nan\."),
+        ({"grace_period": -1}, r"grace_period must be a finite number of seconds >= 0 .*SIGKILL.* got -1\."),
+        ({"grace_period": float("nan")}, r"grace_period must be .* got nan\."),
+        ({"budget": True}, r"budget must be a positive finite number of device-hours, got True\."),
+        ({"solver": "nope"}, r"solver must be one of auto, .* got 'nope'\."),
+    ],
+)
+def test_bad_executor_arguments_are_refused_by_the_constructor_with_the_fix(kwargs, message):
+    """Refused before any trial is asked (and before a NaN reads as "no limit" deep in a sweep)."""
+    with pytest.raises(ValueError, match=message):
+        SaturnExecutor(**{"devices": 1, "strategies": ["single"], **kwargs})
+
+
+def test_a_stopped_trial_may_get_no_grace_at_all():
+    SaturnExecutor(devices=1, strategies=["single"], grace_period=0)
 
 
 def test_not_a_study():
