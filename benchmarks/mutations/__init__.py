@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Mutation:
-    """One fix undone: in ``path``, the one occurrence of ``old`` becomes ``new``; then every test in ``tests``
-    (pytest node ids or ``-k`` free paths) runs, and at least one must fail."""
+    """One fix undone: in ``path``, the one occurrence of ``old`` becomes ``new``; then the tests in ``tests`` run
+    in turn (each a pytest node id, or pytest arguments such as ``"tests/x.py -k name"``), and one must fail."""
 
     name: str
     contract: str

@@ -59,3 +59,13 @@ MUTATIONS += [
         ),
     ),
 ]
+MUTATIONS += [
+    Mutation(
+        name="accelerate-bf16-not-autocast",
+        contract="bf16 asked of Accelerate computes in bfloat16 under every strategy (the prepared forward autocasts)",
+        path="optuna_saturn/integrations/accelerate.py",
+        old="                self._autocast_forward(trial._engine.user_module(result))",
+        new="                pass",
+        tests=("tests/test_mixed_precision.py -k Accelerate-singlex1",),
+    )
+]

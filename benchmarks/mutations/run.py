@@ -18,6 +18,7 @@ import argparse
 import importlib
 import os
 import pkgutil
+import shlex
 import shutil
 import subprocess
 import sys
@@ -65,7 +66,7 @@ def _pytest(test: str, copy: Path, timeout: float) -> int:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(copy), os.environ.get("PYTHONPATH", "")])}
     try:
         return subprocess.run(
-            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", test],
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *shlex.split(test)],
             cwd=copy,
             env=env,
             capture_output=True,
