@@ -31,3 +31,50 @@ MUTATIONS: list[Mutation] = [
         tests=(f"{_ARGS}::test_bad_arguments_are_rejected_before_anything_starts",),
     ),
 ]
+
+_COPIED = "tests/test_copied_attributes.py"
+MUTATIONS += [
+    Mutation(
+        name="copied-retry-of-looked-up",
+        contract="a copied saturn:retry_of naming no earlier trial of this study is warned of, never looked up",
+        path="optuna_saturn/study/earlier_run.py",
+        old="    except KeyError:\n",
+        new="    except ZeroDivisionError:\n",
+        tests=(
+            f"{_COPIED}::test_a_foreign_retry_of_is_warned_of_and_the_trial_runs_as_a_new_one",
+            f"{_COPIED}::test_a_copied_retry_of_queued_during_a_sweep_runs_as_a_new_trial_and_stops_nothing",
+        ),
+    ),
+    Mutation(
+        name="later-retry-of-followed",
+        contract="a saturn:retry_of naming a later trial is no run again of it",
+        path="optuna_saturn/study/earlier_run.py",
+        old="    if earlier.number >= trial.number:",
+        new="    if earlier.number < 0:",
+        tests=(f"{_COPIED}::test_a_foreign_retry_of_is_warned_of_and_the_trial_runs_as_a_new_one",),
+    ),
+    Mutation(
+        name="copied-retry-of-complete-followed",
+        contract="a saturn:retry_of naming a trial that did not fail is no run again of it",
+        path="optuna_saturn/study/earlier_run.py",
+        old="    if earlier.state != TrialState.FAIL:",
+        new="    if earlier.state == TrialState.WAITING:",
+        tests=(f"{_COPIED}::test_a_foreign_retry_of_is_warned_of_and_the_trial_runs_as_a_new_one",),
+    ),
+    Mutation(
+        name="copied-retry-of-other-params-followed",
+        contract="a saturn:retry_of naming a failed trial of other params is no run again of it",
+        path="optuna_saturn/study/earlier_run.py",
+        old="    if fixed is not None and fixed != earlier.params:",
+        new="    if fixed is None:",
+        tests=(f"{_COPIED}::test_a_foreign_retry_of_is_warned_of_and_the_trial_runs_as_a_new_one",),
+    ),
+    Mutation(
+        name="copied-retries-counted",
+        contract="a copied saturn:retries does not count against max_retries",
+        path="optuna_saturn/study/earlier_run.py",
+        old='record(trial, "retries", 0) if is_retry else 0',
+        new='record(trial, "retries", 0)',
+        tests=(f"{_COPIED}::test_a_foreign_retry_of_is_warned_of_and_the_trial_runs_as_a_new_one",),
+    ),
+]

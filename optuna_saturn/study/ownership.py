@@ -249,20 +249,6 @@ def _end_orphan(gateway: StudyGateway, trial: FrozenTrial, reason: str, *, again
     return True
 
 
-def inherit_intermediate_values(gateway: StudyGateway, trial: optuna.Trial) -> None:
-    """A retried trial starts with the intermediate values its first run reported (the pruner sees its curve)."""
-    with gateway.lock:
-        retry_of = record(trial, "retry_of")
-        if retry_of is None:
-            return
-        storage = gateway.study._storage
-        earlier = storage.get_trial(
-            storage.get_trial_id_from_study_id_trial_number(gateway.study._study_id, int(retry_of))
-        )
-        for step, value in sorted(earlier.intermediate_values.items()):
-            trial.report(value, step)
-
-
 def take_over(gateway: StudyGateway, me: Owner, *, max_retries: int, watch: HeartbeatWatch | None = None) -> list[int]:
     """What a sweep does on a study it shares, at its start and every :data:`RECOVER_SECONDS`: tell the results
     an earlier sweep kept in the outbox for its trials that its death left RUNNING, then end and run again the

@@ -12,10 +12,9 @@ from typing import Any
 import optuna
 
 from optuna_saturn.pricing.prices import TrialPrice
+from optuna_saturn.study.earlier_run import inherit_earlier_run, retries_of
 from optuna_saturn.study.outbox import STORAGE_ERRORS, retrying
-from optuna_saturn.study.ownership import inherit_intermediate_values
 from optuna_saturn.study.queue import ParameterNotFixed, QueuedTrial
-from optuna_saturn.study.records import record
 from optuna_saturn.study.stand_in import stand_in_trial
 from optuna_saturn.sweep.decisions import Admit
 from optuna_saturn.sweep.effects.prices import price
@@ -41,8 +40,9 @@ def ask(world: World, *, describe: bool) -> Taken:
         return Taken(None, None, world.now() - asked_at)  # another sweep took it from the queue first
     state.took()
     number = trial.number
-    retrying(partial(inherit_intermediate_values, gateway, trial), what=f"read trial {number}'s first run")
-    inherited = retrying(partial(world.resumes.inherited, trial), what=f"read trial {number}'s checkpoint")
+    is_retry = retrying(partial(inherit_earlier_run, gateway, trial), what=f"read trial {number}'s first run")
+    read_checkpoint = partial(world.resumes.inherited, trial)
+    inherited = retrying(read_checkpoint, what=f"read trial {number}'s checkpoint") if is_retry else None
     state.resume_from(number, inherited)
     try:
         priced = price(world, trial, describe=describe)
@@ -50,7 +50,7 @@ def ask(world: World, *, describe: bool) -> Taken:
         with contextlib.suppress(*STORAGE_ERRORS):  # (the outbox keeps it: the next sweep tells it)
             world.gateway.fail(trial, f"not started: sweep stopped while it was described: {exc!r}")
         raise
-    return _priced(world, trial, priced, asked_at)
+    return _priced(world, trial, priced, asked_at, retries=retries_of(trial, is_retry=is_retry))
 
 
 def preview(world: World) -> TrialPrice | None:
@@ -79,13 +79,14 @@ def describe_queued(world: World) -> Taken | None:
         return Taken(None, None, world.now() - started)
     if not priced.options:
         state.took()
-    return _priced(world, trial, priced, started)
+    return _priced(world, trial, priced, started, retries=0)  # (a retry is asked, never described)
 
 
-def _priced(world: World, trial: optuna.Trial | QueuedTrial, priced: TrialPrice, asked_at: float) -> Taken:
+def _priced(
+    world: World, trial: optuna.Trial | QueuedTrial, priced: TrialPrice, asked_at: float, *, retries: int
+) -> Taken:
     now = world.now()
     options = [[-1, [p.option.to_json() for p in priced.options]]]
-    retries = int(record(trial, "retries", 0))  # (a run again of a trial whose rank died, perhaps)
     waiting = Waiting(
         trial, priced, asked_at=asked_at, describe_seconds=now - asked_at, prices=options, retries=retries
     )
