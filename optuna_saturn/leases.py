@@ -27,6 +27,7 @@ import json
 import os
 import stat
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,7 +99,8 @@ class DeviceLeases:
 
     def take_free(self) -> list[Device]:
         """Lease every device, all or none: returns the devices someone else holds (then none is held)."""
-        shared_folder(self._folder)
+        with _said_where(self._folder):
+            shared_folder(self._folder)
         missing = [
             device
             for device in self._devices
@@ -136,7 +138,8 @@ class DeviceLeases:
     def _take(self, name: str) -> bool:
         path = self._folder / name
         try:
-            descriptor = _open_lease(path)
+            with _said_where(self._folder):
+                descriptor = _open_lease(path)
         except PermissionError as exc:  # (another user's file, made private: no sweep can coordinate through it)
             raise RuntimeError(
                 f"Cannot open the device lease {path} ({exc.strerror}): another user made it private. Remove it "
@@ -200,16 +203,44 @@ def read_holders(folder: Path, devices: Sequence[Device]) -> list[tuple[Device, 
 def _open_lease(path: Path) -> int:
     """A lease file's descriptor, opened to write; created 0666 if missing. An existing one is opened without
     ``O_CREAT``: in a sticky folder, ``fs.protected_regular`` refuses that to whoever does not own the file."""
-    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
     while True:
         try:
-            return os.open(path, flags)
+            return os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
-            pass
-        try:
-            return os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o666)
-        except FileExistsError:  # (another sweep made it meanwhile: open theirs)
-            continue
+            _create_open_to_all(path)  # (or another sweep made it meanwhile: either way, open it now)
+
+
+def _create_open_to_all(path: Path) -> None:
+    """Make the lease file ``path`` 0666 whatever the umask, in one step: it is made and opened to all under a
+    name of its own, then linked to ``path`` (which fails where another sweep made it first). A file made under
+    the umask and opened to all only after its lock was left private by a creator killed in between, and locked
+    every other user out of the device."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+    descriptor = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(descriptor, 0o666)
+        with contextlib.suppress(FileExistsError):
+            os.link(temporary, path)
+    finally:
+        os.close(descriptor)
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+
+
+@contextlib.contextmanager
+def _said_where(folder: Path) -> Iterator[None]:
+    """A lease folder that cannot take a file (no free inode, no free block, read-only) raised a bare ``OSError``
+    naming neither the leases nor the way around them: said here, with both."""
+    try:
+        yield
+    except PermissionError:
+        raise
+    except OSError as exc:
+        raise RuntimeError(
+            f"Cannot make a device lease in {folder} ({exc.strerror or exc}): its file system may be full or "
+            f"read-only. Free space there, or set {LEASES_ENV} to another folder (or to off, to run without "
+            "leases)."
+        ) from exc
 
 
 def current_leases(folder: Path | None = None) -> list[tuple[str, Holder | None]]:

@@ -4,6 +4,7 @@ another holds waits for them and says who holds them, and a holder killed with `
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -171,3 +172,35 @@ def test_optuna_saturn_devices_shows_who_holds_what(lease_folder):
     held.release()
     shown = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout
     assert "No sweep on this machine holds a device now" in shown
+
+
+def test_a_lease_file_is_open_to_every_user_even_if_its_creator_dies_before_its_lock(lease_folder):
+    """It was made under the umask (0644) and opened to all only once locked: a creator killed in between left a
+    private file, and every other user's sweep on that device stopped with "another user made it private"."""
+    leases.shared_folder(lease_folder)
+    child = os.fork()
+    if child == 0:  # (a sweep under umask 022, killed right after the lease file exists, before its flock)
+        os.umask(0o022)
+        leases._open_lease(lease_folder / "cpu-core-0.lease")
+        os._exit(0)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert [(p.name, oct(p.stat().st_mode & 0o777)) for p in lease_folder.iterdir()] == [("cpu-core-0.lease", "0o666")]
+    held = DeviceLeases([Device("cpu", 0, (0,))], folder=lease_folder, study="next")
+    assert held.take_free() == []
+    held.release()
+
+
+@pytest.mark.parametrize("where", ["shared_folder", "_create_open_to_all"])
+def test_a_lease_folder_that_takes_no_file_says_so_and_names_the_way_around(lease_folder, monkeypatch, where):
+    """A full file system (no free inode: r14) under the lease folder raised a bare OSError from optimize."""
+
+    def full(path, *args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(leases, where, full)
+    with pytest.raises(RuntimeError) as refused, leases.leased(DEVICES, study="s", deadline=None, say=print):
+        pass
+    message = str(refused.value)
+    assert f"Cannot make a device lease in {lease_folder} (No space left on device)" in message
+    assert "set OPTUNA_SATURN_LEASES to another folder (or to off" in message

@@ -78,3 +78,34 @@ MUTATIONS += [
         tests=(f"{_COPIED}::test_a_foreign_retry_of_is_warned_of_and_the_trial_runs_as_a_new_one",),
     ),
 ]
+
+_LEASES = "tests/test_leases.py"
+MUTATIONS += [
+    Mutation(
+        name="lease-made-under-umask",
+        contract="a lease file is made 0666 in one step, never private to a creator killed before its lock",
+        path="optuna_saturn/leases.py",
+        old="            _create_open_to_all(path)  # (or another sweep made it meanwhile: either way, open it now)\n",
+        new=(
+            "            with contextlib.suppress(FileExistsError):\n"
+            "                os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666))\n"
+        ),
+        tests=(f"{_LEASES}::test_a_lease_file_is_open_to_every_user_even_if_its_creator_dies_before_its_lock",),
+    ),
+    Mutation(
+        name="lease-linked-before-opened-to-all",
+        contract="the lease file is opened to all before it gets its name",
+        path="optuna_saturn/leases.py",
+        old="    try:\n        os.fchmod(descriptor, 0o666)\n",
+        new="    try:\n",
+        tests=(f"{_LEASES}::test_a_lease_file_is_open_to_every_user_even_if_its_creator_dies_before_its_lock",),
+    ),
+    Mutation(
+        name="lease-full-disk-bare-oserror",
+        contract="a lease folder that takes no file is said with the folder and OPTUNA_SATURN_LEASES",
+        path="optuna_saturn/leases.py",
+        old="    except PermissionError:\n        raise\n    except OSError as exc:",
+        new="    except OSError:\n        raise\n    except ValueError as exc:",
+        tests=(f"{_LEASES}::test_a_lease_folder_that_takes_no_file_says_so_and_names_the_way_around",),
+    ),
+]
