@@ -21,7 +21,6 @@ import secrets
 import shutil
 import socket
 import socketserver
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -117,8 +116,10 @@ class ChannelServer:
     the other nodes reach this one at; never a wildcard), on a port the system picks."""
 
     def __init__(self, *, host: str | None = None) -> None:
-        self._folder = tempfile.mkdtemp(prefix="optuna-saturn-")
-        os.chmod(self._folder, 0o700)
+        from optuna_saturn.temp_folders import make_sweep_folder, remove_dead_sweeps_folders  # (the server's side)
+
+        remove_dead_sweeps_folders()  # (executors killed before they could remove theirs)
+        self._folder = make_sweep_folder()
         self._handlers: dict[str, tuple[str, Handler]] = {}  # a token's id -> its secret, and its handler
         self._lock = threading.Lock()
         self._waiting_total = 0  # connections without a hello yet, in all and per peer

@@ -109,3 +109,39 @@ MUTATIONS += [
         tests=(f"{_LEASES}::test_a_lease_folder_that_takes_no_file_says_so_and_names_the_way_around",),
     ),
 ]
+
+_TEMP = "tests/test_temp_folders.py"
+MUTATIONS += [
+    Mutation(
+        name="dead-sweeps-folders-kept",
+        contract="every sweep removes, at its start, the temporary folders of executors that were killed",
+        path="optuna_saturn/channel.py",
+        old="        remove_dead_sweeps_folders()  # (executors killed before they could remove theirs)\n",
+        new="",
+        tests=(f"{_TEMP}::test_the_next_sweep_removes_a_killed_executors_folder_and_leaves_a_live_ones",),
+    ),
+    Mutation(
+        name="sweep-folder-owner-by-pid-only",
+        contract="a folder's owner is judged by pid and start time: a reused pid does not keep it",
+        path="optuna_saturn/temp_folders.py",
+        old="    return ticks is not None and start_ticks(pid) != ticks",
+        new="    return False",
+        tests=(f"{_TEMP}::test_a_folder_whose_pid_was_given_to_a_later_process_is_removed",),
+    ),
+    Mutation(
+        name="sweep-folder-of-another-namespace-judged",
+        contract="a folder whose owner is in another PID namespace is left alone (its pid means another process)",
+        path="optuna_saturn/temp_folders.py",
+        old="    if not namespace or namespace != pid_namespace():",
+        new="    if False:",
+        tests=(f"{_TEMP}::test_folders_that_are_not_a_dead_sweeps_of_this_user_are_left_alone",),
+    ),
+    Mutation(
+        name="sweep-folder-of-another-user-removed",
+        contract="only this user's folders are removed (caught where the tests run as root, which can chown)",
+        path="optuna_saturn/temp_folders.py",
+        old=" and info.st_uid == os.getuid()",
+        new="",
+        tests=(f"{_TEMP}::test_folders_that_are_not_a_dead_sweeps_of_this_user_are_left_alone",),
+    ),
+]

@@ -2,8 +2,7 @@
 
 Why: a worker that died is reaped by the pool host at once, and its pid can be given to an unrelated process of
 the same user within moments; a ``kill`` of the recorded pid would then hit that process (reliability review,
-finding 21). A process is named by its pid and its start time in clock ticks since boot (``/proc/<pid>/stat``,
-field 22), which no later process with the same pid shares and no clock step changes.
+finding 21). A process is named by its pid and its start time (:mod:`optuna_saturn.process_ids`).
 """
 
 from __future__ import annotations
@@ -13,30 +12,9 @@ import ctypes
 import os
 import signal
 
+from optuna_saturn.process_ids import alive, start_ticks
 
-def start_ticks(pid: int) -> int | None:
-    """When process ``pid`` started, in clock ticks since boot; None if it is gone (or not readable)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            fields = f.read().rsplit(")", 1)[-1].split()
-        return int(fields[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` names a live process (a zombie, exited but not yet reaped, is not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return False
+__all__ = ["alive", "become_subreaper", "kill_if_same", "start_ticks", "started_as"]
 
 
 def kill_if_same(pid: int, ticks: int | None) -> None:

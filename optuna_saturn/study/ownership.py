@@ -17,7 +17,6 @@ harm: only the one whose write ended it queues it again.
 
 from __future__ import annotations
 
-import os
 import socket
 import uuid
 from collections.abc import Callable
@@ -28,6 +27,7 @@ import optuna
 import psutil
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
+from optuna_saturn.process_ids import boot_id, pid_namespace
 from optuna_saturn.study import claims, liveness, moves
 from optuna_saturn.study.gateway import ATTR, StudyGateway
 from optuna_saturn.study.liveness import HeartbeatWatch
@@ -54,7 +54,7 @@ class Owner:
     @classmethod
     def of_this_process(cls) -> Owner:
         me = psutil.Process()
-        return cls(uuid.uuid4().hex[:12], socket.gethostname(), me.pid, me.create_time(), _boot_id(), _pid_namespace())
+        return cls(uuid.uuid4().hex[:12], socket.gethostname(), me.pid, me.create_time(), boot_id(), pid_namespace())
 
     @classmethod
     def from_json(cls, data: dict) -> Owner:
@@ -116,21 +116,6 @@ class Owner:
             return False
         except psutil.AccessDenied:
             return None
-
-
-def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def _pid_namespace() -> str:
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return ""
 
 
 def recover_orphans(
