@@ -3,7 +3,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -11,6 +11,9 @@ from torch.utils.data import DataLoader
 
 from optuna_saturn import checkpoint
 from optuna_saturn.sharding import OnBatch, ShardedDataLoader
+
+if TYPE_CHECKING:
+    from optuna_saturn.engines._sharded_build import ShardedBuild
 
 
 class StrategyMismatch(ValueError):
@@ -76,6 +79,24 @@ class Engine:
 
     def __init__(self, context: WorkerContext) -> None:
         self.context = context
+        self._build: ShardedBuild | None = None  # the sharded construction of this run's model (model_construction)
+
+    def model_construction(self) -> contextlib.AbstractContextManager:
+        """Around the objective until ``trial.prepare``: under a strategy that shards parameters over several
+        ranks, each module is cut to this rank's chunk as soon as it is built, so that no rank holds the whole
+        model in host memory (see :mod:`optuna_saturn.engines._sharded_build`)."""
+        if not self.shards_parameters or self.context.world_size == 1:
+            return contextlib.nullcontext()
+        from optuna_saturn.engines._sharded_build import ShardedBuild
+
+        self._build = ShardedBuild(self.context.rank, self.context.world_size, self.context.control_group)
+        return self._build
+
+    def built_chunks(self, model: torch.nn.Module) -> dict[int, torch.Tensor]:
+        """This rank's chunk of each of ``model``'s parameters that were cut while it was built, by ``id`` (those
+        parameters hold one element); empty where the model was built whole."""
+        build, self._build = self._build, None
+        return {} if build is None else build.finish(model)
 
     def release(self) -> None:
         """The run is over: drop what the engine still references of it (so its memory can be freed before the

@@ -175,10 +175,20 @@ class DeepSpeedEngine(Engine):
         """ZeRO-3: partition the parameters now, each moved to the device alone and cut to this rank's part
         (``zero.Init`` on the built model), so a model that fits the devices only when sharded never sits whole on
         one; ``initialize`` then leaves the placement alone. Buffers are small: they go to the device whole. Every
-        rank starts from rank 0's values (they are broadcast), as in one process."""
+        rank starts from rank 0's values (they are broadcast), as in one process. Parameters cut while the model was
+        built (:mod:`optuna_saturn.engines._sharded_build`) are made whole one at a time, as ``Init`` reaches each:
+        no rank's host memory holds the whole model either."""
         import deepspeed
 
+        from optuna_saturn.engines._sharded_build import whole_one_at_a_time
+
         deepspeed.init_distributed(dist_init_required=False)  # (on the job's process group: Init needs its size)
+        chunks = self.built_chunks(model)
+        if chunks:  # Init partitions model.parameters() as it iterates them: each is whole just before its turn
+            one_by_one = whole_one_at_a_time(model, chunks, self.context.world_size, self.context.control_group)
+            model.parameters = lambda recurse=True: (  # type: ignore[method-assign]  # for Init's one call only
+                vars(model).pop("parameters") and one_by_one
+            )
         deepspeed.zero.Init(module=model, config_dict_or_path=config)
         device = self.context.device
         for module in model.modules():

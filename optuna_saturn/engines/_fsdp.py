@@ -10,6 +10,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, 
 
 from optuna_saturn.engines._base import Engine, StrategyMismatch, refuse_a_loss_scaler
 from optuna_saturn.engines._blocks import enable_activation_checkpointing, repeated_blocks
+from optuna_saturn.engines._sharded_build import give_back_freed_memory
 
 
 class FSDPEngine(Engine):
@@ -33,6 +34,7 @@ class FSDPEngine(Engine):
                 "trial.prepare(model, optimizer, ...) before training: sharding strategies replace the parameters."
             )
         group_ids = [] if optimizer is None else [[id(p) for p in g["params"]] for g in optimizer.param_groups]
+        chunks = self.built_chunks(model)
         if self.context.knobs.get("activation_checkpointing"):
             enable_activation_checkpointing(model)
         # Parameter objects survive checkpoint wrapping (their names may not): name them only now.
@@ -46,6 +48,10 @@ class FSDPEngine(Engine):
         group_names = [[names[i] for i in ids] for ids in group_ids]
         # No model.to(device) first: fully_shard moves each block's states to the device itself and keeps only its
         # shard, block by block, so a model that fits the devices only when sharded never sits whole on one.
+        for param in model.parameters():
+            if id(param) in chunks:  # fully_shard shards a meta parameter as it stands, and takes no strided one
+                meta = torch.nn.Parameter(torch.empty_like(param, device="meta"), requires_grad=param.requires_grad)
+                torch.utils.swap_tensors(param, meta)
         device_type = self.context.device.type
         mesh = init_device_mesh(device_type, (self.context.world_size,))
         offload: OffloadPolicy = OffloadPolicy()
@@ -54,6 +60,10 @@ class FSDPEngine(Engine):
         for block in repeated_blocks(model):
             fully_shard(block, mesh=mesh, offload_policy=offload)
         fully_shard(model, mesh=mesh, offload_policy=offload)
+        if chunks:
+            by_name = {names[i]: chunk for i, chunk in chunks.items()}
+            chunks.clear()  # (each chunk is freed once it is in its shard)
+            _fill_shards(model, by_name, self.context.device)
         if optimizer is not None:
             # fully_shard replaced every parameter with a sharded one. Point the user's own optimizer at those, in
             # place: its class, settings and param groups stay, and so does any LR scheduler already bound to it.
@@ -97,6 +107,29 @@ class FSDPEngine(Engine):
         # full_state_dict + cpu_offload: gathered onto rank 0's CPU memory only; other ranks get {}
         state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return state if self.context.rank == 0 else {}
+
+
+def _fill_shards(model: torch.nn.Module, chunks: dict[str, torch.Tensor], device: torch.device) -> None:
+    """The parameters cut while the model was built (see :mod:`optuna_saturn.engines._sharded_build`), which
+    ``fully_shard`` sharded on the meta device, get storage on the device with this rank's chunk in it: the same
+    rows ``fully_shard`` keeps of a whole parameter (``torch.chunk`` over dim 0). One at a time, each chunk freed
+    (and its memory given back to the system) as it is copied, so that the chunks and the shards are never all
+    held twice."""
+    by_param = {id(p): chunks.pop(n) for n, p in model.named_parameters() if n in chunks}
+
+    def filled(tensor: torch.Tensor) -> torch.Tensor:
+        chunk = by_param.pop(id(tensor), None)
+        if not tensor.is_meta:
+            return tensor
+        shard = torch.empty_like(tensor, device=device)
+        if chunk is not None:
+            with torch.no_grad():
+                shard.to_local().copy_(chunk)  # type: ignore[attr-defined]  # a DTensor
+        del chunk
+        give_back_freed_memory()
+        return shard
+
+    model._apply(filled)  # (FSDP re-pads each shard, and points its own state at it)
 
 
 def is_sharded(model: torch.nn.Module) -> bool:

@@ -14,6 +14,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, NoReturn
@@ -140,10 +141,11 @@ def _run_once(
         strategy.name,
     )
     _clipping.forget_all()
+    engine = engine_for(strategy.engine, context)
     trial = SaturnTrial(
         number=spec["trial_number"],
         strategy=strategy,
-        engine=engine_for(strategy.engine, context),
+        engine=engine,
         channel=channel,
         control_group=place.control_group,
         profile=spec.get("profile"),
@@ -151,14 +153,21 @@ def _run_once(
         known=spec.get("trial"),
     )
     try:
-        return _outcome(spec, place, objective, trial, channel)
+        return _outcome(spec, place, objective, trial, channel, engine.model_construction())
     finally:
         trial.release()
 
 
 def _outcome(
-    spec: dict, place: RankPlace, objective: Callable[[Any], Any], trial: SaturnTrial, channel: ChannelClient | None
+    spec: dict,
+    place: RankPlace,
+    objective: Callable[[Any], Any],
+    trial: SaturnTrial,
+    channel: ChannelClient | None,
+    model_construction: AbstractContextManager,
 ) -> dict:
+    """How the objective ran. ``model_construction`` surrounds it (until ``trial.prepare``): under a sharding
+    strategy, the model is cut as it is built (see :mod:`optuna_saturn.engines._sharded_build`)."""
     profile, strategy = spec.get("profile"), trial.strategy
     memory = RunMemory(place.device)
     started_at = time.time()
@@ -188,7 +197,7 @@ def _outcome(
     me = os.getpid()
     try:
         try:
-            with accelerate_guard.running(trial):
+            with accelerate_guard.running(trial), model_construction:
                 value = objective(trial)
         finally:
             if os.getpid() != me:  # a fork the objective made returned from it too: it must not act as this rank
