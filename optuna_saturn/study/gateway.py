@@ -185,7 +185,8 @@ class StudyGateway:
     ) -> FrozenTrial:
         """End a trial with its attributes. A failed trial's log goes to the artifact store, if there is one; a
         result the study refuses (say, a value of the wrong shape) fails the trial instead: the sweep goes on.
-        The result is in the outbox until the storage has it; while the storage fails, telling is retried."""
+        The result is in the outbox until the storage has it (where the disk takes it: a full disk costs the copy,
+        never the tell); while the storage fails, telling is retried."""
         attrs = {ATTR + key: value for key, value in (attrs or {}).items()}
         if isinstance(attrs.get(ATTR + "fail_reason"), str):
             attrs[ATTR + "fail_reason"] = capped_reason(attrs[ATTR + "fail_reason"])
@@ -194,7 +195,7 @@ class StudyGateway:
         kept = (
             None
             if self._outbox is None
-            else self._outbox.keep(Outgoing(trial._trial_id, trial.number, state.name, values, attrs))
+            else self._outbox.keep_if_it_can(Outgoing(trial._trial_id, trial.number, state.name, values, attrs))
         )
         with as_in_optimize(self.study) as sampler:
             frozen = retrying(

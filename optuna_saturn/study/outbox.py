@@ -128,6 +128,24 @@ class Outbox:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
+        self._said_refused = False
+
+    def keep_if_it_can(self, result: Outgoing) -> Path | None:
+        """:meth:`keep`, or None where the disk refuses the write (full, say): the outbox is a fallback, and a
+        healthy storage still takes the result, so a full disk under ``log_dir`` never costs one (issue 47, N2).
+        Said once per sweep."""
+        try:
+            return self.keep(result)
+        except OSError as exc:
+            if not self._said_refused:
+                self._said_refused = True
+                _logger.warning(
+                    f"The disk under {self.folder} refuses the outbox's writes ({exc}): is it full? Results are told "
+                    "to the storage without a copy on disk, so one the storage cannot take is lost if this sweep "
+                    "dies; a trial whose checkpoint or log cannot be written fails with the reason. Free space "
+                    "under log_dir (or give the executor another log_dir). Said once; the sweep goes on."
+                )
+            return None
 
     def keep(self, result: Outgoing) -> Path:
         """The result on disk, whole and flushed, in a folder only this user can read or change (its files are
@@ -136,10 +154,14 @@ class Outbox:
         path = self.folder / f"trial-{result.number}-{uuid.uuid4().hex[:8]}.json"
         partial = path.with_suffix(".partial")
         descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "w", encoding="utf-8") as f:
-            f.write(json.dumps(asdict(result)))
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with os.fdopen(descriptor, "w", encoding="utf-8") as f:
+                f.write(json.dumps(asdict(result)))
+                f.flush()
+                os.fsync(f.fileno())
+        except BaseException:
+            partial.unlink(missing_ok=True)  # (a cut write frees what it took on a full disk)
+            raise
         os.replace(partial, path)  # a file that is there is whole
         folder = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY)
         try:
@@ -160,11 +182,13 @@ class Outbox:
 
     def set_aside(self, path: Path) -> Path:
         """Move kept result ``path`` to :attr:`late_folder`."""
-        make_private_folders(self.late_folder)
         moved = self.late_folder / path.name
         try:
+            make_private_folders(self.late_folder)
             os.replace(path, moved)
         except FileNotFoundError:  # (another sweep sharing the folder told or dropped it meanwhile)
+            return path
+        except OSError:  # (a full disk: the late result stays where it is, and the study keeps it too)
             return path
         return moved
 
