@@ -22,7 +22,9 @@ Which ops, by device kind and by the sweep's ZeRO strategies (read from DeepSpee
 The build runs :func:`main` in a fresh interpreter (:func:`build_missing`). PyTorch's builder takes a lock file
 in the op's folder while it builds and waits, for ever, while another holds it: a build that was killed (a sweep
 stopped with ``kill -9`` in its first minutes) leaves its lock, and every later ZeRO job on the machine used to
-hang on it in silence. A lock older than any build takes is removed, with a warning, and the build has a limit.
+hang on it in silence. Every process that loads the op takes that lock, built or not: a stale lock
+(:mod:`optuna_saturn.pools.build_locks`) is removed before every pool starts, with a warning, whether the op is
+built or missing, and the build has a limit.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ from typing import Any
 import optuna
 
 from optuna_saturn.engines._offload_optimizer import offloads_optimizer
+from optuna_saturn.pools.build_locks import LOCK_NAMES, building, stale
+from optuna_saturn.pools.build_locks import STALE_LOCK_SECONDS as STALE_LOCK_SECONDS  # (its old home)
+from optuna_saturn.pools.launch_commands import extensions_folder
 
 _logger = optuna.logging.get_logger("optuna.saturn.runner")
 
@@ -68,16 +73,18 @@ NEEDED_WHEN: dict[str, Callable[[Mapping[str, Any]], bool]] = {
 }
 
 
-#: A build lock older than this was left by a killed build (one takes 1-2 min, 5 on a busy machine).
-STALE_LOCK_SECONDS = 15 * 60
 #: Past this, the build is stopped and the sweep goes on (its ZeRO jobs build the op, or run without it).
 BUILD_TIMEOUT_SECONDS = 20 * 60
 
 
 def remove_stale_locks(kind: str, folder: Path) -> list[Path]:
-    """Remove the build locks of ``kind``'s ops in the extensions ``folder`` that no build can still hold (older
-    than :data:`STALE_LOCK_SECONDS`); returns them."""
-    removed = _remove_locks(kind, folder, before=time.time() - STALE_LOCK_SECONDS)
+    """Remove the build locks of ``kind``'s ops in the extensions ``folder`` that no build can still hold
+    (:func:`~optuna_saturn.pools.build_locks.stale`); returns them."""
+    removed = []
+    for path in (folder / op / name for op in OPS.get(kind, {}).values() for name in LOCK_NAMES):
+        if stale(path):
+            path.unlink(missing_ok=True)
+            removed.append(path)
     for path in removed:
         _logger.warning(f"Removed {path}: a DeepSpeed op build that was killed left it, and builds wait on it.")
     return removed
@@ -87,7 +94,7 @@ def _remove_locks(kind: str, folder: Path, *, before: float = math.inf, since: f
     """Remove the build locks of ``kind``'s ops last written between ``since`` and ``before`` (epoch seconds)."""
     removed = []
     for op in OPS.get(kind, {}).values():
-        for name in ("lock", ".ninja_lock"):  # (PyTorch's FileBaton, and ninja's own)
+        for name in LOCK_NAMES:
             path = folder / op / name
             try:
                 written = path.stat().st_mtime
@@ -97,6 +104,23 @@ def _remove_locks(kind: str, folder: Path, *, before: float = math.inf, since: f
                 path.unlink(missing_ok=True)
                 removed.append(path)
     return removed
+
+
+def seconds_since_a_build() -> float:
+    """0 while a live process holds an op's build lock in the extensions folders this machine's workers use (a
+    trial whose ranks build an op, or wait for another's build, is not stalled), else the seconds since the last
+    build ended (its library written: the trial's silence counts from there), or inf."""
+    folders = [Path(extensions_folder(kind)) for kind in OPS]
+    names = [op for ops in OPS.values() for op in ops.values()]
+    if building(folders, names):
+        return 0.0
+    ended = -math.inf
+    for library in (folder / op / f"{op}.so" for folder in folders for op in names):
+        try:
+            ended = max(ended, library.stat().st_mtime)
+        except FileNotFoundError:
+            continue
+    return time.time() - ended
 
 
 def build_command(builders: Sequence[str]) -> list[str]:
@@ -120,10 +144,10 @@ def build_missing(kind: str, env: Mapping[str, str], *, log: Path, configs: Sequ
     workers', whose ``TORCH_EXTENSIONS_DIR`` receives them; ``configs``: the sweep's ZeRO strategies' DeepSpeed
     configs)."""
     folder = Path(env["TORCH_EXTENSIONS_DIR"])
+    remove_stale_locks(kind, folder)  # (a built op's too: every process that loads it takes its lock first)
     builders = missing(kind, folder, configs)
     if not builders:
         return
-    remove_stale_locks(kind, folder)
     names = ", ".join(OPS[kind][b] for b in builders)
     _logger.warning(
         f"Building DeepSpeed's {names} for this machine before the sweep starts: once (1-2 min), then kept in "

@@ -6,6 +6,8 @@ launcher only ever starts N worker processes; the strategy itself is applied by 
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import shutil
 import socket
@@ -14,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from optuna_saturn.devices import Device, physical_gpus
+from optuna_saturn.devices import Device, cuda_device_count, physical_gpus
 from optuna_saturn.strategy import Strategy
 
 WORKER_MODULE = "optuna_saturn.worker.launched"
@@ -152,7 +154,11 @@ def worker_environment(kind: str, log_dir: Path) -> dict[str, str]:
     process that asks can still fork workers), DeepSpeed's accelerator named (not probed), and on GPUs NCCL's
     errors raised in the rank that waits (not left to hang) with its trace on a timeout in the pool's log
     folder, and the allocator's expandable segments (less fragmentation between runs of different sizes)."""
-    env = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1", "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", kind)}
+    env = {
+        "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
+        "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", kind),
+        "TORCH_EXTENSIONS_DIR": extensions_folder(kind),
+    }
     if kind != "cuda":
         return {**env, "CUDA_VISIBLE_DEVICES": ""}
     return {
@@ -166,9 +172,45 @@ def worker_environment(kind: str, log_dir: Path) -> dict[str, str]:
     }
 
 
-def extensions_cache() -> Path:
-    """DeepSpeed compiles its CPU ops on first use (about 90 s); keep them across trials and sweeps."""
-    return Path.home() / ".cache" / "optuna-saturn" / "torch_extensions"
+def extensions_cache(kind: str | None = None) -> Path:
+    """DeepSpeed compiles its ops on first use (about 90 s); keep them across trials and sweeps, in a folder of
+    their own for each :func:`build_key`. One folder for every environment made two environments on a machine
+    rebuild each other's op inside their trials (the build files name the environment's paths, so PyTorch's
+    builder finds them changed), and a trial stopped during such a build left its lock for the next to hang on.
+    ``kind``: the devices' kind (default: this machine's, ``cuda`` where a GPU is visible)."""
+    return Path.home() / ".cache" / "optuna-saturn" / "torch_extensions" / build_key(kind or _machine_kind())
+
+
+def extensions_folder(kind: str) -> str:
+    """Where the workers of ``kind`` devices build and load DeepSpeed's ops: the user's ``TORCH_EXTENSIONS_DIR``,
+    else :func:`extensions_cache`."""
+    return os.environ.get("TORCH_EXTENSIONS_DIR") or str(extensions_cache(kind))
+
+
+@functools.cache
+def build_key(kind: str) -> str:
+    """What an op build depends on: Python's ABI, torch's version (with its CUDA version), DeepSpeed's version,
+    the devices' kind (CPU and GPU builds of an op share its name), and a digest of where Python, torch and
+    DeepSpeed are installed (their paths are in the build files: another environment of the same versions would
+    rebuild the op too)."""
+    import importlib.metadata
+    import importlib.util
+
+    import torch
+
+    try:
+        deepspeed = importlib.metadata.version("deepspeed")
+    except importlib.metadata.PackageNotFoundError:
+        deepspeed = "none"
+    cuda = f"-cuda{torch.version.cuda}" if kind == "cuda" and torch.version.cuda else ""
+    ds_spec = importlib.util.find_spec("deepspeed")
+    places = [sys.prefix, os.path.dirname(torch.__file__), str(ds_spec.origin if ds_spec is not None else "")]
+    digest = hashlib.sha256("\n".join(places).encode()).hexdigest()[:8]
+    return f"{sys.implementation.cache_tag}-torch{torch.__version__}-deepspeed{deepspeed}-{kind}{cuda}-{digest}"
+
+
+def _machine_kind() -> str:
+    return "cuda" if cuda_device_count() > 0 else "cpu"
 
 
 _LAUNCHERS = {"torchrun": _torchrun, "deepspeed": _deepspeed, "accelerate": _accelerate}
@@ -183,7 +225,7 @@ def build_launch(
         **os.environ,
         "PYTHONUNBUFFERED": "1",
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # (as worker_environment's)
-        "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(extensions_cache())),
+        "TORCH_EXTENSIONS_DIR": extensions_folder(devices[0].kind),
         **extra_env,
     }
     env = {k: v for k, v in inherited.items() if v is not None}

@@ -8,7 +8,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from optuna_saturn.pools.launch_commands import extensions_cache, worker_environment
+from optuna_saturn.pools.launch_commands import worker_environment
 from optuna_saturn.pools.logs import private_folder, tail
 from optuna_saturn.worker.objective_recipe import localized
 
@@ -49,10 +49,11 @@ class DeviceActor:
             {
                 "PYTHONUNBUFFERED": "1",
                 "GLOO_SOCKET_IFNAME": "lo",
-                "TORCH_EXTENSIONS_DIR": config.get("extensions") or str(extensions_cache()),
                 **worker_environment(device["kind"], Path(self._folder)),
             }
         )
+        if config.get("extensions"):  # (the driver's TORCH_EXTENSIONS_DIR wins, as on its own machine)
+            os.environ["TORCH_EXTENSIONS_DIR"] = config["extensions"]
         if device["kind"] == "cuda":
             from optuna_saturn.worker.gpu import create_context, own_gpu
 
