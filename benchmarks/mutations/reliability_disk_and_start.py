@@ -4,6 +4,7 @@ awaited for a limit too)."""
 from mutations import Mutation
 
 _DISK = "tests/test_full_disk.py"
+_START = "tests/test_first_step_limit.py"
 
 MUTATIONS: list[Mutation] = [
     Mutation(
@@ -32,5 +33,36 @@ MUTATIONS: list[Mutation] = [
         old="            partial.unlink(missing_ok=True)  # (a cut write frees what it took on a full disk)\n",
         new="",
         tests=(f"{_DISK}::test_a_result_the_full_disk_cannot_keep_is_not_kept_and_its_partial_file_is_gone",),
+    ),
+    Mutation(
+        name="first-step-reason-as-a-stall",
+        contract="a trial stopped before its first step says so, with its start-up limit and how to raise it",
+        path="optuna_saturn/sweep/startup.py",
+        old="    if run.session.last_progress_at is not None:\n",
+        new="    if True:\n",
+        tests=(
+            f"{_START}::test_the_start_up_limit_is_the_stall_limit_plus_the_planned_runtime_and_its_stop_says_how_to_raise_it",
+            f"{_START}::test_a_trial_that_never_takes_its_first_step_ends_fail_after_its_start_up_limit_and_frees_its_device",
+        ),
+    ),
+    Mutation(
+        name="start-up-limit-ignores-its-share",
+        contract="the start-up limit scales with the run's planned runtime (a long start-up is not cut at the floor)",
+        path="optuna_saturn/sweep/startup.py",
+        old="    share = STARTUP_SHARE * planned if math.isfinite(planned) else 0.0",
+        new="    share = 0.0",
+        tests=(
+            f"{_START}::test_the_start_up_limit_is_the_stall_limit_plus_the_planned_runtime_and_its_stop_says_how_to_raise_it",
+        ),
+    ),
+    Mutation(
+        name="start-up-not-limited",
+        contract="a trial that never takes its first step is stopped after its start-up limit and frees its devices",
+        path="optuna_saturn/sweep/faults.py",
+        old="                silent, limit = now - run.started, startup_limit(run, limit)\n",
+        new='                silent, limit = now - run.started, float("inf")\n',
+        tests=(
+            f"{_START}::test_a_trial_that_never_takes_its_first_step_ends_fail_after_its_start_up_limit_and_frees_its_device",
+        ),
     ),
 ]

@@ -1,8 +1,8 @@
 """The faults policy: a rank that hangs or dies, an option that cannot run a trial, a node lost or joined.
 
 - **Stalls.** A trial whose steps stopped moving for longer than its stall limit (at least two minutes, half its
-  planned runtime and fifty of its steps), or that took no step within that plus a whole run's planned runtime
-  (one that resumes near its end still sets up in full) and, for a moved one, twice its last run's set-up, has a
+  planned runtime and fifty of its steps), or that took no first step within its start-up limit (that plus a whole
+  run's planned runtime and, for a moved one, twice its last run's set-up: :mod:`~optuna_saturn.sweep.startup`), has a
   rank that hangs (a deadlocked collective or rendezvous, a stuck data loader) or died where its peers wait: it
   is stopped. Its evaluation between steps must fit in the limit. So is a trial that another sweep ended,
   taking this one for dead (a pause, a lost connection): the other runs it again, and its devices free at once.
@@ -29,6 +29,7 @@ from optuna_saturn.pools.protocol import JobEnd
 from optuna_saturn.pricing.prices import TrialPrice
 from optuna_saturn.sweep.decisions import Describe, Fail, LeaveOut, Readmit, Stop
 from optuna_saturn.sweep.settings import SweepSettings
+from optuna_saturn.sweep.startup import stall_reason, startup_limit
 from optuna_saturn.sweep.state import SweepState, TrialRun
 from optuna_saturn.worker.failures import CRASH, MISMATCH, OUT_OF_MEMORY, PEER_GONE
 
@@ -82,20 +83,12 @@ class Faults:
                 stops.append(Stop(run, "another sweep ended its trial, taking this one for dead; it runs it again"))
                 continue
             limit = self.stall_limit(run)
-            if run.session.last_progress_at is None:  # not one step yet: its set-up may take up to its runtime
-                silent = now - run.started  # (a whole run's: one that resumes near its end still sets up in full)
-                option = run.assignment.option
-                priced = run.waiting.price.option(option.choice)
-                setups = [m["setup"] for m in run.waiting.moves if m.get("setup") is not None]
-                limit += max(option.runtime, priced.option.runtime if priced is not None else 0.0) + 2 * max(
-                    setups, default=0.0
-                )  # (a moved run sets up again, and loads its checkpoint)
+            if run.session.last_progress_at is None:  # not one step yet: it is still starting (sweep/startup.py)
+                silent, limit = now - run.started, startup_limit(run, limit)
             else:
                 silent = now - (run.session.last_progress_at - state.started_at)
             if silent > limit and min(silent, self._since_build()) > limit:  # (an op build is no stall)
-                stops.append(
-                    Stop(run, f"its ranks reported no progress for {silent:.0f} s (the limit is {limit:.0f} s)")
-                )
+                stops.append(Stop(run, stall_reason(run, silent, limit)))
         return stops
 
     def stall_limit(self, run: TrialRun) -> float:
