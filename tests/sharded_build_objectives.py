@@ -4,7 +4,6 @@ while the model is built and prepared, and the value the prepared model computes
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,6 +31,8 @@ def built_then_evaluated(trial) -> float:
     """Builds the model as a user does (seeded, before ``trial.prepare``), prepares it alone, and returns its loss
     on fixed data (the whole batch on every rank): the value single computes from the same build. Records each
     rank's host-memory peak over its resident memory when the objective began, through ``trial.prepare``."""
+    import deepspeed  # noqa: F401  # (imported first, as a warm worker may have: its import is not the model's memory)
+
     give_back_freed_memory()  # (memory a previous job freed, still resident, would hide this one's)
     with open("/proc/self/clear_refs", "w") as clear:
         clear.write("5")  # (resets VmHWM to VmRSS: the peak of this objective only, in a worker used before)
@@ -57,11 +58,9 @@ def peak_before_deepspeed_initialize() -> Iterator[list[int]]:
     """The host-memory peak (``VmHWM``) once ZeRO-3 has partitioned the model, when ``deepspeed.initialize`` is
     called: what DeepSpeed's engine allocates then is the device's state (its partitions in the compute dtype,
     buffers), which on a CPU device is host memory too."""
-    seen: list[int] = []
-    if "deepspeed" not in sys.modules:
-        yield seen
-        return
     import deepspeed
+
+    seen: list[int] = []
 
     initialize = deepspeed.initialize
 
