@@ -66,3 +66,15 @@ def make_private_folders(folder: Path) -> None:
         except FileExistsError:  # (another rank, or a sweep beside this one, made it meanwhile)
             continue
         os.chmod(candidate, 0o700)
+
+
+class CheckpointNotWritten(OSError):
+    """A trial's checkpoint the disk refused (full, say): it ends that trial alone, FAIL with this reason, and the
+    sweep goes on; it is the sweep's write, not an exception of the objective (issue 47, N2)."""
+
+    def __init__(self, folder: str | os.PathLike, cause: OSError) -> None:
+        super().__init__(
+            cause.errno,
+            f"this trial's checkpoint could not be written under {folder} ({cause}): is the disk full? Free space "
+            "there, or give the executor a checkpoint_dir= on another disk",
+        )

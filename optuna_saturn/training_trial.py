@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 from optuna_saturn import checkpoint
 from optuna_saturn.channel import ChannelClient
 from optuna_saturn.checkpoint import CheckpointRecord
+from optuna_saturn.checkpoint_paths import CheckpointNotWritten
 from optuna_saturn.engines._base import Engine
 from optuna_saturn.loader_positions import PositionedLoader
 from optuna_saturn.microbatch import AccumulationError, MicroBatch, split_batch
@@ -266,17 +267,20 @@ class TrainingTrial(RelayedTrial):
         if self._checkpoint_dir is None:
             raise RuntimeError("This trial has no checkpoint folder (it was not started by a SaturnExecutor).")
         started = time.perf_counter()
-        record = checkpoint.save(
-            self._engine,
-            Path(self._checkpoint_dir),
-            step,
-            model,
-            optimizer,
-            scheduler,
-            group=self._group,
-            loaders=[loader.position() for loader in self._loaders],
-            extra=extra,
-        )
+        try:
+            record = checkpoint.save(
+                self._engine,
+                Path(self._checkpoint_dir),
+                step,
+                model,
+                optimizer,
+                scheduler,
+                group=self._group,
+                loaders=[loader.position() for loader in self._loaders],
+                extra=extra,
+            )
+        except OSError as exc:  # (a full disk ends this trial alone, with the reason; the sweep goes on)
+            raise CheckpointNotWritten(self._checkpoint_dir, exc) from exc
         move = self._ask_and_broadcast("checkpointed", record=record.to_json(), seconds=time.perf_counter() - started)
         if self.rank == 0:
             checkpoint.prune(record)  # (the executor has stored the record: it answered)

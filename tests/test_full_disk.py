@@ -50,3 +50,32 @@ def test_a_full_disk_under_log_dir_costs_no_result_and_the_sweep_says_so_once(
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 3
     assert [t.values for t in trials] == [[offset + 1.0] for offset in (1.0, 2.0, 3.0)]
     assert caplog.text.count(_SAID) == 1
+
+
+def checkpoints_on_a_full_disk(trial) -> float:
+    """``objectives.resumable``, whose trial 0 finds the disk full when it checkpoints (in its worker)."""
+    from optuna_saturn import checkpoint
+
+    real = checkpoint.save
+    if trial.number == 0:
+        checkpoint.save = _full_disk
+    try:
+        return objectives.resumable(trial)
+    finally:
+        checkpoint.save = real  # (the worker runs the next trial too)
+
+
+@pytest.mark.launch
+def test_a_checkpoint_the_full_disk_refuses_ends_only_its_trial_with_the_reason(saturn_options, tmp_path, monkeypatch):
+    """A checkpoint write that failed was taken for an exception of the objective: optimize raised it, and no
+    trial started after it. It is the sweep's write: the trial ends FAIL with the reason, and the sweep goes on."""
+    monkeypatch.setenv("SATURN_TEST_EPOCHS", "2")
+    monkeypatch.setenv("SATURN_TEST_CHECKPOINT_EVERY", "2")
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.sqlite3'}")
+    options = {**saturn_options, "profile": False, "max_retries": 0}
+    SaturnExecutor(devices=1, strategies=["single"], **options).optimize(study, checkpoints_on_a_full_disk, n_trials=3)
+    refused, *others = study.trials
+    assert refused.state == TrialState.FAIL
+    reason = refused.system_attrs.get("saturn:fail_reason") or refused.user_attrs.get("saturn:fail_reason", "")
+    assert "checkpoint could not be written" in reason and "No space left on device" in reason, reason
+    assert [t.state for t in others] == [TrialState.COMPLETE] * 2

@@ -35,6 +35,22 @@ MUTATIONS: list[Mutation] = [
         tests=(f"{_DISK}::test_a_result_the_full_disk_cannot_keep_is_not_kept_and_its_partial_file_is_gone",),
     ),
     Mutation(
+        name="checkpoint-refused-taken-for-the-objective",
+        contract="a checkpoint the full disk refuses ends only its trial, FAIL with the reason; optimize goes on",
+        path="optuna_saturn/worker/rank.py",
+        old="    CheckpointNotWritten,\n",
+        new="",
+        tests=(f"{_DISK}::test_a_checkpoint_the_full_disk_refuses_ends_only_its_trial_with_the_reason",),
+    ),
+    Mutation(
+        name="checkpoint-refused-not-named",
+        contract="a checkpoint the disk refuses is said as such (a full disk, checkpoint_dir=), not as a bare OSError",
+        path="optuna_saturn/training_trial.py",
+        old="        except OSError as exc:  # (a full disk ends this trial alone",
+        new="        except ValueError as exc:  # (a full disk ends this trial alone",
+        tests=(f"{_DISK}::test_a_checkpoint_the_full_disk_refuses_ends_only_its_trial_with_the_reason",),
+    ),
+    Mutation(
         name="first-step-reason-as-a-stall",
         contract="a trial stopped before its first step says so, with its start-up limit and how to raise it",
         path="optuna_saturn/sweep/startup.py",

@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from optuna_saturn import raised
 from optuna_saturn.channel import AuthenticationFailed, ChannelBusy, ChannelClient, ChannelClosed, RemoteError
+from optuna_saturn.checkpoint_paths import CheckpointNotWritten
 from optuna_saturn.engines import StrategyMismatch, WorkerContext, _clipping, engine_for
 from optuna_saturn.integrations import _guard as accelerate_guard
 from optuna_saturn.microbatch import AccumulationError
@@ -265,8 +266,16 @@ def _outcome(
 
 
 #: Errors a run's code sees that come from the sweep's machinery, not from the objective: a collective that timed
-#: out or lost its peer, the channel to the executor closed or refusing, the executor failing to answer.
-_MACHINERY_ERRORS = (dist.DistError, ChannelClosed, AuthenticationFailed, ChannelBusy, RemoteError)
+#: out or lost its peer, the channel to the executor closed or refusing, the executor failing to answer, the disk
+#: refusing the trial's checkpoint.
+_MACHINERY_ERRORS = (
+    dist.DistError,
+    ChannelClosed,
+    AuthenticationFailed,
+    ChannelBusy,
+    RemoteError,
+    CheckpointNotWritten,
+)
 
 
 def _max_over_ranks(values: list[float], world_size: int, group: Any) -> list[float]:
