@@ -4,8 +4,10 @@ cannot keep is still told to a healthy storage, and the sweep says once that the
 from __future__ import annotations
 
 import errno
+import io
 import logging
 import os
+import sys
 
 import objectives
 import optuna
@@ -78,4 +80,37 @@ def test_a_checkpoint_the_full_disk_refuses_ends_only_its_trial_with_the_reason(
     assert refused.state == TrialState.FAIL
     reason = refused.system_attrs.get("saturn:fail_reason") or refused.user_attrs.get("saturn:fail_reason", "")
     assert "checkpoint could not be written" in reason and "No space left on device" in reason, reason
+    assert [t.state for t in others] == [TrialState.COMPLETE] * 2
+
+
+class _FullDiskStream(io.TextIOBase):
+    """A log file on a full disk: every write is refused."""
+
+    def write(self, text: str) -> int:
+        _full_disk()
+        return 0
+
+
+def logs_on_a_full_disk(trial) -> float:
+    """Trial 0's log line (in its worker) meets a full disk."""
+    x = trial.suggest_float("x", 0.0, 1.0)
+    if trial.number == 0:
+        real, sys.stdout = sys.stdout, _FullDiskStream()
+        try:
+            print("a line for the trial's log")
+        finally:
+            sys.stdout = real  # (the worker runs the next trial too)
+    return x
+
+
+@pytest.mark.launch
+def test_a_log_write_the_full_disk_refuses_ends_only_its_trial_with_the_reason(saturn_options, tmp_path):
+    """It was taken for the objective's own exception: optimize raised it, and no trial started after it."""
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.sqlite3'}")
+    options = {**saturn_options, "profile": False, "max_retries": 0}
+    SaturnExecutor(devices=1, strategies=["single"], **options).optimize(study, logs_on_a_full_disk, n_trials=3)
+    refused, *others = study.trials
+    assert refused.state == TrialState.FAIL
+    reason = refused.system_attrs.get("saturn:fail_reason") or refused.user_attrs.get("saturn:fail_reason", "")
+    assert "No space left on device" in reason, reason
     assert [t.state for t in others] == [TrialState.COMPLETE] * 2

@@ -51,6 +51,14 @@ MUTATIONS: list[Mutation] = [
         tests=(f"{_DISK}::test_a_checkpoint_the_full_disk_refuses_ends_only_its_trial_with_the_reason",),
     ),
     Mutation(
+        name="log-write-refused-taken-for-the-objective",
+        contract="a log write the full disk refuses ends only its trial, FAIL with the reason; optimize goes on",
+        path="optuna_saturn/worker/rank.py",
+        old=" and not _disk_full(exc):\n",
+        new=":\n",
+        tests=(f"{_DISK}::test_a_log_write_the_full_disk_refuses_ends_only_its_trial_with_the_reason",),
+    ),
+    Mutation(
         name="first-step-reason-as-a-stall",
         contract="a trial stopped before its first step says so, with its start-up limit and how to raise it",
         path="optuna_saturn/sweep/startup.py",

@@ -9,6 +9,7 @@ that failed first.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import time
@@ -260,7 +261,7 @@ def _outcome(
             spec["errors"], place.rank, error, kind, in_steps=in_steps, strategy=strategy.name, trial=trial.number
         )
         outcome = {"op": "fail", "error": error, "kind": kind, "traceback": traceback.format_exc()}
-        if kind == CRASH and not isinstance(exc, _MACHINERY_ERRORS):
+        if kind == CRASH and not isinstance(exc, _MACHINERY_ERRORS) and not _disk_full(exc):
             outcome["raised"] = raised.record(exc)  # the objective's own: study.optimize's catch applies to it
         return outcome
 
@@ -276,6 +277,19 @@ _MACHINERY_ERRORS = (
     RemoteError,
     CheckpointNotWritten,
 )
+
+
+def _disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is a full disk or quota: a log or file write of the trial that the disk
+    refused ends that trial alone, with the reason, as a checkpoint does; the sweep goes on (issue 47, N2)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def _max_over_ranks(values: list[float], world_size: int, group: Any) -> list[float]:
