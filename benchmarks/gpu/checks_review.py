@@ -182,7 +182,10 @@ def c2() -> bool:
     study = optuna.create_study()
     for _ in range(n):
         study.enqueue_trial({"lr": 3e-4})
-    executor("C2", strategies=["single", "single-ckpt"]).optimize(study, review_objectives.warm_worker, n_trials=n)
+    # (profiled on a GPU, as a sweep runs; not in the dry run, which has no time for it)
+    executor("C2", strategies=["single", "single-ckpt"], profile=not DRY).optimize(
+        study, review_objectives.warm_worker, n_trials=n
+    )
     entries = [t.user_attrs.get("entry", {}) for t in study.trials]
     samples = [{k: e.get(k) for k in ("used_mib", "os_threads", "fds")} for e in entries]  # (as each trial began)
     complete = all(t.state.name == "COMPLETE" for t in study.trials)
@@ -296,11 +299,15 @@ def c4() -> bool:
 
     from optuna_saturn.engines import WorkerContext
     from optuna_saturn.engines._deepspeed import DeepSpeedEngine
+    from optuna_saturn.pools.launch_commands import extensions_cache
     from optuna_saturn.strategy import load_strategies
     from optuna_saturn.worker.gpu import LEFTOVER_BYTES
     from optuna_saturn.worker.memory import collect, release_memory
     from optuna_saturn.worker.rank import join_process_group, leave_process_group
 
+    # (the ops the pool's workers use, built before a pool's first ZeRO job: C2's; torch's default folder would
+    # build them again, in this part)
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_cache()))
     kind = "cuda" if cuda() else "cpu"
     place = join_process_group(
         {"kind": kind, "index": 0, "cores": [], "node": ""}, 0, 1, init_method=f"file://{part_work('C4')}/rdv"

@@ -50,6 +50,8 @@ else
     ln -s ../strategies optuna_saturn/_builtin_strategies && touch "${GPU_CHECK_WORK:-/tmp}/linked-builtin-strategies"
   fi
 fi
+# DeepSpeed's ops the check's ZeRO parts need (cpu_adam on a GPU), built now rather than inside a part's time
+"$V/bin/python" benchmarks/gpu/build_ops.py || echo "building DeepSpeed's ops failed: the ZeRO parts build them"
 cd /tmp
 "$V/bin/python" -c 'import optuna, optuna_saturn, torch
 from optuna_saturn import SaturnExecutor
