@@ -19,7 +19,7 @@ MUTATIONS: list[Mutation] = [
         name="review-caps-over-its-share",
         contract="the review's parts on one GPU add up within check.sh's share for them",
         path="benchmarks/gpu/review_checks.py",
-        old='"C2": Part("checks_review", 50, 60),',
+        old='"C2": Part("checks_review", 45, 60),',
         new='"C2": Part("checks_review", 120, 60),',
         tests=(_TESTS + "test_the_check_with_its_set_up_fits_twice_in_a_lent_gpus_fifteen_minutes",),
     ),
