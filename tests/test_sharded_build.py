@@ -106,3 +106,30 @@ def test_code_that_touches_cut_parameters_while_the_model_is_built_sees_single_s
     assert value == pytest.approx(expected, rel=1e-6)
     for name, tensor in single.state_dict().items():
         assert torch.equal(state[name], tensor), name
+
+
+@pytest.mark.parametrize("engine", ["fsdp", "deepspeed"])
+def test_with_the_sharded_build_off_each_rank_builds_the_model_whole(monkeypatch, engine):
+    """``OPTUNA_SATURN_SHARDED_BUILD=off`` (an objective whose code before ``trial.prepare`` touches parameters on
+    some ranks only): no construction is watched, and nothing is cut; on, a sharding engine on two ranks watches
+    its construction."""
+    import contextlib
+
+    from optuna_saturn.engines import WorkerContext, engine_for
+    from optuna_saturn.engines._sharded_build import ShardedBuild
+
+    context = WorkerContext(
+        rank=0,
+        local_rank=0,
+        world_size=2,
+        device=torch.device("cpu"),
+        knobs={},
+        launcher_config={"zero_optimization": {"stage": 3}},
+    )
+    assert isinstance(engine_for(engine, context).model_construction(), ShardedBuild)
+    monkeypatch.setenv("OPTUNA_SATURN_SHARDED_BUILD", "off")
+    construction = engine_for(engine, context).model_construction()
+    assert isinstance(construction, contextlib.nullcontext)
+    with construction:
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    assert all(p.untyped_storage().nbytes() == p.numel() * p.element_size() for p in model.parameters())

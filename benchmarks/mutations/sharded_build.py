@@ -74,3 +74,13 @@ MUTATIONS: list[Mutation] = [
         tests=(TOUCHED,),
     ),
 ]
+MUTATIONS += [
+    Mutation(
+        name="sharded-build-cannot-be-turned-off",
+        contract="OPTUNA_SATURN_SHARDED_BUILD=off builds the model whole on every rank (rank-dependent code)",
+        path="optuna_saturn/engines/_base.py",
+        old=" or sharded_build_off():",
+        new=":",
+        tests=("tests/test_sharded_build.py -k sharded_build_off",),
+    )
+]

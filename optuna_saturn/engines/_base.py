@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,13 @@ from optuna_saturn.sharding import OnBatch, ShardedDataLoader
 
 if TYPE_CHECKING:
     from optuna_saturn.engines._sharded_build import ShardedBuild
+
+
+def sharded_build_off() -> bool:
+    """``OPTUNA_SATURN_SHARDED_BUILD=off``: models are built whole on every rank, as before (for objectives whose
+    code before ``trial.prepare`` touches parameters on some ranks only: a cut parameter is gathered from every
+    rank, a collective, and would wait for the ranks that never touch it)."""
+    return os.environ.get("OPTUNA_SATURN_SHARDED_BUILD", "on").lower() in ("off", "0", "false", "no")
 
 
 class StrategyMismatch(ValueError):
@@ -85,7 +93,7 @@ class Engine:
         """Around the objective until ``trial.prepare``: under a strategy that shards parameters over several
         ranks, each module is cut to this rank's chunk as soon as it is built, so that no rank holds the whole
         model in host memory (see :mod:`optuna_saturn.engines._sharded_build`)."""
-        if not self.shards_parameters or self.context.world_size == 1:
+        if not self.shards_parameters or self.context.world_size == 1 or sharded_build_off():
             return contextlib.nullcontext()
         from optuna_saturn.engines._sharded_build import ShardedBuild
 
