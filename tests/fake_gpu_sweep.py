@@ -65,6 +65,7 @@ def placement(trial) -> float:
         "current_device": torch.cuda.current_device(),
         "device": str(trial.device),
         "initialized": torch.cuda.is_initialized(),
+        "ray_gpu": _ray_gpu(),
     }
     ranks = [None] * trial.world_size
     if trial.world_size > 1:
@@ -94,6 +95,18 @@ def _leaks(study: optuna.Study, options: dict) -> None:
     """One GPU, three trials one after another (``leaky``)."""
     executor = SaturnExecutor(devices=1, strategies=["single"], dashboard=False, **options)
     executor.optimize(study, leaky, n_trials=len(HELD_MIB))
+
+
+def _ray_gpu() -> str | None:
+    """The GPU Ray gave this process's actor, where it is one."""
+    if "ray" not in sys.modules:
+        return None
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    ids = ray.get_runtime_context().get_accelerator_ids().get("GPU", [])
+    return ",".join(str(i) for i in ids)
 
 
 def main(mode: str, out: str) -> None:

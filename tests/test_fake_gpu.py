@@ -46,25 +46,24 @@ def _fake_node_sweep(mode: str, tmp_path, **fake: str) -> dict:
 
 def _check_placement(result: dict, *, exact: bool = True) -> None:
     """Every rank of every trial ran with exactly one GPU visible, ``LOCAL_RANK`` 0 and current device 0; the
-    ranks of one trial on distinct GPUs; one device always on the same GPU; and every process that initialised
-    CUDA had its one-GPU mask before it did. ``exact``: a device's GPU is the entry of the node's mask at its index
-    (the local pool; Ray picks which of its GPUs an actor holds)."""
+    ranks of one trial on distinct GPUs; and every process that initialised CUDA had its one-GPU mask before it
+    did. ``exact``: a device's GPU is the entry of the node's mask at its index (the local pool); else the GPU Ray
+    gave the rank's actor (Ray picks which of its GPUs an actor holds)."""
     trials = result["trials"]
     assert [t["state"] for t in trials] == ["COMPLETE"] * len(trials), [t["reason"] for t in trials]
     assert sorted(len(t["ranks"]) for t in trials) == [1, 1, 1, 1, 2, 2, 2, 2]
-    gpu_of: dict[str, str] = {}
     for trial in trials:
         ranks = trial["ranks"]
         for device, rank in zip(trial["devices"], ranks):
             assert rank["mask"] in NODE_MASK, ranks  # one entry: this GPU alone
-            assert gpu_of.setdefault(device, rank["mask"]) == rank["mask"], (device, gpu_of, ranks)
             if exact:
                 assert rank["mask"] == NODE_MASK[int(device.rsplit(":", 1)[1])], (trial["devices"], ranks)
+            else:  # the one Ray gave its actor
+                assert rank["mask"] == rank["ray_gpu"], ranks
         assert len({r["mask"] for r in ranks}) == len(ranks), ranks
         assert {(r["local_rank"], r["current_device"], r["device"], r["initialized"]) for r in ranks} == {
             ("0", 0, "cuda:0", True)
         }, ranks
-    assert len(set(gpu_of.values())) == len(gpu_of), gpu_of  # two devices never share a GPU
     inits = [line for line in result["log"] if line["event"] == "init"]
     assert inits and all(line["mask"] in NODE_MASK for line in inits), inits
     bound = [line for line in result["log"] if line["event"] == "set_device"]
