@@ -4,6 +4,7 @@ test caught it (a mutation caught by no test is a fix no test guards).
     python benchmarks/mutations/run.py             # every mutation (about N minutes on 2 cores)
     python benchmarks/mutations/run.py --check     # only check that each mutation still applies (seconds)
     python benchmarks/mutations/run.py -k mask     # the mutations whose name contains "mask"
+    python benchmarks/mutations/run.py --areas issue36,shared_node   # those two areas' modules
 
 The copy is the repository's files as they are on disk (tracked and untracked, not ignored ones), in a temporary
 folder, with ``PYTHONPATH`` pointing at it first, so the workers the tests start import the mutated package too.
@@ -32,13 +33,13 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from mutations import Mutation  # noqa: E402
 
 
-def all_mutations() -> list[Mutation]:
-    """Every area module's ``MUTATIONS``, in module order."""
+def all_mutations(areas: list[str] | None = None) -> list[Mutation]:
+    """Every area module's ``MUTATIONS`` (or those of ``areas``, module names), in module order."""
     import mutations
 
     found: list[Mutation] = []
     for info in sorted(pkgutil.iter_modules(mutations.__path__), key=lambda i: i.name):
-        if info.name != "run":
+        if info.name != "run" and (not areas or info.name in areas):
             found.extend(importlib.import_module(f"mutations.{info.name}").MUTATIONS)
     return found
 
@@ -112,10 +113,12 @@ def main() -> int:
     parser.add_argument(
         "-k", default="", help="only the mutations whose name contains this (or any of these, comma-separated)"
     )
+    parser.add_argument("--areas", default="", help="only these areas' modules (comma-separated), e.g. issue36")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per test run")
     args = parser.parse_args()
     wanted = args.k.split(",")
-    chosen = [m for m in all_mutations() if any(w in m.name for w in wanted)]
+    areas = [a for a in args.areas.split(",") if a]
+    chosen = [m for m in all_mutations(areas) if any(w in m.name for w in wanted)]
     failed = False
     if not args.check:
         broken = failing_unmutated({t for m in chosen for t in m.tests}, timeout=args.timeout)
