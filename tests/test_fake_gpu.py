@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 NODE_MASK = ["4", "5", "6", "7"]
 
 
-def _fake_node_sweep(mode: str, tmp_path, **fake: str) -> dict:
+def _fake_node_sweep(mode: str, tmp_path, *, timeout: float = 280, **fake: str) -> dict:
     require(bool(shutil.which("unshare") and shutil.which("ip")), "unshare or ip", fix="install util-linux, iproute2")
     out = tmp_path / f"{mode}.json"
     env = {
@@ -37,7 +37,7 @@ def _fake_node_sweep(mode: str, tmp_path, **fake: str) -> dict:
     }
     done = _run_in_its_own_group(
         [*network_isolation_prefix(), sys.executable, os.path.join(HERE, "fake_gpu_sweep.py"), mode, str(out)],
-        timeout=280,
+        timeout=timeout,
         env=env,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
@@ -114,7 +114,10 @@ def test_with_every_gpus_worker_unable_to_start_the_sweep_ends_with_the_reason(t
 def test_workers_that_hang_at_their_start_are_given_up_after_the_start_time_out(tmp_path):
     """Every GPU's context creation hangs (a driver call that never returns): no worker exits, so only the pool's
     own clock can tell; the sweep ends with the reason after the start time-out, well within twice it."""
-    result = _fake_node_sweep("hangs", tmp_path, SATURN_FAKE_GPU_HANGS=",".join(NODE_MASK))
+    # (a sweep that waits for ever is killed at eight times the time-out: the test then fails at once)
+    result = _fake_node_sweep(
+        "hangs", tmp_path, timeout=8 * fake_gpu_sweep.HANG_START_TIMEOUT, SATURN_FAKE_GPU_HANGS=",".join(NODE_MASK)
+    )
     timeout = fake_gpu_sweep.HANG_START_TIMEOUT
     assert result["error"] is not None and f"did not start within {timeout:.0f} s" in result["error"], result["error"]
     assert timeout <= result["seconds"] < 2 * timeout, result["seconds"]
