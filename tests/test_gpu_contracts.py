@@ -138,10 +138,14 @@ def test_describing_and_warming_up_hide_the_gpus(monkeypatch):
 def environment_kept():
     """A job run in this process sets a launcher's variables (RANK, WORLD_SIZE, ...); a worker whose job fails is
     replaced, this test process is not: what it set must not reach the next tests' pools."""
+    import torch.distributed as dist
+
     saved = dict(os.environ)
     yield
     os.environ.clear()
     os.environ.update(saved)
+    if dist.is_initialized():  # (a job that failed or was cut before its end: a fork of this process inherits it)
+        dist.destroy_process_group()
 
 
 def _in_process_job(tmp_path: Path, objective, strategy: str) -> tuple[dict, TrialSession, ChannelServer]:
@@ -288,6 +292,14 @@ def test_a_runs_engine_is_gone_before_its_process_group(tmp_path, monkeypatch, c
 
     monkeypatch.setattr(dist, "destroy_process_group", watched)
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    # As a pool does before a ZeRO job: DeepSpeed's CPU op, in the workers' folder, built and without a stale lock
+    # (with torch's default folder, a lock another process left there made this job wait until it timed out).
+    from optuna_saturn.pools import deepspeed_ops
+    from optuna_saturn.pools.launch_commands import extensions_cache
+
+    folder = extensions_cache("cpu")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(folder))
+    deepspeed_ops.build_missing("cpu", {"TORCH_EXTENSIONS_DIR": str(folder)}, log=tmp_path / "ops.log")
     job, session, server = _in_process_job(tmp_path, gpu_objectives.keeps_a_weak_reference, "zero2")
     with server, capfd.disabled():
         clean, replace = JobRunner({"kind": "cpu", "index": 0, "cores": [], "node": ""}, objectives={}).run(
