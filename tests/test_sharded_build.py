@@ -133,3 +133,20 @@ def test_with_the_sharded_build_off_each_rank_builds_the_model_whole(monkeypatch
     with construction:
         model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
     assert all(p.untyped_storage().nbytes() == p.numel() * p.element_size() for p in model.parameters())
+
+
+def test_a_tensor_that_gets_the_id_of_a_dropped_cut_parameter_is_not_taken_for_it():
+    """A cut parameter the objective dropped is gone; a new tensor may get its ``id`` (a ``Linear`` built after it,
+    say): it is not gathered as that parameter (a gather of the wrong shape failed a rank), and the stale entry
+    goes."""
+    import weakref
+
+    from optuna_saturn.engines._sharded_build import ShardedBuild
+
+    build = ShardedBuild(0, 2, None)
+    cut = torch.nn.Parameter(torch.ones(4, 2))
+    build._cut(cut)
+    assert build._is_cut(cut) and cut.untyped_storage().nbytes() < 4 * 2 * 4
+    newcomer, gone = torch.nn.Parameter(torch.ones(1, 10)), torch.nn.Parameter(torch.ones(4, 2))
+    build._cut_params[id(newcomer)] = (weakref.ref(gone), torch.ones(2, 2))  # (as if newcomer got gone's id)
+    assert not build._is_cut(newcomer) and id(newcomer) not in build._cut_params

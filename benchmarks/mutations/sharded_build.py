@@ -84,3 +84,13 @@ MUTATIONS += [
         tests=("tests/test_sharded_build.py -k sharded_build_off",),
     )
 ]
+MUTATIONS += [
+    Mutation(
+        name="cut-parameter-known-by-id-alone",
+        contract="a tensor that gets a dropped cut parameter's id is not gathered as that parameter",
+        path="optuna_saturn/engines/_sharded_build.py",
+        old="        if kept[0]() is tensor:\n            return True",
+        new="        if True:\n            return True",
+        tests=("tests/test_sharded_build.py -k dropped",),
+    )
+]

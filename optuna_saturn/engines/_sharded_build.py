@@ -131,7 +131,7 @@ class ShardedBuild(TorchFunctionMode):
 
     def _cut(self, param: torch.Tensor) -> None:
         too_small = param.dim() == 0 or param.size(0) < self.world_size
-        if id(param) in self._cut_params or param.is_meta or param.numel() == 0 or too_small:
+        if self._is_cut(param) or param.is_meta or param.numel() == 0 or too_small:
             return  # already cut, not built here (meta), or too small to matter
         self._busy = True
         try:
@@ -145,6 +145,17 @@ class ShardedBuild(TorchFunctionMode):
             self._busy = False
         self._cut_params[id(param)] = (weakref.ref(param), mine)
         self._largest = max(self._largest, _bytes(param))
+
+    def _is_cut(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is a parameter cut here. By identity, not by ``id`` alone: a cut parameter the
+        objective dropped is gone, and a new tensor may get its ``id`` (its stale entry is dropped then)."""
+        kept = self._cut_params.get(id(tensor))
+        if kept is None:
+            return False
+        if kept[0]() is tensor:
+            return True
+        del self._cut_params[id(tensor)]
+        return False
 
     def _make_whole(self, param: torch.Tensor) -> None:
         _, chunk = self._cut_params.pop(id(param))
@@ -181,7 +192,7 @@ class ShardedBuild(TorchFunctionMode):
             tensors = {id(t): t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
             for key in tensors.keys() & self._whole.keys():  # touched again: the most recent now
                 self._whole[key] = self._whole.pop(key)
-            touched = [key for key in tensors if key in self._cut_params]  # (in the call's order: every rank's)
+            touched = [key for key, t in tensors.items() if self._is_cut(t)]  # (in the call's order: every rank's)
             if touched:
                 for key in touched:
                     self._make_whole(tensors[key])
