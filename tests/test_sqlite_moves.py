@@ -132,3 +132,59 @@ def test_a_sweep_that_loses_the_end_of_an_orphan_leaves_no_reason_on_it(tmp_path
     assert stored.state == TrialState.COMPLETE and not [
         k for k in {**stored.user_attrs, **stored.system_attrs} if k.startswith("saturn:")
     ]
+
+
+class _WaitsInAfterTrial(optuna.samplers.RandomSampler):
+    """A sampler whose ``after_trial`` (which ``study.tell`` calls after it read the trial RUNNING, before it
+    writes the end) lets another sweep end the trial first: the forced order of the race."""
+
+    def __init__(self, meanwhile) -> None:
+        super().__init__(seed=0)
+        self._meanwhile = meanwhile
+
+    def after_trial(self, study, trial, state, values) -> None:
+        self._meanwhile()
+
+
+@pytest.mark.parametrize("storage", ["sqlite", "journal"])
+def test_a_tell_racing_another_sweeps_end_of_its_trial_neither_overwrites_it_nor_runs_it_twice(tmp_path, storage):
+    """The owner's tell had read its trial RUNNING when another sweep, taking it for dead, ended it FAIL and queued
+    its retry. On SQLite the tell's unconditional write then ended it COMPLETE, carrying the other's reason, and
+    the retry ran the params again (finding N4). The first end stands; the result is kept as a late one."""
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    from optuna_saturn.study.ownership import _end_orphan, run_again
+
+    if storage == "sqlite":
+        url: object = f"sqlite:///{tmp_path / 's.db'}"
+        second = lambda: optuna.storages.RDBStorage(str(url))  # noqa: E731  # (another sweep: its own connection)
+    else:
+        url = JournalStorage(JournalFileBackend(str(tmp_path / "journal.log")))
+        second = lambda: JournalStorage(JournalFileBackend(str(tmp_path / "journal.log")))  # noqa: E731
+    other_sweep = Owner("sweep-b", "h", 1, 0.0)
+    queued: list[int] = []
+
+    def end_it_as_another_sweep() -> None:
+        other = optuna.load_study(study_name=study.study_name, storage=second())
+        frozen = other.trials[0]
+        if _end_orphan(StudyGateway(other), frozen, "silent for 151 s", again=True, by=other_sweep):
+            run_again(StudyGateway(other), frozen)
+            queued.append(frozen.number)
+
+    study = optuna.create_study(storage=url, sampler=_WaitsInAfterTrial(end_it_as_another_sweep))
+    gateway = StudyGateway(study, owner=Owner.of_this_process().to_json())
+    trial = gateway.ask_new()
+    trial.suggest_float("x", 0, 1)
+    told = gateway.tell(trial, TrialState.COMPLETE, [0.5], attrs={"strategy": "ddp"})
+    trials = optuna.load_study(study_name=study.study_name, storage=second()).trials
+    first = trials[0]
+    assert queued == [0]
+    assert told.state == first.state == TrialState.FAIL and first.values is None
+    assert first.system_attrs["saturn:ended_by"] == "sweep-b"
+    if storage == "sqlite":  # (one write there: the records of an end that lost land nowhere; a journal's came first)
+        assert "saturn:strategy" not in first.system_attrs
+    assert [(t.number, t.state, t.user_attrs.get("saturn:retry_of")) for t in trials[1:]] == [
+        (1, TrialState.WAITING, 0)
+    ]  # (one retry: the params run once more, not twice)
+    late = optuna.load_study(study_name=study.study_name, storage=second()).user_attrs["saturn:late_result:0"]
+    assert late["values"] == [0.5] and late["state"] == "COMPLETE"

@@ -280,14 +280,14 @@ def test_a_result_told_while_another_sweep_ends_the_trial_is_kept_as_late_not_ra
     trial = mine.ask_new()
     trial.suggest_float("x", 0, 1)
     other = StudyGateway(optuna.load_study(study_name=study.study_name, storage=url))
-    real = gateway_module.write_records
+    real = moves.tell_if_running
 
-    def interleaved(storage, trial_id, attrs):
+    def interleaved(*args, **kwargs):
         # the other sweep's recovery lands between this tell's check of the trial and its writes
         _end_orphan(other, other.study.get_trials()[0], "silent for 61 s", again=True, by=Owner("b", "h", 1, 0.0))
-        return real(storage, trial_id, attrs)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(gateway_module, "write_records", interleaved)
+    monkeypatch.setattr(moves, "tell_if_running", interleaved)
     frozen = mine.tell(trial, TrialState.COMPLETE, [0.5], attrs={f"k{i}": i for i in range(10)})
     assert frozen.state == TrialState.FAIL  # as the other sweep ended it
     late = optuna.load_study(study_name=study.study_name, storage=url).user_attrs["saturn:late_result:0"]

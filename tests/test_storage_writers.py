@@ -13,8 +13,7 @@ import pytest
 import sqlalchemy.exc
 from optuna.trial import TrialState
 
-from optuna_saturn.study import gateway as gateway_module
-from optuna_saturn.study import liveness
+from optuna_saturn.study import liveness, moves
 from optuna_saturn.study.gateway import FAIL_REASON_CHARS, StudyGateway
 from optuna_saturn.study.log_artifacts import LOG_TAIL_BYTES
 from optuna_saturn.study.outbox import Outbox, retrying, transient
@@ -152,14 +151,14 @@ def test_a_value_too_long_for_the_storage_fails_the_trial_not_the_sweep(tmp_path
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}")
     gateway = StudyGateway(study)
     trial = gateway.ask_new()
-    original = gateway_module.write_records
+    original = moves.upsert  # (a tell's records go in the write that ends the trial)
 
-    def refuse_long(storage, trial_id, attrs):
+    def refuse_long(backend, session, model, trial_id, attrs):
         if "saturn:huge" in attrs:
             raise _internal_error(sqlalchemy.exc.DataError("UPDATE", {}, Exception("Data too long for column")))
-        return original(storage, trial_id, attrs)
+        return original(backend, session, model, trial_id, attrs)
 
-    monkeypatch.setattr(gateway_module, "write_records", refuse_long)
+    monkeypatch.setattr(moves, "upsert", refuse_long)
     started = time.monotonic()
     frozen = gateway.tell(trial, TrialState.COMPLETE, [1.0], attrs={"huge": "x"})
     assert time.monotonic() - started < 5.0

@@ -43,7 +43,7 @@ def write_records(storage: BaseStorage, trial_id: int, attrs: Mapping[str, Any])
                 trial = models.TrialModel.find_or_raise_by_id(trial_id, session)
                 backend.check_trial_is_updatable(trial_id, trial.state)
                 for model, part in ((models.TrialUserAttributeModel, user), (models.TrialSystemAttributeModel, system)):
-                    _upsert(backend, session, model, trial_id, part)
+                    upsert(backend, session, model, trial_id, part)
             return
     for key, value in user.items():
         storage.set_trial_user_attr(trial_id, key, value)
@@ -51,7 +51,7 @@ def write_records(storage: BaseStorage, trial_id: int, attrs: Mapping[str, Any])
         storage.set_trial_system_attr(trial_id, key, value)
 
 
-def _upsert(backend: RDBStorage, session: Any, model: Any, trial_id: int, part: Mapping[str, Any]) -> None:
+def upsert(backend: RDBStorage, session: Any, model: Any, trial_id: int, part: Mapping[str, Any]) -> None:
     """All of ``part`` in one INSERT ... ON CONFLICT statement where the database has one (as Optuna's own setter
     has per key: a statement per key costs a short trial's tell more than its storage's commit); else Optuna's
     setter per key."""

@@ -18,7 +18,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from optuna_saturn.study import claims
+from optuna_saturn.study import claims, moves
 from optuna_saturn.study.attr_writes import set_records_of, write_records
 from optuna_saturn.study.claims import ATTR, Claimant
 from optuna_saturn.study.log_artifacts import uploaded_log
@@ -257,9 +257,10 @@ class StudyGateway:
     def _write_result(
         self, trial: optuna.Trial, state: TrialState, values: list[float] | None, attrs: dict[str, Any]
     ) -> FrozenTrial:
-        try:
-            write_records(self.study._storage, trial._trial_id, attrs)
-            return self.study.tell(trial, values if state == TrialState.COMPLETE else None, state=state)
+        try:  # (the end lands only on a RUNNING trial: another sweep's end of it in between wins, on SQLite too)
+            return moves.tell_if_running(
+                self.study, trial, state, values if state == TrialState.COMPLETE else None, attrs
+            )
         except optuna.exceptions.UpdateFinishedTrialError:
             raise
         except Exception as exc:  # the study refused the result (a value of the wrong shape, too long): FAIL
@@ -268,8 +269,10 @@ class StudyGateway:
             if self.study._storage.get_trial(trial._trial_id).state.is_finished():
                 raise  # (not refused: ended by another sweep meanwhile)
             reason = capped_reason(f"could not record the result: {exc}")
-            write_records(self.study._storage, trial._trial_id, {ATTR + "fail_reason": reason})
-            return self.study.tell(trial, state=TrialState.FAIL)
+            # (values the study refused were never written, and the records go with the FAIL; records the storage
+            # refused, too long for its column, say, are left out of it)
+            failed = {**(attrs if isinstance(exc, ValueError) else {}), ATTR + "fail_reason": reason}
+            return moves.tell_if_running(self.study, trial, TrialState.FAIL, None, failed)
 
     def tell_what_the_outbox_kept(self, orphaned: Callable[[FrozenTrial], bool]) -> list[int]:
         """Tell the results an earlier sweep kept in the outbox but the storage never got, for its trials that are
