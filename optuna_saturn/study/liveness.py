@@ -71,6 +71,9 @@ class HeartbeatWatch:
         #: orphans this sweep ended whose retry is not yet queued (a storage that failed between the two): the
         #: next round queues them
         self.retries_due: dict[int, Any] = {}
+        #: of those, the ones whose enqueue was tried and raised: it may have landed (an answer lost), so it is
+        #: looked for before it is queued again
+        self.retries_tried: set[int] = set()
         #: orphans this sweep is ending: one whose move's answer was lost is settled at the next round
         self.ending: dict[int, Any] = {}
 

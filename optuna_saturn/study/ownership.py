@@ -165,13 +165,25 @@ def _settle_endings(gateway: StudyGateway, me: Owner, watch: HeartbeatWatch, max
 
 def _queue_retries_due(gateway: StudyGateway, watch: HeartbeatWatch) -> list[int]:
     """Queue the retries of the orphans this sweep ended; one the storage failed to take stays due, for the next
-    round (a FAIL trial is never recovered again, so a retry lost here would be lost for good)."""
+    round (a FAIL trial is never recovered again, so a retry lost here would be lost for good). A failed enqueue
+    may have landed, its answer lost (a database that restarts drops the reply to a commit): it is looked for
+    before it is queued again, never queued twice."""
     queued = []
     for number, trial in list(watch.retries_due.items()):
-        run_again(gateway, trial)
+        if number not in watch.retries_tried or not _retry_queued(gateway, number):
+            watch.retries_tried.add(number)
+            run_again(gateway, trial)
         del watch.retries_due[number]
+        watch.retries_tried.discard(number)
         queued.append(number)
     return queued
+
+
+def _retry_queued(gateway: StudyGateway, number: int) -> bool:
+    """Whether the study holds a retry of trial ``number`` (in any state: another sweep may have run it since)."""
+    with gateway.lock:
+        trials = gateway.study._storage.get_all_trials(gateway.study._study_id, deepcopy=False)
+    return any(record(trial, "retry_of") == number for trial in trials)
 
 
 def why_orphaned(trial: FrozenTrial, me: Owner, study_attrs: dict[str, Any], watch: HeartbeatWatch) -> str | None:
@@ -260,12 +272,17 @@ class RecoveryRounds:
         if self._clock() < self._next:
             return []
         self._next = self._clock() + RECOVER_SECONDS
-        try:
-            return take_over(self._gateway, self._me, max_retries=self._max_retries, watch=self._watch)
-        except STORAGE_ERRORS as exc:
-            cause = exc.__cause__ or exc
-            _logger.warning(
-                f"Recovery could not reach the storage ({type(cause).__name__}: {str(cause).splitlines()[0]}); the "
-                f"sweep goes on, and the next round tries again in {RECOVER_SECONDS:.0f} s."
-            )
-            return []
+        return recovery_round(self._gateway, self._me, max_retries=self._max_retries, watch=self._watch)
+
+
+def recovery_round(gateway: StudyGateway, me: Owner, *, max_retries: int, watch: HeartbeatWatch) -> list[int]:
+    """One round of :func:`take_over`: a storage that fails during it ends the round, not the sweep."""
+    try:
+        return take_over(gateway, me, max_retries=max_retries, watch=watch)
+    except STORAGE_ERRORS as exc:
+        cause = exc.__cause__ or exc
+        _logger.warning(
+            f"Recovery could not reach the storage ({type(cause).__name__}: {str(cause).splitlines()[0]}); the "
+            f"sweep goes on, and the next round tries again in {RECOVER_SECONDS:.0f} s."
+        )
+        return []
