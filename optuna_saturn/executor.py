@@ -345,7 +345,7 @@ class SaturnExecutor:
 
     def _run(self, study_name: str, timeout: float | None, sweep: Sweep) -> None:
         """Run ``sweep`` once this machine's devices are leased to it (:mod:`optuna_saturn.leases`: another sweep
-        on the machine may hold them; a Ray cluster's are Ray's to give)."""
+        on the machine may hold them; a Ray sweep's actors lease theirs on their nodes)."""
         if os.environ.get(WORKER_ENV):
             raise RuntimeError(
                 "SaturnExecutor was called inside a worker process. Put the code that starts the sweep under "

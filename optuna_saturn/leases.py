@@ -14,8 +14,10 @@ devices' locks at once or none (two sweeps that each took half would wait for ea
 exclusive ``flock`` on them for as long as it runs, and writes who it is into the files (user, pid, study).
 The kernel releases a lock when its process dies, however it dies, so a crashed holder's lease ends with it. A
 sweep whose devices another holds waits for them, saying who holds them, and starts once they are free.
-``optuna-saturn devices`` shows who holds what. A Ray cluster's devices are not leased this way: Ray's own
-resources give each GPU to one actor.
+``optuna-saturn devices`` shows who holds what. A Ray sweep leases its devices the same way, on each node: each
+device's actor takes its device's lease on its node before it touches the device (Ray's own resources keep two Ray
+sweeps apart, not a Ray sweep and a local one on the node), and holds it while it lives
+(:mod:`optuna_saturn.pools.ray_lease`).
 """
 
 from __future__ import annotations
@@ -68,10 +70,15 @@ def lease_names(device: Device) -> list[str]:
     if device.kind == "cuda":
         visible = [e.strip() for e in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if e.strip()]
         entry = visible[device.index] if device.index < len(visible) else str(device.index)
-        return [f"cuda-{nvml.uuid_of(entry) or entry}.lease"]
+        return [gpu_lease_name(entry)]
     if device.kind == "cpu" and device.cores:
         return [f"cpu-core-{core}.lease" for core in device.cores]
     return [f"{device.kind}-{device.index}.lease"]
+
+
+def gpu_lease_name(entry: str) -> str:
+    """The lease file of the GPU a ``CUDA_VISIBLE_DEVICES`` entry names: by its UUID, which every mask agrees on."""
+    return f"cuda-{nvml.uuid_of(entry) or entry}.lease"
 
 
 @dataclass(frozen=True)
@@ -82,19 +89,41 @@ class Holder:
     pid: int
     study: str
     since: float
+    ray_sweep: str = ""  # a Ray sweep's actor holds it: that sweep's id (its actors on one machine share leases)
+    device: str = ""  # and the actor's device, as the Ray sweep names it
 
     def describe(self) -> str:
         held = time.strftime("%H:%M:%S", time.localtime(self.since))
+        if self.ray_sweep:
+            return (
+                f"{self.user}'s Ray sweep of study {self.study!r} (its worker of {self.device}, pid {self.pid}, "
+                f"since {held})"
+            )
         return f"{self.user}'s sweep of study {self.study!r} (pid {self.pid}, since {held})"
 
 
 class DeviceLeases:
     """The leases one sweep takes on its devices (see the module's docstring)."""
 
-    def __init__(self, devices: Sequence[Device], *, folder: Path, study: str) -> None:
+    def __init__(
+        self,
+        devices: Sequence[Device],
+        *,
+        folder: Path,
+        study: str,
+        names: Callable[[Device], list[str]] = lease_names,
+        about: dict[str, str] | None = None,
+        shares_with: Callable[[Holder], bool] | None = None,
+    ) -> None:
+        """``names``: each device's lease files (a Ray actor knows its GPU otherwise than by its index); ``about``:
+        what the holder adds to its lease files; ``shares_with``: holders whose leases count as this one's (a
+        Ray sweep's actors of two Ray nodes on one machine: one sweep, which splits its machine as it was told)."""
         self._devices = list(devices)
         self._folder = folder
         self._study = study
+        self._names = names
+        self._about = about or {}
+        self._shares_with = shares_with
         self._held: dict[str, int] = {}  # lease name -> the open, locked file's descriptor
 
     def take_free(self) -> list[Device]:
@@ -104,7 +133,7 @@ class DeviceLeases:
         missing = [
             device
             for device in self._devices
-            if not all(name in self._held or self._take(name) for name in lease_names(device))
+            if not all(name in self._held or self._take(name) or self._shared(name) for name in self._names(device))
         ]
         if missing:
             self.release()  # (holding some while waiting for the rest could wait for ever, on a sweep doing the same)
@@ -118,7 +147,7 @@ class DeviceLeases:
             missing = self.take_free()
             if not missing:
                 return True
-            holders = read_holders(self._folder, missing)
+            holders = read_holders(self._folder, missing, names=self._names)
             news = "; ".join(
                 f"{device} by {holder.describe() if holder else 'another sweep'}" for device, holder in holders
             )
@@ -153,13 +182,20 @@ class DeviceLeases:
         with contextlib.suppress(OSError):  # (0666 whatever the umask: the next holder may be another user)
             if os.fstat(descriptor).st_uid == os.getuid():
                 os.fchmod(descriptor, 0o666)
-        holder = {"user": _user(), "pid": os.getpid(), "study": self._study, "since": time.time()}
+        holder = {"user": _user(), "pid": os.getpid(), "study": self._study, "since": time.time(), **self._about}
         with contextlib.suppress(OSError):
             os.ftruncate(descriptor, 0)
             os.pwrite(descriptor, json.dumps(holder).encode(), 0)
         self._held[name] = descriptor
         _HELD.add(descriptor)
         return True
+
+    def _shared(self, name: str) -> bool:
+        """Whether ``name``, held by another, is held by a holder this one shares with."""
+        if self._shares_with is None:
+            return False
+        holder = _holder(self._folder / name)
+        return holder is not None and self._shares_with(holder)
 
 
 @contextlib.contextmanager
@@ -191,11 +227,13 @@ def shared_folder(folder: Path) -> None:
             raise RuntimeError(f"{folder} (device leases) is not a folder; remove it, or set {LEASES_ENV}.") from None
 
 
-def read_holders(folder: Path, devices: Sequence[Device]) -> list[tuple[Device, Holder | None]]:
+def read_holders(
+    folder: Path, devices: Sequence[Device], *, names: Callable[[Device], list[str]] = lease_names
+) -> list[tuple[Device, Holder | None]]:
     """Who holds each of ``devices``, as their lease files say (None: unreadable, or not said)."""
     held = []
     for device in devices:
-        holders = [_holder(folder / name) for name in lease_names(device)]
+        holders = [_holder(folder / name) for name in names(device)]
         held.append((device, next((h for h in holders if h is not None), None)))
     return held
 
@@ -267,7 +305,14 @@ def current_leases(folder: Path | None = None) -> list[tuple[str, Holder | None]
 def _holder(path: Path) -> Holder | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8") or "null")
-        return Holder(str(data["user"]), int(data["pid"]), str(data["study"]), float(data["since"]))
+        return Holder(
+            str(data["user"]),
+            int(data["pid"]),
+            str(data["study"]),
+            float(data["since"]),
+            str(data.get("ray_sweep", "")),
+            str(data.get("device", "")),
+        )
     except (OSError, ValueError, TypeError, KeyError):
         return None
 

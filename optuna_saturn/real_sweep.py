@@ -63,7 +63,7 @@ def real_sweep(
     run_dir = run_folder(settings.log_dir, study.study_name)
     pool = ProcessPool(
         objective,
-        warm=_warm_backend(settings, options, largest, run_dir / "workers"),
+        warm=_warm_backend(settings, options, largest, run_dir / "workers", study.study_name),
         launched=(
             LaunchedJobs(settings.devices, isolate_network=options.isolate_network, grace_period=options.grace_period)
             if any(owns_its_processes(s) for s in settings.strategies)
@@ -105,7 +105,9 @@ def real_sweep(
     return sweep
 
 
-def _warm_backend(settings: SweepSettings, options: RealSweepOptions, largest: int, log_dir: Any) -> WarmBackend:
+def _warm_backend(
+    settings: SweepSettings, options: RealSweepOptions, largest: int, log_dir: Any, study_name: str
+) -> WarmBackend:
     common: dict[str, Any] = dict(
         memory_limit=options.worker_memory_limit,
         collective_timeout=options.collective_timeout,
@@ -115,7 +117,7 @@ def _warm_backend(settings: SweepSettings, options: RealSweepOptions, largest: i
         multi_device=any(n > 1 for s in settings.strategies for n in s.device_counts(largest)),
     )
     if options.cluster is not None:
-        return RayPool(options.cluster, **common)
+        return RayPool(options.cluster, study=study_name, **common)
     return WorkerPool(
         settings.devices,
         isolate_network=options.isolate_network,

@@ -5,7 +5,8 @@ It offers what :class:`~optuna_saturn.pools.warm.WorkerPool` offers the sweep (`
 
 - **Placement.** Each node's devices are one placement group, a bundle per device, held for the sweep and
   pinned to that node (``STRICT_PACK`` with a ``ray.io/node-id`` label selector). Device ``i``'s actor runs in
-  its bundle, so it holds that device's CPUs (and GPU) and nothing else runs there meanwhile.
+  its bundle, so it holds that device's CPUs (and GPU) and nothing else runs there meanwhile. It also holds the
+  device's lease on its node (:mod:`optuna_saturn.pools.ray_lease`): a local sweep there waits for it, or it waits.
 - **Jobs** are actor calls: a job on ``k`` devices is one ``run`` call on each of their ``k`` actors, which form a
   fresh process group for it. Its ranks are always on one node, so the rendezvous is a file in a folder of that
   node, and gloo (and NCCL) talk over the node's loopback: nothing a trial starts listens on the network.
@@ -41,6 +42,7 @@ from optuna_saturn.devices import Device
 from optuna_saturn.pools.protocol import JobEnd, JobRanks
 from optuna_saturn.pools.ray_actor import DeviceActor, remove_sweep_folder
 from optuna_saturn.pools.ray_cluster import RayCluster, RayNode, import_ray
+from optuna_saturn.pools.ray_lease import LeaseWaits, driver_leases
 from optuna_saturn.pools.ray_nodes import NodeMembership, bundle, first_line
 from optuna_saturn.pools.warm import COLLECTIVE_TIMEOUT_SECONDS, RENDEZVOUS_TIMEOUT_SECONDS
 from optuna_saturn.worker.objective_recipe import portable
@@ -81,6 +83,7 @@ class RayPool(NodeMembership):
         multi_device: bool = True,
         engines: Sequence[str] = (),
         collective_timeout: float = COLLECTIVE_TIMEOUT_SECONDS,
+        study: str = "",
     ) -> None:
         self.cluster = cluster
         self.devices: list[Device] = cluster.devices
@@ -95,6 +98,8 @@ class RayPool(NodeMembership):
             "sweep": secrets.token_hex(8),
             "extensions": os.environ.get("TORCH_EXTENSIONS_DIR"),
             "timeouts": {"collective": collective_timeout},
+            "study": study,  # (for the device leases its actors take: who holds a device, said to other sweeps)
+            "leases": driver_leases(),
         }
         self._ray: Any = None
         self._actor_class: Any = None
@@ -115,6 +120,7 @@ class RayPool(NodeMembership):
         self._recipes: dict[str, dict] = {}
         self._rendezvous_ids = itertools.count()
         self._nodes_checked = 0.0
+        self._lease_waits = LeaseWaits()
 
     # -- life cycle ----------------------------------------------------------------------------------------------
     @property
@@ -269,7 +275,13 @@ class RayPool(NodeMembership):
             result, error = None, exc
         actor = self._actors[device]
         if kind == "ready":
+            if result is not None and "waiting_for" in result:  # (not a failed start: another sweep has it)
+                self._lease_waits.waits(str(self.devices[device]), result["waiting_for"])
+                actor.starting = actor.handle.ready.remote()
+                self._calls[actor.starting] = ("ready", device)
+                return
             actor.starting = None
+            self._lease_waits.leased(str(self.devices[device]))
             if result is None:
                 self._failed_start(device, error)
             else:

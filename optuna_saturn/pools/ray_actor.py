@@ -7,10 +7,15 @@ import glob
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from optuna_saturn.pools.launch_commands import worker_environment
 from optuna_saturn.pools.logs import private_folder, tail
+from optuna_saturn.pools.ray_lease import ActorLease, actor_lease_names
 from optuna_saturn.worker.objective_recipe import localized
+
+if TYPE_CHECKING:
+    from optuna_saturn.worker.warm import JobRunner
 
 
 def sweep_folder(sweep: str) -> str:
@@ -37,8 +42,9 @@ def actor_gpu() -> str:
 
 
 class DeviceActor:
-    """A warm worker as a Ray actor (made remote by :class:`RayPool`): imports once, then runs job after job as
-    one rank of each job's process group (:class:`~optuna_saturn.worker.warm.JobRunner`)."""
+    """A warm worker as a Ray actor (made remote by :class:`RayPool`): leases its device on its node
+    (:mod:`~optuna_saturn.pools.ray_lease`), imports once, then runs job after job as one rank of each job's
+    process group (:class:`~optuna_saturn.worker.warm.JobRunner`)."""
 
     def __init__(self, config: dict, device: dict) -> None:
         # one folder per sweep on this node: the objective's copy, jobs' logs and errors, and the rendezvous of
@@ -54,22 +60,37 @@ class DeviceActor:
         )
         if config.get("extensions"):  # (the driver's TORCH_EXTENSIONS_DIR wins, as on its own machine)
             os.environ["TORCH_EXTENSIONS_DIR"] = config["extensions"]
-        if device["kind"] == "cuda":
+        self._config, self._device = config, device
+        self._gpu = actor_gpu() if device["kind"] == "cuda" else None
+        self._lease = ActorLease(config, device, actor_lease_names(device, self._gpu))
+        self._runner: JobRunner | None = None
+
+    def ready(self) -> dict:
+        """The actor's pid once it is started; until its device's lease is free, who holds it
+        (``{"waiting_for": ...}``, after a few seconds of trying)."""
+        if self._runner is None:
+            holder = self._lease.take()
+            if holder is not None:
+                return {"waiting_for": holder}
+            self._runner = self._start()
+        return {"pid": os.getpid()}
+
+    def _start(self) -> JobRunner:
+        """What makes the worker warm, once its device is leased: its GPU's context, the imports, the runner."""
+        config, device = self._config, self._device
+        if self._gpu is not None:
             from optuna_saturn.worker.gpu import create_context, own_gpu
 
-            own_gpu(actor_gpu())
+            own_gpu(self._gpu)
             create_context()
         from optuna_saturn.worker.warm import JobRunner, prepare_process, size_threads
 
         preload = None if config.get("preload") is None else localized(config["preload"], self._folder)
         objectives = prepare_process({**config, "preload": preload})
         size_threads(device, config.get("gpu_threads"))
-        self._runner = JobRunner(
+        return JobRunner(
             device, objectives=objectives, memory_limit=config.get("memory_limit"), timeouts=config.get("timeouts")
         )
-
-    def ready(self) -> dict:
-        return {"pid": os.getpid()}
 
     def run(self, job: dict) -> dict:
         here = os.path.join
@@ -82,6 +103,8 @@ class DeviceActor:
         }
         if "entries" in job:
             job["entries"] = [{**e, "objective": job["objective"], "errors": job["errors"]} for e in job["entries"]]
+        if self._runner is None:
+            raise RuntimeError("a job was sent to a worker before it was ready (it waits for its device's lease)")
         try:
             clean, recycle = self._runner.run(job, worker=job["worker"])
         finally:
