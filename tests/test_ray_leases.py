@@ -66,6 +66,15 @@ def test_an_actor_waits_for_a_lease_a_local_sweep_holds_says_who_holds_it_and_ta
     assert name == "cpu-core-0" and holder is not None and holder.ray_sweep == "s1"
 
 
+def test_an_actors_gpu_lease_is_the_one_a_local_sweep_takes_for_that_gpu(monkeypatch):
+    """The GPU Ray gave the actor (an entry of its node's mask, here a UUID) is named as a local sweep names it,
+    whatever index each gives it."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aaa,GPU-bbb")
+    local = leases.lease_names(Device("cuda", 1))
+    ray_device = Device("cuda", 0, node="10.0.0.2").to_json()
+    assert actor_lease_names(ray_device, "GPU-bbb") == local == ["cuda-GPU-bbb.lease"]
+
+
 def test_a_ray_sweeps_actors_share_a_machines_cores_but_another_sweeps_wait_and_a_successor_waits_quietly(lease_folder):
     """Two Ray nodes of one sweep on one machine (``ray.cluster_utils``, two network namespaces) are one sweep
     that splits its machine as told: their actors do not wait for each other. Another Ray sweep's actor waits; a
