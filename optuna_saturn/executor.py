@@ -71,8 +71,10 @@ class SaturnExecutor:
         profile_steps: (warm-up, timed) steps of each profiling run.
         describe_timeout: seconds the objective may take, when a trial is described, to reach its first
             ``trial.steps()`` loop (building its data and model, on the meta device). A trial is described in a
-            process of the pool (never in yours); one whose objective exits, is killed or takes longer there ends
-            FAIL with the reason.
+            process of the pool (never in yours); one whose objective exits or is killed there ends FAIL with the
+            reason, and one that takes longer is planned from runtime estimates and runs (if it hangs there too,
+            its start-up limit ends it FAIL). The sweep waits for each description: raise it for a set-up that
+            takes longer (a big data set's tokenization, say).
         device_memory: the memory one device may use, in bytes or as ``"2GiB"`` / ``"512MiB"``: the planner leaves
             out options whose model state cannot fit it (parameters, gradients, optimizer state, as each strategy
             shards them) and options whose profiled peak exceeded it. ``None``: a GPU's memory, or a CPU device's

@@ -41,7 +41,7 @@ class RealSweepOptions:
     collective_timeout: float = 1800.0  # seconds one collective may wait for a peer before the job fails
     profile_store: ProfileStore | None = None  # None: plan from runtime estimates only
     device_memory: int | None = None  # bytes one device may use (None: a GPU's memory, a CPU device's RAM share)
-    describe_timeout: float = DESCRIBE_TIMEOUT_SECONDS  # seconds one description may take before its trial fails
+    describe_timeout: float = DESCRIBE_TIMEOUT_SECONDS  # seconds one description may take (then: estimates)
 
 
 def real_sweep(

@@ -38,14 +38,17 @@ from optuna_saturn.devices import Device
 from optuna_saturn.pools.describer_host import DESCRIPTION_FAILED
 from optuna_saturn.pools.forked_host import ForkedHost, start_host, why_not_fork
 from optuna_saturn.pools.launch_commands import worker_environment
-from optuna_saturn.profiler import DescribeFailed, NothingToDescribe, Workload
+from optuna_saturn.profiler import DescribeFailed, DescribeTimedOut, NothingToDescribe, Workload
 from optuna_saturn.study.trial_session import TrialSession
 
 _logger = optuna.logging.get_logger("optuna.saturn")
 
 #: The default limit of one description: the objective's code before its first training loop (building a
-#: tokenizer, reading a data set, building the model on the meta device) may take this long.
-DESCRIBE_TIMEOUT_SECONDS = 300.0
+#: tokenizer, reading a data set, building the model on the meta device) may take this long. Past it the trial is
+#: not described: it runs, planned from estimates, where its start-up limit ends it if it hangs there too. The
+#: sweep waits for each description, so one that hangs must not hold every device idle for long (a review saw a
+#: sweep of 4 trials do nothing for 300 s behind one).
+DESCRIBE_TIMEOUT_SECONDS = 60.0
 #: A description still running this long is said in the log, with how long it may still take.
 _SLOW_DESCRIBE_SECONDS = 30.0
 #: The describer is started again this many times at most if it dies (it runs no user code itself).
@@ -167,7 +170,8 @@ class Describer:
                 said_slow = True
                 _logger.warning(
                     f"Describing trial {order.number} (its objective up to its first trial.steps() loop) has taken "
-                    f"{_SLOW_DESCRIBE_SECONDS:.0f} s; it is stopped at {self.limit:.0f} s (describe_timeout)."
+                    f"{_SLOW_DESCRIBE_SECONDS:.0f} s; at {self.limit:.0f} s (describe_timeout) it is given up, and the "
+                    "trial runs planned from estimates."
                 )
 
     def _restart(self, order: _Order) -> None:
@@ -197,9 +201,10 @@ class Describer:
         where = "before its first trial.steps() loop, while it was described"
         if "raised" in answer:  # (KeyboardInterrupt, SystemExit: study.optimize's rules apply to them)
             raise DescribeFailed(f"the objective raised {answer['raised']['text']} {where}", raised=answer["raised"])
-        if ended.get("timed_out"):
-            raise DescribeFailed(
-                f"the objective took longer than describe_timeout {where} (it may hang there); it was stopped"
+        if ended.get("timed_out"):  # (not a fault of the trial: a slow set-up, or a hang its run's limits end)
+            raise DescribeTimedOut(
+                f"its objective did not reach its first trial.steps() loop within describe_timeout ({self.limit:.0f} "
+                "s) while described"
             )
         code = ended.get("exit_code")
         if code == DESCRIPTION_FAILED:  # (not the objective's doing)

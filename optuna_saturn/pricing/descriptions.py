@@ -1,8 +1,9 @@
 """Each trial's description (its workload), as the pricer keeps it: described once, in a process of the pool.
 
 A description ends one of three ways (:meth:`~optuna_saturn.pools.processes.ProcessPool.describe`): a workload; a
-``RuntimeError`` where the objective cannot be described this way (it is then planned from runtime estimates); or
-:class:`~optuna_saturn.profiler.DescribeFailed` where it exited, was killed or hung (it then fails without a run).
+``RuntimeError`` where the objective cannot be described this way, or not within the describe limit (it is then
+planned from runtime estimates); or :class:`~optuna_saturn.profiler.DescribeFailed` where it exited or was killed
+(it then fails without a run).
 An objective that prepares no model at all (:class:`~optuna_saturn.profiler.NothingToDescribe`) is not run again to
 describe later trials: each of them runs once, in a worker, as under plain Optuna.
 """
@@ -14,7 +15,7 @@ from typing import Any
 
 import optuna
 
-from optuna_saturn.profiler import DescribeFailed, NothingToDescribe, Workload
+from optuna_saturn.profiler import DescribeFailed, DescribeTimedOut, NothingToDescribe, Workload
 
 _logger = optuna.logging.get_logger("optuna.saturn.profiler")
 
@@ -25,13 +26,13 @@ class Descriptions:
     def __init__(self, describe: Callable[[Any], Workload]) -> None:
         self._describe = describe
         self._workloads: dict[int, Workload | None] = {}
-        self._failures: dict[int, DescribeFailed] = {}  # trials whose objective exited or hung while described
+        self._failures: dict[int, DescribeFailed] = {}  # trials whose objective exited while described
         self._nothing_to_describe = False  # the objective prepared no model: no trial is described again
         self._warned = False
 
     def of(self, trial: Any) -> Workload | None:
         """The trial's workload (its hyperparameters are decided as it is described), or None: it cannot be
-        described, or its objective exited or hung while described (:meth:`failure`)."""
+        described, or its objective exited while described (:meth:`failure`)."""
         if trial.number not in self._workloads:
             self._workloads[trial.number] = None
             if not self._nothing_to_describe:
@@ -43,6 +44,12 @@ class Descriptions:
             return self._describe(trial)
         except DescribeFailed as exc:
             self._failures[trial.number] = exc
+        except DescribeTimedOut as exc:
+            _logger.warning(
+                f"Trial {trial.number} is planned from estimates: {exc}. It runs now; if it hangs there too, it "
+                "ends FAIL after its start-up limit. Pass a larger describe_timeout= if your objective's set-up "
+                "takes longer."
+            )
         except RuntimeError as exc:
             self._nothing_to_describe = isinstance(exc, NothingToDescribe)
             if self._nothing_to_describe:  # (a plain objective is a drop-in's first case, not a fault)
@@ -71,5 +78,5 @@ class Descriptions:
         return self._workloads.get(number)
 
     def failure(self, number: int) -> DescribeFailed | None:
-        """Why trial ``number`` fails without a run, if its objective exited or hung while described."""
+        """Why trial ``number`` fails without a run, if its objective exited while described."""
         return self._failures.get(number)

@@ -20,9 +20,14 @@ class NothingToDescribe(RuntimeError):
     Trainer, an Accelerator): it has nothing to describe, and a sweep describes no more of its trials."""
 
 
+class DescribeTimedOut(RuntimeError):
+    """The objective did not reach its first training loop within the describe limit: a slow set-up, or a hang.
+    Its trial is planned from runtime estimates and runs, where its start-up limit ends a hang."""
+
+
 class DescribeFailed(Exception):
-    """The objective ended the process that described it (``os._exit``, ``sys.exit``, a signal), or hung past the
-    describe limit, before its first training loop: its trial fails with this reason, without a run. ``raised``:
+    """The objective ended the process that described it (``os._exit``, ``sys.exit``, a signal) before its first
+    training loop: its trial fails with this reason, without a run. ``raised``:
     the exception it raised (:mod:`optuna_saturn.raised`), if that is how it ended."""
 
     def __init__(self, reason: str, *, raised: dict | None = None) -> None:
