@@ -163,18 +163,7 @@ def test_the_pool_does_not_count_a_waiting_device_ready_says_who_holds_it_once_a
 # -- a Ray sweep and a local sweep on one machine ----------------------------------------------------------------------
 @pytest.mark.launch
 def test_a_local_sweep_waits_for_the_devices_a_ray_sweep_on_its_machine_holds(tmp_path):
-    from test_ray_runner import _run_in_its_own_group
-
-    from optuna_saturn.pools.launch_commands import network_isolation_prefix
-
-    require_ray()
-    (tmp_path / "home").mkdir()  # (ray.init writes ~/.ray/auth_token: a later test's cluster would refuse nodes)
-    done = _run_in_its_own_group(
-        [*network_isolation_prefix(), sys.executable, os.path.abspath(__file__), "both", str(tmp_path)],
-        timeout=240,
-        env={**os.environ, "HOME": str(tmp_path / "home"), leases.LEASES_ENV: str(tmp_path / "leases")},
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    _run_here("both", tmp_path)
     result = json.loads((tmp_path / "result.json").read_text())
     held = result["held_while_ray_ran"]
     assert len(held) == 2 and all("Ray sweep of study 'ray'" in h for h in held), held
@@ -191,10 +180,35 @@ def test_a_local_sweep_waits_for_the_devices_a_ray_sweep_on_its_machine_holds(tm
     assert not overlapping, overlapping
 
 
-def require_ray() -> None:
+@pytest.mark.launch
+def test_a_ray_device_a_local_sweep_holds_waits_said_once_while_the_ray_sweep_runs_on_the_others(tmp_path):
+    """Core 1 is held by a local sweep all along: the Ray sweep says its device 1 waits, once, never counts it a
+    failed start, and runs its trials on device 0."""
+    done = _run_here("ray-beside-local", tmp_path)
+    said = [line for line in done.stderr.splitlines() if "waits for its lease" in line]
+    assert len(said) == 1 and "127.0.0.1/cpu:1 waits for its lease on its node: held by" in said[0], done.stderr
+    assert "sweep of study 'local'" in said[0] and "failed to start" not in done.stderr
+    trials = json.loads((tmp_path / "result.json").read_text())["trials"]
+    assert trials == [["COMPLETE", ["127.0.0.1/cpu:0"]]] * 3, trials
+
+
+def _run_here(mode: str, work: Path) -> subprocess.CompletedProcess:
+    """This file run as a script in ``mode``, in a loopback-only network namespace, with its own lease folder
+    and a home of its own (ray.init writes ~/.ray/auth_token, with which a later test's cluster refused nodes)."""
     from support import require
+    from test_ray_runner import _run_in_its_own_group
+
+    from optuna_saturn.pools.launch_commands import network_isolation_prefix
 
     require(importlib.util.find_spec("ray") is not None, "Ray", fix="pip install 'ray[default]' (the ray extra)")
+    (work / "home").mkdir()
+    done = _run_in_its_own_group(
+        [*network_isolation_prefix(), sys.executable, os.path.abspath(__file__), mode, str(work)],
+        timeout=240,
+        env={**os.environ, "HOME": str(work / "home"), leases.LEASES_ENV: str(work / "leases")},
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return done
 
 
 def objective(trial):
@@ -214,13 +228,19 @@ def _sweep(kind: str, work: Path) -> None:
 
     study = optuna.create_study(storage=f"sqlite:///{work}/{kind}.sqlite3", study_name=kind)
     common = dict(log_dir=work / f"runs-{kind}", profile=False, progress="plain", dashboard=False)
-    if kind == "ray":
-        import ray
-
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-        SaturnExecutor(runner="ray", devices=2, strategies=["single"], **common).optimize(study, objective, n_trials=4)
-    else:
+    if kind == "local":
         SaturnExecutor(devices=2, strategies=["single"], **common).optimize(study, objective, n_trials=2)
+        return
+    import ray
+
+    held = DeviceLeases([Device("cpu", 1, (1,))], folder=work / "leases", study="local")
+    if kind == "ray-beside-local":  # (this process holds core 1, as a local sweep on it would)
+        assert held.take_free() == []
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    executor = SaturnExecutor(runner="ray", devices=2, strategies=["single"], **common)
+    executor.optimize(study, objective, n_trials=4 if kind == "ray" else 3)
+    ran = [(t.state.name, {**t.user_attrs, **t.system_attrs}.get("saturn:devices")) for t in study.trials]
+    (work / "result.json").write_text(json.dumps({"trials": ran}))
 
 
 def _both(work: Path) -> None:

@@ -6,6 +6,10 @@ from mutations import Mutation
 _TESTS = "tests/test_ray_leases.py"
 _LAUNCH = f"{_TESTS}::test_a_local_sweep_waits_for_the_devices_a_ray_sweep_on_its_machine_holds"
 _ACTOR_STARTS = f"{_TESTS}::test_an_actor_starts_for_real_only_once_its_device_is_leased"
+_POOL = f"{_TESTS}::test_the_pool_does_not_count_a_waiting_device_ready_says_who_holds_it_once_and_asks_again"
+_BESIDE_LOCAL = (
+    f"{_TESTS}::test_a_ray_device_a_local_sweep_holds_waits_said_once_while_the_ray_sweep_runs_on_the_others"
+)
 
 MUTATIONS: list[Mutation] = [
     Mutation(
@@ -14,7 +18,7 @@ MUTATIONS: list[Mutation] = [
         path="optuna_saturn/pools/ray_actor.py",
         old="            holder = self._lease.take()\n",
         new="            holder = None\n",
-        tests=(_ACTOR_STARTS, _LAUNCH),
+        tests=(_LAUNCH, _ACTOR_STARTS),
     ),
     Mutation(
         name="ray-actor-starts-before-its-lease",
@@ -36,7 +40,7 @@ MUTATIONS: list[Mutation] = [
         path="optuna_saturn/pools/ray.py",
         old='if result is not None and "waiting_for" in result:',
         new="if False:",
-        tests=(f"{_TESTS}::test_the_pool_does_not_count_a_waiting_device_ready_says_who_holds_it_once_and_asks_again",),
+        tests=(_BESIDE_LOCAL, _POOL),
     ),
     Mutation(
         name="ray-leases-env-not-passed",
@@ -44,7 +48,7 @@ MUTATIONS: list[Mutation] = [
         path="optuna_saturn/pools/ray.py",
         old='"leases": driver_leases(),',
         new='"leases": None,',
-        tests=(f"{_TESTS}::test_the_pool_does_not_count_a_waiting_device_ready_says_who_holds_it_once_and_asks_again",),
+        tests=(_POOL,),
     ),
     Mutation(
         name="ray-actor-ignores-driver-leases",
