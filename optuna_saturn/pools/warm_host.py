@@ -28,6 +28,7 @@ from pathlib import Path
 
 from optuna_saturn.pools.logs import last_unindented_line
 from optuna_saturn.pools.worker_starts import COULD_NOT_START, START_TRIES, give_up
+from optuna_saturn.worker.log_lines import open_or_discard, say
 
 #: A worker that dies this soon after its start, by a signal or an error, counts as one that could not start.
 _QUICK_EXIT_SECONDS = 5.0
@@ -64,16 +65,14 @@ def main(config_path: str) -> None:
     objectives = prepare_process(config)
     why_not = _why_not_fork_workers(config)
     if why_not is not None:
-        print(f"optuna-saturn: the pool host starts its workers as fresh interpreters: {why_not}.", flush=True)
+        say(f"optuna-saturn: the pool host starts its workers as fresh interpreters: {why_not}.")
         fresh_config = os.path.join(config["folder"], "pool-workers.json")
         with open(os.open(fresh_config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
             json.dump(config, f)
     failed_starts = [0] * len(config["devices"])
 
     def start(index: int) -> None:
-        log = os.open(
-            os.path.join(config["folder"], f"worker-{index}.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600
-        )
+        log = open_or_discard(os.path.join(config["folder"], f"worker-{index}.log"))
         if why_not is not None:
             command = [sys.executable, "-m", "optuna_saturn.pools.warm_host", fresh_config, "--worker", str(index)]
             actions = [(os.POSIX_SPAWN_DUP2, log, 1), (os.POSIX_SPAWN_DUP2, log, 2)]
@@ -104,7 +103,7 @@ def main(config_path: str) -> None:
         index, started = entry
         code = os.waitstatus_to_exitcode(status)
         if code != 0:
-            print(f"optuna-saturn: the worker of device {index} (pid {pid}) exited with code {code}.", flush=True)
+            say(f"optuna-saturn: the worker of device {index} (pid {pid}) exited with code {code}.")
         # A worker that exits before its hello could not start; one that dies by a signal right after its start (a
         # crash in the driver) likely could not either. (A worker replaced after a job exits 0.)
         failed_start = code == COULD_NOT_START or (code != 0 and time.monotonic() - started < _QUICK_EXIT_SECONDS)
@@ -114,7 +113,7 @@ def main(config_path: str) -> None:
             continue
         log_name = os.path.join(config["folder"], f"worker-{index}.log")
         why = f"its worker failed to start {START_TRIES} times: {last_unindented_line(Path(log_name))} ({log_name})"
-        print(f"optuna-saturn: device {index} is given up on: {why}", flush=True)
+        say(f"optuna-saturn: device {index} is given up on: {why}")
         give_up(config["folder"], index, why)
 
 

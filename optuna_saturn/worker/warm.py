@@ -199,11 +199,12 @@ class JobRunner:
     def run(self, job: dict, *, worker: Any) -> tuple[bool, bool]:
         """Run ``job``; returns whether every step of it ended clean, and whether this process must be replaced
         (the job failed, so its peers may be stuck and memory may not come back, or the process grew too large)."""
+        from optuna_saturn.worker.log_lines import say
+
         with _output_to(job["log"]):
-            print(
+            say(
                 f"optuna-saturn: worker {worker} (pid {os.getpid()}) runs {job['name']} as rank {job['rank']} "
-                f"of {job['world_size']}",
-                flush=True,
+                f"of {job['world_size']}"
             )
             try:
                 clean = self._run(job)
@@ -212,8 +213,9 @@ class JobRunner:
 
                 from optuna_saturn.worker.failures import error_kind, record_failure
 
-                traceback.print_exc()
-                print(f"optuna-saturn: worker {worker} could not run {job['name']}: the error above.", flush=True)
+                with contextlib.suppress(OSError):
+                    traceback.print_exc()
+                say(f"optuna-saturn: worker {worker} could not run {job['name']}: the error above.")
                 record_failure(
                     job["errors"],
                     job["rank"],
@@ -223,7 +225,7 @@ class JobRunner:
                 return False, True
             why = self._why_replace()
             if why:
-                print(f"optuna-saturn: worker {worker} is replaced after this job: {why}.", flush=True)
+                say(f"optuna-saturn: worker {worker} is replaced after this job: {why}.")
         return clean, not clean or bool(why)
 
     def _run(self, job: dict) -> bool:
@@ -289,18 +291,25 @@ def _import_what_strategies_import(engines: Sequence[str], *, multi_device: bool
 @contextlib.contextmanager
 def _output_to(path: str) -> Iterator[None]:
     """Send this process's stdout and stderr (Python's and the libraries' own) to the job's log."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    from optuna_saturn.worker.log_lines import open_or_discard
+
+    _flush()
     saved = os.dup(1), os.dup(2)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    fd = open_or_discard(path)  # (a full disk: the job runs without its log, and its result is kept)
     try:
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         yield
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        _flush()
         os.dup2(saved[0], 1)
         os.dup2(saved[1], 2)
         for f in (fd, *saved):
             os.close(f)
+
+
+def _flush() -> None:
+    """Flush Python's streams, as far as the disk lets: what a full disk refused is not the job's failure."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError):
+            stream.flush()
