@@ -30,7 +30,7 @@ for _ in range(int(sys.argv[2])):
 """
 
 
-def _listening_in_this_namespace(pids: set[int]) -> list[psutil._common.sconn]:
+def _listening_in_this_namespace(pids: set[int]) -> list:
     """The listening sockets of ``pids`` that this (the machine's own) network namespace holds."""
     return [c for c in psutil.net_connections("inet") if c.status == psutil.CONN_LISTEN and c.pid in pids]
 
