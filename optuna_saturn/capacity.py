@@ -7,28 +7,28 @@ import re
 from collections.abc import Sequence
 
 from optuna_saturn.devices import Device
-from optuna_saturn.pools.ray_cluster import RayNode
+from optuna_saturn.pools.kinds import Placement
 from optuna_saturn.profiler._hardware import device_memory_bytes
 
 
-def device_capacity(given: int | None, devices: Sequence[Device], node: RayNode | None) -> int | None:
+def device_capacity(given: int | None, devices: Sequence[Device], placement: Placement) -> int | None:
     """The memory the planner gives each device: the user's ``device_memory`` (``given``) where it is less than
-    what the devices have (a Ray node's, as measured there; this machine's, measured by the pricer when None)."""
-    if node is not None:
-        return node.device_memory if given is None else min(given, node.device_memory)
+    what the devices have (a cluster node's, as measured there; this machine's, measured by the pricer)."""
+    if placement.device_memory is not None:
+        return placement.device_memory if given is None else min(given, placement.device_memory)
     if given is None or devices[0].kind != "cuda":
         return given
     return min(given, device_memory_bytes(devices))
 
 
-def worker_memory_limit_bytes(limit: float | str | None, devices: Sequence[Device], *, ray: bool) -> float | None:
-    """``"auto"``: this machine's memory over its devices (on Ray, where the nodes differ: no limit)."""
-    if limit is None or (limit == "auto" and ray):
+def worker_memory_limit_bytes(limit: float | str | None, placement: Placement) -> float | None:
+    """``"auto"``: this machine's memory over its devices (on a cluster, whose nodes differ from it: no limit)."""
+    if limit is None or (limit == "auto" and not placement.machine_memory_limit):
         return None
     if limit == "auto":
         import psutil
 
-        return float(psutil.virtual_memory().total) / len(devices)
+        return float(psutil.virtual_memory().total) / len(placement.devices)
     return float(parse_bytes(limit, "worker_memory_limit"))
 
 

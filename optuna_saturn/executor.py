@@ -14,20 +14,21 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from optuna_saturn.capacity import parse_bytes, worker_memory_limit_bytes
-from optuna_saturn.devices import DeviceSpec, largest_trial, resolve_devices
+from optuna_saturn.devices import DeviceSpec
 from optuna_saturn.events import SweepListener
 from optuna_saturn.executor_arguments import check_executor_arguments
 from optuna_saturn.leases import leased
 from optuna_saturn.optimize_arguments import checked
 from optuna_saturn.planner import objective_of
 from optuna_saturn.pools.describing import DESCRIBE_TIMEOUT_SECONDS
+from optuna_saturn.pools.kinds import PoolKind
 from optuna_saturn.pools.launched import exclusive_mode_conflict
-from optuna_saturn.pools.ray_cluster import discover
+from optuna_saturn.pools.registry import pool_kind
 from optuna_saturn.profiler import ProfileStore
 from optuna_saturn.progress import ProgressMode, default_listeners
 from optuna_saturn.progress.optuna_bar import OptunaProgressBar
 from optuna_saturn.real_sweep import RealSweepOptions, real_sweep
-from optuna_saturn.strategy import Strategy, select_strategies
+from optuna_saturn.strategy import select_strategies
 from optuna_saturn.study.interrupts import sigterm_as_keyboard_interrupt
 from optuna_saturn.sweep import Sweep, SweepSettings
 
@@ -111,6 +112,9 @@ class SaturnExecutor:
             to resume on another node (without one, elastic resize is off).
         ray_address: the Ray cluster to connect to (``"HEAD_IP:6379"``); ``None``: the one this process is
             connected to (``ray.init``), or ``RAY_ADDRESS``, or the one started on this machine (``ray start``).
+        pool: where trials run, as an object: ``optuna_saturn.pools.LocalPool()`` (what ``runner="local"``
+            means) or ``RayPool(address=...)`` (``runner="ray"``), or a kind of your own that implements
+            :class:`~optuna_saturn.pools.PoolKind`. Give either ``pool`` or ``runner``.
         elastic: move a running trial to another strategy or device count (elastic resize) when the plan says the
             sweep then ends sooner by more than twice what the move costs: a long trial left alone on one device
             at the sweep's tail takes the devices that freed, say. Only trials that checkpoint move (once they
@@ -160,6 +164,7 @@ class SaturnExecutor:
         price_per_device_hour: float = 0.0,
         runner: str = "local",
         ray_address: str | None = None,
+        pool: PoolKind | None = None,
     ) -> None:
         check_executor_arguments(
             devices=devices,
@@ -170,39 +175,17 @@ class SaturnExecutor:
             collective_timeout=collective_timeout,
             stall_timeout=stall_timeout,
             max_retries=max_retries,
-            runner=runner,
-            ray_address=ray_address,
         )
-        cluster = None
-        if runner == "ray":
-            if isolate_network:
-                raise ValueError(
-                    "isolate_network applies to the local runner's launches; the Ray runner starts no launcher "
-                    "(its trials' process groups talk over each node's loopback). Leave it False."
-                )
-            cluster = discover(devices, address=ray_address)
-            if elastic and checkpoint_dir is None:
-                # a moved trial resumes on whichever node the plan picks: from a folder every node must read
-                _logger.info(
-                    "runner='ray' without a checkpoint_dir: elastic resize is off (a moved trial resumes "
-                    "from its checkpoint, which must be in a folder every node shares)."
-                )
-                elastic = False
-            self.devices = cluster.devices
-            self.strategies = _without_launchers(
-                select_strategies(
-                    strategies, cluster.largest_node, device_kind=self.devices[0].kind, folders=list(strategy_folders)
-                ),
-                strategies,
-            )
-        else:
-            self.devices = resolve_devices(devices, allow_shared_cores=allow_shared_cores)
-            self.strategies = select_strategies(
-                strategies,
-                largest_trial(self.devices),
-                device_kind=self.devices[0].kind,
-                folders=list(strategy_folders),
-            )
+        self.pool = pool_kind(pool, runner, ray_address=ray_address)
+        elastic = self.pool.elastic(elastic, checkpoint_dir=checkpoint_dir, isolate_network=isolate_network)
+        placement = self.pool.place(devices, allow_shared_cores=allow_shared_cores)
+        self.devices = placement.devices
+        self.strategies = self.pool.runnable(
+            select_strategies(
+                strategies, placement.largest_trial, device_kind=self.devices[0].kind, folders=list(strategy_folders)
+            ),
+            strategies,
+        )
         conflict = exclusive_mode_conflict(self.devices, self.strategies)
         if conflict:
             _logger.warning(conflict)
@@ -226,10 +209,11 @@ class SaturnExecutor:
             objective=objective_of(deadline, budget, price_per_device_hour),
         )
         self._options = RealSweepOptions(
-            cluster=cluster,
+            pool=self.pool,
+            placement=placement,
             isolate_network=isolate_network,
             grace_period=grace_period,
-            worker_memory_limit=worker_memory_limit_bytes(worker_memory_limit, self.devices, ray=cluster is not None),
+            worker_memory_limit=worker_memory_limit_bytes(worker_memory_limit, placement),
             collective_timeout=float(collective_timeout),
             profile_store=(
                 None
@@ -357,7 +341,8 @@ class SaturnExecutor:
         level = saturn_logger.level
         if self._quiet_own_log:  # the progress display says the same, better
             saturn_logger.setLevel(logging.WARNING)
-        devices = [] if self._options.cluster is not None else self._settings.devices
+        placement = self._options.placement
+        devices = self._settings.devices if placement is None or placement.leases_here else []
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             with (
@@ -370,19 +355,3 @@ class SaturnExecutor:
                 sweep.run()
         finally:
             saturn_logger.setLevel(level)
-
-
-def _without_launchers(strategies: list[Strategy], asked: Sequence[str] | None) -> list[Strategy]:
-    """The Ray runner's strategies: those its warm workers run. A strategy whose launcher must own the trial's
-    processes (DeepSpeed's launcher, ``accelerate launch``) cannot run in an actor: named, it is an error;
-    among all the known ones, it is left out."""
-    launched = [s.name for s in strategies if s.launcher != "torchrun"]
-    if launched and asked is not None:
-        raise ValueError(
-            f"runner='ray' runs trials in warm workers (Ray actors), and {launched} need their own launcher to "
-            "start the trial's processes. Leave them out of strategies=, or use runner='local'."
-        )
-    kept = [s for s in strategies if s.launcher == "torchrun"]
-    if launched:
-        _logger.info(f"runner='ray' leaves out {launched}: they need their own launcher.")
-    return kept

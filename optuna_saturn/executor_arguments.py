@@ -50,8 +50,6 @@ def check_executor_arguments(
     collective_timeout: Any,
     stall_timeout: Any,
     max_retries: Any,
-    runner: str,
-    ray_address: str | None,
 ) -> None:
     """Every argument of the constructor that is a plain value, or ``ValueError`` naming the one that is wrong."""
     check_devices(devices)
@@ -67,7 +65,3 @@ def check_executor_arguments(
         raise ValueError(f"stall_timeout must be a positive number of seconds or None, got {stall_timeout!r}.")
     if not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0:
         raise ValueError(f"max_retries must be an integer >= 0 (0: never run a trial again), got {max_retries!r}.")
-    if runner not in ("local", "ray"):
-        raise ValueError(f"runner must be 'local' or 'ray', got {runner!r}.")
-    if runner == "local" and ray_address is not None:
-        raise ValueError("ray_address is for runner='ray'; pass runner='ray' too.")

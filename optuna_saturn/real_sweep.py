@@ -17,12 +17,9 @@ from optuna_saturn.capacity import device_capacity
 from optuna_saturn.clock import WallClock
 from optuna_saturn.devices import largest_trial
 from optuna_saturn.pools.describing import DESCRIBE_TIMEOUT_SECONDS, Describer
+from optuna_saturn.pools.kinds import BackendOptions, Placement, PoolKind
 from optuna_saturn.pools.launched import LaunchedJobs, owns_its_processes
 from optuna_saturn.pools.processes import ProcessPool
-from optuna_saturn.pools.ray import RayPool
-from optuna_saturn.pools.ray_cluster import RayCluster
-from optuna_saturn.pools.warm import WorkerPool
-from optuna_saturn.pools.warm_backend import WarmBackend
 from optuna_saturn.pricing.pricer import Pricer
 from optuna_saturn.profiler import ProfileStore
 from optuna_saturn.strategy import nothing_to_choose
@@ -34,7 +31,8 @@ from optuna_saturn.sweep.requests import run_folder
 class RealSweepOptions:
     """The executor's options that only a real sweep's pool and pricer read (its loop never does)."""
 
-    cluster: RayCluster | None = None  # the Ray runner's cluster (None: the local runner, this machine's devices)
+    pool: PoolKind  # where trials run
+    placement: Placement | None = None  # the devices the pool found (None: the settings' devices, here)
     isolate_network: bool = False  # each launched trial in its own loopback-only network namespace
     grace_period: float = 10.0  # seconds a stopped trial gets after SIGTERM
     worker_memory_limit: float | None = None  # bytes: a warm worker that grows past it is replaced
@@ -51,10 +49,9 @@ def real_sweep(
     objective: Callable[..., Any],
     **sweep_options: Any,
 ) -> Sweep:
-    """The sweep of ``study`` on real processes (this machine's or a Ray cluster's) and wall time."""
-    cluster = options.cluster
-    largest = max(len(n.devices) for n in cluster.nodes) if cluster else largest_trial(settings.devices)
-    node = None if cluster is None else cluster.nodes[0]  # (the nodes of a cluster are alike)
+    """The sweep of ``study`` on real processes (wherever the pool kind runs them) and wall time."""
+    placement = options.placement or Placement(settings.devices, largest_trial(settings.devices))
+    largest = placement.largest_trial
     if nothing_to_choose(settings.strategies, largest) and not settings.profile_only:
         # one option: an asked trial needs no description; it starts as soon as a device is free (the queue's
         # trials are still described ahead: their runtimes decide the order)
@@ -63,7 +60,18 @@ def real_sweep(
     run_dir = run_folder(settings.log_dir, study.study_name)
     pool = ProcessPool(
         objective,
-        warm=_warm_backend(settings, options, largest, run_dir / "workers", study.study_name),
+        warm=options.pool.warm_backend(
+            placement,
+            BackendOptions(
+                strategies=settings.strategies,
+                log_dir=run_dir / "workers",
+                study_name=study.study_name,
+                grace_period=options.grace_period,
+                memory_limit=options.worker_memory_limit,
+                collective_timeout=options.collective_timeout,
+                isolate_network=options.isolate_network,
+            ),
+        ),
         launched=(
             LaunchedJobs(settings.devices, isolate_network=options.isolate_network, grace_period=options.grace_period)
             if any(owns_its_processes(s) for s in settings.strategies)
@@ -88,8 +96,8 @@ def real_sweep(
             pool=settings.devices,
             store=options.profile_store,
             max_devices=largest,
-            hardware=None if node is None else node.hardware,
-            device_memory=device_capacity(options.device_memory, settings.devices, node),
+            hardware=placement.hardware,
+            device_memory=device_capacity(options.device_memory, settings.devices, placement),
         )
     sweep = assemble(
         settings,
@@ -103,25 +111,3 @@ def real_sweep(
     )
     pool.while_describing = sweep.while_describing  # (a description takes seconds: ready trials start meanwhile)
     return sweep
-
-
-def _warm_backend(
-    settings: SweepSettings, options: RealSweepOptions, largest: int, log_dir: Any, study_name: str
-) -> WarmBackend:
-    common: dict[str, Any] = dict(
-        memory_limit=options.worker_memory_limit,
-        collective_timeout=options.collective_timeout,
-        log_dir=log_dir,
-        grace_period=options.grace_period,
-        engines={s.engine for s in settings.strategies},
-        multi_device=any(n > 1 for s in settings.strategies for n in s.device_counts(largest)),
-    )
-    if options.cluster is not None:
-        return RayPool(options.cluster, study=study_name, **common)
-    return WorkerPool(
-        settings.devices,
-        isolate_network=options.isolate_network,
-        one_process=any(s.one_process for s in settings.strategies),
-        deepspeed_configs=[dict(s.launcher_config) for s in settings.strategies if s.engine == "deepspeed"],
-        **common,
-    )

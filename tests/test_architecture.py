@@ -136,6 +136,21 @@ def test_the_package_has_no_import_circle_type_only_ones_included():
     assert circles(import_graph()) == []
 
 
+def test_only_pools_know_which_kinds_of_pool_there_are():
+    """A kind of pool is an object of the ``PoolKind`` protocol: outside ``pools/`` nothing imports a kind or its
+    workers, only the protocol (``pools.kinds``) and the names ``runner=`` gives them (``pools.registry``); so a new
+    kind touches ``pools/`` and nothing else."""
+    kinds_inside = {"local_kind", "ray_kind", "ray", "ray_cluster", "ray_nodes", "ray_actor", "ray_lease", "warm"}
+    outside = {
+        (module, imported)
+        for module, edges in import_graph().items()
+        if not module.startswith("optuna_saturn.pools")
+        for imported in edges
+        if imported.rsplit(".", 1)[-1] in kinds_inside and imported.startswith("optuna_saturn.pools.")
+    }
+    assert outside == set()
+
+
 def test_folders_and_top_level_modules_stand_in_layers():
     """No folder imports a module that imports it back, through any path: every import runs down."""
     assert circles(rooms(import_graph())) == []

@@ -136,12 +136,12 @@ class _Handle:
 def test_the_pool_does_not_count_a_waiting_device_ready_says_who_holds_it_once_and_asks_again(
     tmp_path, caplog, monkeypatch
 ):
-    from optuna_saturn.pools.ray import RayPool, _Actor
+    from optuna_saturn.pools.ray import RayWorkers, _Actor
     from optuna_saturn.pools.ray_cluster import RayCluster, RayNode
 
     device = Device("cpu", 0, (0,), node="10.0.0.2")
     monkeypatch.setenv(leases.LEASES_ENV, "off")  # (the driver's: its actors' environment is their raylet's)
-    pool = RayPool(
+    pool = RayWorkers(
         RayCluster((RayNode("10.0.0.2", "n", "10.0.0.2", (device,), "cpu", 1, 1.0),), "10.0.0.1"), log_dir=tmp_path
     )
     assert pool._config["leases"] == "off"

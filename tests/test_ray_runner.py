@@ -128,12 +128,28 @@ def test_devices_are_read_per_node_with_clear_errors():
 
 
 def test_the_runner_options_say_what_is_wrong():
-    with pytest.raises(ValueError, match="'local' or 'ray'"):
+    with pytest.raises(ValueError, match=r"one of \['local', 'ray'\]"):
         SaturnExecutor(devices=1, runner="slurm")
     with pytest.raises(ValueError, match="runner='ray'"):
         SaturnExecutor(devices=1, ray_address="127.0.0.1:6379")
     with pytest.raises(ValueError, match="isolate_network"):
         SaturnExecutor(devices=1, runner="ray", isolate_network=True)
+
+
+def test_a_ray_pool_leaves_out_the_strategies_whose_launcher_must_own_the_processes(caplog):
+    """A trial runs in warm workers that are Ray actors: a strategy whose launcher starts the trial's processes
+    (DeepSpeed's launcher, accelerate launch) cannot run there. Among all the known ones it is left out, said in
+    the log; named by the user, it is an error that names the fix."""
+    from optuna_saturn.pools.ray_kind import RayPool
+    from optuna_saturn.strategy import load_strategies, parse_strategy
+
+    launched = parse_strategy({"name": "zero2-ds", "launcher": "deepspeed", "engine": "deepspeed"}, source="t")
+    known = [load_strategies()["ddp"], launched]
+    with caplog.at_level("INFO", logger="optuna.saturn"):
+        assert [s.name for s in RayPool().runnable(known, None)] == ["ddp"]
+    assert "leaves out ['zero2-ds']" in caplog.text
+    with pytest.raises(ValueError, match="use runner='local'"):
+        RayPool().runnable(known, ["ddp", "zero2-ds"])
 
 
 # -- real sweeps on a two-node cluster ---------------------------------------------------------------------------------

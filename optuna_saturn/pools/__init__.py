@@ -7,6 +7,9 @@ The pools of processes are the only part of optuna-saturn that starts processes:
 (:mod:`~optuna_saturn.simulation.pool`) starts none: its jobs end at virtual times.
 """
 
+from optuna_saturn.pools.kinds import PoolKind
+from optuna_saturn.pools.local_kind import LocalPool
 from optuna_saturn.pools.protocol import JobEnd, JobRequest, Pool, PoolBroken, Task
+from optuna_saturn.pools.ray_kind import RayPool
 
-__all__ = ["JobEnd", "JobRequest", "Pool", "PoolBroken", "Task"]
+__all__ = ["JobEnd", "JobRequest", "LocalPool", "Pool", "PoolBroken", "PoolKind", "RayPool", "Task"]

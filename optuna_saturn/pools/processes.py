@@ -4,7 +4,7 @@ It puts three mechanisms behind the one pool protocol, so that the sweep's loop 
 
 - a warm backend (:class:`~optuna_saturn.pools.warm_backend.WarmBackend`): warm workers, one per device, on this
   machine (:class:`~optuna_saturn.pools.warm.WorkerPool`) or on a Ray cluster's nodes
-  (:class:`~optuna_saturn.pools.ray.RayPool`), for every strategy they can stand in for;
+  (:class:`~optuna_saturn.pools.ray.RayWorkers`), for every strategy they can stand in for;
 - a launcher's process tree per job, for strategies whose launcher must own the processes
   (:class:`~optuna_saturn.pools.launched.LaunchedJobs`);
 - the private channel (:class:`~optuna_saturn.channel.ChannelServer`) over which each job's rank 0 talks to its

@@ -15,10 +15,10 @@ It offers what :class:`~optuna_saturn.pools.warm.WorkerPool` offers the sweep (`
 - **Logs and error files** come back with the call's result, into the executor's log folder, so ``saturn:log``
   and the failed-rank report work without a shared filesystem. The objective travels inside its recipe
   (:func:`optuna_saturn.worker.objective_recipe.portable`).
-- **Nodes that join** are measured on arrival; their devices join the pool (:meth:`RayPool.joined`) and the
+- **Nodes that join** are measured on arrival; their devices join the pool (:meth:`RayWorkers.joined`) and the
   sweep plans on them from its next plan.
 - **Failures.** An actor that dies (its job failed and it must be replaced, ``stop``, a crash) is replaced in
-  its bundle. A node that dies loses its devices (:meth:`RayPool.lost`): its jobs end unclean with the reason,
+  its bundle. A node that dies loses its devices (:meth:`RayWorkers.lost`): its jobs end unclean with the reason,
   and the sweep plans on the nodes left.
 """
 
@@ -67,7 +67,7 @@ class _RayJob(JobRanks):
     stop_peers_at: float | None = None  # a rank failed: its peers still running then are stopped
 
 
-class RayPool(NodeMembership):
+class RayWorkers(NodeMembership):
     """Warm workers on ``cluster``'s devices; see the module's docstring. Used from the sweep's thread only."""
 
     #: Each node has its own disk: a checkpoint is read elsewhere only from a folder every node mounts.

@@ -1,4 +1,4 @@
-"""A warm worker of the Ray runner, as a Ray actor (made remote by :class:`~optuna_saturn.pools.ray.RayPool`), and
+"""A warm worker of the Ray runner, as a Ray actor (made remote by :class:`~optuna_saturn.pools.ray.RayWorkers`), and
 the per-sweep folder it keeps on its node."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def actor_gpu() -> str:
 
 
 class DeviceActor:
-    """A warm worker as a Ray actor (made remote by :class:`RayPool`): leases its device on its node
+    """A warm worker as a Ray actor (made remote by :class:`RayWorkers`): leases its device on its node
     (:mod:`~optuna_saturn.pools.ray_lease`), imports once, then runs job after job as one rank of each job's
     process group (:class:`~optuna_saturn.worker.warm.JobRunner`)."""
 

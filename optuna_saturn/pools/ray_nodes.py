@@ -1,6 +1,6 @@
 """The Ray pool's nodes: which died (their devices are lost, their jobs end unclean), which joined (measured on
 arrival, their devices join the pool), whose devices could not be reserved, and which go back to the cluster. A part of
-:class:`~optuna_saturn.pools.ray.RayPool`, kept apart so that each file holds one concern: this one the cluster's
+:class:`~optuna_saturn.pools.ray.RayWorkers`, kept apart so that each file holds one concern: this one the cluster's
 membership, that one the actors and their jobs."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ NODE_DEATH_SECONDS = 30.0
 
 
 class NodeMembership:
-    """The membership half of :class:`~optuna_saturn.pools.ray.RayPool`, which sets these attributes up and
+    """The membership half of :class:`~optuna_saturn.pools.ray.RayWorkers`, which sets these attributes up and
     starts, replaces and ends the actors (``_reserve``, ``_spawn``, ``_replace``, ``_rank_ended``, ``_kill``)."""
 
     cluster: RayCluster
@@ -48,7 +48,7 @@ class NodeMembership:
     _reserved_at: dict[str, float]
     _joined: list[Device]
     _nodes_checked: float
-    # RayPool's methods, which membership calls
+    # RayWorkers's methods, which membership calls
     _reserve: Callable[[RayNode], None]
     _spawn: Callable[[int], None]
     _replace: Callable[[int], None]

@@ -3,7 +3,7 @@
 :class:`~optuna_saturn.pools.processes.ProcessPool` puts the channel, the objective's recipe, the sessions'
 tokens and the first rank's error in front of a warm backend, so that a new kind (a Kubernetes or SLURM pool)
 implements only this. Two do: :class:`~optuna_saturn.pools.warm.WorkerPool` (this machine's devices) and
-:class:`~optuna_saturn.pools.ray.RayPool` (a Ray cluster's nodes). The executor builds one and hands it to the
+:class:`~optuna_saturn.pools.ray.RayWorkers` (a Ray cluster's nodes). The executor builds one and hands it to the
 process pool.
 """
 

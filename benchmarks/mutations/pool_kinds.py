@@ -1,0 +1,27 @@
+"""Mutations of the pool-kind seam: ``SaturnExecutor(pool=...)`` asks the kind it is given, and nothing outside
+``pools/`` picks a kind."""
+
+from mutations import Mutation
+
+_POINTS = "tests/test_plugin_points.py"
+
+MUTATIONS: list[Mutation] = [
+    Mutation(
+        name="pool-object-ignored",
+        contract="the executor runs on the pool kind it is given, asking it for devices, strategies and workers",
+        path="optuna_saturn/pools/registry.py",
+        old="        return pool\n",
+        new="        return LocalPool()\n",
+        tests=(f"{_POINTS}::test_a_pool_kind_written_outside_the_package_runs_a_sweep",),
+    ),
+    Mutation(
+        name="ray-strategies-not-filtered",
+        contract="a Ray pool leaves out the strategies whose launcher must own the trial's processes",
+        path="optuna_saturn/pools/ray_kind.py",
+        old='        return [s for s in strategies if s.launcher == "torchrun"]',
+        new="        return strategies",
+        tests=(
+            "tests/test_ray_runner.py::test_a_ray_pool_leaves_out_the_strategies_whose_launcher_must_own_the_processes",
+        ),
+    ),
+]
