@@ -1,7 +1,11 @@
 """The faults of the soak (``benchmarks/soak.py``), each made as it happens in the field:
 
-- a storage outage: PostgreSQL's server stopped, then started again on the same port; a SQLite file or a journal
-  made unreachable by renaming its folder away (root passes any permission, so a chmod would not stop the sweeps);
+- a storage outage: PostgreSQL's server stopped, then started again on the same port; a SQLite file locked by
+  another process (``BEGIN EXCLUSIVE``: every read and write waits, then fails); a journal made unreachable by
+  renaming its folder away (root passes any permission, so a chmod would not stop the sweeps). A SQLite file is
+  not renamed away: a commit whose rollback journal is then deleted under another name fails, and the next
+  connection plays the journal back, undoing a write the retry took for done (SQLite's "How To Corrupt": a hot
+  journal parted from its database), which cost a trial its params in a first try of this soak;
 - a full disk under ``log_dir``: a small tmpfs mounted there, filled to the last byte, then emptied;
 - ``kill -9`` of the executor, of a worker, of a rank: found in the executor's process tree;
 - a stale DeepSpeed build lock: PyTorch's empty ``lock`` file, 20 minutes old, held by no process, in the
@@ -15,6 +19,7 @@ import errno
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
@@ -24,7 +29,7 @@ import psutil
 
 
 class FileStorage:
-    """A SQLite file or an Optuna journal, in a folder of its own that an outage renames away."""
+    """A SQLite file, which an outage locks, or an Optuna journal, in a folder that an outage renames away."""
 
     def __init__(self, kind: str, work: Path) -> None:
         self.kind = kind
@@ -34,12 +39,24 @@ class FileStorage:
         self.spec = f"sqlite:///{path}" if kind == "sqlite" else f"journal:{path}"
 
     def outage(self, seconds: float) -> None:
+        if self.kind == "sqlite":
+            self._locked(seconds)
+            return
         away = self.folder.with_name(self.folder.name + "-away")
         os.rename(self.folder, away)
         try:
             time.sleep(seconds)
         finally:
             os.rename(away, self.folder)
+
+    def _locked(self, seconds: float) -> None:
+        connection = sqlite3.connect(self.spec.removeprefix("sqlite:///"), timeout=60, isolation_level=None)
+        try:
+            connection.execute("BEGIN EXCLUSIVE")  # (once the writer of the moment is done)
+            time.sleep(seconds)
+            connection.execute("ROLLBACK")
+        finally:
+            connection.close()
 
     def close(self) -> None:
         pass

@@ -1,16 +1,17 @@
 """One soak on one storage (``benchmarks/soak.py``; ``tests/test_soak.py`` runs a short one): sweeps of the same
-study in processes of their own, and the faults, each fired once the study holds a seeded share of the trials.
+study in processes of their own, and the faults, each fired once a seeded share (10-60%) of the trials ended.
 
 The faults (``FAULTS``):
 
 - ``worker``: ``kill -9`` of a warm worker of the sweep while it runs two trials of one device each;
-- ``rank``: ``kill -9`` of one rank of a two-device trial (armed at its share; fired at the first such trial);
+- ``rank``: ``kill -9`` of one rank of a two-device trial: of the second sweep's, whose trials all run on both
+  devices (``ddp``), else of the main sweep's (fired at the first such trial once armed);
 - ``executor``: ``kill -9`` of the sweep's executor; a new executor process is then started on the same study,
   asking the trials still owed, as a user reruns their script;
 - ``lock``: a stale DeepSpeed build lock (no holder, 20 minutes old) left where the workers load their ops, just
   before a sweep starts (the executor's rerun if there is one, else the first sweep);
 - ``outage``: the storage unreachable for ``outage`` seconds; ``disk``: the disk under ``log_dir`` full for
-  ``disk`` seconds;
+  ``disk`` seconds (both go on while the other faults fire);
 - ``second``: a second sweep on the same study, asking a few of the trials, at the same time (it leases its
   devices in a folder of its own, as a sweep on another machine would).
 
@@ -27,6 +28,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -63,7 +65,7 @@ class Soak:
         self.outage_seconds, self.disk_seconds, self.hang = outage, disk, hang
         self.rng = random.Random(f"{seed}-{storage.kind}")
         self.seed, self.seconds = seed, seconds
-        share = {f: self.rng.uniform(0.1, 0.75) for f in FAULTS}  # (all drawn: the seed alone decides each one)
+        share = {f: self.rng.uniform(0.1, 0.6) for f in FAULTS}  # (all drawn: the seed alone decides each one)
         self.pending = {f: share[f] * trials for f in faults if f != "lock"}
         if "rank" in self.pending and "second" in self.pending:  # (a rank of the second sweep's trials)
             self.pending["rank"] = self.pending["second"]
@@ -78,6 +80,7 @@ class Soak:
         self.lock: Path | None = None
         self.reader = open_storage(storage.spec)
         self.launches = 0
+        self.lasting: list[threading.Thread] = []
         self.main: subprocess.Popen | None = None
         self.logs: dict[int, Path] = {}
         self.second: subprocess.Popen | None = None
@@ -150,10 +153,11 @@ class Soak:
                 return False
             self._kill_and_rerun()
             return True
-        if fault == "outage":
-            self.storage.outage(self.outage_seconds)
-        elif fault == "disk":
-            self.disk.fill(self.disk_seconds)
+        if fault in ("outage", "disk"):  # (while it lasts, the other faults go on)
+            during = self.storage.outage if fault == "outage" else self.disk.fill
+            seconds = self.outage_seconds if fault == "outage" else self.disk_seconds
+            self.lasting.append(threading.Thread(target=during, args=(seconds,), name=f"soak-{fault}"))
+            self.lasting[-1].start()
         elif fault == "second":
             self.second = self._start(self.second_trials, second=True)
         return True
@@ -194,10 +198,16 @@ class Soak:
                     last_done, last_change = done, time.monotonic()
                 if self.main.poll() is not None:
                     self.result.aborted += self.main.returncode != 0
+                    if "second" in self.pending:  # (the main sweep ended first: the second one still comes)
+                        self._fire("second", trials)
+                        del self.pending["second"]
+                        self.result.injected["second"] += 1
                     owed = self._owed(trials)
                     if owed <= 0 and self.main.returncode == 0:
                         break
-                    self.main = self._start(max(0, owed))  # (what a user does after an abort)
+                    if self.main.returncode != 0:
+                        time.sleep(2.0)  # (an abort: what a user does, a moment later)
+                    self.main = self._start(max(0, owed))
                     continue
                 for fault, at in sorted(self.pending.items(), key=lambda item: item[1]):
                     if done >= at and self._fire(fault, trials):
@@ -218,8 +228,12 @@ class Soak:
         return self.result
 
     def _finish(self) -> None:
+        for lasting in self.lasting:
+            lasting.join()
         verdict = self.result.verdict
         self.result.missed = sorted(self.pending)
+        if self.second is not None and self.second.poll() not in (0, None):
+            self.result.aborted += 1
         for sweep in (self.main, self.second):
             if sweep is not None and sweep.poll() is None:
                 verdict.problem("stuck", f"sweep {sweep.pid} still running at the end: stopped")

@@ -49,7 +49,7 @@ def test_a_short_soak_with_faults_loses_nothing_runs_nothing_twice_and_leaves_no
         work=tmp_path,
         faults=SHORT_FAULTS,
         seconds=(0.2, 0.5),
-        outage=3.0,
+        outage=8.0,  # (SQLite waits 5 s for a lock before it fails)
         hang=90.0,
     )
     verdict = result.verdict
