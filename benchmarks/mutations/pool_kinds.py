@@ -24,4 +24,12 @@ MUTATIONS: list[Mutation] = [
             "tests/test_ray_runner.py::test_a_ray_pool_leaves_out_the_strategies_whose_launcher_must_own_the_processes",
         ),
     ),
+    Mutation(
+        name="pool-entry-points-ignored",
+        contract="runner= names a pool kind another installed distribution declares in the optuna_saturn.pools group",
+        path="optuna_saturn/pools/registry.py",
+        old="        found[point.name] = point\n",
+        new="        pass\n",
+        tests=("tests/test_plugin_package.py::test_a_pool_and_a_strategy_from_an_installed_plug_in_run_a_sweep",),
+    ),
 ]

@@ -52,13 +52,13 @@ def check_sweep_options(
     from optuna_saturn.devices import largest_trial, mig_entries, resolve_devices
     from optuna_saturn.nvml import visible_gpu_count
     from optuna_saturn.planner import SOLVERS, objective_of
-    from optuna_saturn.pools.registry import KINDS
+    from optuna_saturn.pools.registry import kinds
     from optuna_saturn.strategy import select_strategies
 
     if solver not in SOLVERS:
         fail(f"--solver must be one of {', '.join(SOLVERS)}, got {solver!r}.")
-    if runner not in KINDS:
-        fail(f"--runner must be one of {', '.join(KINDS)}, got {runner!r}.")
+    if runner not in kinds():
+        fail(f"--runner must be one of {', '.join(kinds())}, got {runner!r}.")
     try:
         objective_of(deadline, budget, price_per_device_hour)
         if runner == "local":  # (a Ray cluster's devices are known once it is reached)

@@ -1,0 +1,1 @@
+"""A plug-in of optuna-saturn from outside its package: a pool kind and a strategy."""
