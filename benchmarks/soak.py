@@ -11,11 +11,12 @@ and exits non-zero if any storage lost, left stuck or ran twice a trial, leaked 
 
 Each fault fires once the study holds a seeded share (10-75%) of the trials ended, so a run can be repeated with
 the same ``--seed``. Every launch runs in a loopback-only network namespace (``isolate_network=True``). PostgreSQL:
-a server of its own (``tests/postgres.py``: 127.0.0.1 only, stopped by its data folder's PID). Needs root (the
+a server of its own (``tests/postgres.py``: 127.0.0.1 only, stopped by its data folder's PID), or the one
+``--postgres FOLDER`` names. Needs root (the
 tmpfs of the full disk; PostgreSQL runs as ``postgres`` through ``runuser``), ``unshare`` and ``ip``.
 
     python benchmarks/soak.py --trials 1000 --storages sqlite,postgres,journal --seed 0
-    python benchmarks/soak.py --trials 100 --storages sqlite                      # a shake-out (about 3 min)
+    python benchmarks/soak.py --trials 100 --storages sqlite                      # a shake-out (about 2 min)
 """
 
 from __future__ import annotations
@@ -56,6 +57,19 @@ def _soak_one(kind: str, args: argparse.Namespace, root: Path, server) -> Result
     )
 
 
+def given_server(folder: Path):
+    """The server ``tests/postgres.py`` started in ``folder`` (its port is in its ``postmaster.pid``)."""
+    from postgres import PostgresServer
+
+    pid_file = folder / "data" / "postmaster.pid"
+    if not pid_file.exists():
+        raise SystemExit(f"no PostgreSQL runs from {folder} ({pid_file} is missing): start one with "
+                         f"`python tests/postgres.py start {folder}`, or leave --postgres out")  # fmt: skip
+    server = PostgresServer.__new__(PostgresServer)  # (no initdb: it exists)
+    server.folder, server.port = str(folder), int(pid_file.read_text().splitlines()[3])
+    return server
+
+
 def table(results: list[Result]) -> str:
     head = (
         "| storage | trials | COMPLETE | FAIL + retried | lost | stuck | duplicates | leaks | faults injected "
@@ -85,6 +99,12 @@ def main() -> None:
     parser.add_argument("--low", type=float, default=0.2, help="shortest trial (s)")
     parser.add_argument("--high", type=float, default=2.0, help="longest trial (s)")
     parser.add_argument("--hang", type=float, default=600.0, help="seconds without a trial ended that mean stuck")
+    parser.add_argument(
+        "--postgres",
+        metavar="FOLDER",
+        help="a server `python tests/postgres.py start FOLDER` started (its outage stops and starts it); default: "
+        "one of the soak's own, removed at its end",
+    )
     parser.add_argument("--work", default=None, help="folder for the logs (default: a new temporary one)")
     args = parser.parse_args()
     args.faults = [f for f in args.faults.split(",") if f]
@@ -110,7 +130,7 @@ def main() -> None:
             sys.path.append(str(TESTS))
             from postgres import postgres_server
 
-            server = stack.enter_context(postgres_server())
+            server = given_server(Path(args.postgres)) if args.postgres else stack.enter_context(postgres_server())
         for kind in kinds:
             result = _soak_one(kind, args, root, server)
             results.append(result)

@@ -21,7 +21,6 @@ A sweep that exits without its trials (an abort) is counted, and started again t
 from __future__ import annotations
 
 import collections
-import contextlib
 import os
 import random
 import re
@@ -84,6 +83,7 @@ class Soak:
         self.main: subprocess.Popen | None = None
         self.logs: dict[int, Path] = {}
         self.second: subprocess.Popen | None = None
+        self.second_pids: set[int] = set()
         self.result = Result(storage.kind, Verdict(), work=str(work))
 
     # -- sweeps -------------------------------------------------------------------------------------------------------
@@ -107,6 +107,8 @@ class Soak:
         with open(self.work / f"{name}.log", "wb") as log:
             sweep = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.logs[sweep.pid] = self.work / f"{name}.log"
+        if second:
+            self.second_pids.add(sweep.pid)
         return sweep
 
     def _trials(self) -> list | None:
@@ -122,10 +124,23 @@ class Soak:
         """New trials no sweep has asked yet and none alive will."""
         asked = sum(record(t, "retry_of") is None for t in trials)
         second_owes = self.second_trials if self.second is None else 0  # (not started yet: it will ask them)
-        if self.second is not None and self.second.poll() is None:
-            mine = [t for t in trials if (record(t, "owner") or {}).get("pid") == self.second.pid]
-            second_owes = self.second_trials - sum(record(t, "retry_of") is None for t in mine)
+        if self.second is not None and self.second.poll() != 0:  # (running, or to be started again)
+            second_owes = self.second_trials - self._second_asked(trials)
         return self.trials - asked - max(0, second_owes)
+
+    def _second_asked(self, trials: list) -> int:
+        return sum(
+            record(t, "retry_of") is None and (record(t, "owner") or {}).get("pid") in self.second_pids for t in trials
+        )
+
+    def _second_again(self, trials: list) -> None:
+        """A second sweep that exited on an error (its script met the outage as it loaded the study, say) is
+        started again for what it still owes, as its user would."""
+        if self.second is None or self.second.poll() in (None, 0):
+            return
+        self.result.aborted += 1
+        time.sleep(2.0)
+        self.second = self._start(max(0, self.second_trials - self._second_asked(trials)), second=True)
 
     # -- faults -------------------------------------------------------------------------------------------------------
     def _running(self, sweep: subprocess.Popen | None, trials: list) -> list[int]:
@@ -196,6 +211,7 @@ class Soak:
                 done = sum(t.state.is_finished() for t in trials)
                 if done != last_done:
                     last_done, last_change = done, time.monotonic()
+                self._second_again(trials)
                 if self.main.poll() is not None:
                     self.result.aborted += self.main.returncode != 0
                     if "second" in self.pending:  # (the main sweep ended first: the second one still comes)
@@ -219,9 +235,12 @@ class Soak:
                     print(f"  {self.storage.kind}: no trial ended in {self.hang:.0f} s: stopping", flush=True)
                     break
                 time.sleep(0.5)
-            if self.second is not None:
-                with contextlib.suppress(subprocess.TimeoutExpired):  # (counted stuck below)
-                    self.second.wait(timeout=self.hang)
+            deadline = time.monotonic() + self.hang
+            while self.second is not None and self.second.poll() != 0 and time.monotonic() < deadline:
+                trials = self._trials()  # (past the deadline, a second sweep still running is counted stuck)
+                if trials is not None:
+                    self._second_again(trials)
+                time.sleep(0.5)
         finally:
             self.result.wall = time.monotonic() - began
             self._finish()
@@ -232,8 +251,6 @@ class Soak:
             lasting.join()
         verdict = self.result.verdict
         self.result.missed = sorted(self.pending)
-        if self.second is not None and self.second.poll() not in (0, None):
-            self.result.aborted += 1
         for sweep in (self.main, self.second):
             if sweep is not None and sweep.poll() is None:
                 verdict.problem("stuck", f"sweep {sweep.pid} still running at the end: stopped")
