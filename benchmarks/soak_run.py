@@ -74,7 +74,6 @@ class Soak:
         self.temp = work / "tmp"
         self.temp.mkdir()
         self.leases = [work / "leases", work / "leases-second"]
-        self.disk = soak_faults.FullDisk(self.log_dir) if "disk" in faults else None
         self.extensions = soak_faults.extensions_copy(work)
         self.lock: Path | None = None
         self.reader = open_storage(storage.spec)
@@ -85,6 +84,7 @@ class Soak:
         self.second: subprocess.Popen | None = None
         self.second_pids: set[int] = set()
         self.result = Result(storage.kind, Verdict(), work=str(work))
+        self.disk = soak_faults.FullDisk(self.log_dir) if "disk" in faults else None  # (last: run() unmounts it)
 
     # -- sweeps -------------------------------------------------------------------------------------------------------
     def _start(self, n_trials: int, *, second: bool = False) -> subprocess.Popen:
