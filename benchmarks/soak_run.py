@@ -177,6 +177,15 @@ class Soak:
             self.second = self._start(self.second_trials, second=True)
         return True
 
+    def _fire_due(self, trials: list, done: int, among: tuple[str, ...] = FAULTS) -> None:
+        """Fire the first fault due (its share of trials ended) that can fire now."""
+        for fault, at in sorted(self.pending.items(), key=lambda item: item[1]):
+            if fault in among and done >= at and self._fire(fault, trials):
+                del self.pending[fault]
+                self.result.injected[fault] += 1
+                print(f"  {self.storage.kind}: {fault} at {done} trials ended", flush=True)
+                return
+
     def _plant_lock(self) -> None:
         if "lock" in self.faults and self.lock is None:
             self.lock = soak_faults.plant_stale_lock(self.extensions)
@@ -225,12 +234,7 @@ class Soak:
                         time.sleep(2.0)  # (an abort: what a user does, a moment later)
                     self.main = self._start(max(0, owed))
                     continue
-                for fault, at in sorted(self.pending.items(), key=lambda item: item[1]):
-                    if done >= at and self._fire(fault, trials):
-                        del self.pending[fault]
-                        self.result.injected[fault] += 1
-                        print(f"  {self.storage.kind}: {fault} at {done} trials ended", flush=True)
-                        break
+                self._fire_due(trials, done)
                 if time.monotonic() - last_change > self.hang:
                     print(f"  {self.storage.kind}: no trial ended in {self.hang:.0f} s: stopping", flush=True)
                     break
@@ -240,6 +244,8 @@ class Soak:
                 trials = self._trials()  # (past the deadline, a second sweep still running is counted stuck)
                 if trials is not None:
                     self._second_again(trials)
+                    if "rank" in self.pending:  # (the main sweep is done: the second one's trials still run)
+                        self._fire_due(trials, last_done, among=("rank",))
                 time.sleep(0.5)
         finally:
             self.result.wall = time.monotonic() - began
