@@ -24,11 +24,11 @@ import time
 
 import _common  # noqa: F401
 
-from optuna_saturn import checkpoint
-from optuna_saturn.checkpoint_paths import make_private_folders, refusal
 from optuna_saturn.devices import Device
 from optuna_saturn.sweep.resumes import Resumes
 from optuna_saturn.sweep.state import SweepState
+from optuna_saturn.training import checkpoint
+from optuna_saturn.training.checkpoint_paths import make_private_folders, refusal
 
 ATTACKER = 12345
 STUDY_FOLDER = "study-0123abcd"

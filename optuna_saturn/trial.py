@@ -10,12 +10,12 @@ instead of leaving the others hanging in a collective (the failure of optuna-exa
 from __future__ import annotations
 
 from optuna_saturn.integrations.ways_in import WaysIn
-from optuna_saturn.training_trial import TrainingTrial, TrialMoved
+from optuna_saturn.training.training_trial import TrainingTrial, TrialMoved
 
 __all__ = ["SaturnTrial", "TrialMoved"]
 
 
 class SaturnTrial(TrainingTrial, WaysIn):
-    """What ``objective(trial)`` gets inside a worker. Mirrors ``optuna.Trial`` for suggest/report/prune; the
-    helpers a distributed training loop needs come from :class:`~optuna_saturn.training_trial.TrainingTrial`, the
-    ways in for Accelerate, Hugging Face Trainer and Lightning scripts from :class:`WaysIn`."""
+    """What ``objective(trial)`` gets inside a worker. Mirrors ``optuna.Trial`` for suggest/report/prune; the helpers a
+    distributed training loop needs come from :class:`~optuna_saturn.training.training_trial.TrainingTrial`, the ways in
+    for Accelerate, Hugging Face Trainer and Lightning scripts from :class:`WaysIn`."""

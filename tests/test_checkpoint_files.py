@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import torch
 
-from optuna_saturn import checkpoint
+from optuna_saturn.training import checkpoint
 
 
 class _SingleProcess:
@@ -84,7 +84,7 @@ def test_the_trainer_state_is_kept_as_json_and_comes_back_as_it_was(tmp_path):
 
     import numpy
 
-    from optuna_saturn import trainer_state
+    from optuna_saturn.training import trainer_state
 
     model, optimizer = _trained(0)
     scheduler = torch.optim.lr_scheduler.SequentialLR(
@@ -143,7 +143,7 @@ def test_a_pass_closed_after_the_next_one_began_leaves_the_next_ones_position():
     on the epoch's first batches again)."""
     import gc
 
-    from optuna_saturn.loader_positions import PositionedLoader
+    from optuna_saturn.training.loader_positions import PositionedLoader
 
     loader = PositionedLoader(torch.utils.data.DataLoader(list(range(8)), batch_size=2))
     first = iter(loader)

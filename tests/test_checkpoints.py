@@ -179,8 +179,8 @@ def test_a_loader_resumed_mid_pass_yields_the_rest_of_that_pass_and_then_draws_a
     next, in this pass and the following one (whose order is drawn from the generators as the first run's was)."""
     import torch
 
-    from optuna_saturn.loader_positions import PositionedLoader
-    from optuna_saturn.random_state import capture, restore
+    from optuna_saturn.training.loader_positions import PositionedLoader
+    from optuna_saturn.training.random_state import capture, restore
 
     def loader():
         generator = torch.Generator().manual_seed(1) if own_generator else None

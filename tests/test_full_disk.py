@@ -56,7 +56,7 @@ def test_a_full_disk_under_log_dir_costs_no_result_and_the_sweep_says_so_once(
 
 def checkpoints_on_a_full_disk(trial) -> float:
     """``objectives.resumable``, whose trial 0 finds the disk full when it checkpoints (in its worker)."""
-    from optuna_saturn import checkpoint
+    from optuna_saturn.training import checkpoint
 
     real = checkpoint.save
     if trial.number == 0:

@@ -7,8 +7,8 @@ from collections import namedtuple
 import pytest
 import torch
 
-from optuna_saturn.microbatch import AccumulationError, partition, split_batch
 from optuna_saturn.planner import Option
+from optuna_saturn.training.microbatch import AccumulationError, partition, split_batch
 
 
 def test_one_micro_batch_is_the_batch_itself():

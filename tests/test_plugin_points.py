@@ -133,5 +133,5 @@ def test_pool_and_runner_are_one_choice_and_a_pool_must_be_a_pool_kind():
     with pytest.raises(TypeError, match="pool= takes a pool object"):
         SaturnExecutor(devices=1, pool="ray")
     with pytest.raises(ValueError, match="runner must be one of"):
-        SaturnExecutor(devices=1, runner="slurm")
+        SaturnExecutor(devices=1, runner="nope")
     assert isinstance(SaturnExecutor(devices=1).pool, LocalPool)

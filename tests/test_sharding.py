@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from optuna_saturn.sharding import ShardedDataLoader, ShardingError
+from optuna_saturn.training.sharding import ShardedDataLoader, ShardingError
 
 WORLD = 2
 

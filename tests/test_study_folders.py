@@ -12,11 +12,12 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from optuna_saturn import SaturnExecutor, checkpoint
+from optuna_saturn import SaturnExecutor
 from optuna_saturn.devices import Device
 from optuna_saturn.study.folders import FOLDER_ATTR, safe, study_folder
 from optuna_saturn.sweep.resumes import Resumes
 from optuna_saturn.sweep.state import SweepState
+from optuna_saturn.training import checkpoint
 
 
 @pytest.mark.parametrize("name", [".", "..", "...", "", "a/../..", "/etc"])
@@ -145,7 +146,7 @@ def test_checkpoint_folders_are_private_under_any_umask_and_a_retry_may_load_the
     group-writable, and the sweep refused its own checkpoints: every retried trial started over (review, #9)."""
     import torch
 
-    from optuna_saturn.checkpoint_paths import refusal
+    from optuna_saturn.training.checkpoint_paths import refusal
 
     class _SingleProcess:  # an engine's context on one process
         class context:
@@ -170,7 +171,7 @@ def test_checkpoint_folders_are_private_under_any_umask_and_a_retry_may_load_the
 def test_the_worker_refuses_a_checkpoint_swapped_for_a_link_after_it_was_planned(tmp_path):
     """The executor checks when it plans a resume; the worker checks again just before it loads: a step folder
     replaced by a link meanwhile (to a tree someone else wrote) is not loaded."""
-    from optuna_saturn.checkpoint_paths import make_private_folders, refusal
+    from optuna_saturn.training.checkpoint_paths import make_private_folders, refusal
 
     root = tmp_path / "checkpoints" / "study-0123"
     planned = root / "trial-3" / "step-4"
@@ -188,7 +189,7 @@ def test_a_checkpoint_named_through_a_link_to_the_root_is_refused(tmp_path):
     """A path through someone's link that points at the sweep's own root passed both checks, and the worker then
     loaded wherever the link pointed by then (benchmarks/resume_race.py found it): the path must name the root
     as the sweep does."""
-    from optuna_saturn.checkpoint_paths import make_private_folders, refusal
+    from optuna_saturn.training.checkpoint_paths import make_private_folders, refusal
 
     root = tmp_path / "checkpoints" / "study-0123"
     own = root / "trial-3" / "step-4"
@@ -203,7 +204,7 @@ def test_a_checkpoint_named_through_a_link_to_the_root_is_refused(tmp_path):
 def test_a_checkpoint_under_a_root_reached_through_the_users_own_link_is_loaded(tmp_path):
     """A $HOME or a log folder that is a link to a data disk: the record holds the resolved path, the sweep names
     the root through the link; both name the sweep's own root."""
-    from optuna_saturn.checkpoint_paths import make_private_folders, refusal
+    from optuna_saturn.training.checkpoint_paths import make_private_folders, refusal
 
     disk = tmp_path / "disk"
     make_private_folders(disk / "checkpoints" / "study-0123" / "trial-3" / "step-4")

@@ -25,7 +25,7 @@ MUTATIONS += [
         name="no-per-actor-mask",
         contract="each Ray actor sees the GPU Ray gave it alone, also where Ray leaves the mask alone",
         path="optuna_saturn/pools/ray_actor.py",
-        old="            own_gpu(actor_gpu())\n",
+        old="            own_gpu(self._gpu)\n",
         new="",
         tests=(
             "tests/test_fake_gpu.py::test_each_ray_actor_runs_on_the_gpu_ray_gave_it_when_ray_leaves_the_mask_alone",

@@ -45,7 +45,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="checkpoint-refused-not-named",
         contract="a checkpoint the disk refuses is said as such (a full disk, checkpoint_dir=), not as a bare OSError",
-        path="optuna_saturn/training_trial.py",
+        path="optuna_saturn/training/training_trial.py",
         old="        except OSError as exc:  # (a full disk ends this trial alone",
         new="        except ValueError as exc:  # (a full disk ends this trial alone",
         tests=(f"{_DISK}::test_a_checkpoint_the_full_disk_refuses_ends_only_its_trial_with_the_reason",),

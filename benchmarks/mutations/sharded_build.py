@@ -15,7 +15,7 @@ MUTATIONS: list[Mutation] = [
             name=f"sharded-build-off-{strategy}",
             contract=f"under {strategy} each module is cut to the rank's chunk as it is built, not built whole",
             path="optuna_saturn/engines/_base.py",
-            old="if not self.shards_parameters or self.context.world_size == 1:",
+            old="if not self.shards_parameters or self.context.world_size == 1 or sharded_build_off():",
             new="if True:",
             tests=(test,),
         )

@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from optuna_saturn import checkpoint
-from optuna_saturn.sharding import OnBatch, ShardedDataLoader
+from optuna_saturn.training import checkpoint
+from optuna_saturn.training.sharding import OnBatch, ShardedDataLoader
 
 if TYPE_CHECKING:
     from optuna_saturn.engines._sharded_build import ShardedBuild
@@ -80,7 +80,7 @@ class Engine:
     #: The engine counts micro-batches itself (DeepSpeed): accumulation driven from outside its own knob, such as
     #: Trainer's ``gradient_accumulation_steps``, cannot be followed.
     counts_micro_batches = False
-    #: How trial.checkpoint() saves this engine's training state (see :mod:`optuna_saturn.checkpoint`).
+    #: How trial.checkpoint() saves this engine's training state (see :mod:`optuna_saturn.training.checkpoint`).
     checkpoint_format = checkpoint.DCP
     #: A loss scaler (fp16) sees the gradients as one process holds them (see :func:`refuse_a_loss_scaler`).
     takes_a_loss_scaler = True
@@ -123,7 +123,7 @@ class Engine:
         return self.prepare_model(model), optimizer
 
     def prepare_dataloader(self, loader: DataLoader, on_batch: OnBatch) -> DataLoader:
-        """This rank's part of every global batch of the user's loader (see :mod:`optuna_saturn.sharding`); a
+        """This rank's part of every global batch of the user's loader (see :mod:`optuna_saturn.training.sharding`); a
         single process keeps the user's loader as it is."""
         if self.context.world_size == 1:
             return loader
@@ -139,7 +139,7 @@ class Engine:
         self, loss: torch.Tensor, model: torch.nn.Module | None, *, weight: float = 1.0, last_micro_batch: bool = True
     ) -> None:
         """The ranks' averaged gradients must be the whole batch's: each piece's mean loss counts by ``weight``
-        (its rows' part of the batch, see :func:`~optuna_saturn.microbatch.partition`)."""
+        (its rows' part of the batch, see :func:`~optuna_saturn.training.microbatch.partition`)."""
         (loss * weight if weight != 1.0 else loss).backward()
 
     @contextlib.contextmanager

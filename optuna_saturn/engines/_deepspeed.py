@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
-from optuna_saturn import checkpoint
 from optuna_saturn.engines import _clipping
 from optuna_saturn.engines._base import Engine, StrategyMismatch, WorkerContext, refuse_a_loss_scaler
 from optuna_saturn.engines._deepspeed_buckets import device_memory_of, size_buckets
 from optuna_saturn.engines._offload_optimizer import host_optimizer
+from optuna_saturn.training import checkpoint
 
 #: Optimizers whose update of each element depends only on that element's gradient and state. ZeRO flattens each
 #: parameter group into one vector per rank, so only these compute the same update as in one process.

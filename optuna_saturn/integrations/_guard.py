@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from optuna_saturn.engines import StrategyMismatch
 
 if TYPE_CHECKING:
-    from optuna_saturn.training_trial import TrainingTrial
+    from optuna_saturn.training.training_trial import TrainingTrial
 
 _running: TrainingTrial | None = None
 

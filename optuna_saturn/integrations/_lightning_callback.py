@@ -11,10 +11,10 @@ import lightning.pytorch as pl
 import optuna
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-from optuna_saturn import trainer_state
+from optuna_saturn.training import trainer_state
 
 if TYPE_CHECKING:
-    from optuna_saturn.training_trial import TrainingTrial
+    from optuna_saturn.training.training_trial import TrainingTrial
 
 
 class TrialCallback(pl.Callback):

@@ -14,7 +14,7 @@ from lightning.pytorch.utilities import GradClipAlgorithmType
 from optuna_saturn.engines._base import loss_scaler_mismatch
 
 if TYPE_CHECKING:
-    from optuna_saturn.training_trial import TrainingTrial
+    from optuna_saturn.training.training_trial import TrainingTrial
 
 
 def precision_plugin(strategy: Strategy, trial: TrainingTrial, precision: Any) -> Precision:

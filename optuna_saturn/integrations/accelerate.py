@@ -28,11 +28,11 @@ from torch.utils.data import DataLoader, RandomSampler
 
 from optuna_saturn.engines import StrategyMismatch
 from optuna_saturn.engines._base import loss_scaler_mismatch
-from optuna_saturn.microbatch import AccumulationError, batch_rows
-from optuna_saturn.sharding import LoaderView, RankRows
+from optuna_saturn.training.microbatch import AccumulationError, batch_rows
+from optuna_saturn.training.sharding import LoaderView, RankRows
 
 if TYPE_CHECKING:
-    from optuna_saturn.training_trial import TrainingTrial
+    from optuna_saturn.training.training_trial import TrainingTrial
 
 #: Accelerator arguments that would pick a strategy (or precision handling) behind optuna-saturn's back.
 _STRATEGY_ARGUMENTS = (

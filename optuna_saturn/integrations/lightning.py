@@ -37,11 +37,11 @@ from optuna_saturn.integrations._lightning_arguments import (
 )
 from optuna_saturn.integrations._lightning_callback import TrialCallback, restore_lightning_state
 from optuna_saturn.integrations._lightning_precision import precision_plugin
-from optuna_saturn.microbatch import AccumulationError
 from optuna_saturn.study.folders import safe
+from optuna_saturn.training.microbatch import AccumulationError
 
 if TYPE_CHECKING:
-    from optuna_saturn.training_trial import TrainingTrial
+    from optuna_saturn.training.training_trial import TrainingTrial
 
 #: What ``lightning_trainer`` passes itself (the values of FOLLOWS_THE_TRIAL, checked, stand for these).
 _SET_HERE = {*FOLLOWS_THE_TRIAL, "accelerator", "use_distributed_sampler"}

@@ -21,10 +21,10 @@ from transformers import Trainer, TrainerCallback
 
 from optuna_saturn.engines import StrategyMismatch
 from optuna_saturn.integrations.accelerate import SaturnAccelerator
-from optuna_saturn.microbatch import AccumulationError
+from optuna_saturn.training.microbatch import AccumulationError
 
 if TYPE_CHECKING:
-    from optuna_saturn.training_trial import TrainingTrial
+    from optuna_saturn.training.training_trial import TrainingTrial
 
 
 def prepare_trainer(trial: TrainingTrial, trainer: Trainer, *, metric: str = "eval_loss") -> Trainer:

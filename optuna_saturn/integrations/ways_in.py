@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     import transformers
 
     from optuna_saturn.integrations.accelerate import SaturnAccelerator
-    from optuna_saturn.training_trial import TrainingTrial
+    from optuna_saturn.training.training_trial import TrainingTrial
 
 
 class WaysIn:

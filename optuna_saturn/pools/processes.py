@@ -22,7 +22,6 @@ from typing import Any
 
 import optuna
 
-from optuna_saturn import checkpoint
 from optuna_saturn.channel import ChannelServer
 from optuna_saturn.devices import Device
 from optuna_saturn.pools.describing import Describer
@@ -31,6 +30,7 @@ from optuna_saturn.pools.protocol import JobEnd, JobRequest, PoolBroken
 from optuna_saturn.pools.warm_backend import WarmBackend
 from optuna_saturn.profiler import Workload
 from optuna_saturn.study.folders import safe
+from optuna_saturn.training import checkpoint
 from optuna_saturn.worker.failures import first_failure
 from optuna_saturn.worker.objective_recipe import describe_objective
 

@@ -26,12 +26,12 @@ from typing import Any, ClassVar
 import optuna
 import torch
 
-from optuna_saturn.microbatch import AccumulationError, batch_rows, tensors_of
 from optuna_saturn.process_state import restored_process_state
 from optuna_saturn.profiler._description import NothingToDescribe, ProbeDone
 from optuna_saturn.profiler._memory import optimizer_states
 from optuna_saturn.profiler._stand_in import BATCHES_BEFORE_THE_LOOP, StandInTrial, Suggests, first_batch
 from optuna_saturn.profiler._without_gpus import without_gpus
+from optuna_saturn.training.microbatch import AccumulationError, batch_rows, tensors_of
 
 _logger = optuna.logging.get_logger("optuna.saturn.profiler")
 

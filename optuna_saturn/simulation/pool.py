@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from optuna_saturn import checkpoint
 from optuna_saturn.clock import VirtualClock
 from optuna_saturn.devices import Device
 from optuna_saturn.pools.protocol import JobEnd, JobRequest, PoolBroken, whole_nodes
+from optuna_saturn.training import checkpoint
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ from typing import Any, TypeVar
 import optuna
 import sqlalchemy.exc
 
-from optuna_saturn.checkpoint_paths import make_private_folders
 from optuna_saturn.study.interrupts import storage_call
+from optuna_saturn.training.checkpoint_paths import make_private_folders
 
 _logger = optuna.logging.get_logger("optuna.saturn")
 T = TypeVar("T")

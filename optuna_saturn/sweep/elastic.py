@@ -24,13 +24,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from optuna_saturn import checkpoint
 from optuna_saturn.planner import Job, Option, Plan, WorkLimit, best_resize, remaining_job
 from optuna_saturn.study.trial_session import TrialSession
 from optuna_saturn.sweep.decisions import Moved, RequestMove
 from optuna_saturn.sweep.options import OptionsView
 from optuna_saturn.sweep.planning import REPLAN_SECONDS, URGENT_SOLVER, work_limit
 from optuna_saturn.sweep.state import SweepState, TrialRun
+from optuna_saturn.training import checkpoint
 
 
 class Elastic:

@@ -14,7 +14,6 @@ from typing import cast
 
 import optuna
 
-from optuna_saturn import checkpoint
 from optuna_saturn.clock import Clock
 from optuna_saturn.planner import Option
 from optuna_saturn.pools.protocol import JobRequest, Task
@@ -22,6 +21,7 @@ from optuna_saturn.pricing.prices import ProfileJob
 from optuna_saturn.strategy import Strategy
 from optuna_saturn.study.folders import safe
 from optuna_saturn.study.trial_session import TrialSession
+from optuna_saturn.training import checkpoint
 
 
 class JobRequests:

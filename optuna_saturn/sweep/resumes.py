@@ -7,7 +7,7 @@ checkpoint is gone, it runs from the start. Written into :attr:`SweepState.resum
 
 A checkpoint is loaded by the workers, and loading one unpickles (DeepSpeed's, DCP's metadata), so a trial
 resumes only from a checkpoint inside its study's checkpoint folder of this sweep, in folders owned by this user
-that no other user can change (:mod:`optuna_saturn.checkpoint_paths`): whoever can write a trial attribute
+that no other user can change (:mod:`optuna_saturn.training.checkpoint_paths`): whoever can write a trial attribute
 cannot make the workers load a file of their choosing.
 """
 
@@ -18,12 +18,12 @@ from pathlib import Path
 
 import optuna
 
-from optuna_saturn import checkpoint
-from optuna_saturn.checkpoint_paths import refusal
 from optuna_saturn.pricing.prices import TrialPrice
 from optuna_saturn.strategy import Strategy
 from optuna_saturn.study import records
 from optuna_saturn.sweep.state import SweepState, TrialRun
+from optuna_saturn.training import checkpoint
+from optuna_saturn.training.checkpoint_paths import refusal
 
 _logger = optuna.logging.get_logger("optuna.saturn")
 
@@ -68,9 +68,9 @@ class Resumes:
         return record
 
     def refused(self, record: checkpoint.CheckpointRecord) -> str:
-        """Why the workers must not load ``record``; "" if they may (:func:`optuna_saturn.checkpoint_paths.refusal`:
-        a trial's checkpoint in this study's checkpoint folder of this sweep, in folders only this user can
-        change; the worker checks again before it loads)."""
+        """Why the workers must not load ``record``; "" if they may
+        (:func:`optuna_saturn.training.checkpoint_paths.refusal`: a trial's checkpoint in this study's checkpoint folder
+        of this sweep, in folders only this user can change; the worker checks again before it loads)."""
         return refusal(record.path, self._root, on_disk=self.on_disk)
 
     def from_run(self, run: TrialRun, *, moved: bool = False) -> None:

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import optuna
 
-from optuna_saturn import checkpoint
 from optuna_saturn.devices import Device
 from optuna_saturn.planner import Assignment, Cluster
 from optuna_saturn.pools.protocol import JobEnd
@@ -21,6 +20,7 @@ from optuna_saturn.pricing.prices import ProfileJob, TrialPrice
 from optuna_saturn.study.queue import QueuedTrial
 from optuna_saturn.study.trial_session import TrialSession
 from optuna_saturn.sweep.topology import Topology
+from optuna_saturn.training import checkpoint
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from optuna_saturn.channel import ChannelClient
-from optuna_saturn.relayed import RelayedTrial
+from optuna_saturn.training.relayed import RelayedTrial
 
 
 class DescribedTrial(RelayedTrial):

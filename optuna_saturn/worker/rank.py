@@ -26,13 +26,13 @@ import torch.distributed as dist
 
 from optuna_saturn import raised
 from optuna_saturn.channel import AuthenticationFailed, ChannelBusy, ChannelClient, ChannelClosed, RemoteError
-from optuna_saturn.checkpoint_paths import CheckpointNotWritten
 from optuna_saturn.engines import StrategyMismatch, WorkerContext, _clipping, engine_for
 from optuna_saturn.integrations import _guard as accelerate_guard
-from optuna_saturn.microbatch import AccumulationError
 from optuna_saturn.strategy import Strategy
+from optuna_saturn.training.checkpoint_paths import CheckpointNotWritten
+from optuna_saturn.training.microbatch import AccumulationError
+from optuna_saturn.training.trial_steps import ProfileComplete
 from optuna_saturn.trial import SaturnTrial, TrialMoved
-from optuna_saturn.trial_steps import ProfileComplete
 from optuna_saturn.worker.failures import CRASH, OUT_OF_MEMORY, error_kind, record_failure
 from optuna_saturn.worker.gpu import rank_environment
 from optuna_saturn.worker.memory import RunMemory, collect, release_memory

@@ -11,7 +11,6 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from optuna_saturn import checkpoint
 from optuna_saturn.study.gateway import ended_by_another
 from optuna_saturn.study.ownership import run_again
 from optuna_saturn.study.queue import QueuedTrial
@@ -20,6 +19,7 @@ from optuna_saturn.sweep import reporting
 from optuna_saturn.sweep.decisions import Fail, StopOnError, Tell
 from optuna_saturn.sweep.effects.world import World
 from optuna_saturn.sweep.state import TrialRun
+from optuna_saturn.training import checkpoint
 
 _logger = optuna.logging.get_logger("optuna.saturn")
 
