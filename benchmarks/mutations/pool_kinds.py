@@ -17,9 +17,9 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="ray-strategies-not-filtered",
         contract="a Ray pool leaves out the strategies whose launcher must own the trial's processes",
-        path="optuna_saturn/pools/ray_kind.py",
-        old='        return [s for s in strategies if s.launcher == "torchrun"]',
-        new="        return strategies",
+        path="optuna_saturn/pools/node_rules.py",  # (the rule Ray's pool and SLURM's share)
+        old='    return [s for s in strategies if s.launcher == "torchrun"]',
+        new="    return strategies",
         tests=(
             "tests/test_ray_runner.py::test_a_ray_pool_leaves_out_the_strategies_whose_launcher_must_own_the_processes",
         ),

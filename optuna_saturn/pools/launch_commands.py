@@ -172,6 +172,17 @@ def worker_environment(kind: str, log_dir: Path) -> dict[str, str]:
     }
 
 
+def host_environment(kind: str, log_dir: Path) -> dict[str, str]:
+    """What a pool host (:mod:`optuna_saturn.pools.warm_host`) runs with, and its workers after it: gloo over
+    loopback (a trial's ranks are on one machine), DeepSpeed's ops cache, and :func:`worker_environment`."""
+    return {
+        "PYTHONUNBUFFERED": "1",
+        "GLOO_SOCKET_IFNAME": "lo",
+        "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(extensions_cache())),
+        **worker_environment(kind, log_dir),
+    }
+
+
 def extensions_cache(kind: str | None = None) -> Path:
     """DeepSpeed compiles its ops on first use (about 90 s); keep them across trials and sweeps, in a folder of
     their own for each :func:`build_key`. One folder for every environment made two environments on a machine

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from optuna_saturn.devices import Device, DeviceSpec
+from optuna_saturn.pools.node_devices import kind_and_count
 
 _INSTALL_HINT = (
     "runner='ray' needs Ray: pip install 'ray[default]' (the ray extra: pip install '.[ray]' from optuna-saturn's "
@@ -148,27 +149,7 @@ def resources_accelerator(resources: dict) -> str:
 
 
 def _kind_and_count(spec: DeviceSpec, cpus: int, gpus: int, node: str) -> tuple[str, int]:
-    if spec == "auto":
-        return ("cuda", gpus) if gpus else ("cpu", cpus)
-    if spec == "cpu":
-        return "cpu", cpus
-    if spec == "cuda":
-        if not gpus:
-            raise ValueError(f"devices='cuda' but Ray node {node} has no GPU. Use devices='auto'.")
-        return "cuda", gpus
-    if isinstance(spec, str) and spec.startswith("cpu:") and spec[4:].isdigit():
-        kind, count = "cpu", int(spec[4:])
-    elif isinstance(spec, int) and not isinstance(spec, bool):
-        kind, count = ("cuda" if gpus else "cpu"), spec
-    else:
-        raise ValueError(
-            f"With runner='ray', devices is read per node: 'auto', 'cpu', 'cuda', 'cpu:N' or an int N, not {spec!r}."
-        )
-    have = gpus if kind == "cuda" else cpus
-    if not 1 <= count <= have:
-        what = "GPUs" if kind == "cuda" else "CPUs (a CPU device is at least one whole CPU)"
-        raise ValueError(f"devices={spec!r} per node, but Ray node {node} has {have} {what}. Pass at most {have}.")
-    return kind, count
+    return kind_and_count(spec, cpus, gpus, f"Ray node {node}", runner="runner='ray'")
 
 
 def _probe() -> dict:

@@ -6,16 +6,13 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-import optuna
-
 from optuna_saturn.devices import DeviceSpec
 from optuna_saturn.pools.kinds import BackendOptions, Placement
+from optuna_saturn.pools.node_rules import elastic_across_nodes, warm_only
 from optuna_saturn.pools.ray import RayWorkers
 from optuna_saturn.pools.ray_cluster import discover
 from optuna_saturn.pools.warm_backend import WarmBackend
 from optuna_saturn.strategy import Strategy
-
-_logger = optuna.logging.get_logger("optuna.saturn")
 
 
 class RayPool:
@@ -44,33 +41,13 @@ class RayPool:
         )
 
     def runnable(self, strategies: list[Strategy], asked: Sequence[str] | None) -> list[Strategy]:
-        """Those its warm workers run. A strategy whose launcher must own the trial's processes (DeepSpeed's
-        launcher, ``accelerate launch``) cannot run in an actor: named, it is an error; among all the known ones,
-        it is left out."""
-        launched = [s.name for s in strategies if s.launcher != "torchrun"]
-        if launched and asked is not None:
-            raise ValueError(
-                f"runner='ray' runs trials in warm workers (Ray actors), and {launched} need their own launcher to "
-                "start the trial's processes. Leave them out of strategies=, or use runner='local'."
-            )
-        if launched:
-            _logger.info(f"runner='ray' leaves out {launched}: they need their own launcher.")
-        return [s for s in strategies if s.launcher == "torchrun"]
+        """Those its warm workers (Ray actors) run: see :func:`~optuna_saturn.pools.node_rules.warm_only`."""
+        return warm_only(strategies, asked, "runner='ray'")
 
     def elastic(self, wanted: bool, *, checkpoint_dir: str | os.PathLike | None, isolate_network: bool) -> bool:
-        if isolate_network:
-            raise ValueError(
-                "isolate_network applies to the local runner's launches; the Ray runner starts no launcher "
-                "(its trials' process groups talk over each node's loopback). Leave it False."
-            )
-        if wanted and checkpoint_dir is None:
-            # a moved trial resumes on whichever node the plan picks: from a folder every node must read
-            _logger.info(
-                "runner='ray' without a checkpoint_dir: elastic resize is off (a moved trial resumes "
-                "from its checkpoint, which must be in a folder every node shares)."
-            )
-            return False
-        return wanted
+        return elastic_across_nodes(
+            wanted, checkpoint_dir=checkpoint_dir, isolate_network=isolate_network, runner="runner='ray'"
+        )
 
     def warm_backend(self, placement: Placement, options: BackendOptions) -> WarmBackend:
         return RayWorkers(placement.found, study=options.study_name, **options.common(placement.largest_trial))

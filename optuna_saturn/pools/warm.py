@@ -1,11 +1,10 @@
 """The device pool: warm workers, one per device, that run the sweep's jobs (trials and profiling runs).
 
 A job on ``k`` devices runs on those devices' ``k`` workers, which form a fresh process group for it (a new file
-rendezvous in the sweep's private folder, gloo bound to loopback) and tear it down after; no process starts. This
-is the interface a cluster runner implements too: ``submit`` a job on devices, ``wait`` for jobs that ended, ``stop``
-one. Workers talk to the executor over its private channel: each asks for its next order (a job, an objective to
-import ahead, or the end), then says how the job went. A worker that dies, or ends a job unclean, is replaced by
-the pool host (:mod:`optuna_saturn.pools.warm_host`); the pool sees its connection close.
+rendezvous in the sweep's private folder, gloo bound to loopback) and tear it down after; no process starts.
+Workers talk to the executor over its private channel: each asks for its next order (a job, an objective to import
+ahead, or the end), then says how the job went. A worker that dies, or ends a job unclean, is replaced by the pool
+host (:mod:`optuna_saturn.pools.warm_host`); the pool sees its connection close.
 """
 
 from __future__ import annotations
@@ -23,19 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import optuna
-
 from optuna_saturn.channel import ChannelServer
 from optuna_saturn.devices import Device, available_cores, physical_gpus, pin_cores
 from optuna_saturn.pools.deepspeed_ops import build_missing
 from optuna_saturn.pools.forked_host import ForkedHost, start_host, why_not_fork
-from optuna_saturn.pools.launch_commands import extensions_cache, worker_environment
+from optuna_saturn.pools.launch_commands import host_environment
 from optuna_saturn.pools.logs import last_unindented_line
 from optuna_saturn.pools.process_identity import alive, kill_if_same, start_ticks
 from optuna_saturn.pools.protocol import JobEnd, JobRanks
 from optuna_saturn.pools.worker_starts import StartWatch
-
-_logger = optuna.logging.get_logger("optuna.saturn.runner")
 
 #: How long a job's ranks may wait for each other to join its process group.
 RENDEZVOUS_TIMEOUT_SECONDS = 600.0
@@ -73,6 +68,8 @@ class WorkerPool:
     channel_host: str | None = None
     #: Every device is on this machine: any reads a checkpoint another wrote.
     shares_checkpoints = True
+    #: Names its config and rendezvous files in the channel's folder (one per node where a pool has several).
+    _name = "pool"
 
     def __init__(
         self,
@@ -112,6 +109,7 @@ class WorkerPool:
         self._rendezvous_ids = itertools.count()
         self._checked_at = 0.0  # when the running jobs' workers were last looked at (monotonic)
         self._starts: StartWatch | None = None  # (from the start)
+        self._host_extra: dict[str, Any] = {}  # what a host started elsewhere needs besides the common config
 
     # -- life cycle ----------------------------------------------------------------------------------------------
     def start(self, channel: ChannelServer, preload: dict | None = None) -> None:
@@ -133,25 +131,25 @@ class WorkerPool:
             "one_process": self._one_process,
             "executor_pid": os.getpid(),  # the host's parent: it dies with it
             "timeouts": {"collective": self._collective_timeout},
+            **self._host_extra,
         }
         if self.devices[0].kind == "cuda":  # worker i sees the i-th only (optuna_saturn.worker.gpu)
             config["gpus"] = physical_gpus(self.devices)
             config["gpu_threads"] = max(1, len(available_cores()) // len(self.devices))
-        config_path = Path(channel.folder) / "pool.json"
+        config_path = Path(channel.folder) / f"{self._name}.json"
         config_path.write_text(json.dumps(config), encoding="utf-8")
         os.chmod(config_path, 0o600)
-        env = {
-            "PYTHONUNBUFFERED": "1",
-            "GLOO_SOCKET_IFNAME": "lo",
-            "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(extensions_cache())),
-            **worker_environment(self.devices[0].kind, self._log_dir),
-        }
+        env = host_environment(self.devices[0].kind, self._log_dir)
         if "deepspeed" in self._engines:  # before any timed or watched run: see deepspeed_ops
             build_missing(
                 self.devices[0].kind, env, log=self._log_dir / "deepspeed-ops.log", configs=self._deepspeed_configs
             )
+        self._host = self._start_host(config_path, env)
+
+    def _start_host(self, config_path: Path, env: dict[str, str]) -> subprocess.Popen | ForkedHost:
+        """The pool host, on this machine (a cluster's node starts its own: see :mod:`optuna_saturn.pools.slurm`)."""
         why_not = None if self._fork else "forking the executor was turned off"
-        self._host = start_host(
+        return start_host(
             "optuna_saturn.pools.warm_host",
             str(config_path),
             env=env,
@@ -226,7 +224,7 @@ class WorkerPool:
         log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if self._server is None:
             raise RuntimeError(f"job {key!r} submitted to a worker pool that was not started")
-        rendezvous = Path(self._server.folder) / f"rendezvous-{next(self._rendezvous_ids)}"
+        rendezvous = Path(self._server.folder) / f"{self._name}-rendezvous-{next(self._rendezvous_ids)}"
         with self._lock:
             workers = [self._workers[d] for d in devices]
             if any(not w.connected or w.job is not None for w in workers):
@@ -291,7 +289,7 @@ class WorkerPool:
             overdue = job.stopped_at is not None and now - job.stopped_at > self._grace + STOP_DEADLINE_SECONDS
             for device in job.unfinished():
                 pid = job.pids.get(device)
-                if overdue or pid is None or not alive(pid):
+                if overdue or pid is None or not self._alive(pid):
                     why = (
                         f"the rank on device {device} did not end {self._grace + STOP_DEADLINE_SECONDS:.0f} s "
                         "after it was stopped"
@@ -348,11 +346,13 @@ class WorkerPool:
             try:
                 return worker.orders.get(timeout=1.0)
             except queue.Empty:
-                if pid is None or not alive(pid):  # it died while idle: end this request (the connection closes)
+                if pid is None or not self._alive(pid):  # it died while idle: end this request (the connection closes)
                     return {"exit": True}
 
     def _kill(self, pid: int) -> None:
         kill_if_same(pid, self._started.get(pid))
+
+    _alive = staticmethod(alive)  # (whether a worker of this pool's lives: one of this machine, here)
 
     def _closed(self, index: int, pid: int) -> None:
         """The connection of worker ``pid`` (device ``index``, as its hello said) closed: it exited or died. If it
