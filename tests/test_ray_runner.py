@@ -128,8 +128,8 @@ def test_devices_are_read_per_node_with_clear_errors():
 
 
 def test_the_runner_options_say_what_is_wrong():
-    with pytest.raises(ValueError, match=r"one of \['local', 'ray'\]"):
-        SaturnExecutor(devices=1, runner="slurm")
+    with pytest.raises(ValueError, match=r"one of \['local', 'ray', 'slurm'\]"):
+        SaturnExecutor(devices=1, runner="kubernetes")
     with pytest.raises(ValueError, match="runner='ray'"):
         SaturnExecutor(devices=1, ray_address="127.0.0.1:6379")
     with pytest.raises(ValueError, match="isolate_network"):

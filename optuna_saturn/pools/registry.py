@@ -13,13 +13,14 @@ import optuna
 from optuna_saturn.pools.kinds import PoolKind
 from optuna_saturn.pools.local_kind import LocalPool
 from optuna_saturn.pools.ray_kind import RayPool
+from optuna_saturn.pools.slurm_kind import SlurmPool
 
 _logger = optuna.logging.get_logger("optuna.saturn")
 
 #: The entry-point group where another distribution declares a pool kind.
 ENTRY_POINT_GROUP = "optuna_saturn.pools"
 #: The built-in pool kinds ``runner=`` names.
-BUILT_IN: dict[str, Any] = {"local": LocalPool, "ray": RayPool}
+BUILT_IN: dict[str, Any] = {"local": LocalPool, "ray": RayPool, "slurm": SlurmPool}
 
 
 def kinds() -> dict[str, Any]:

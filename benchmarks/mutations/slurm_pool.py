@@ -1,0 +1,60 @@
+"""Mutations of the SLURM pool (``optuna_saturn/pools/slurm*.py``): each undoes one thing a sweep inside a SLURM
+allocation needs (the allocation read as SLURM writes it, the refusal outside one, each node's own rendezvous, the
+leases each node's host takes, a lost node's trials ended and run again)."""
+
+from mutations import Mutation
+
+_TESTS = "tests/test_slurm_pool.py"
+_SPREAD = f"{_TESTS}::test_eight_trials_run_on_both_nodes_of_an_allocation_each_ddp_trial_inside_one_node"
+_DEATH = f"{_TESTS}::test_a_node_whose_slurmd_is_killed_mid_trial_loses_it_and_the_trial_runs_again_on_the_other"
+
+MUTATIONS: list[Mutation] = [
+    Mutation(
+        name="slurm-counts-per-node-misread",
+        contract="SLURM's compressed per-node counts ('2(x2)') give one count per node",
+        path="optuna_saturn/pools/slurm_allocation.py",
+        old="counts += [int(match[1])] * int(match[2] or 1)",
+        new="counts += [int(match[1])]",
+        tests=(f"{_TESTS}::test_slurms_per_node_counts_and_gpus_are_read_as_slurm_writes_them", _SPREAD),
+    ),
+    Mutation(
+        name="slurm-outside-an-allocation-accepted",
+        contract="outside an allocation the SLURM pool refuses, naming sbatch and salloc",
+        path="optuna_saturn/pools/slurm_allocation.py",
+        old="    if not job:\n        raise RuntimeError(OUTSIDE_AN_ALLOCATION)\n",
+        new="",
+        tests=(f"{_TESTS}::test_outside_an_allocation_the_slurm_pool_refuses_naming_sbatch_and_salloc",),
+    ),
+    Mutation(
+        name="slurm-down-node-missed",
+        contract="a node SLURM calls DOWN (with a flag such as +NOT_RESPONDING) is told as down",
+        path="optuna_saturn/pools/slurm.py",
+        old='("DOWN" in state or "FAIL" in state)',
+        new='state in ("DOWN", "FAIL")',
+        tests=(f"{_TESTS}::test_a_node_slurm_calls_down_is_told_with_slurms_reason_and_the_others_are_not",),
+    ),
+    Mutation(
+        name="slurm-nodes-share-rendezvous-files",
+        contract="each node's jobs meet through rendezvous files of their own (two nodes' DDP jobs run at once)",
+        path="optuna_saturn/pools/slurm_node.py",
+        old='self._name = f"pool-{node.name}"',
+        new='self._name = "pool"',
+        tests=(_SPREAD,),
+    ),
+    Mutation(
+        name="slurm-host-takes-no-lease",
+        contract="each node's pool host takes its devices' leases on its node before its workers start",
+        path="optuna_saturn/pools/slurm_host.py",
+        old='leases = [lease_of(config, device) for device in config["devices"]]',
+        new="leases: list = []",
+        tests=(_SPREAD,),
+    ),
+    Mutation(
+        name="slurm-lost-node-trials-not-ended",
+        contract="a lost node's running jobs end unclean with the reason (the sweep runs their trials again)",
+        path="optuna_saturn/pools/slurm_node.py",
+        old="self._rank_ended(job, device, False, reason)\n            for worker in self._workers:",
+        new="pass\n            for worker in self._workers:",
+        tests=(_DEATH,),
+    ),
+]

@@ -1,0 +1,186 @@
+"""The SLURM pool's warm workers: one :class:`~optuna_saturn.pools.slurm_node.SlurmNodeWorkers` per node of the
+allocation (a pool host started on its node by ``srun``, a warm worker per device), behind one
+:class:`~optuna_saturn.pools.warm_backend.WarmBackend` that numbers all the nodes' devices in a row.
+
+- **Jobs** run inside one node (their ranks meet through a file rendezvous there, gloo over its loopback); the
+  channel to the executor crosses nodes: TCP to the executor's address on the nodes' network
+  (:attr:`SlurmWorkers.channel_host`), each node's workers with their own token.
+- **A node lost.** SLURM says so (``scontrol show node``: DOWN, looked at every :data:`NODE_CHECK_SECONDS`), or the
+  step of its host ends: its devices are lost, its running jobs end unclean with the reason (the sweep runs their
+  trials again on the nodes left), and its workers are refused from then on. A killed ``slurmd`` kills no process
+  and closes no connection: SLURM's verdict is what tells (about 30 s with ``SlurmdTimeout=10``).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import secrets
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from optuna_saturn.channel import ChannelServer
+from optuna_saturn.devices import Device
+from optuna_saturn.leases import LEASES_ENV
+from optuna_saturn.pools.protocol import JobEnd
+from optuna_saturn.pools.slurm_allocation import Allocation, scontrol
+from optuna_saturn.pools.slurm_node import SlurmNodeWorkers
+
+_logger = optuna.logging.get_logger("optuna.saturn.runner")
+
+#: Seconds between two looks at the nodes' states.
+NODE_CHECK_SECONDS = 2.0
+
+
+class SlurmWorkers:
+    """Warm workers on ``allocation``'s nodes; see the module's docstring. Used from the sweep's thread only."""
+
+    #: Each node may have its own disk: a checkpoint is read elsewhere only from a folder every node mounts.
+    shares_checkpoints = False
+
+    def __init__(self, allocation: Allocation, *, log_dir: Path, study: str = "", **common: Any) -> None:
+        self.allocation = allocation
+        self.devices: list[Device] = allocation.devices
+        self._ended: queue.Queue = queue.Queue()
+        host_config = {"sweep": secrets.token_hex(8), "study": study, "leases": os.environ.get(LEASES_ENV)}
+        self._nodes = [
+            SlurmNodeWorkers(
+                allocation.job_id, node, log_dir=log_dir, ended=self._ended, host_config=dict(host_config), **common
+            )
+            for node in allocation.nodes
+        ]
+        self._where = [(pool, local) for pool in self._nodes for local in range(len(pool.devices))]
+        self._first = {id(pool): self._where.index((pool, 0)) for pool in self._nodes}
+        self._jobs: dict[Any, tuple[int, ...]] = {}  # job -> its devices, as the sweep numbers them
+        self._watch = NodeWatch([n.name for n in allocation.nodes])
+
+    @property
+    def channel_host(self) -> str:
+        """The executor's address on the nodes' network."""
+        return self.allocation.channel_host
+
+    def node_of(self, device: Device) -> dict[str, Any]:
+        return {**self.allocation.node(device.node).to_json(), "slurm_job": self.allocation.job_id}
+
+    def start(self, channel: ChannelServer, preload: dict | None = None) -> None:
+        for pool in self._nodes:
+            pool.start(channel, preload)
+        self._watch.start()
+        _logger.info(
+            f"SLURM pool (job {self.allocation.job_id}): {len(self.devices)} devices on {len(self._nodes)} nodes "
+            f"({', '.join(f'{p.node.name}: {len(p.devices)}' for p in self._nodes)}); their workers are starting."
+        )
+
+    def close(self) -> None:
+        self._watch.stop()
+        for pool in self._nodes:
+            pool.close()
+
+    # -- devices --------------------------------------------------------------------------------------------------
+    def ready(self) -> set[int]:
+        self._check_nodes()
+        return {self._first[id(pool)] + i for pool in self._nodes for i in pool.ready()}
+
+    def joined(self) -> list[Device]:
+        return []  # (an allocation's nodes are fixed)
+
+    def lost(self) -> set[int]:
+        return {
+            self._first[id(pool)] + i
+            for pool in self._nodes
+            for i in (range(len(pool.devices)) if pool.lost_because is not None else pool.lost())
+        }
+
+    def release(self, devices: set[int]) -> set[int]:
+        return set()  # (giving a node back to SLURM is a later step)
+
+    def host_problem(self) -> str | None:
+        self._check_nodes()
+        reasons = [pool.lost_because for pool in self._nodes]
+        if all(reasons):
+            return f"every node of SLURM job {self.allocation.job_id} is gone ({reasons[0]})"
+        return None
+
+    # -- jobs -----------------------------------------------------------------------------------------------------
+    def submit(self, key: Any, job: dict, devices: Sequence[int], *, log: Path) -> None:
+        pools = {id(self._where[d][0]) for d in devices}
+        if len(pools) != 1:
+            raise ValueError(f"job {key!r} spans several nodes ({list(devices)}); a job runs inside one node")
+        pool = self._where[devices[0]][0]
+        self._jobs[key] = tuple(devices)
+        pool.submit(key, job, [self._where[d][1] for d in devices], log=log)
+
+    def wait(self, timeout: float) -> list[JobEnd]:
+        """Jobs that ended since the last call (on any node); waits up to ``timeout`` for the first."""
+        self._check_nodes()
+        for pool in self._nodes[1:]:
+            pool.check_workers()
+        ends = self._nodes[0].wait(timeout)  # (every node's jobs end into the one queue it waits on)
+        return [self._global(end) for end in ends]
+
+    def stop(self, key: Any, reason: str = "stopped") -> None:
+        if key in self._jobs:
+            self._where[self._jobs[key][0]][0].stop(key, reason)
+
+    def _global(self, end: JobEnd) -> JobEnd:
+        devices = self._jobs.pop(end.key, end.devices)
+        return JobEnd(end.key, devices, end.clean, end.reason, end.error, end.failure)
+
+    def _check_nodes(self) -> None:
+        """Lose the nodes SLURM says are down, and those whose host's step ended."""
+        down = self._watch.down()
+        for pool in self._nodes:
+            if pool.lost_because is not None:
+                continue
+            why = down.get(pool.node.name) or pool.host_ended()
+            if why is not None:
+                pool.lose(f"SLURM node {pool.node.name} is lost: {why}")
+                _logger.warning(
+                    f"SLURM node {pool.node.name} is lost ({why}): its {len(pool.devices)} device(s) are gone; "
+                    "its trials run again on the nodes left."
+                )
+
+
+class NodeWatch:
+    """SLURM's word on the allocation's nodes, asked in a thread of its own (``scontrol`` may be slow to answer: the
+    sweep's loop never waits for it)."""
+
+    def __init__(self, names: list[str]) -> None:
+        self._names = names
+        self._down: dict[str, str] = {}
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="saturn-slurm-nodes", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def down(self) -> dict[str, str]:
+        """The nodes SLURM says are down, and why."""
+        return dict(self._down)
+
+    def _run(self) -> None:
+        while not self._stopped.wait(NODE_CHECK_SECONDS):
+            try:
+                answer = scontrol(["--oneliner", "show", "node", ",".join(self._names)])
+            except RuntimeError:
+                continue  # (slurmctld busy: asked again next time)
+            self._down.update(down_nodes(answer, self._names))
+
+
+def down_nodes(answer: str, names: list[str]) -> dict[str, str]:
+    """Of ``names``, the nodes ``scontrol --oneliner show node`` (``answer``) says are down or failed, and why."""
+    down = {}
+    for line in answer.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        state = fields.get("State", "")
+        if fields.get("NodeName") in names and ("DOWN" in state or "FAIL" in state):
+            reason = line.partition("Reason=")[2].strip()
+            down[fields["NodeName"]] = f"SLURM says it is {state}" + (f" ({reason})" if reason else "")
+    return down

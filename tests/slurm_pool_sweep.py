@@ -1,0 +1,118 @@
+"""A real sweep with ``SlurmPool`` inside a SLURM allocation of the test cluster (``tests/slurm_cluster.py``), for
+``tests/test_slurm_pool.py``. Run it as the user would, inside the allocation, in the controller's namespace:
+``salloc -N2 --exclusive --no-kill python tests/slurm_pool_sweep.py MODE OUT.json [EXTRA_JSON]``, MODE ``spread``
+(8 trials over both nodes' 2 CPU devices, single and DDP) or ``node-death`` (the ``slurmd`` of the node a trial
+runs on is killed, ``kill -9``, once that trial has started: EXTRA_JSON gives the pid files' folder). Writes what
+the test checks as JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]
+
+import objectives  # noqa: E402
+import optuna  # noqa: E402
+import torch  # noqa: E402
+
+from optuna_saturn import SaturnExecutor  # noqa: E402
+from optuna_saturn.events import SweepListener, TrialStart  # noqa: E402
+from optuna_saturn.pools.slurm_kind import SlurmPool  # noqa: E402
+
+
+class KillSlurmdWhenATrialRunsThere(SweepListener):
+    """Once the first trial on ``node`` runs, ``kill -9`` that node's ``slurmd`` (its pid file in ``run``)."""
+
+    def __init__(self, node: str, run: str) -> None:
+        self._node, self._run = node, run
+        self.victim: int | None = None
+        self.killed_at: float | None = None
+
+    def on_trial_start(self, study: optuna.Study, start: TrialStart) -> None:
+        if self.victim is None and any(d.startswith(self._node + "/") for d in start.devices):
+            self.victim = start.number
+            threading.Thread(target=self._kill, daemon=True).start()
+
+    def _kill(self) -> None:
+        time.sleep(1.0)  # (well inside the trial: it runs for several seconds)
+        pid = int(Path(self._run, f"slurmd-{self._node}.pid").read_text())
+        os.kill(pid, signal.SIGKILL)
+        self.killed_at = time.time()
+
+
+def slow_on_node1(trial) -> float:
+    """``sleepy``, long on node1 (45 s: past the time SLURM takes to call a node without its ``slurmd`` DOWN) and
+    short elsewhere (3 s). Its worker knows its node from ``srun``'s environment."""
+    os.environ["SATURN_TEST_SLEEPY_STEPS"] = "450" if os.environ.get("SLURMD_NODENAME") == "node1" else "30"
+    trial.set_user_attr("ran_on", os.environ.get("SLURMD_NODENAME"))
+    return objectives.sleepy(trial)
+
+
+def train_linear_on_its_node(trial) -> float:
+    """``train_linear``, and the node each rank ran on, as ``srun`` told its worker."""
+    value = objectives.train_linear(trial)
+    nodes = [os.environ.get("SLURMD_NODENAME")] * trial.world_size
+    if trial.world_size > 1:
+        torch.distributed.all_gather_object(nodes, os.environ.get("SLURMD_NODENAME"))
+    trial.set_user_attr("nodes_of_ranks", nodes)
+    return value
+
+
+def main(mode: str, out: str, run: str | None = None) -> None:
+    started = time.time()
+    tmp = tempfile.mkdtemp(prefix="saturn-slurm-test-")
+    storage = f"sqlite:///{tmp}/study.db"
+    study = optuna.create_study(storage=storage, study_name=mode)
+    listeners: list[SweepListener] = []
+    if mode == "node-death":
+        assert run is not None
+        killer = KillSlurmdWhenATrialRunsThere("node1", run)
+        listeners.append(killer)
+    executor = SaturnExecutor(
+        devices=2 if mode == "spread" else 1,
+        strategies=["ddp"] if mode == "spread" else ["single"],  # (ddp: every trial on 2 devices of one node)
+        pool=SlurmPool(),
+        log_dir=f"{tmp}/runs",
+        profile_store=f"{tmp}/profiles",
+        progress="plain",
+        dashboard=False,
+        listeners=listeners,
+        max_retries=1,
+    )
+    import slurm_pool_sweep  # (its objective, from a module the workers import by name)
+
+    objective = slurm_pool_sweep.train_linear_on_its_node if mode == "spread" else slurm_pool_sweep.slow_on_node1
+    executor.optimize(study, objective, n_trials=8 if mode == "spread" else 3)
+    result = {
+        "seconds": time.time() - started,
+        "driver_pid": os.getpid(),
+        "slurm_job": os.environ.get("SLURM_JOB_ID"),
+        "devices": [str(d) for d in executor.devices],
+        "trials": [
+            {
+                "number": t.number,
+                "state": t.state.name,
+                "attrs": {
+                    k: v for k, v in {**t.user_attrs, **t.system_attrs}.items() if not k.startswith("saturn:profil")
+                },
+            }
+            for t in study.trials
+        ],
+    }
+    if mode == "node-death":
+        result["victim"], result["killed_at"] = killer.victim, killer.killed_at
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(result, f, default=str)
+
+
+if __name__ == "__main__":
+    extra = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
+    main(sys.argv[1], sys.argv[2], **extra)

@@ -1,0 +1,125 @@
+"""The SLURM pool (``SaturnExecutor(pool=SlurmPool())``): reading an allocation from SLURM's environment, the refusal
+outside one, and real sweeps inside an allocation of the two-node test cluster (``tests/slurm_cluster.py``), run as a
+user runs them: ``salloc -N2 --exclusive --no-kill python script.py`` in the controller's namespace, a pool host per
+node started by ``srun``."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+import slurm_cluster
+from support import require
+
+from optuna_saturn.pools.slurm import down_nodes
+from optuna_saturn.pools.slurm_allocation import OUTSIDE_AN_ALLOCATION, gpus_per_node, per_node, read_allocation
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def test_slurms_per_node_counts_and_gpus_are_read_as_slurm_writes_them():
+    assert per_node("2(x2)", 2, "X") == [2, 2]
+    assert per_node("4,2(x3)", 4, "X") == [4, 2, 2, 2]
+    with pytest.raises(RuntimeError, match="gives 2 nodes' counts, for 3"):
+        per_node("2(x2)", 3, "X")
+    assert gpus_per_node({"SLURM_GPUS_PER_NODE": "a100:4"}) == 4
+    assert gpus_per_node({"SLURM_GPUS_ON_NODE": "2"}) == 2
+    assert gpus_per_node({}) == 0
+
+
+def test_outside_an_allocation_the_slurm_pool_refuses_naming_sbatch_and_salloc():
+    with pytest.raises(RuntimeError) as refused:
+        read_allocation("auto", env={})
+    assert str(refused.value) == OUTSIDE_AN_ALLOCATION
+    assert "sbatch" in OUTSIDE_AN_ALLOCATION and "salloc" in OUTSIDE_AN_ALLOCATION
+
+
+_SCONTROL_NODES = (  # (scontrol --oneliner show node node0,node1 on the test cluster, shortened)
+    "NodeName=node0 Arch=x86_64 CPUTot=2 NodeAddr=10.214.226.2 OS=Linux 6.18 #1 SMP State=IDLE Partitions=debug\n"
+    "NodeName=node1 Arch=x86_64 CPUTot=2 NodeAddr=10.214.226.3 State=DOWN+NOT_RESPONDING Partitions=debug "
+    "Reason=Not responding [slurm@2026-12-06T16:10:24]\n"
+)
+
+
+def test_a_node_slurm_calls_down_is_told_with_slurms_reason_and_the_others_are_not():
+    assert down_nodes(_SCONTROL_NODES, ["node0", "node1"]) == {
+        "node1": "SLURM says it is DOWN+NOT_RESPONDING (Not responding [slurm@2026-12-06T16:10:24])"
+    }
+    assert down_nodes(_SCONTROL_NODES, ["node0"]) == {}  # (not this allocation's)
+
+
+@pytest.fixture
+def cluster():
+    """A two-node SLURM cluster of its own (a test may kill a slurmd), stopped by its PIDs after."""
+    require(os.geteuid() == 0, "root (network namespaces, SLURM's daemons)", fix="run the tests as root")
+    missing = slurm_cluster.missing_tools()
+    require(not missing, f"{', '.join(missing)} (SLURM, MUNGE, iproute2, util-linux)", fix="run .ci/install-slurm")
+    folder = tempfile.mkdtemp(prefix="saturn-slurm-")  # (short: munge's socket path must fit in 108 bytes)
+    try:
+        yield slurm_cluster.start(folder)
+    finally:
+        slurm_cluster.stop(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _sweep_in_an_allocation(cluster, mode: str, tmp_path, extra: dict | None = None, **env: str) -> dict:
+    """``slurm_pool_sweep.py MODE`` inside ``salloc -N2 --exclusive --no-kill`` (a node's failure does not end the
+    allocation: the pool runs its trials elsewhere), in the controller's namespace, as a user runs a script."""
+    out = tmp_path / f"{mode}.json"
+    command = cluster.command(
+        *(f"{k}={v}" for k, v in env.items()),
+        "salloc", "-N2", "--exclusive", "--no-kill",
+        sys.executable, os.path.join(HERE, "slurm_pool_sweep.py"), mode, str(out), json.dumps(extra or {}),
+    )  # fmt: skip
+    started = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, check=False)
+    print(f"{mode}: {time.monotonic() - started:.1f} s")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.launch
+def test_eight_trials_run_on_both_nodes_of_an_allocation_each_ddp_trial_inside_one_node(cluster, tmp_path):
+    """8 DDP trials of 2 devices: all COMPLETE, on both nodes, each trial's two ranks on one node (as ``srun``
+    told their worker), in that node's workers (not the executor), as one process group (the same parameters on
+    both ranks); each node's host took its devices' leases there, on the allocation's nodes only."""
+    leases = tmp_path / "leases"
+    result = _sweep_in_an_allocation(cluster, "spread", tmp_path, OPTUNA_SATURN_LEASES=str(leases))
+    trials = result["trials"]
+    assert [t["state"] for t in trials] == ["COMPLETE"] * 8
+    assert result["devices"] == ["node0/cpu:0", "node0/cpu:1", "node1/cpu:0", "node1/cpu:1"]
+    assert {t["attrs"]["saturn:node"]["name"] for t in trials} == {"node0", "node1"}, "not spread over both nodes"
+    for trial in trials:
+        attrs = trial["attrs"]
+        node = attrs["saturn:node"]["name"]
+        assert attrs["saturn:strategy"] == "ddp" and attrs["world_size"] == 2
+        assert all(d.startswith(node + "/") for d in attrs["saturn:devices"]), attrs["saturn:devices"]
+        assert attrs["nodes_of_ranks"] == [node, node], attrs["nodes_of_ranks"]
+        assert attrs["saturn:node"]["slurm_job"] == result["slurm_job"]
+        assert result["driver_pid"] not in attrs["pids"] and len(set(attrs["pids"])) == 2
+        assert attrs["max_param_diff_across_ranks"] == 0.0
+    assert sorted(p.name for p in leases.iterdir() if not p.name.startswith(".")), "no host took a lease"
+
+
+@pytest.mark.launch
+def test_a_node_whose_slurmd_is_killed_mid_trial_loses_it_and_the_trial_runs_again_on_the_other(cluster, tmp_path):
+    """node1's ``slurmd`` is killed (``kill -9``) while a trial runs there: once SLURM calls the node lost, the
+    trial ends FAIL with the reason naming the node, its params run again on node0 and COMPLETE, and so does every
+    other trial; nothing stays RUNNING."""
+    result = _sweep_in_an_allocation(cluster, "node-death", tmp_path, {"run": os.path.join(cluster.folder, "run")})
+    trials = {t["number"]: t for t in result["trials"]}
+    victim = trials[result["victim"]]
+    assert result["killed_at"] is not None
+    assert victim["attrs"]["saturn:node"]["name"] == "node1" and victim["state"] == "FAIL"
+    assert "SLURM node node1 is lost" in victim["attrs"]["saturn:fail_reason"], victim["attrs"]["saturn:fail_reason"]
+    again = [t for t in trials.values() if t["attrs"].get("saturn:retry_of") == victim["number"]]
+    assert len(again) == 1 and again[0]["state"] == "COMPLETE", again
+    assert again[0]["attrs"]["saturn:node"]["name"] == "node0" and again[0]["attrs"]["ran_on"] == "node0"
+    others = [t for t in trials.values() if t is not victim and t not in again]
+    assert len(others) == 2 and all(t["state"] == "COMPLETE" for t in others), others
