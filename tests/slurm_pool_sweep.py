@@ -92,6 +92,7 @@ def main(mode: str, out: str, run: str | None = None) -> None:
     objective = slurm_pool_sweep.train_linear_on_its_node if mode == "spread" else slurm_pool_sweep.slow_on_node1
     executor.optimize(study, objective, n_trials=8 if mode == "spread" else 3)
     result = {
+        "left_behind": _left_behind(os.environ["SLURM_JOB_ID"]),
         "seconds": time.time() - started,
         "driver_pid": os.getpid(),
         "slurm_job": os.environ.get("SLURM_JOB_ID"),
@@ -111,6 +112,26 @@ def main(mode: str, out: str, run: str | None = None) -> None:
         result["victim"], result["killed_at"] = killer.victim, killer.killed_at
     with open(out, "w", encoding="utf-8") as f:
         json.dump(result, f, default=str)
+
+
+def _left_behind(job: str, wait: float = 20.0) -> list[str]:
+    """The sweep's pool hosts and workers still alive on any node of SLURM job ``job`` (the test cluster's nodes share
+    this machine's processes), once ``wait`` seconds passed without them all gone: a closed pool leaves none in the
+    allocation, which runs on."""
+    import psutil
+
+    deadline = time.monotonic() + wait
+    while True:
+        found = []
+        for process in psutil.process_iter(["name", "pid"]):
+            try:
+                if process.info["name"].startswith("saturn-") and process.environ().get("SLURM_JOB_ID") == job:
+                    found.append(f"{process.info['name']} (pid {process.info['pid']})")
+            except psutil.Error:
+                continue
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
 
 
 if __name__ == "__main__":

@@ -88,7 +88,8 @@ def _sweep_in_an_allocation(cluster, mode: str, tmp_path, extra: dict | None = N
 def test_eight_trials_run_on_both_nodes_of_an_allocation_each_ddp_trial_inside_one_node(cluster, tmp_path):
     """8 DDP trials of 2 devices: all COMPLETE, on both nodes, each trial's two ranks on one node (as ``srun``
     told their worker), in that node's workers (not the executor), as one process group (the same parameters on
-    both ranks); each node's host took its devices' leases there, on the allocation's nodes only."""
+    both ranks); each node's host took its devices' leases there; and once the sweep ends, no host or worker is left
+    in the allocation (which goes on: a script may run another sweep)."""
     leases = tmp_path / "leases"
     result = _sweep_in_an_allocation(cluster, "spread", tmp_path, OPTUNA_SATURN_LEASES=str(leases))
     trials = result["trials"]
@@ -105,6 +106,7 @@ def test_eight_trials_run_on_both_nodes_of_an_allocation_each_ddp_trial_inside_o
         assert result["driver_pid"] not in attrs["pids"] and len(set(attrs["pids"])) == 2
         assert attrs["max_param_diff_across_ranks"] == 0.0
     assert sorted(p.name for p in leases.iterdir() if not p.name.startswith(".")), "no host took a lease"
+    assert result["left_behind"] == [], "the closed pool left processes in the allocation"
 
 
 @pytest.mark.launch

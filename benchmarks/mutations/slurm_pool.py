@@ -57,4 +57,12 @@ MUTATIONS: list[Mutation] = [
         new="pass\n            for worker in self._workers:",
         tests=(_DEATH,),
     ),
+    Mutation(
+        name="slurm-close-leaves-hosts",
+        contract="a closed SLURM pool leaves no host or worker in the allocation (which runs on)",
+        path="optuna_saturn/pools/slurm_node.py",
+        old="        super().close()\n",
+        new="",
+        tests=(_SPREAD,),
+    ),
 ]
