@@ -92,7 +92,8 @@ def main(mode: str, out: str, run: str | None = None) -> None:
     objective = slurm_pool_sweep.train_linear_on_its_node if mode == "spread" else slurm_pool_sweep.slow_on_node1
     executor.optimize(study, objective, n_trials=8 if mode == "spread" else 3)
     result = {
-        "left_behind": _left_behind(os.environ["SLURM_JOB_ID"]),
+        # (node-death: the lost node's worker runs its trial to its end, 45 s after its start, then is refused)
+        "left_behind": _left_behind(os.environ["SLURM_JOB_ID"], wait=20.0 if mode == "spread" else 45.0),
         "seconds": time.time() - started,
         "driver_pid": os.getpid(),
         "slurm_job": os.environ.get("SLURM_JOB_ID"),

@@ -113,7 +113,7 @@ def test_eight_trials_run_on_both_nodes_of_an_allocation_each_ddp_trial_inside_o
 def test_a_node_whose_slurmd_is_killed_mid_trial_loses_it_and_the_trial_runs_again_on_the_other(cluster, tmp_path):
     """node1's ``slurmd`` is killed (``kill -9``) while a trial runs there: once SLURM calls the node lost, the
     trial ends FAIL with the reason naming the node, its params run again on node0 and COMPLETE, and so does every
-    other trial; nothing stays RUNNING."""
+    other trial; nothing stays RUNNING; the lost node's host and worker, still running there, end once refused."""
     result = _sweep_in_an_allocation(cluster, "node-death", tmp_path, {"run": os.path.join(cluster.folder, "run")})
     trials = {t["number"]: t for t in result["trials"]}
     victim = trials[result["victim"]]
@@ -125,3 +125,7 @@ def test_a_node_whose_slurmd_is_killed_mid_trial_loses_it_and_the_trial_runs_aga
     assert again[0]["attrs"]["saturn:node"]["name"] == "node0" and again[0]["attrs"]["ran_on"] == "node0"
     others = [t for t in trials.values() if t is not victim and t not in again]
     assert len(others) == 2 and all(t["state"] == "COMPLETE" for t in others), others
+    assert not [t for t in trials.values() if t["state"] in ("RUNNING", "WAITING")]
+    # node1's slurmd is gone, not node1: its worker, which no step can reach now, is refused by the pool once its
+    # trial ends there, and exits; its host gives up and exits too
+    assert result["left_behind"] == [], result["left_behind"]

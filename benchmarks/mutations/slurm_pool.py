@@ -65,4 +65,12 @@ MUTATIONS: list[Mutation] = [
         new="",
         tests=(_SPREAD,),
     ),
+    Mutation(
+        name="slurm-lost-node-workers-not-told-to-exit",
+        contract="a lost node's workers, which no step reaches, are told to exit at their next request",
+        path="optuna_saturn/pools/slurm_node.py",
+        old='                worker.orders.put({"exit": True})\n',
+        new="",
+        tests=(_DEATH,),
+    ),
 ]
