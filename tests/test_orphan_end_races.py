@@ -106,3 +106,45 @@ def test_a_retry_whose_enqueue_landed_but_whose_answer_was_lost_is_not_queued_ag
     assert _retries_of_the_first(trials) == [1]
     assert recovery_round(gateway, me, max_retries=1, watch=watch) == []  # (and it is due no more)
     assert len(study.get_trials(deepcopy=False)) == 2
+
+
+def test_two_sweeps_whose_record_writes_interleave_on_a_journal_leave_one_winner(tmp_path):
+    """On a journal each record is a write of its own: A wrote its reason, B both its records, then A its name and
+    its move, then B its move (refused). Judged by all its records, neither sweep had won, and no one queued the
+    retry (a review of the journal's end). The name that stands on the ended trial decides: A's."""
+    from optuna_saturn.study import moves
+
+    path = str(tmp_path / "journal.log")
+    study = optuna.create_study(storage=JournalStorage(JournalFileBackend(path)), study_name="s")
+    trial_id = study.ask()._trial_id
+    a, b = JournalStorage(JournalFileBackend(path)), JournalStorage(JournalFileBackend(path))
+    a_reason_written, b_written = threading.Event(), threading.Event()
+    write_a, move_b = a.set_trial_system_attr, b.set_trial_state_values
+
+    def a_then_wait(trial_id, key, value):
+        write_a(trial_id, key, value)
+        if key == "saturn:fail_reason":
+            a_reason_written.set()
+            assert b_written.wait(10)
+
+    def b_after_a(*args, **kwargs):
+        b_written.set()
+        ending_a.join(10)
+        return move_b(*args, **kwargs)
+
+    a.set_trial_system_attr, b.set_trial_state_values = a_then_wait, b_after_a
+    won: dict[str, bool] = {}
+
+    def end(name: str, storage: JournalStorage) -> None:
+        attrs = {"saturn:fail_reason": f"silent ({name})", "saturn:ended_by": name}
+        won[name] = moves.move(
+            storage, trial_id, expected=TrialState.RUNNING, to=TrialState.FAIL, attrs=attrs, signed_by="saturn:ended_by"
+        )
+
+    ending_a = threading.Thread(target=end, args=("A", a))
+    ending_a.start()
+    assert a_reason_written.wait(10)
+    end("B", b)
+    stored = JournalStorage(JournalFileBackend(path)).get_trial(trial_id)
+    assert stored.state == TrialState.FAIL and stored.system_attrs["saturn:ended_by"] == "A"
+    assert won == {"A": True, "B": False}

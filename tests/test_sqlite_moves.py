@@ -188,3 +188,93 @@ def test_a_tell_racing_another_sweeps_end_of_its_trial_neither_overwrites_it_nor
     ]  # (one retry: the params run once more, not twice)
     late = optuna.load_study(study_name=study.study_name, storage=second()).user_attrs["saturn:late_result:0"]
     assert late["values"] == [0.5] and late["state"] == "COMPLETE"
+
+
+def test_two_sweeps_in_one_process_telling_at_once_on_one_storage_keep_their_own_records(tmp_path):
+    """Two gateways (two sweeps, two locks) on one storage object tell at once. Each tell's move stood in for the
+    storage's own write on the shared object: interleaved, trial 0 got trial 1's records, trial 1's were lost, and
+    the stand-in stayed on the object, so a later plain study.tell wrote trial 0's records onto another trial (a
+    review of the tell's conditional write). One tell's move at a time, for its own trial only."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    entered = {n: threading.Event() for n in (0, 1)}
+    release = {n: threading.Event() for n in (0, 1)}
+
+    class Slow(optuna.samplers.RandomSampler):
+        def after_trial(self, study, trial, state, values):
+            if trial.number in entered:
+                entered[trial.number].set()
+                release[trial.number].wait(2)  # (forced: the other's tell starts meanwhile, where it can)
+
+    study = optuna.create_study(storage=url, study_name="s", sampler=Slow())
+    one, two = StudyGateway(study, owner={"sweep": "one"}), StudyGateway(study, owner={"sweep": "two"})
+    zero, first = one.ask_new(), two.ask_new()
+    tells = [
+        threading.Thread(target=lambda: one.tell(zero, TrialState.COMPLETE, [0.0], attrs={"who": "zero"})),
+        threading.Thread(target=lambda: two.tell(first, TrialState.COMPLETE, [1.0], attrs={"who": "one"})),
+    ]
+    tells[0].start()
+    assert entered[0].wait(10)
+    tells[1].start()
+    entered[1].wait(3)
+    release[0].set()
+    tells[0].join(30)
+    release[1].set()
+    tells[1].join(30)
+    stored = optuna.load_study(study_name="s", storage=url).trials
+    assert [(t.state, t.values, t.system_attrs.get("saturn:who")) for t in stored] == [
+        (TrialState.COMPLETE, [0.0], "zero"),
+        (TrialState.COMPLETE, [1.0], "one"),
+    ]
+    assert "set_trial_state_values" not in vars(study._storage)
+    later = study.ask()
+    study.tell(later, 2.0)
+    assert "saturn:who" not in optuna.load_study(study_name="s", storage=url).trials[2].system_attrs
+
+
+def test_a_result_the_outbox_kept_does_not_overwrite_another_sweeps_end_of_its_trial(tmp_path, monkeypatch):
+    """A restarted sweep tells a dead sweep's result from the outbox; another sweep ends the same orphan right
+    before the tell's write, after its read (forced: at the write, whichever writes it). The tell from the outbox
+    was a plain study.tell, whose write overwrote that end: COMPLETE with the other's reason (a review of the N4
+    fix). The first end stands, and nothing is counted as told."""
+    from optuna.storages._rdb import models
+
+    from optuna_saturn.study import moves
+    from optuna_saturn.study.outbox import Outbox, Outgoing
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    dead = StudyGateway(optuna.create_study(storage=url, study_name="s"), owner={"sweep": "dead"})
+    trial = dead.ask_new()
+    Outbox(tmp_path / "outbox").keep_if_it_can(Outgoing(trial._trial_id, trial.number, "COMPLETE", [0.5], {}))
+    ended = []
+
+    def end_it_as_another_sweep() -> None:
+        if not ended:
+            ended.append(True)
+            other = optuna.load_study(study_name="s", storage=optuna.storages.RDBStorage(url))
+            attrs = {"saturn:fail_reason": "silent for 151 s", "saturn:ended_by": "other"}
+            running, failed = TrialState.RUNNING, TrialState.FAIL
+            assert moves.move(other._storage, trial._trial_id, expected=running, to=failed, attrs=attrs)
+
+    conditional, read = moves._conditional_update, models.TrialModel.find_or_raise_by_id.__func__
+
+    def end_first(rdb, trial_id, expected, to, *args, **kwargs):
+        if to == TrialState.COMPLETE:  # (this sweep's conditional write of the end)
+            end_it_as_another_sweep()
+        return conditional(rdb, trial_id, expected, to, *args, **kwargs)
+
+    def read_then_end(cls, trial_id, session, for_update=False):
+        row = read(cls, trial_id, session, for_update)
+        if for_update:  # (Optuna's own write of an end: its read, then its unconditional write)
+            end_it_as_another_sweep()
+        return row
+
+    monkeypatch.setattr(moves, "_conditional_update", end_first)
+    monkeypatch.setattr(models.TrialModel, "find_or_raise_by_id", classmethod(read_then_end))
+    restarted = StudyGateway(
+        optuna.load_study(study_name="s", storage=url), outbox=Outbox(tmp_path / "outbox"), owner={"sweep": "again"}
+    )
+    assert restarted.tell_what_the_outbox_kept(lambda trial: True) == []
+    assert ended
+    (stored,) = optuna.load_study(study_name="s", storage=url).trials
+    assert stored.state == TrialState.FAIL and stored.values is None
+    assert stored.system_attrs["saturn:ended_by"] == "other"

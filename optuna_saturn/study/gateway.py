@@ -290,12 +290,14 @@ class StudyGateway:
                 if stored is not None and stored.number == result.number and stored.state == TrialState.RUNNING:
                     if not orphaned(stored):
                         continue  # its sweep lives: it tells it itself
-                    try:
-                        write_records(self.study._storage, result.trial_id, result.attrs)
-                        state = TrialState[result.state]
-                        values = result.values if state == TrialState.COMPLETE else None
-                        self.study.tell(result.number, values, state=state)
-                        told.append(result.number)
+                    state = TrialState[result.state]
+                    values = result.values if state == TrialState.COMPLETE else None
+                    try:  # (only if it is still RUNNING then: another sweep's end in between stands)
+                        trial = optuna.Trial(self.study, result.trial_id)
+                        if told_here(
+                            moves.tell_if_running(self.study, trial, state, values, result.attrs), state, values
+                        ):
+                            told.append(result.number)
                     except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
                         pass  # (another sweep sharing the outbox told it first: it is the storage's now)
             Outbox.done(path)

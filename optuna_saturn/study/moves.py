@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,11 +44,14 @@ def move(
     to: TrialState,
     attrs: dict[str, Any] | None = None,
     values: Sequence[float] | None = None,
+    signed_by: str | None = None,
 ) -> bool:
     """Move trial ``trial_id`` from ``expected`` to ``to``, with records ``attrs`` (and ``values``, for an end);
     False if another process moved it first. On an RDB storage the attributes are written in the move's own
     transaction, only by the process that made it: a sweep that loses the race leaves no reason or name of its
-    own on a trial another ended. Elsewhere an end is this process's when its records stand on the ended trial."""
+    own on a trial another ended. ``signed_by``: the record of ``attrs`` that names who makes the move
+    (``saturn:ended_by``); where the storage cannot say whose end it took (a journal), the end is this process's
+    when that name stands on the ended trial."""
     rdb: Any = getattr(storage, "_backend", storage)  # (Optuna wraps an RDB storage in a cache)
     if isinstance(rdb, RDBStorage):
         return _conditional_update(rdb, trial_id, expected, to, attrs or {}, values)
@@ -58,21 +62,14 @@ def move(
         moved = storage.set_trial_state_values(trial_id, to, values)
     except optuna.exceptions.UpdateFinishedTrialError:
         moved = False
-    if not to.is_finished():
-        return moved  # (a take: the storage's answer says whose it is)
-    # Two processes that end one trial at once both write their records, then their moves; the first move ends it
-    # with the records written last before it, and later writes are refused. So the records on it name who ended
-    # it, whichever move answered True: that one, and only that one, queues its retry.
-    return _ended_with(storage.get_trial(trial_id), to, attrs or {})
-
-
-def _ended_with(stored: Any, to: TrialState, attrs: dict[str, Any]) -> bool:
-    user, system = split(attrs)
-    return (
-        stored.state == to
-        and all(stored.user_attrs.get(key) == value for key, value in user.items())
-        and all(stored.system_attrs.get(key) == value for key, value in system.items())
-    )
+    if signed_by is None or not to.is_finished():
+        return moved  # (a take, or an unsigned end: the storage's answer says whose it is)
+    # Two processes that end one trial at once both write their records, each record one write, then their moves;
+    # the first move ends it, with the name written last before it, and later writes are refused. So the name on
+    # it says who ended it, whichever move answered True: that one, and only that one, queues its retry.
+    stored = storage.get_trial(trial_id)
+    name = {**stored.user_attrs, **stored.system_attrs}.get(signed_by)
+    return stored.state == to and name == (attrs or {}).get(signed_by)
 
 
 def tell_if_running(
@@ -81,27 +78,36 @@ def tell_if_running(
     """``study.tell(trial, values, state=state)`` with the records ``attrs``, whose write ends the trial only if it
     is still RUNNING then (on an RDB storage: one conditional write of the end, its values and records). Returns
     the trial as stored: someone else's end, if theirs came first. (Called under the study's lock: the storage's
-    ``set_trial_state_values`` is this move while the tell runs.)"""
+    ``set_trial_state_values`` is this move for this trial while the tell runs: one tell at a time in this
+    process, whatever sweep's, so that two never stack their moves on one storage object.)"""
     storage = study._storage
     rdb: Any = getattr(storage, "_backend", storage)
     if not isinstance(rdb, RDBStorage):  # (the log's order, or a lock, makes the storage's own tell one move)
         write_records(storage, trial._trial_id, attrs)
         return study.tell(trial, values, state=state)
 
-    def end_if_running(trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:
-        return _conditional_update(rdb, trial_id, TrialState.RUNNING, state, attrs, values)
+    with _TELLING:
+        had_own = "set_trial_state_values" in vars(storage)
+        original = storage.set_trial_state_values
 
-    had_own = "set_trial_state_values" in vars(storage)
-    original = storage.set_trial_state_values
-    storage.set_trial_state_values = end_if_running  # type: ignore[method-assign]  # (this object, for this tell)
-    try:
-        return study.tell(trial, values, state=state)
-    finally:
-        if had_own:
-            storage.set_trial_state_values = original  # type: ignore[method-assign]
-        else:
-            with contextlib.suppress(AttributeError):
-                del storage.set_trial_state_values
+        def end_if_running(trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:
+            if trial_id != trial._trial_id:  # (a sampler's after_trial that tells another trial: as it was)
+                return bool(original(trial_id, state, values))
+            return _conditional_update(rdb, trial_id, TrialState.RUNNING, state, attrs, values)
+
+        storage.set_trial_state_values = end_if_running  # type: ignore[method-assign]  # (this object, this tell)
+        try:
+            return study.tell(trial, values, state=state)
+        finally:
+            if had_own:
+                storage.set_trial_state_values = original  # type: ignore[method-assign]
+            else:
+                with contextlib.suppress(AttributeError):
+                    del storage.set_trial_state_values
+
+
+#: Held while a tell's move stands in for its storage's ``set_trial_state_values`` (see :func:`tell_if_running`).
+_TELLING = threading.RLock()
 
 
 def _conditional_update(

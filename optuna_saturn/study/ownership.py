@@ -237,7 +237,12 @@ def _end_orphan(gateway: StudyGateway, trial: FrozenTrial, reason: str, *, again
     with gateway.lock:
         # (one write that only one sweep makes, with its reason: two that end one orphan at once queue one retry)
         won = moves.move(
-            gateway.study._storage, trial._trial_id, expected=TrialState.RUNNING, to=TrialState.FAIL, attrs=attrs
+            gateway.study._storage,
+            trial._trial_id,
+            expected=TrialState.RUNNING,
+            to=TrialState.FAIL,
+            attrs=attrs,
+            signed_by=ATTR + "ended_by",
         )
         gateway.study._thread_local.cached_all_trials = None
     if not won:
