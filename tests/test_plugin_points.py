@@ -130,8 +130,10 @@ def test_pool_and_runner_are_one_choice_and_a_pool_must_be_a_pool_kind():
 
     with pytest.raises(ValueError, match="either pool= or runner="):
         SaturnExecutor(devices=1, pool=LocalPool(), runner="ray")
-    with pytest.raises(TypeError, match="pool= takes a pool object"):
+    with pytest.raises(TypeError, match=r"lacks \['name', 'place', 'runnable', 'elastic', 'warm_backend'\]"):
         SaturnExecutor(devices=1, pool="ray")
+    with pytest.raises(TypeError, match=r"not its class: pass LocalPool\(\)"):
+        SaturnExecutor(devices=1, pool=LocalPool)
     with pytest.raises(ValueError, match="runner must be one of"):
         SaturnExecutor(devices=1, runner="nope")
     assert isinstance(SaturnExecutor(devices=1).pool, LocalPool)

@@ -470,3 +470,26 @@ def test_a_predicted_option_is_never_faster_than_linear_scaling_of_a_measured_pl
     assert no_better_than_linear_scaling([ckpt, ddp], strategies) == [ckpt, ddp]
     assert not computes_plainly(strategies["zero3-offload"]) and not computes_plainly(strategies["fsdp-offload"])
     assert computes_plainly(strategies["zero3"]) and computes_plainly(strategies["ddp"])
+
+
+def test_after_two_descriptions_past_their_limit_no_trial_is_described_again(caplog):
+    """A description past describe_timeout costs the sweep its wait (it waits for each): an objective whose set-up
+    always takes longer (a plain one whose whole body does) would cost it at every trial. After two, the later
+    trials are planned from estimates without one (a review of the describe limit)."""
+    from types import SimpleNamespace
+
+    from optuna_saturn.pricing.descriptions import TIMEOUTS_BEFORE_ESTIMATES, Descriptions
+    from optuna_saturn.profiler import DescribeTimedOut
+
+    described: list[int] = []
+
+    def too_slow(trial):
+        described.append(trial.number)
+        raise DescribeTimedOut("its objective did not reach its first trial.steps() loop within describe_timeout")
+
+    descriptions = Descriptions(too_slow)
+    with caplog.at_level("WARNING", logger="optuna.saturn.profiler"):
+        assert [descriptions.of(SimpleNamespace(number=n)) for n in range(4)] == [None] * 4
+    assert described == list(range(TIMEOUTS_BEFORE_ESTIMATES)) == [0, 1]
+    assert descriptions.failure(0) is None  # (planned from estimates: it runs, not a failure)
+    assert "later trials are not described either" in caplog.text

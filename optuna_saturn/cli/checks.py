@@ -57,8 +57,9 @@ def check_sweep_options(
 
     if solver not in SOLVERS:
         fail(f"--solver must be one of {', '.join(SOLVERS)}, got {solver!r}.")
-    if runner not in kinds():
-        fail(f"--runner must be one of {', '.join(kinds())}, got {runner!r}.")
+    known = kinds()
+    if runner not in known:
+        fail(f"--runner must be one of {', '.join(known)}, got {runner!r}.")
     try:
         objective_of(deadline, budget, price_per_device_hour)
         if runner == "local":  # (a Ray cluster's devices are known once it is reached)

@@ -12,8 +12,10 @@ How a description ends, as the pricer sees it:
 - a workload: the trial is priced from it;
 - ``RuntimeError``: it cannot be described this way (no ``trial.steps()`` loop, an error on the meta device):
   the trial is planned from runtime estimates, and its real run decides;
-- :class:`DescribeFailed`: the objective ended its process, was killed, or hung past ``limit`` before its first
-  training loop; the trial fails with that reason, and nothing of it reached the executor.
+- ``DescribeTimedOut`` (a ``RuntimeError``): it did not reach its first training loop within ``limit``; the
+  trial is planned from runtime estimates and runs, where its start-up limit ends a hang;
+- :class:`DescribeFailed`: the objective ended its process or was killed before its first training loop; the
+  trial fails with that reason, and nothing of it reached the executor.
 """
 
 from __future__ import annotations
@@ -129,7 +131,8 @@ class Describer:
     ) -> Workload:
         """``trial``'s workload, described by the describer; ``trial``: the real ``optuna.Trial`` or a queued trial
         (``study``: the study it is queued in). Raises ``RuntimeError`` where it cannot be described (plan it from
-        estimates), :class:`DescribeFailed` where its objective exited, was killed or hung (fail it), and what
+        estimates; ``DescribeTimedOut`` past the limit), :class:`DescribeFailed` where its objective exited or was
+        killed (fail it), and what
         answering its requests raised here (a queued trial's parameter that is not fixed). ``still_up`` raises
         if the pool broke meanwhile."""
         server = self._server

@@ -7,7 +7,7 @@ files touched to add one). Now the executor, the real sweep and the CLI ask the 
 which kinds there are. A new kind (SLURM, Kubernetes) implements :class:`PoolKind`, which finds the devices
 (:meth:`~PoolKind.place`) and builds the warm workers on them (:meth:`~PoolKind.warm_backend`, a
 :class:`~optuna_saturn.pools.warm_backend.WarmBackend`), and adds one line to
-:data:`optuna_saturn.pools.registry.KINDS` for its ``runner=`` name.
+:data:`optuna_saturn.pools.registry.BUILT_IN` for its ``runner=`` name.
 """
 
 from __future__ import annotations

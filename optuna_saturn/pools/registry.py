@@ -23,6 +23,10 @@ ENTRY_POINT_GROUP = "optuna_saturn.pools"
 BUILT_IN: dict[str, Any] = {"local": LocalPool, "ray": RayPool, "slurm": SlurmPool}
 
 
+#: What a pool kind offers (optuna_saturn.pools.kinds.PoolKind), named where one lacks some.
+_MEMBERS = ("name", "place", "runnable", "elastic", "warm_backend")
+
+
 def kinds() -> dict[str, Any]:
     """Every pool kind ``runner=`` may name: the built-in ones, then the installed plug-ins' (an entry point, not
     loaded until it is used; one that reuses a built-in name is left out, with a warning)."""
@@ -38,10 +42,13 @@ def kinds() -> dict[str, Any]:
 def pool_kind(pool: PoolKind | None, runner: str, *, ray_address: str | None = None) -> PoolKind:
     """The pool the executor was given: ``pool``, or the one ``runner`` (and ``ray_address``) name."""
     if pool is not None:
-        if not isinstance(pool, PoolKind):
+        if isinstance(pool, type):
+            raise TypeError(f"pool= takes a pool object, not its class: pass {pool.__name__}().")
+        missing = [name for name in _MEMBERS if not hasattr(pool, name)]
+        if missing or not isinstance(pool, PoolKind):
             raise TypeError(
                 f"pool= takes a pool object such as optuna_saturn.pools.LocalPool() or RayPool(address=...), got "
-                f"{type(pool).__name__}."
+                f"{type(pool).__name__}, which lacks {missing} of optuna_saturn.pools.PoolKind."
             )
         if runner != "local" or ray_address is not None:
             raise ValueError("Pass either pool= or runner= (and ray_address=), not both: pool= says it all.")

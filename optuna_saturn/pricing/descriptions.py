@@ -20,6 +20,11 @@ from optuna_saturn.profiler import DescribeFailed, DescribeTimedOut, NothingToDe
 _logger = optuna.logging.get_logger("optuna.saturn.profiler")
 
 
+#: Descriptions past the describe limit after which a sweep describes no more trials: each costs the sweep its wait
+#: (an objective whose set-up always takes longer, a plain one whose whole body does, would cost it at every trial).
+TIMEOUTS_BEFORE_ESTIMATES = 2
+
+
 class Descriptions:
     """Trials' workloads, described on first use by ``describe``."""
 
@@ -28,6 +33,7 @@ class Descriptions:
         self._workloads: dict[int, Workload | None] = {}
         self._failures: dict[int, DescribeFailed] = {}  # trials whose objective exited while described
         self._nothing_to_describe = False  # the objective prepared no model: no trial is described again
+        self._timed_out = 0  # descriptions that passed the describe limit: past TIMEOUTS_BEFORE_ESTIMATES, none more
         self._warned = False
 
     def of(self, trial: Any) -> Workload | None:
@@ -35,7 +41,7 @@ class Descriptions:
         described, or its objective exited while described (:meth:`failure`)."""
         if trial.number not in self._workloads:
             self._workloads[trial.number] = None
-            if not self._nothing_to_describe:
+            if not self._nothing_to_describe and self._timed_out < TIMEOUTS_BEFORE_ESTIMATES:
                 self._workloads[trial.number] = self._described(trial)
         return self._workloads[trial.number]
 
@@ -45,10 +51,17 @@ class Descriptions:
         except DescribeFailed as exc:
             self._failures[trial.number] = exc
         except DescribeTimedOut as exc:
+            self._timed_out += 1
+            more = (
+                "Its later trials are not described either (the sweep waits for each description): all are planned "
+                "from estimates."
+                if self._timed_out >= TIMEOUTS_BEFORE_ESTIMATES
+                else ""
+            )
             _logger.warning(
                 f"Trial {trial.number} is planned from estimates: {exc}. It runs now; if it hangs there too, it "
-                "ends FAIL after its start-up limit. Pass a larger describe_timeout= if your objective's set-up "
-                "takes longer."
+                f"ends FAIL after its start-up limit. Pass a larger describe_timeout= if your objective's set-up "
+                f"takes longer. {more}".rstrip()
             )
         except RuntimeError as exc:
             self._nothing_to_describe = isinstance(exc, NothingToDescribe)

@@ -62,7 +62,7 @@ class TrialPrice:
     workload: Workload | None
     options: list[PricedOption] = field(default_factory=list)
     profiles: list[dict] = field(default_factory=list)
-    failure: str | None = None  # why the trial fails without a run (its objective exited or hung while described)
+    failure: str | None = None  # why the trial fails without a run (its objective exited while described)
     raised: dict | None = None  # the exception its objective raised then (optuna_saturn.raised), if it raised one
 
     def option(self, choice: tuple[str, int, int]) -> PricedOption | None:
@@ -71,7 +71,7 @@ class TrialPrice:
     @classmethod
     def undescribed(cls, exited: DescribeFailed | None) -> TrialPrice:
         """The price of a trial that could not be described: none yet (it is planned from estimates), or, where
-        its objective ``exited`` (or hung) while described, a failure."""
+        its objective ``exited`` (or was killed) while described, a failure."""
         if exited is None:
             return cls(None)
         return cls(None, failure=str(exited), raised=exited.raised)

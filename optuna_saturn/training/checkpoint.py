@@ -43,6 +43,7 @@ import torch.distributed as dist
 
 from optuna_saturn.training import trainer_state
 from optuna_saturn.training.checkpoint_paths import make_private_folders, refusal
+from optuna_saturn.training.engine_protocol import TrainingEngine
 from optuna_saturn.training.random_state import capture, restore
 
 DCP = "torch.distributed.checkpoint"
@@ -103,7 +104,7 @@ def exists_at(path: str) -> bool:
 
 
 def save(
-    engine: Any,
+    engine: TrainingEngine,
     folder: Path,
     step: int,
     model: torch.nn.Module,
@@ -231,7 +232,13 @@ def _fsync(path: Path, flags: int) -> None:
 
 
 def load(
-    engine: Any, record: CheckpointRecord, model: torch.nn.Module, optimizer: Any, scheduler: Any, *, group: Any
+    engine: TrainingEngine,
+    record: CheckpointRecord,
+    model: torch.nn.Module,
+    optimizer: Any,
+    scheduler: Any,
+    *,
+    group: Any,
 ) -> tuple[int, list[Any], dict[str, Any] | None]:
     """Load ``record`` into the prepared model, optimizer and scheduler, and the random generators; returns its
     step, the loaders' positions and the ``extra`` state it saved. Collective."""
@@ -257,7 +264,7 @@ def load(
     return int(saved["step"]), list(saved.get("loaders", [])), saved.get("extra")
 
 
-def _load_deepspeed(engine: Any, record: CheckpointRecord, model: Any, optimizer: Any, group: Any) -> bytes:
+def _load_deepspeed(engine: TrainingEngine, record: CheckpointRecord, model: Any, optimizer: Any, group: Any) -> bytes:
     """DeepSpeed's checkpoint into the engine ``model``: as it is on as many ranks, else as a universal
     checkpoint (converted once, by rank 0)."""
     context = engine.context
