@@ -11,7 +11,7 @@ MUTATIONS: list[Mutation] = [
         old="            raise DescribeTimedOut(",
         new="            raise DescribeFailed(",
         tests=("tests/test_isolation.py::test_the_objective_never_runs_in_the_executor[hang]",),
-    )
+    ),
     Mutation(
         name="slow-descriptions-described-for-ever",
         contract="after two descriptions past describe_timeout, no trial is described again",
