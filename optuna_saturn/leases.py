@@ -91,13 +91,14 @@ class Holder:
     since: float
     ray_sweep: str = ""  # a Ray sweep's actor holds it: that sweep's id (its actors on one machine share leases)
     device: str = ""  # and the actor's device, as the Ray sweep names it
+    pool: str = "Ray"  # the kind of pool whose worker holds it, where ``ray_sweep`` is set (a SLURM node's host too)
 
     def describe(self) -> str:
         held = time.strftime("%H:%M:%S", time.localtime(self.since))
         if self.ray_sweep:
             return (
-                f"{self.user}'s Ray sweep of study {self.study!r} (its worker of {self.device}, pid {self.pid}, "
-                f"since {held})"
+                f"{self.user}'s {self.pool} sweep of study {self.study!r} (its worker of {self.device}, "
+                f"pid {self.pid}, since {held})"
             )
         return f"{self.user}'s sweep of study {self.study!r} (pid {self.pid}, since {held})"
 
@@ -312,6 +313,7 @@ def _holder(path: Path) -> Holder | None:
             float(data["since"]),
             str(data.get("ray_sweep", "")),
             str(data.get("device", "")),
+            str(data.get("pool", "Ray")),
         )
     except (OSError, ValueError, TypeError, KeyError):
         return None

@@ -126,7 +126,9 @@ def _left_behind(job: str, wait: float = 20.0) -> list[str]:
         found = []
         for process in psutil.process_iter(["name", "pid"]):
             try:
-                if process.info["name"].startswith("saturn-") and process.environ().get("SLURM_JOB_ID") == job:
+                name = process.info["name"]
+                ours = name == "saturn-host" or name.startswith("saturn-worker-")
+                if ours and process.environ().get("SLURM_JOB_ID") == job:
                     found.append(f"{process.info['name']} (pid {process.info['pid']})")
             except psutil.Error:
                 continue

@@ -17,7 +17,8 @@ import pytest
 import slurm_cluster
 from support import require
 
-from optuna_saturn.pools.slurm import down_nodes
+from optuna_saturn.devices import Device
+from optuna_saturn.pools.slurm import down_nodes, host_config
 from optuna_saturn.pools.slurm_allocation import OUTSIDE_AN_ALLOCATION, gpus_per_node, per_node, read_allocation
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -54,6 +55,31 @@ def test_a_node_slurm_calls_down_is_told_with_slurms_reason_and_the_others_are_n
     assert down_nodes(_SCONTROL_NODES, ["node0"]) == {}  # (not this allocation's)
 
 
+def test_a_slurm_nodes_host_leases_its_devices_shared_with_its_sweeps_other_nodes_only(tmp_path, monkeypatch):
+    """Two nodes of one sweep on one machine (the test cluster) share a core's lease; another sweep waits, and is
+    told that a SLURM sweep's host of that node holds it."""
+    from optuna_saturn.leases import LEASES_ENV, read_holders
+    from optuna_saturn.pools.slurm_host import lease_of
+
+    monkeypatch.setenv(LEASES_ENV, str(tmp_path))  # (a host sets it from its config: undone after this test)
+    config = {**host_config("slurmstudy"), "leases": str(tmp_path)}
+    device = Device("cpu", 0, (0,), node="node0")
+    ours = lease_of(config, device.to_json())
+    fellow = lease_of(config, Device("cpu", 0, (0,), node="node1").to_json())
+    other = lease_of({**host_config("slurmstudy"), "leases": str(tmp_path)}, device.to_json())  # (another sweep)
+    try:
+        assert ours.take() is None
+        assert fellow.take() is None  # (the same sweep's host of another node: shared)
+        told = other.take(seconds=0.1)
+        assert told is not None and "SLURM sweep of study 'slurmstudy' (its worker of node0/cpu:0" in told, told
+        [(_, holder)] = read_holders(tmp_path, [device])
+        assert holder is not None and holder.pool == "SLURM" and holder.device == "node0/cpu:0"
+    finally:
+        for lease in (ours, fellow, other):  # (a host holds them while it lives; this process lives on)
+            if lease._leases is not None:
+                lease._leases.release()
+
+
 @pytest.fixture
 def cluster():
     """A two-node SLURM cluster of its own (a test may kill a slurmd), stopped by its PIDs after."""
@@ -78,9 +104,15 @@ def _sweep_in_an_allocation(cluster, mode: str, tmp_path, extra: dict | None = N
         sys.executable, os.path.join(HERE, "slurm_pool_sweep.py"), mode, str(out), json.dumps(extra or {}),
     )  # fmt: skip
     started = time.monotonic()
-    done = subprocess.run(command, capture_output=True, text=True, timeout=240, check=False)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = process.communicate(timeout=200)
+    except subprocess.TimeoutExpired:
+        process.kill()  # (salloc; the sweep in the controller's namespace ends with the cluster)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"{mode} did not end in 200 s:\n{stdout[-3000:]}\n{stderr[-6000:]}")
     print(f"{mode}: {time.monotonic() - started:.1f} s")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    assert process.returncode == 0, stdout[-3000:] + stderr[-6000:]
     return json.loads(out.read_text())
 
 

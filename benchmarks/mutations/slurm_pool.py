@@ -73,4 +73,20 @@ MUTATIONS: list[Mutation] = [
         new="",
         tests=(_DEATH,),
     ),
+    Mutation(
+        name="slurm-lease-holder-said-ray",
+        contract="a sweep waiting for a device a SLURM node's host holds is told it is a SLURM sweep's",
+        path="optuna_saturn/pools/slurm.py",
+        old='        "pool": "SLURM",',
+        new="",
+        tests=(f"{_TESTS}::test_a_slurm_nodes_host_leases_its_devices_shared_with_its_sweeps_other_nodes_only",),
+    ),
+    Mutation(
+        name="slurm-nodes-of-one-sweep-do-not-share-leases",
+        contract="one sweep's hosts of two nodes on one machine share its leases (else the second waits for ever)",
+        path="optuna_saturn/pools/slurm.py",
+        old="host_config=dict(common_config)",
+        new="host_config=host_config(study)",  # (a sweep id of its own for each node's host)
+        tests=(_SPREAD,),
+    ),
 ]

@@ -74,7 +74,7 @@ class ActorLease:
                 folder=folder,
                 study=str(config.get("study", "")),
                 names=self._names_of,
-                about={"ray_sweep": self._sweep, "device": self._device},
+                about={"ray_sweep": self._sweep, "device": self._device, "pool": str(config.get("pool", "Ray"))},
                 shares_with=self._fellow,
             )
 

@@ -46,10 +46,10 @@ class SlurmWorkers:
         self.allocation = allocation
         self.devices: list[Device] = allocation.devices
         self._ended: queue.Queue = queue.Queue()
-        host_config = {"sweep": secrets.token_hex(8), "study": study, "leases": os.environ.get(LEASES_ENV)}
+        common_config = host_config(study)
         self._nodes = [
             SlurmNodeWorkers(
-                allocation.job_id, node, log_dir=log_dir, ended=self._ended, host_config=dict(host_config), **common
+                allocation.job_id, node, log_dir=log_dir, ended=self._ended, host_config=dict(common_config), **common
             )
             for node in allocation.nodes
         ]
@@ -143,6 +143,16 @@ class SlurmWorkers:
                     f"SLURM node {pool.node.name} is lost ({why}): its {len(pool.devices)} device(s) are gone; "
                     "its trials run again on the nodes left."
                 )
+
+
+def host_config(study: str) -> dict[str, Any]:
+    """What every node's host of one sweep is told, besides the local pool's config: for the leases it takes."""
+    return {
+        "sweep": secrets.token_hex(8),  # (one sweep's hosts on one machine, a test cluster's, share its leases)
+        "study": study,
+        "leases": os.environ.get(LEASES_ENV),  # (the executor's choice: a folder, or off)
+        "pool": "SLURM",  # (how a sweep waiting for one of its leases is told who holds it)
+    }
 
 
 class NodeWatch:
