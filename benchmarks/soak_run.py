@@ -36,7 +36,7 @@ from pathlib import Path
 import psutil
 import soak_faults
 from soak_checks import Verdict, check_leftovers, check_trials
-from soak_sweep import SECONDS_ENV, STRATEGIES_ENV, STUDY, open_storage
+from soak_sweep import SECONDS_ENV, STEPS, STRATEGIES_ENV, STUDY, open_storage
 
 from optuna_saturn.study.records import record
 
@@ -143,12 +143,14 @@ class Soak:
         self.second = self._start(max(0, self.second_trials - self._second_asked(trials)), second=True)
 
     # -- faults -------------------------------------------------------------------------------------------------------
-    def _running(self, sweep: subprocess.Popen | None, trials: list) -> list[int]:
-        """The device counts of the trials ``sweep`` runs now (its log says where each started: a trial's devices
-        are recorded in the study only at its end)."""
+    def _running(self, sweep: subprocess.Popen | None, trials: list, *, early: bool = False) -> list[int]:
+        """The device counts of the trials ``sweep`` runs now (``early``: those in the first half of their steps,
+        where a kill lands mid-trial, not after the ranks returned); its log says where each started (a trial's
+        devices are recorded in the study only at its end)."""
         if sweep is None or sweep.poll() is not None:
             return []
-        running = {t.number for t in trials if t.state.name == "RUNNING"}
+        limit = STEPS // 2 if early else STEPS + 1
+        running = {t.number for t in trials if t.state.name == "RUNNING" and len(t.intermediate_values) < limit}
         log = self.logs[sweep.pid]
         started = {int(n): where.count(",") + 1 for n, where in _STARTED.findall(log.read_text(errors="replace"))}
         return [count for number, count in started.items() if number in running]
@@ -156,12 +158,13 @@ class Soak:
     def _fire(self, fault: str, trials: list) -> bool:
         """Fire ``fault`` if it can be now; whether it was."""
         devices = self._running(self.main, trials)
-        if fault == "worker":
-            targets = soak_faults.workers(self.main.pid) if devices.count(1) >= 2 else []
+        if fault == "worker":  # (both devices busy, one trial at least in its first half)
+            ready = devices.count(1) >= 2 and 1 in self._running(self.main, trials, early=True)
+            targets = soak_faults.workers(self.main.pid) if ready else []
             return bool(targets) and soak_faults.kill_9(self.rng.choice(targets))
         if fault == "rank":  # (the second sweep's trials run on 2 devices each; else one of the main sweep's)
             sweep = self.second if self.second is not None and self.second.poll() is None else self.main
-            targets = soak_faults.workers(sweep.pid) if 2 in self._running(sweep, trials) else []
+            targets = soak_faults.workers(sweep.pid) if 2 in self._running(sweep, trials, early=True) else []
             return bool(targets) and soak_faults.kill_9(self.rng.choice(targets))
         if fault == "executor":
             if not devices:
