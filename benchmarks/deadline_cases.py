@@ -17,7 +17,7 @@ import random
 
 import _common  # noqa: F401
 
-from optuna_saturn.planner import Cluster, DeadlineUnreachable, Job, Objective, Option
+from optuna_saturn.planner import Cluster, Deadline, DeadlineUnreachable, Goal, Job, Makespan, Option
 from optuna_saturn.simulation.pool import Behaviour
 from optuna_saturn.simulation.prices import SimulatedJob
 from optuna_saturn.simulation.simulator import run_simulation
@@ -27,11 +27,9 @@ def simulated(jobs: list[Job]) -> list[SimulatedJob]:
     return [SimulatedJob(j, Behaviour({o.choice: o.runtime for o in j.options})) for j in jobs]
 
 
-def run(jobs: list[Job], cluster: Cluster, objective: Objective | None = None) -> dict:
+def run(jobs: list[Job], cluster: Cluster, goal: Goal | None = None) -> dict:
     try:
-        result = run_simulation(
-            simulated(jobs), cluster, solver="auto", time_limit=2.0, objective=objective or Objective()
-        )
+        result = run_simulation(simulated(jobs), cluster, solver="auto", time_limit=2.0, goal=goal or Makespan())
     except DeadlineUnreachable as refused:
         return {"refused": str(refused), "earliest_end": refused.earliest_end}
     return result.info
@@ -45,7 +43,7 @@ def scaling(size: float = 1.0) -> list[Option]:
 def main() -> None:
     jobs = [Job(str(i), scaling()) for i in range(2)]
     fastest = run(jobs, Cluster([8, 8]))
-    relaxed = run(jobs, Cluster([8, 8]), Objective(deadline=1.3 * fastest["wall_seconds"]))
+    relaxed = run(jobs, Cluster([8, 8]), Deadline(1.3 * fastest["wall_seconds"]))
     given = sorted({(name.split("/")[0], at) for name, at in relaxed["released"].items()})
     print(f"1. makespan mode: ends at {fastest['wall_seconds']:.0f} s, the pool held "
           f"{fastest['held_device_seconds']:.0f} device-s; deadline 1.3x: ends at {relaxed['wall_seconds']:.0f} s, "
@@ -54,11 +52,11 @@ def main() -> None:
     jobs = [Job(str(i), [o for o in scaling(rng.uniform(1.0, 3.0)) if o.devices <= 4]) for i in range(6)]
     end = run(jobs, Cluster([4]))["wall_seconds"]
     for factor in (1.05, 1.1):
-        out = run(jobs, Cluster([4]), Objective(deadline=factor * end))
+        out = run(jobs, Cluster([4]), Deadline(factor * end))
         said = out.get("refused") or f"met: ends at {out['wall_seconds']:.0f} s"
         print(f"2. makespan mode ends at {end:.0f} s; deadline {factor}x ({factor * end:.0f} s): {said}")
     jobs = [Job(str(i), [Option("single", 1, 100.0)]) for i in range(24)]
-    out = run(jobs, Cluster([2]), Objective(deadline=600.0))
+    out = run(jobs, Cluster([2]), Deadline(600.0))
     print(f"3. 24 trials of 100 s on 2 devices, deadline 600 s: {out.get('refused') or out}")
 
 

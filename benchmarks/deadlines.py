@@ -19,7 +19,7 @@ import statistics
 import _common  # noqa: F401
 from workloads import POOL_START_SECONDS, markdown_table, paper_like_simulated
 
-from optuna_saturn.planner import Cluster, DeadlineUnreachable, Objective, device_seconds
+from optuna_saturn.planner import Budget, Cluster, Deadline, DeadlineUnreachable, Goal, Makespan, device_seconds
 from optuna_saturn.simulation.simulator import run_simulation
 
 
@@ -50,14 +50,12 @@ CASES = {
 FACTORS = (1.0, 1.1, 1.2, 1.3, 1.5, 1.75, 2.0, 2.5, 3.0)
 
 
-def simulate(jobs: list, cluster: Cluster, objective: Objective) -> tuple[float, float, float] | None:
+def simulate(jobs: list, cluster: Cluster, goal: Goal) -> tuple[float, float, float] | None:
     """(end, device-hours the trials held, device-hours the pool held) of the simulated sweep, or None if its
     deadline was refused. The pool holds every device from the start to the end, or to when it gave the device's
     node back (under a deadline or a budget, once no trial left needs it): what a cluster bills."""
     try:
-        result = run_simulation(
-            jobs, cluster, solver="auto", workers_ready=POOL_START_SECONDS, tick=60.0, objective=objective
-        )
+        result = run_simulation(jobs, cluster, solver="auto", workers_ready=POOL_START_SECONDS, tick=60.0, goal=goal)
     except DeadlineUnreachable:
         return None
     return (
@@ -81,9 +79,9 @@ def main() -> None:
         rows, saved, pool_saved, held = [], [], [], []
         for seed in range(args.seeds):
             jobs = trials(seed)
-            end, hours, pool_hours = simulate(jobs, cluster, Objective()) or (0.0, 0.0, 0.0)
-            deadline = simulate(jobs, cluster, Objective(deadline=1.3 * end))
-            budget = simulate(jobs, cluster, Objective(budget=0.85 * hours * 3600))
+            end, hours, pool_hours = simulate(jobs, cluster, Makespan()) or (0.0, 0.0, 0.0)
+            deadline = simulate(jobs, cluster, Deadline(1.3 * end))
+            budget = simulate(jobs, cluster, Budget(0.85 * hours * 3600))
             d_end, d_hours, d_pool = deadline or (float("nan"),) * 3
             b_end, b_hours, _ = budget or (float("nan"),) * 3
             saved.append(1 - d_hours / hours)
@@ -141,8 +139,8 @@ def _curve(path: str) -> None:
     figure, floors = go.Figure(), set()
     for name, (trials, cluster) in CASES.items():
         jobs = trials(0)
-        end = (simulate(jobs, cluster, Objective()) or (0.0,))[0]
-        points = [(f, simulate(jobs, cluster, Objective(deadline=f * end))) for f in FACTORS]
+        end = (simulate(jobs, cluster, Makespan()) or (0.0,))[0]
+        points = [(f, simulate(jobs, cluster, Deadline(f * end))) for f in FACTORS]
         xs = [f for f, r in points if r is not None]
         figure.add_trace(
             go.Scatter(x=xs, y=[r[1] for _, r in points if r is not None], mode="lines+markers", name=name)

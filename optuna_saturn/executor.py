@@ -19,7 +19,7 @@ from optuna_saturn.events import SweepListener
 from optuna_saturn.executor_arguments import check_executor_arguments
 from optuna_saturn.leases import leased
 from optuna_saturn.optimize_arguments import checked
-from optuna_saturn.planner import objective_of
+from optuna_saturn.planner import goal_of
 from optuna_saturn.pools.describing import DESCRIBE_TIMEOUT_SECONDS
 from optuna_saturn.pools.kinds import PoolKind
 from optuna_saturn.pools.launched import exclusive_mode_conflict
@@ -206,7 +206,7 @@ class SaturnExecutor:
             keep_checkpoints=bool(keep_checkpoints),
             stall_timeout=stall_timeout,
             elastic=bool(elastic),
-            objective=objective_of(deadline, budget, price_per_device_hour),
+            objective=goal_of(deadline, budget, price_per_device_hour),
         )
         self._options = RealSweepOptions(
             pool=self.pool,

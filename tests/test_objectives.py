@@ -16,16 +16,19 @@ from test_simulator import executed_as_plan
 from optuna_saturn import SaturnExecutor
 from optuna_saturn.planner import (
     MAKESPAN,
+    Budget,
     Cluster,
+    Deadline,
     DeadlineUnreachable,
     Job,
-    Objective,
+    Makespan,
     Option,
     Reservation,
     WorkLimit,
     best_resize,
     device_seconds,
     fewest_nodes,
+    goal_of,
     plan_problems,
     replan,
     solve,
@@ -52,9 +55,9 @@ def scaling_jobs(count: int = 2) -> list[Job]:
 def test_a_deadline_plan_meets_it_at_fewer_device_seconds_than_the_makespan_plan():
     jobs, cluster = scaling_jobs(), CLUSTER
     fastest = solve(jobs, cluster, "auto", work_limit=WORK)
-    deadline = Objective(deadline=1.3 * fastest.makespan)
-    plan = solve(jobs, cluster, "auto", work_limit=WORK, objective=deadline)
-    validate(plan, jobs, cluster, objective=deadline)  # the independent validator: ends by the deadline
+    deadline = Deadline(1.3 * fastest.makespan)
+    plan = solve(jobs, cluster, "auto", work_limit=WORK, goal=deadline)
+    validate(plan, jobs, cluster, goal=deadline)  # the independent validator: ends by the deadline
     assert plan.info["met"] and plan.info["objective"] == "deadline"
     assert device_seconds(plan.assignments) < 0.85 * device_seconds(fastest.assignments)
     assert plan.info["device_seconds"] == pytest.approx(device_seconds(plan.assignments), abs=1e-3)
@@ -63,50 +66,52 @@ def test_a_deadline_plan_meets_it_at_fewer_device_seconds_than_the_makespan_plan
 def test_a_deadline_no_plan_meets_says_so_with_the_earliest_end():
     jobs, cluster = scaling_jobs(), CLUSTER
     fastest = solve(jobs, cluster, "auto", work_limit=WORK)
-    deadline = Objective(deadline=0.5 * fastest.makespan)
-    plan = solve(jobs, cluster, "auto", work_limit=WORK, objective=deadline)
+    deadline = Deadline(0.5 * fastest.makespan)
+    plan = solve(jobs, cluster, "auto", work_limit=WORK, goal=deadline)
     assert not plan.info["met"] and plan.info["earliest_end"] == pytest.approx(fastest.makespan)
     assert plan.makespan == pytest.approx(fastest.makespan)  # then the earliest end, not a cheap late plan
     with pytest.raises(ValueError, match="past its deadline"):
-        validate(plan, jobs, cluster, objective=deadline)
+        validate(plan, jobs, cluster, goal=deadline)
 
 
 def test_a_budget_plan_stays_within_it_at_the_earliest_end_it_can_and_reports_its_cost():
     jobs, cluster = scaling_jobs(), CLUSTER
     fastest = solve(jobs, cluster, "auto", work_limit=WORK)
-    budget = Objective(budget=0.8 * device_seconds(fastest.assignments), price_per_device_hour=2.5)
-    plan = solve(jobs, cluster, "auto", work_limit=WORK, objective=budget)
-    validate(plan, jobs, cluster, objective=budget)
+    budget = Budget(0.8 * device_seconds(fastest.assignments), price_per_device_hour=2.5)
+    plan = solve(jobs, cluster, "auto", work_limit=WORK, goal=budget)
+    validate(plan, jobs, cluster, goal=budget)
     assert plan.info["met"] and plan.makespan >= fastest.makespan
     assert plan.info["cost"] == pytest.approx(device_seconds(plan.assignments) / 3600 * 2.5, abs=0.01)
     cheapest = sum(min(o.devices * o.runtime for o in j.options) for j in jobs)
-    impossible = Objective(budget=0.9 * cheapest)
-    over = solve(jobs, cluster, "auto", work_limit=WORK, objective=impossible)
+    impossible = Budget(0.9 * cheapest)
+    over = solve(jobs, cluster, "auto", work_limit=WORK, goal=impossible)
     assert not over.info["met"] and device_seconds(over.assignments) == pytest.approx(cheapest)
-    assert plan_problems(over, jobs, cluster, objective=impossible)  # the validator sees the budget broken
+    assert plan_problems(over, jobs, cluster, goal=impossible)  # the validator sees the budget broken
 
 
 def test_the_objective_is_checked_and_makespan_is_the_default():
-    assert Objective() == MAKESPAN and MAKESPAN.kind == "makespan"
+    assert Makespan() == MAKESPAN and MAKESPAN.name == "makespan"
     with pytest.raises(ValueError, match="not both"):
-        Objective(deadline=10.0, budget=10.0)
+        goal_of(deadline=10.0, budget=10.0)
     with pytest.raises(ValueError, match="positive"):
-        Objective(deadline=-1.0)
+        Deadline(-1.0)
+    assert Deadline("1h30m").seconds == 5400.0 and goal_of(budget=2.0) == Budget(7200.0)
     jobs, cluster = scaling_jobs(), CLUSTER
-    plain, default = solve(jobs, cluster, "list"), solve(jobs, cluster, "list", objective=MAKESPAN)
+    plain, default = solve(jobs, cluster, "list"), solve(jobs, cluster, "list", goal=MAKESPAN)
     assert plain.assignments == default.assignments and "objective" not in default.info
-    shifted = Objective(deadline=100.0).shifted(elapsed=30.0)
-    assert shifted.deadline == pytest.approx(70.0)
-    assert Objective(budget=100.0).shifted(spent=40.0).budget == pytest.approx(60.0)
+    shifted = Deadline(100.0).shifted(elapsed=30.0)
+    assert isinstance(shifted, Deadline) and shifted.seconds == pytest.approx(70.0)
+    spent = Budget(100.0).shifted(spent=40.0)
+    assert isinstance(spent, Budget) and spent.device_seconds == pytest.approx(60.0)
 
 
 def test_replan_keeps_a_plan_that_meets_the_deadline_unless_a_fresh_one_is_clearly_cheaper():
     jobs, cluster = scaling_jobs(), CLUSTER
     fastest = solve(jobs, cluster, "auto", work_limit=WORK)
-    deadline = Objective(deadline=1.5 * fastest.makespan)
-    kept = replan(fastest, jobs, cluster, work_limit=WORK, objective=deadline)
+    deadline = Deadline(1.5 * fastest.makespan)
+    kept = replan(fastest, jobs, cluster, work_limit=WORK, goal=deadline)
     assert kept.info["replan"] == "replaced" and kept.info["met"]  # the fastest plan spends more than it needs
-    again = replan(kept, jobs, cluster, work_limit=WORK, objective=deadline)
+    again = replan(kept, jobs, cluster, work_limit=WORK, goal=deadline)
     assert again.info["replan"] == "kept" and again.assignments == kept.assignments
 
 
@@ -114,12 +119,12 @@ def test_best_resize_under_a_deadline_moves_a_running_job_only_when_the_plan_get
     jobs, cluster = scaling_jobs(), CLUSTER
     busy = [Reservation(0, tuple(range(8)), 200.0, job="running")]
     moved = Job("running", [Option("single", 1, 1000.0)])  # it could run on its own, slower but cheaper
-    deadline = Objective(deadline=5000.0)
-    move = best_resize(jobs, cluster, busy=busy, movable={"running": moved}, work_limit=WORK, objective=deadline)
+    deadline = Deadline(5000.0)
+    move = best_resize(jobs, cluster, busy=busy, movable={"running": moved}, work_limit=WORK, goal=deadline)
     assert move is not None and move.job == "running"  # 1000 device-seconds alone, where it holds 1600 now
-    validate(move.plan, [*jobs, moved], cluster, objective=deadline)
-    tight = Objective(deadline=600.0)  # moved, it would end at 1000 s: past this deadline
-    assert best_resize(jobs, cluster, busy=busy, movable={"running": moved}, work_limit=WORK, objective=tight) is None
+    validate(move.plan, [*jobs, moved], cluster, goal=deadline)
+    tight = Deadline(600.0)  # moved, it would end at 1000 s: past this deadline
+    assert best_resize(jobs, cluster, busy=busy, movable={"running": moved}, work_limit=WORK, goal=tight) is None
 
 
 def _simulated(jobs: list[Job]) -> list[SimulatedJob]:
@@ -130,15 +135,11 @@ def test_a_simulated_sweep_meets_its_deadline_with_fewer_device_seconds_and_refu
     jobs, cluster = scaling_jobs(), CLUSTER
     fastest = run_simulation(_simulated(jobs), cluster, solver="auto", time_limit=0.5)
     end = fastest.info["wall_seconds"]
-    relaxed = run_simulation(
-        _simulated(jobs), cluster, solver="auto", time_limit=0.5, objective=Objective(deadline=1.3 * end)
-    )
+    relaxed = run_simulation(_simulated(jobs), cluster, solver="auto", time_limit=0.5, goal=Deadline(1.3 * end))
     assert relaxed.info["wall_seconds"] <= 1.3 * end
     assert device_seconds(relaxed.executed) < 0.85 * device_seconds(fastest.executed)
     with pytest.raises(DeadlineUnreachable, match="earliest end") as refused:
-        run_simulation(
-            _simulated(jobs), cluster, solver="auto", time_limit=0.5, objective=Objective(deadline=0.5 * end)
-        )
+        run_simulation(_simulated(jobs), cluster, solver="auto", time_limit=0.5, goal=Deadline(0.5 * end))
     assert refused.value.earliest_end == pytest.approx(end, rel=0.05)
 
 
@@ -147,20 +148,20 @@ def test_fewest_nodes_leaves_out_the_nodes_a_deadline_does_not_need_but_never_a_
     fastest = solve(jobs, cluster, "auto", work_limit=WORK)
 
     def plan_on(deadline: float, busy: list[Reservation]):
-        objective = Objective(deadline=deadline)
+        objective = Deadline(deadline)
 
         def on(c: Cluster, b: list[Reservation]):
-            return solve(jobs, c, "auto", work_limit=WORK, busy=b, objective=objective)
+            return solve(jobs, c, "auto", work_limit=WORK, busy=b, goal=objective)
 
         return fewest_nodes(on(cluster, busy), cluster, busy, on), objective
 
     relaxed, objective = plan_on(2 * fastest.makespan, [])
     assert len({a.node for a in relaxed.assignments}) == 1 and relaxed.info["met"]
-    validate(relaxed, jobs, cluster, objective=objective)
+    validate(relaxed, jobs, cluster, goal=objective)
     running = [Reservation(2, (0,), 100.0, "r")]  # a job runs on node 2: it stays, and the others may go
     kept, objective = plan_on(2 * fastest.makespan, running)
     assert len({a.node for a in kept.assignments} - {2}) <= 1  # (node 0 or 1 left out: node 2 could not be)
-    validate(kept, jobs, cluster, busy=running, objective=objective)
+    validate(kept, jobs, cluster, busy=running, goal=objective)
     tight, _ = plan_on(fastest.makespan, [])  # each trial needs a whole node to end by then
     assert len({a.node for a in tight.assignments}) == 2
 
@@ -170,14 +171,14 @@ def test_fewest_nodes_never_leaves_out_the_last_largest_node():
     4-device node goes."""
     jobs = [*scaling_jobs(1), Job("big", [Option("ddp", 8, 300.0)])]
     jobs[0] = Job("0", [Option("single", 1, 900.0), Option("ddp", 4, 380.0)])
-    cluster, objective = Cluster([8, 4]), Objective(deadline=3000.0)
+    cluster, objective = Cluster([8, 4]), Deadline(3000.0)
 
     def on(c: Cluster, b: list[Reservation]):
-        return solve(jobs, c, "auto", work_limit=WORK, busy=b, objective=objective)
+        return solve(jobs, c, "auto", work_limit=WORK, busy=b, goal=objective)
 
     plan = fewest_nodes(on(cluster, []), cluster, [], on)
     assert {a.node for a in plan.assignments} == {0} and plan.info["met"]
-    validate(plan, jobs, cluster, objective=objective)
+    validate(plan, jobs, cluster, goal=objective)
 
 
 def test_a_deadline_the_heuristics_alone_would_refuse_is_met_once_the_solvers_had_their_time():
@@ -191,9 +192,9 @@ def test_a_deadline_the_heuristics_alone_would_refuse_is_met_once_the_solvers_ha
         jobs.append(Job(str(i), options))
     cluster = Cluster([4])
     end = run_simulation(_simulated(jobs), cluster, solver="auto", time_limit=2.0).info["wall_seconds"]
-    deadline = Objective(deadline=1.1 * end)
-    assert solve(jobs, cluster, "list", time_limit=0.1, objective=deadline).info["met"] is False
-    met = run_simulation(_simulated(jobs), cluster, solver="auto", time_limit=2.0, objective=deadline)
+    deadline = Deadline(1.1 * end)
+    assert solve(jobs, cluster, "list", time_limit=0.1, goal=deadline).info["met"] is False
+    met = run_simulation(_simulated(jobs), cluster, solver="auto", time_limit=2.0, goal=deadline)
     assert met.info["wall_seconds"] <= 1.1 * end
 
 
@@ -202,11 +203,9 @@ def test_a_deadline_counts_every_trial_n_trials_will_ask_not_only_the_first_four
     is refused at once (it was accepted, then missed)."""
     jobs = [Job(str(i), [Option("single", 1, 100.0)]) for i in range(24)]
     with pytest.raises(DeadlineUnreachable) as refused:
-        run_simulation(_simulated(jobs), Cluster([2]), solver="auto", time_limit=0.5, objective=Objective(deadline=600))
+        run_simulation(_simulated(jobs), Cluster([2]), solver="auto", time_limit=0.5, goal=Deadline(600))
     assert refused.value.earliest_end == pytest.approx(1200, rel=0.05)
-    met = run_simulation(
-        _simulated(jobs), Cluster([2]), solver="auto", time_limit=0.5, objective=Objective(deadline=1300)
-    )
+    met = run_simulation(_simulated(jobs), Cluster([2]), solver="auto", time_limit=0.5, goal=Deadline(1300))
     assert met.info["wall_seconds"] <= 1300
 
 
@@ -218,9 +217,7 @@ def test_under_a_deadline_a_node_no_trial_left_needs_is_given_back_and_nothing_r
     assert fastest.info["released"] == {}
     assert fastest.info["held_device_seconds"] == pytest.approx(16 * fastest.info["wall_seconds"])
     end = fastest.info["wall_seconds"]
-    relaxed = run_simulation(
-        _simulated(jobs), cluster, solver="auto", time_limit=0.5, objective=Objective(deadline=1.3 * end)
-    )
+    relaxed = run_simulation(_simulated(jobs), cluster, solver="auto", time_limit=0.5, goal=Deadline(1.3 * end))
     released = relaxed.info["released"]
     assert sorted(released) == [f"node1/cuda:{i}" for i in range(8)], released
     given_back = max(released.values())
@@ -233,15 +230,10 @@ def test_under_a_deadline_a_node_no_trial_left_needs_is_given_back_and_nothing_r
 
 def test_a_sweep_whose_kept_node_dies_after_another_was_given_back_ends_instead_of_waiting_for_ever():
     """Node 1 goes back at once (as above); node 0 dies at 100 s: no device is left, and the sweep says so."""
-    simulated, deadline = _simulated(scaling_jobs()), Objective(deadline=390.0)
+    simulated, deadline = _simulated(scaling_jobs()), Deadline(390.0)
     with pytest.raises(PoolBroken):
         run_simulation(
-            simulated,
-            CLUSTER,
-            solver="auto",
-            time_limit=0.5,
-            objective=deadline,
-            faults=[Fault(100.0, "lose", "node0")],
+            simulated, CLUSTER, solver="auto", time_limit=0.5, goal=deadline, faults=[Fault(100.0, "lose", "node0")]
         )
 
 
@@ -311,15 +303,15 @@ def test_without_a_deadline_or_a_budget_the_sweep_plans_for_the_makespan_exactly
         devices=1, strategies=["single"], log_dir=tmp_path, progress=None, dashboard=False, price_per_device_hour=2.0
     )
     objective = executor._settings.objective
-    assert objective.is_makespan and objective.kind == "makespan" and objective.price_per_device_hour == 2.0
+    assert objective == Makespan(price_per_device_hour=2.0)
     jobs = scaling_jobs()
-    with_price = solve(jobs, CLUSTER, "list", objective=objective)  # (a price only adds costs to the reports)
+    with_price = solve(jobs, CLUSTER, "list", goal=objective)  # (a price only adds costs to the reports)
     assert with_price.assignments == solve(jobs, CLUSTER, "list").assignments and "objective" not in with_price.info
 
 
 def test_a_static_plan_is_never_replaced_under_a_deadline_either():
     jobs, cluster = scaling_jobs(), CLUSTER
     fastest = solve(jobs, cluster, "auto", work_limit=WORK)
-    deadline = Objective(deadline=1.5 * fastest.makespan)
-    kept = replan(fastest, jobs, cluster, work_limit=WORK, objective=deadline, min_improvement=float("inf"))
+    deadline = Deadline(1.5 * fastest.makespan)
+    kept = replan(fastest, jobs, cluster, work_limit=WORK, goal=deadline, min_improvement=float("inf"))
     assert kept.info["replan"] == "kept" and kept.assignments == fastest.assignments

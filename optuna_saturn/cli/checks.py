@@ -51,7 +51,7 @@ def check_sweep_options(
     """The executor's options the command line passes, as the executor will judge them (without starting it)."""
     from optuna_saturn.devices import largest_trial, mig_entries, resolve_devices
     from optuna_saturn.nvml import visible_gpu_count
-    from optuna_saturn.planner import SOLVERS, objective_of
+    from optuna_saturn.planner import SOLVERS, goal_of
     from optuna_saturn.pools.registry import kinds
     from optuna_saturn.strategy import select_strategies
 
@@ -61,7 +61,7 @@ def check_sweep_options(
     if runner not in known:
         fail(f"--runner must be one of {', '.join(known)}, got {runner!r}.")
     try:
-        objective_of(deadline, budget, price_per_device_hour)
+        goal_of(deadline, budget, price_per_device_hour)
         if runner == "local":  # (a Ray cluster's devices are known once it is reached)
             gpus = len(mig_entries()) or visible_gpu_count()
             pool = resolve_devices(devices, allow_shared_cores=allow_shared_cores, n_cuda=gpus)  # type: ignore[arg-type]

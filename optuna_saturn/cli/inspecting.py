@@ -24,7 +24,7 @@ from optuna_saturn.cli.app import (
     ints,
     open_study,
 )
-from optuna_saturn.planner import objective_of
+from optuna_saturn.planner import Goal, goal_of
 from optuna_saturn.study.urls import without_password
 
 
@@ -169,10 +169,10 @@ def simulate(
     if deadline is not None or budget is not None:
         counts = ints(devices, "--devices") if devices else range(1, 2 * replay.devices + 1)
         try:
-            objective = objective_of(deadline, budget, price_per_device_hour)
+            goal = goal_of(deadline, budget, price_per_device_hour)
         except ValueError as exc:
             fail(str(exc))
-        _size(replay, objective, counts, mode, solver, time_limit)
+        _size(replay, goal, counts, mode, solver, time_limit)
         return
     clusters = [Cluster([n]) for n in ints(devices, "--devices")] if devices else []
     clusters += [Cluster(ints(spec, "--nodes")) for spec in nodes or ()]
@@ -217,14 +217,14 @@ def simulate(
         )
 
 
-def _size(replay: Any, objective: Any, counts: Any, mode: str, solver: str, time_limit: float) -> None:
+def _size(replay: Any, goal: Goal, counts: Any, mode: str, solver: str, time_limit: float) -> None:
     """The fewest devices that meet a deadline, or the earliest end within a budget (``simulation.sizing``)."""
     from rich.table import Table
 
     from optuna_saturn.simulation.sizing import answer, sizes
 
-    rows = sizes(replay, objective, counts, mode=mode, solver=solver, time_limit=time_limit)
-    table = Table(title=f"{len(replay.jobs)} trial(s) planned for the {objective.kind}", title_justify="left")
+    rows = sizes(replay, goal, counts, mode=mode, solver=solver, time_limit=time_limit)
+    table = Table(title=f"{len(replay.jobs)} trial(s) planned for the {goal.name}", title_justify="left")
     for column in ("devices", "ends (s)", "device-hours", "cost", "meets it"):
         table.add_column(column, justify="right")
     for r in rows:
@@ -233,10 +233,10 @@ def _size(replay: Any, objective: Any, counts: Any, mode: str, solver: str, time
         cost = f"{r.cost:.2f}" if r.cost is not None else "-"
         table.add_row(str(r.devices), ends, hours, cost, "yes" if r.meets else "no")
     console().print(table)
-    best = answer(rows, objective)
+    best = answer(rows, goal)
     if best is None:
-        fail(f"No pool of {', '.join(str(r.devices) for r in rows)} device(s) meets the {objective.kind}.")
-    what = "The fewest devices that meet the deadline" if objective.deadline else "The earliest end within the budget"
+        fail(f"No pool of {', '.join(str(r.devices) for r in rows)} device(s) meets the {goal.name}.")
+    what = goal.size_question
     typer.echo(
         f"{what}: {best.devices} device(s), ending at {best.wall_seconds or 0:.0f} s, "
         f"{best.device_hours or 0:.2f} device-hours" + (f", cost {best.cost:.2f}." if best.cost is not None else ".")

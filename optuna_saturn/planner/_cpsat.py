@@ -13,9 +13,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from optuna_saturn.planner._budget import WorkLimit
 from optuna_saturn.planner._devices import assign_devices, compact
 from optuna_saturn.planner._types import Cluster, Job, Option, Plan, Reservation
+from optuna_saturn.planner._work_limit import WorkLimit
 
 _RESOLUTION = 20_000  # grid steps across the hint's makespan; rounding costs at most ~1/20000 per job
 

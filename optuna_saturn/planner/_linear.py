@@ -1,12 +1,12 @@
 """A MILP in row form, and the two solvers that take it: Gurobi (one thread) and HiGHS. Each stops at a time limit,
-or at a work limit (:mod:`optuna_saturn.planner._budget`), and says whether it proved its answer optimal."""
+or at a work limit (:mod:`optuna_saturn.planner._work_limit`), and says whether it proved its answer optimal."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-from optuna_saturn.planner._budget import WorkLimit
+from optuna_saturn.planner._work_limit import WorkLimit
 
 
 class SolverUnavailable(RuntimeError):

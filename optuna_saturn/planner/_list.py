@@ -12,10 +12,10 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from optuna_saturn.planner._budget import WorkLimit
 from optuna_saturn.planner._frees import NodeFrees
-from optuna_saturn.planner._objective import MAKESPAN, Objective
+from optuna_saturn.planner._goal import MAKESPAN, Goal
 from optuna_saturn.planner._types import Assignment, Cluster, Job, Option, Plan, Reservation
+from optuna_saturn.planner._work_limit import WorkLimit
 
 
 def schedule_in_order(
@@ -71,7 +71,7 @@ def list_schedule(
     time_limit: float = 5.0,
     steps: int = 48,
     work_limit: WorkLimit | None = None,
-    objective: Objective = MAKESPAN,
+    goal: Goal = MAKESPAN,
 ) -> Plan:
     """Best plan over target makespans between ``lower`` and ``upper`` (geometric grid), two job orders each.
 
@@ -79,7 +79,7 @@ def list_schedule(
     target may also take any option that finishes earlier (so the tail is not left to a slow, thin option).
     Targets are tried until ``time_limit`` seconds have passed, or, given ``work_limit``, until that many options
     were weighed (then the wall clock is not read, and the plan is the same on any machine). Under a deadline or
-    a budget (``objective``), the best plan is the objective's, and the targets reach the slowest options too.
+    a budget (``goal``), the best plan is the goal's, and the targets reach the slowest options too.
     """
     t0 = time.perf_counter()
     weighed = 0
@@ -90,12 +90,12 @@ def list_schedule(
     fastest = max(min(o.runtime for o in j.options) for j in jobs)
     lo = max(lower or 0.0, fastest, 1e-12)
     hi = max(upper or 0.0, lo * 4)
-    if not objective.is_makespan:  # (the cheapest options are the slow ones: the deadline or budget decides)
-        hi = max(hi, objective.deadline or 0.0, max(o.runtime for j in jobs for o in j.options))
+    if not goal.earliest_end:  # (the cheapest options are the slow ones: the goal decides how slow)
+        hi = max(goal.latest_end(hi), max(o.runtime for j in jobs for o in j.options))
     targets = sorted({lo * (hi / lo) ** (i / (steps - 1)) for i in range(steps)})
 
     def score(placed: list[Assignment]) -> tuple[float, ...]:
-        return (max(a.end for a in placed),) if objective.is_makespan else objective.plan_key(placed)
+        return (max(a.end for a in placed),) if goal.earliest_end else goal.plan_key(placed)
 
     best: list[Assignment] | None = None
     best_score: tuple[float, ...] = (float("inf"),)

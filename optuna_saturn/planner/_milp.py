@@ -29,10 +29,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from optuna_saturn.planner._budget import WorkLimit
 from optuna_saturn.planner._devices import compact
 from optuna_saturn.planner._linear import BACKENDS, LinearModel
 from optuna_saturn.planner._types import Assignment, Cluster, Job, Option, Plan, Reservation
+from optuna_saturn.planner._work_limit import WorkLimit
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,12 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from optuna_saturn.planner._budget import WorkLimit
+from optuna_saturn.planner._goal import MAKESPAN, Goal
 from optuna_saturn.planner._list import allot, schedule_in_order
-from optuna_saturn.planner._objective import MAKESPAN, Objective
 from optuna_saturn.planner._options import check_inputs
 from optuna_saturn.planner._solve import solve
 from optuna_saturn.planner._types import Assignment, Cluster, Job, Option, Plan, Reservation
+from optuna_saturn.planner._work_limit import WorkLimit
 
 
 def replan(
@@ -34,7 +34,7 @@ def replan(
     min_improvement: float = 0.02,
     min_gain: float = 0.0,
     work_limit: WorkLimit | None = None,
-    objective: Objective = MAKESPAN,
+    goal: Goal = MAKESPAN,
 ) -> Plan:
     """Re-plan the pending ``jobs`` (times from now) given running trials in ``busy``.
 
@@ -43,7 +43,7 @@ def replan(
     ``min_improvement`` (relative) and by more than ``min_gain`` seconds. ``plan.info["replan"]`` says which won
     ("kept", "replaced" or "fresh" when there was nothing to keep), with both makespans. ``work_limit``: see
     :func:`~optuna_saturn.planner.solve` (a budget of work in place of ``time_limit``: the same plan on any machine).
-    Under a deadline or a budget (``objective``), the fresh plan wins if it breaks the objective's constraint less,
+    Under a deadline or a budget (``goal``), the fresh plan wins if it breaks the goal's constraint less,
     or as little and improves its measure (device-seconds, or the end) by more than ``min_improvement``.
     """
     check_inputs(jobs, cluster, busy)
@@ -57,16 +57,16 @@ def replan(
         seed=seed,
         hint=kept,
         work_limit=work_limit,
-        objective=objective,
+        goal=goal,
     )
     if kept is None:
         fresh.info.update(replan="fresh", fresh_makespan=fresh.makespan)
         return fresh
-    if objective.is_makespan:
+    if goal.earliest_end:
         threshold = min(kept.makespan * (1.0 - min_improvement), kept.makespan - min_gain)
         winner = fresh if fresh.makespan < threshold - 1e-9 else kept
     else:
-        winner = fresh if improves(objective, kept, fresh, min_improvement) else kept
+        winner = fresh if improves(goal, kept, fresh, min_improvement) else kept
     out = Plan(
         winner.assignments,
         solver=winner.solver if winner is fresh else "kept",
@@ -77,22 +77,22 @@ def replan(
     out.info.update(
         replan="replaced" if winner is fresh else "kept", kept_makespan=kept.makespan, fresh_makespan=fresh.makespan
     )
-    if not objective.is_makespan:
-        out.info.update(objective.report(out))
+    if not goal.earliest_end:
+        out.info.update(goal.report(out))
         if not out.info["met"]:
             out.info["earliest_end"] = fresh.info.get("earliest_end", fresh.makespan)
     return out
 
 
-def improves(objective: Objective, before: Plan, after: Plan, min_improvement: float) -> bool:
-    """Whether ``after`` is better than ``before`` for ``objective`` by more than ``min_improvement`` (relative):
+def improves(goal: Goal, before: Plan, after: Plan, min_improvement: float) -> bool:
+    """Whether ``after`` is better than ``before`` for ``goal`` by more than ``min_improvement`` (relative):
     it breaks the constraint by that much less, or as little and its measure is that much lower. Never, with an
     infinite ``min_improvement`` (a static plan, or a replay's given one)."""
     if math.isinf(min_improvement):
         return False
     (broken, measure), (broken_after, measure_after) = (
-        objective.plan_key(before.assignments),
-        objective.plan_key(after.assignments),
+        goal.plan_key(before.assignments),
+        goal.plan_key(after.assignments),
     )
     if broken_after < broken * (1.0 - min_improvement) - 1e-6:
         return True

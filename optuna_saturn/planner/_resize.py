@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from optuna_saturn.planner._budget import WorkLimit
-from optuna_saturn.planner._objective import MAKESPAN, Objective
+from optuna_saturn.planner._goal import MAKESPAN, Goal
 from optuna_saturn.planner._replan import improves, replan
 from optuna_saturn.planner._solve import solve
 from optuna_saturn.planner._types import Assignment, Cluster, Job, Option, Plan, Reservation
+from optuna_saturn.planner._work_limit import WorkLimit
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def best_resize(
     min_gain: Mapping[str, float] | None = None,
     seed: int = 0,
     work_limit: WorkLimit | None = None,
-    objective: Objective = MAKESPAN,
+    goal: Goal = MAKESPAN,
 ) -> Resize | None:
     """The one move of a running job (``movable``: the running jobs that checkpoint, each as
     :func:`remaining_job` describes it, named as its ``busy`` reservation) that shortens the plan of ``jobs`` the
@@ -64,7 +64,7 @@ def best_resize(
     cost paid; in the simulator (``benchmarks/elastic_resize.py``) that margin turns small losses at high restart
     costs into no moves, and keeps the gains at low ones. ``work_limit`` bounds each of its plans by work instead of
     by ``time_limit`` (see :func:`~optuna_saturn.planner.solve`): the same move on any machine. Under a deadline or
-    a budget (``objective``) a move must make the plan better for it (:func:`~optuna_saturn.planner.replan`'s rule:
+    a budget (``goal``) a move must make the plan better for it (:func:`~optuna_saturn.planner.replan`'s rule:
     closer to the constraint, or within it at a lower measure), the running jobs' remaining device-seconds
     counted."""
     kept = replan(
@@ -76,7 +76,7 @@ def best_resize(
         time_limit=time_limit,
         seed=seed,
         work_limit=work_limit,
-        objective=objective,
+        goal=goal,
     )
     # (the fresh plan without the move, too: re-planning the waiting jobs alone must not count as the move's gain)
     kept_end = max([min(kept.makespan, kept.info.get("fresh_makespan", kept.makespan)), *(r.until for r in busy)])
@@ -88,23 +88,16 @@ def best_resize(
             continue
         others = [r for r in busy if r is not reservation]
         plan = solve(
-            [*jobs, moved],
-            cluster,
-            solver,
-            time_limit,
-            busy=others,
-            seed=seed,
-            work_limit=work_limit,
-            objective=objective,
+            [*jobs, moved], cluster, solver, time_limit, busy=others, seed=seed, work_limit=work_limit, goal=goal
         )
         end = _end(plan, others)
-        if not objective.is_makespan:
-            if improves(objective, _with(kept, busy), _with(plan, others), min_improvement) and (
-                best is None or objective.plan_key(_with(plan, others).assignments) < best_key
+        if not goal.earliest_end:
+            if improves(goal, _with(kept, busy), _with(plan, others), min_improvement) and (
+                best is None or goal.plan_key(_with(plan, others).assignments) < best_key
             ):
                 best, best_key = (
                     Resize(reservation.job, plan, end, kept_end),
-                    objective.plan_key(_with(plan, others).assignments),
+                    goal.plan_key(_with(plan, others).assignments),
                 )
             continue
         threshold = min(kept_end * (1.0 - min_improvement), kept_end - (min_gain or {}).get(reservation.job, 0.0))

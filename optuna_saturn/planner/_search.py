@@ -14,9 +14,9 @@ import random
 import time
 from collections.abc import Sequence
 
-from optuna_saturn.planner._budget import WorkLimit
 from optuna_saturn.planner._list import allot, schedule_in_order
 from optuna_saturn.planner._types import Cluster, Job, Option, Plan, Reservation
+from optuna_saturn.planner._work_limit import WorkLimit
 
 _Sequence = list[tuple[Job, tuple[Option, ...]]]
 

@@ -1,5 +1,5 @@
 """``solve``: heuristics first (always a valid plan), then the chosen backend improves it within the time limit (or
-the work limit: :mod:`optuna_saturn.planner._budget`)."""
+the work limit: :mod:`optuna_saturn.planner._work_limit`)."""
 
 from __future__ import annotations
 
@@ -10,17 +10,17 @@ from collections.abc import Sequence
 
 from optuna_saturn.planner._baselines import sequential_max, task_parallel
 from optuna_saturn.planner._bounds import lower_bound
-from optuna_saturn.planner._budget import WorkLimit
 from optuna_saturn.planner._cpsat import solve_cpsat
+from optuna_saturn.planner._goal import MAKESPAN, Goal
 from optuna_saturn.planner._greedy import greedy
 from optuna_saturn.planner._linear import SolverUnavailable
 from optuna_saturn.planner._list import list_schedule
 from optuna_saturn.planner._milp import solve_block_milp
-from optuna_saturn.planner._objective import MAKESPAN, Objective
 from optuna_saturn.planner._options import check_inputs, prune_jobs
 from optuna_saturn.planner._search import iterated_list
 from optuna_saturn.planner._types import Cluster, Job, Plan, Reservation
 from optuna_saturn.planner._validate import plan_problems
+from optuna_saturn.planner._work_limit import WorkLimit
 
 _logger = logging.getLogger("optuna_saturn.planner")
 
@@ -44,9 +44,9 @@ def solve(
     seed: int = 0,
     hint: Plan | None = None,
     work_limit: WorkLimit | None = None,
-    objective: Objective = MAKESPAN,
+    goal: Goal = MAKESPAN,
 ) -> Plan:
-    """Plan ``jobs`` on ``cluster``, minimising the makespan (or, given an ``objective`` with a deadline or a budget,
+    """Plan ``jobs`` on ``cluster``, minimising the makespan (or, given a ``goal`` with a deadline or a budget,
     the device-seconds within the deadline, or the makespan within the budget). ``busy`` holds devices already
     taken.
 
@@ -61,12 +61,12 @@ def solve(
     quarter for the list heuristic; in "auto", 0.4 for the MILP and 0.6 for CP-SAT, or 0.6 for the search and 0.4
     for CP-SAT on more than 60 jobs; all of it for a single backend.
 
-    Under a deadline or a budget the plan is the best, for the objective, of the makespan plan (the earliest end
-    any plan reaches) and the moldable list plans weighed by the objective; ``plan.info`` says whether it meets
-    the objective (``met``), its device-seconds, its cost, and where a deadline is missed, the earliest end.
+    Under a deadline or a budget the plan is the best, for the goal, of the makespan plan (the earliest end
+    any plan reaches) and the moldable list plans weighed by the goal; ``plan.info`` says whether it meets
+    the goal (``met``), its device-seconds, its cost, and where a deadline is missed, the earliest end.
     """
-    if not objective.is_makespan:
-        return _for_objective(jobs, cluster, solver, time_limit, busy, seed, hint, work_limit, objective)
+    if not goal.earliest_end:
+        return _for_goal(jobs, cluster, solver, time_limit, busy, seed, hint, work_limit, goal)
     t0 = time.perf_counter()
     if solver not in SOLVERS:
         raise ValueError(f"Unknown solver {solver!r}; choose one of {SOLVERS}.")
@@ -134,7 +134,7 @@ def solve(
     return _finish(best, jobs, cluster, busy, lb, t0, notes)
 
 
-def _for_objective(
+def _for_goal(
     jobs: Sequence[Job],
     cluster: Cluster,
     solver: str,
@@ -143,7 +143,7 @@ def _for_objective(
     seed: int,
     hint: Plan | None,
     work_limit: WorkLimit | None,
-    objective: Objective,
+    goal: Goal,
 ) -> Plan:
     t0 = time.perf_counter()
     half = None if work_limit is None else work_limit.share(0.5)
@@ -159,12 +159,12 @@ def _for_objective(
         upper=fastest.makespan,
         time_limit=max(0.05, time_limit / 2),
         work_limit=half,
-        objective=objective,
+        goal=goal,
     )
-    best = min((fastest, weighed), key=lambda p: objective.plan_key(p.assignments))
+    best = min((fastest, weighed), key=lambda p: goal.plan_key(p.assignments))
     notes = dict(fastest.info) if best is fastest else {}  # (the solvers' notes are the makespan plan's own)
     plan = _finish(best, jobs, cluster, busy, fastest.lower_bound, t0, notes)
-    plan.info.update(objective.report(plan))
+    plan.info.update(goal.report(plan))
     if not plan.info["met"]:  # (the earliest end of any plan found: the makespan plan's, or a weighed one's)
         plan.info["earliest_end"] = round(min(fastest.makespan, weighed.makespan), 3)
     return plan

@@ -5,22 +5,17 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from optuna_saturn.planner._objective import Objective
+from optuna_saturn.planner._goal import Goal
 from optuna_saturn.planner._types import Cluster, Job, Plan, Reservation
 
 _TOL = 1e-6
 
 
 def plan_problems(
-    plan: Plan,
-    jobs: Sequence[Job],
-    cluster: Cluster,
-    *,
-    busy: Sequence[Reservation] = (),
-    objective: Objective | None = None,
+    plan: Plan, jobs: Sequence[Job], cluster: Cluster, *, busy: Sequence[Reservation] = (), goal: Goal | None = None
 ) -> list[str]:
     """Every way ``plan`` breaks the rules, as human-readable lines (empty when the plan is valid); with an
-    ``objective``, its deadline or budget too (counted here, not by the objective)."""
+    ``goal``, its deadline or budget too (counted here, not by the goal)."""
     problems: list[str] = []
     by_name = {j.name: j for j in jobs}
     seen: dict[str, int] = defaultdict(int)
@@ -73,36 +68,28 @@ def plan_problems(
                 problems.append(f"node {node} device {d}: {w1} [{s1}, {e1}) overlaps {w2} [{s2}, {e2}).")
             if last is None or e2 > last[1]:
                 last = (s2, e2, w2)
-    if objective is not None:
-        problems += _objective_problems(plan, objective)
+    if goal is not None:
+        problems += _goal_problems(plan, goal)
     return problems
 
 
-def _objective_problems(plan: Plan, objective: Objective) -> list[str]:
+def _goal_problems(plan: Plan, goal: Goal) -> list[str]:
     end = max((float(a.end) for a in plan.assignments), default=0.0)
     spent = sum(len(a.devices) * (float(a.end) - float(a.start)) for a in plan.assignments)
-    if objective.deadline is not None and end > objective.deadline + _TOL * max(1.0, objective.deadline):
-        return [f"the plan ends at {end:.3f} s, past its deadline of {objective.deadline:.3f} s."]
-    if objective.budget is not None and spent > objective.budget + _TOL * max(1.0, objective.budget):
-        return [f"the plan spends {spent:.3f} device-seconds, over its budget of {objective.budget:.3f}."]
-    return []
+    why = goal.violation(end, spent)  # (the end and the device-seconds counted here, not by the plan)
+    return [why] if why else []
 
 
 def validate(
-    plan: Plan,
-    jobs: Sequence[Job],
-    cluster: Cluster,
-    busy: Sequence[Reservation] = (),
-    *,
-    objective: Objective | None = None,
+    plan: Plan, jobs: Sequence[Job], cluster: Cluster, busy: Sequence[Reservation] = (), *, goal: Goal | None = None
 ) -> None:
     """Raise ``ValueError`` listing every problem if ``plan`` is not a valid schedule of ``jobs`` on ``cluster``.
 
     Checks: each job appears exactly once with one of its own options, on exactly ``option.devices`` distinct
     devices of one existing node, with ``end - start == runtime`` and ``start >= 0``; no device runs two things at
-    once, busy reservations (devices held from 0 to ``until``) included; with an ``objective``, the plan ends by its
+    once, busy reservations (devices held from 0 to ``until``) included; with a ``goal``, the plan ends by its
     deadline, or spends no more device-seconds than its budget.
     """
-    problems = plan_problems(plan, jobs, cluster, busy=busy, objective=objective)
+    problems = plan_problems(plan, jobs, cluster, busy=busy, goal=goal)
     if problems:
         raise ValueError("Invalid plan:\n  " + "\n  ".join(problems))

@@ -27,7 +27,7 @@ from optuna.trial import FrozenTrial
 from optuna_saturn.clock import VirtualClock
 from optuna_saturn.devices import Device
 from optuna_saturn.events import SweepListener, TrialMove, TrialStart
-from optuna_saturn.planner import MAKESPAN, Assignment, Cluster, Job, Objective, Plan, WorkLimit
+from optuna_saturn.planner import MAKESPAN, Assignment, Cluster, Goal, Job, Plan, WorkLimit
 from optuna_saturn.simulation.pool import Behaviour, Fault, SimulatedPool
 from optuna_saturn.simulation.prices import JOB_PARAMETER, KnownPrices, SimulatedJob
 from optuna_saturn.strategy import Strategy, load_strategies
@@ -167,10 +167,10 @@ def run_simulation(
     profile_budget: float | None = None,
     plan_for_pruning: bool = False,
     plan_to_next_rung: bool = False,
-    objective: Objective = MAKESPAN,
+    goal: Goal = MAKESPAN,
 ) -> SimulationResult:
     """The real loop on ``jobs`` (see :func:`simulate`), with ``faults`` injected into the simulated pool, planning
-    for ``objective`` (the makespan, a deadline or a budget: :class:`~optuna_saturn.planner.Objective`). A
+    for ``goal`` (:class:`~optuna_saturn.planner.Makespan`, ``Deadline`` or ``Budget``). A
     ``study`` given must hold ``jobs`` enqueued (their index as the parameter ``job``); by default an in-memory
     one is made.
 
@@ -207,7 +207,7 @@ def run_simulation(
             profile_budget=profile_budget,
             plan_for_pruning=plan_for_pruning,
             plan_to_next_rung=plan_to_next_rung,
-            objective=objective,
+            objective=goal,
         )
         pool = SimulatedPool(
             devices,

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from optuna_saturn.planner import Cluster, DeadlineUnreachable, Objective, device_seconds
+from optuna_saturn.planner import Cluster, DeadlineUnreachable, Goal, device_seconds
 from optuna_saturn.simulation.replay import Replay
 from optuna_saturn.simulation.simulator import run_simulation
 
@@ -29,15 +29,15 @@ class Sizing:
     cost: float | None
 
 
-def sizes(replay: Replay, objective: Objective, counts: Iterable[int], **simulation: Any) -> list[Sizing]:
-    """The sweep of ``replay``'s trials, planned for ``objective``, on one node of each of ``counts`` devices."""
+def sizes(replay: Replay, goal: Goal, counts: Iterable[int], **simulation: Any) -> list[Sizing]:
+    """The sweep of ``replay``'s trials, planned for ``goal``, on one node of each of ``counts`` devices."""
     rows = []
     for count in counts:
         try:
             result = run_simulation(
                 replay.jobs,
                 Cluster([count]),
-                objective=objective,
+                goal=goal,
                 known_ahead=replay.known_ahead,
                 workers_ready=replay.typical_ready,
                 **simulation,
@@ -46,19 +46,15 @@ def sizes(replay: Replay, objective: Objective, counts: Iterable[int], **simulat
             rows.append(Sizing(count, None, None, refused.earliest_end, False, None))
             continue
         wall, spent = result.info["wall_seconds"], device_seconds(result.executed)
-        meets = (objective.deadline is None or wall <= objective.deadline) and (
-            objective.budget is None or spent <= objective.budget
-        )
-        cost = spent / 3600 * objective.price_per_device_hour if objective.price_per_device_hour else None
+        meets = not goal.violation(wall, spent)
+        cost = spent / 3600 * goal.price_per_device_hour if goal.price_per_device_hour else None
         rows.append(Sizing(count, wall, spent / 3600, None, meets, cost))
     return rows
 
 
-def answer(rows: list[Sizing], objective: Objective) -> Sizing | None:
+def answer(rows: list[Sizing], goal: Goal) -> Sizing | None:
     """Under a deadline, the fewest devices that meet it; under a budget, the earliest end within it."""
     meeting = [r for r in rows if r.meets]
     if not meeting:
         return None
-    if objective.deadline is not None:
-        return min(meeting, key=lambda r: (r.devices, r.device_hours or 0.0))
-    return min(meeting, key=lambda r: (r.wall_seconds or 0.0, r.devices))
+    return min(meeting, key=lambda r: goal.size_key(r.devices, r.wall_seconds or 0.0, r.device_hours or 0.0))

@@ -82,7 +82,7 @@ class Asking:
             profile_only=settings.profile_only,
             describe_ahead=describes and (settings.describe_asked or len(settings.devices) > 1),
             ask_ahead=describes and settings.describe_asked,
-            preview=settings.objective.deadline is not None,
+            preview=settings.objective.refuses_first_miss,
         )
 
     def describe_from_now(self) -> None:

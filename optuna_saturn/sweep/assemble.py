@@ -115,13 +115,13 @@ def assemble(
             Faults.for_sweep(settings, may_leave_out=prices is not None, taken_over=gateway.taken_over),
             Elastic(
                 # (moves serve the makespan: under a deadline or a budget the trials keep their options)
-                enabled=settings.elastic and not settings.profile_only and settings.objective.is_makespan,
+                enabled=settings.elastic and not settings.profile_only and settings.objective.earliest_end,
                 max_moves=settings.max_moves,
                 engines={s.name: s.engine for s in settings.strategies},
                 seed=settings.seed,
                 plan_work=settings.plan_work,
             ),
             Outcomes(catch=catch),
-            Releasing(enabled=not settings.objective.is_makespan),
+            Releasing(enabled=settings.objective.whole_sweep),
         )
     )

@@ -1,6 +1,6 @@
-"""The sweep's objective as a plan made now sees it: a deadline as the time left, a budget as the device-seconds
-left once the jobs that ran and run are paid (:meth:`~optuna_saturn.planner.Objective.shifted`); and what is said
-when the plans miss it."""
+"""The sweep's goal (the planner's: :class:`~optuna_saturn.planner.Goal`) as a plan made now sees it: a deadline as
+the time left, a budget as the device-seconds left once the jobs that ran and run are paid
+(:meth:`~optuna_saturn.planner.Goal.shifted`); and what is said when the plans miss it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import optuna
 
-from optuna_saturn.planner import Objective, Plan, Reservation
+from optuna_saturn.planner import Goal, Plan, Reservation
 from optuna_saturn.sweep.state import SweepState, Waiting
 
 _logger = optuna.logging.get_logger("optuna.saturn")
@@ -21,13 +21,13 @@ DEADLINE_SLACK = 0.5
 
 
 def objective_now(
-    objective: Objective, state: SweepState, busy: Sequence[Reservation], now: float, *, unsure: float = 0.0
-) -> Objective:
+    objective: Goal, state: SweepState, busy: Sequence[Reservation], now: float, *, unsure: float = 0.0
+) -> Goal:
     """``objective`` for a plan of the waiting trials made at ``now`` (``busy``: the running jobs' devices;
     ``unsure``: the uncertainty of trials planned beside the waiting ones)."""
     spent = state.spent_by(now) + sum(len(r.devices) * r.until for r in busy)
     unsure = max([unsure, *(_uncertainty(w) for w in state.waiting.values())])
-    spare = DEADLINE_SLACK * unsure * max(0.0, (objective.deadline or now) - now)
+    spare = DEADLINE_SLACK * unsure * objective.seconds_left(now)
     return objective.shifted(elapsed=now + spare, spent=spent)
 
 
@@ -40,24 +40,24 @@ def _uncertainty(waiting: Waiting) -> float:
 
 
 class Misses:
-    """Plans that miss the objective: the first plan's miss of a deadline refuses the sweep; a later miss (of the
-    deadline, or of a budget) is said once, and the sweep goes on. Its memory (whether it was said) is its own."""
+    """Plans that miss the goal: the first plan's miss of a goal that refuses a first miss (a deadline) refuses the
+    sweep; a later miss (of the deadline, or of a budget) is said once, and the sweep goes on. Its memory (whether it
+    was said) is its own."""
 
-    def __init__(self, objective: Objective) -> None:
+    def __init__(self, objective: Goal) -> None:
         self._objective = objective
         self._said = False
 
-    def refusal(self, plan: Plan, earliest: float, now_seen: Objective, *, first: bool) -> str:
+    def refusal(self, plan: Plan, earliest: float, now_seen: Goal, *, first: bool) -> str:
         """Why the sweep is refused (its trials, those to come included, end at ``earliest`` at the earliest, after
         its deadline, and ``plan`` is its first), or ""."""
         objective = self._objective
-        late = objective.deadline is not None and earliest > objective.deadline
-        if not late and (objective.deadline is not None or plan.info.get("met", True)):
+        if not objective.misses(plan, earliest):
             self._said = False
             return ""
         least = plan.info.get("device_seconds", 0.0)
-        why = objective.missed(earliest_end=earliest, least_spent=least, left=now_seen.budget or 0.0)
-        if objective.deadline is not None and first:
+        why = objective.missed(earliest_end=earliest, least_spent=least, now_seen=now_seen)
+        if objective.refuses_first_miss and first:
             return f"{why}. Give a later deadline or more devices, or leave the deadline out."
         if not self._said:
             _logger.warning(f"The sweep's plan misses its objective: {why}.")

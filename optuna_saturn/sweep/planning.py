@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import partial
 
-from optuna_saturn.planner import Assignment, Objective, Plan, WorkLimit, fewest_nodes, replan
+from optuna_saturn.planner import Assignment, Goal, Plan, WorkLimit, fewest_nodes, replan
 from optuna_saturn.pricing.prices import TrialPrice
 from optuna_saturn.sweep.decisions import Planned, Refusal, Unplan
 from optuna_saturn.sweep.objective_now import Misses, objective_now
@@ -36,7 +36,7 @@ REPLAN_SECONDS = 0.1
 #: The same cap counted in work, for a sweep that plans by work (``SweepSettings.plan_work``: the simulator). Chosen so
 #: that the solvers do about what they did in ``REPLAN_SECONDS``: on a re-plan's small models most of that time
 #: went to loading them, which work does not count (Gurobi reached 0.01 work units, CP-SAT 0.002 deterministic
-#: seconds; :mod:`optuna_saturn.planner._budget`).
+#: seconds; :mod:`optuna_saturn.planner._work_limit`).
 REPLAN_WORK = WorkLimit(0.025)
 #: The planner's backend while a device waits for the plan: its heuristics alone (greedy and moldable list
 #: scheduling, a few milliseconds; the first CP-SAT plan of a process also imports OR-Tools, 0.4 s).
@@ -75,7 +75,7 @@ class Planning:
 
     def workers_came_up(self, state: SweepState) -> bool:
         """Under a deadline or a budget, workers that came up are planned on at once (the last plan counted on them)."""
-        if self._objective.is_makespan or len(state.ready_at) == self._ready_seen:
+        if not self._objective.whole_sweep or len(state.ready_at) == self._ready_seen:
             return False
         self._ready_seen = len(state.ready_at)
         return True
@@ -104,16 +104,16 @@ class Planning:
         if previous is None and self._first_plan is not None:  # a replay: the first plan is given
             previous, self._first_plan, min_improvement = self._first_plan, None, float("inf")
         objective = objective_now(self._objective, state, busy, now)
-        plan = followed(previous, self._fresh, jobs, busy, state, now) if objective.is_makespan else None
+        plan = followed(previous, self._fresh, jobs, busy, state, now) if objective.earliest_end else None
         if plan is None:
             urgent = self._solver == "auto" and bool(state.free())
             plan = self._solved(previous, jobs, busy, state, objective, min_improvement, first=self.version == 1)
-            deadline, solver = objective.deadline, URGENT_SOLVER if urgent else self._solver
+            solver = URGENT_SOLVER if urgent else self._solver
             # (nodes idle to the end go back; a try that left none out is made again once the trials, or the nodes
             # free of jobs, changed)
             tried = (frozenset(j.name for j in jobs), frozenset(r.node for r in busy), state.cluster)
-            if deadline is not None and plan.info.get("met") and state.all_asked and tried != self._tried_fewer:
-                fewer = partial(replan, None, jobs, seed=self._seed, objective=objective, solver=solver,
+            if objective.packs_nodes and plan.info.get("met") and state.all_asked and tried != self._tried_fewer:
+                fewer = partial(replan, None, jobs, seed=self._seed, goal=objective, solver=solver,
                                 time_limit=self._time_limit, work_limit=self._work_limit)  # fmt: skip
                 on_fewer = fewest_nodes(plan, state.cluster, busy, lambda c, b: fewer(cluster=c, busy=b))
                 plan, self._tried_fewer = on_fewer, (tried if on_fewer is plan else None)
@@ -159,7 +159,7 @@ class Planning:
         jobs: list,
         busy: list,
         state: SweepState,
-        objective: Objective,
+        objective: Goal,
         improve: float,
         *,
         first: bool,
@@ -167,13 +167,13 @@ class Planning:
         """A fresh plan, by the heuristics alone while a device waits; the first one that misses a deadline the
         lower bound allows is made again with the solvers' whole time before the sweep is refused."""
         urgent = self._solver == "auto" and bool(state.free())
-        solve = partial(replan, jobs=jobs, cluster=state.cluster, busy=busy, seed=self._seed, objective=objective)
+        solve = partial(replan, jobs=jobs, cluster=state.cluster, busy=busy, seed=self._seed, goal=objective)
         solver = URGENT_SOLVER if urgent else self._solver
         plan = solve(previous, solver=solver, time_limit=self._time_limit, min_improvement=improve,
                      work_limit=self._work_limit)  # fmt: skip
-        deadline, whole_time, whole_work = objective.deadline, *self._whole_limits
-        refused = deadline is not None and first and plan.info.get("met") is False
-        if refused and urgent and plan.lower_bound <= (deadline or 0.0):
+        whole_time, whole_work = self._whole_limits
+        refused = objective.refuses_first_miss and first and plan.info.get("met") is False
+        if refused and urgent and not objective.violation(plan.lower_bound, 0.0):
             plan = solve(None, solver=self._solver, time_limit=whole_time, work_limit=whole_work)
         return plan
 

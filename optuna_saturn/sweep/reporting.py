@@ -12,7 +12,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from optuna_saturn.devices import Device
 from optuna_saturn.events import Broadcast, TrialProgress
-from optuna_saturn.planner import Objective, Option
+from optuna_saturn.planner import Goal, Option
 from optuna_saturn.planner._types import option_label
 from optuna_saturn.pricing.prices import PricedOption, ProfileJob
 from optuna_saturn.study.records import record
@@ -104,14 +104,13 @@ def summary(
     }
 
 
-def objective(objective: Objective, state: SweepState) -> dict[str, Any]:
-    """The summary's part on what the sweep planned for (none in makespan mode) and its cost (at a price)."""
+def objective(goal: Goal, state: SweepState) -> dict[str, Any]:
+    """The summary's part on what the sweep planned for (none for the earliest end) and its cost (at a price)."""
     out: dict[str, Any] = {}
-    if not objective.is_makespan:
-        budget = None if objective.budget is None else objective.budget / 3600
-        out["objective"] = {"kind": objective.kind, "deadline": objective.deadline, "budget_hours": budget}
-    if objective.price_per_device_hour:
-        out["cost"] = round(state.spent / 3600 * objective.price_per_device_hour, 2)
+    if not goal.earliest_end:
+        out["objective"] = goal.summary()
+    if goal.price_per_device_hour:
+        out["cost"] = round(state.spent / 3600 * goal.price_per_device_hour, 2)
     return out
 
 

@@ -1,4 +1,4 @@
-"""A planning budget counted in work done, not in seconds: the same inputs and seed then give the same plan on any
+"""A planning work limit counted in work done, not in seconds: the same inputs and seed then give the same plan on any
 machine, however busy it is.
 
 Why: every backend used to stop at a wall-clock limit (CP-SAT's ``max_time_in_seconds``, HiGHS's and Gurobi's time
@@ -11,8 +11,8 @@ virtual, plans with a :class:`WorkLimit` instead.
 Each backend counts work in its own deterministic unit, and a unit of :class:`WorkLimit` is converted to each of them
 below: about what each backend does in a second of a long solve on the development machine (2 cores). Gurobi's work
 units and CP-SAT's deterministic seconds are both meant to be "about a second" already. A short solve spends most of
-its wall time loading its model, which none of these counts, so a budget of a tenth of a unit takes longer than a
-tenth of a second: the sweep's re-plans have their own budget (``optuna_saturn.sweep.planning.REPLAN_WORK``). The
+its wall time loading its model, which none of these counts, so a work limit of a tenth of a unit takes longer than a
+tenth of a second: the sweep's re-plans have their own work limit (``optuna_saturn.sweep.planning.REPLAN_WORK``). The
 conversions need not be exact, only fixed.
 """
 
@@ -33,7 +33,7 @@ GUROBI_WORK_PER_UNIT = 1.0
 #: HiGHS's branch-and-bound nodes per unit (the paper-like block model: 9 600 nodes in 10 s).
 HIGHS_NODES_PER_UNIT = 1_000
 #: HiGHS's root node (presolve, the LP, cuts, heuristics) is one node whatever it costs: the MILP runs only where
-#: the budget covers the root's cost, estimated from the model's non-zeros (the paper-like model's 718 took 0.6 s).
+#: the limit covers the root's cost, estimated from the model's non-zeros (the paper-like model's 718 took 0.6 s).
 #: Below that the plan stays the other stages' one, as when a time limit runs out during the root.
 HIGHS_ROOT_NONZEROS_PER_UNIT = 1_200
 
@@ -56,7 +56,7 @@ class WorkLimit:
             raise ValueError(f"WorkLimit.units must be a finite number >= 0, got {self.units!r}.")
 
     def share(self, fraction: float) -> WorkLimit:
-        """This much of the budget (``solve`` splits one between its stages as it splits a time limit)."""
+        """This much of the work limit (``solve`` splits one between its stages as it splits a time limit)."""
         return WorkLimit(self.units * fraction)
 
     @property
@@ -80,7 +80,7 @@ class WorkLimit:
         return self.units * GUROBI_WORK_PER_UNIT
 
     def highs_nodes(self, nonzeros: int) -> int:
-        """HiGHS's ``mip_max_nodes`` on a model of ``nonzeros`` non-zeros; 0 (do not run it) when the budget does not
+        """HiGHS's ``mip_max_nodes`` on a model of ``nonzeros`` non-zeros; 0 (do not run it) when the limit does not
         cover its root node."""
         if self.units < nonzeros / HIGHS_ROOT_NONZEROS_PER_UNIT:
             return 0
