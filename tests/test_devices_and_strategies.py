@@ -74,7 +74,7 @@ def test_builtin_strategies_load_and_allow_sane_device_counts():
             "gradient_accumulation must be",
         ),
         (
-            {"name": "x", "launcher": "torchrun", "engine": "ddp", "knobs": {"activation_checkpointing": "yes"}},
+            {"name": "x", "launcher": "torchrun", "engine": "fsdp", "knobs": {"activation_checkpointing": "yes"}},
             "true or false",
         ),
         (

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from optuna_saturn.training import checkpoint
+from optuna_saturn.strategy.engine_traits import EngineTraits
 from optuna_saturn.training.sharding import OnBatch, ShardedDataLoader
 
 if TYPE_CHECKING:
@@ -80,8 +80,9 @@ class Engine:
     #: The engine counts micro-batches itself (DeepSpeed): accumulation driven from outside its own knob, such as
     #: Trainer's ``gradient_accumulation_steps``, cannot be followed.
     counts_micro_batches = False
-    #: How trial.checkpoint() saves this engine's training state (see :mod:`optuna_saturn.training.checkpoint`).
-    checkpoint_format = checkpoint.DCP
+    #: How trial.checkpoint() saves this engine's training state (see :mod:`optuna_saturn.training.checkpoint`): as
+    #: its traits declare it (:func:`optuna_saturn.engines.engine_class` checks that the two agree).
+    checkpoint_format = EngineTraits.checkpoint_format
     #: A loss scaler (fp16) sees the gradients as one process holds them (see :func:`refuse_a_loss_scaler`).
     takes_a_loss_scaler = True
 

@@ -12,7 +12,7 @@ from optuna_saturn.engines import _clipping
 from optuna_saturn.engines._base import Engine, StrategyMismatch, WorkerContext, refuse_a_loss_scaler
 from optuna_saturn.engines._deepspeed_buckets import device_memory_of, size_buckets
 from optuna_saturn.engines._offload_optimizer import host_optimizer
-from optuna_saturn.training import checkpoint
+from optuna_saturn.strategy.builtin_engines import DeepSpeedTraits
 
 #: Optimizers whose update of each element depends only on that element's gradient and state. ZeRO flattens each
 #: parameter group into one vector per rank, so only these compute the same update as in one process.
@@ -100,7 +100,7 @@ class DeepSpeedEngine(Engine):
 
     counts_micro_batches = True
     takes_a_loss_scaler = False
-    checkpoint_format = checkpoint.DEEPSPEED  # its own: the ZeRO partitions and its engine's counters
+    checkpoint_format = DeepSpeedTraits.checkpoint_format  # its own: the ZeRO partitions and its engine's counters
 
     def __init__(self, context: WorkerContext) -> None:
         super().__init__(context)

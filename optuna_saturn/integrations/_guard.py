@@ -35,7 +35,7 @@ def install() -> None:
     @functools.wraps(original)
     def prepare(self: Any, *args: Any, **kwargs: Any) -> Any:
         trial = _running
-        if trial is not None and (trial.world_size > 1 or trial.strategy.engine != "single"):
+        if trial is not None and (trial.world_size > 1 or not trial.strategy.engine_traits.runs_one_process):
             raise StrategyMismatch(
                 f"This trial runs under '{trial.strategy.name}' on {trial.world_size} device(s), but the objective "
                 "prepares with Accelerate's own Accelerator(), which would run DDP (or one plain process) instead, "

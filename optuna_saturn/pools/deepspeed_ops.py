@@ -35,7 +35,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from optuna_saturn.engines._offload_optimizer import offloads_optimizer
 from optuna_saturn.pools.build_locks import LOCK_NAMES, building, stale
 from optuna_saturn.pools.build_locks import STALE_LOCK_SECONDS as STALE_LOCK_SECONDS  # (its old home)
 from optuna_saturn.pools.launch_commands import extensions_folder
+from optuna_saturn.strategy.engine_registry import traits_of
 
 _logger = optuna.logging.get_logger("optuna.saturn.runner")
 
@@ -104,6 +105,12 @@ def _remove_locks(kind: str, folder: Path, *, before: float = math.inf, since: f
                 path.unlink(missing_ok=True)
                 removed.append(path)
     return removed
+
+
+def needed_by(engines: Iterable[str]) -> bool:
+    """Whether any of a sweep's engines compiles ops the first time a process needs them (its traits say so:
+    ``builds_ops``; DeepSpeed's are the ones this module builds)."""
+    return any(traits_of(name).builds_ops for name in engines)
 
 
 def seconds_since_a_build() -> float:

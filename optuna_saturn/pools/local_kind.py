@@ -34,7 +34,7 @@ class LocalPool:
             placement.devices,
             isolate_network=options.isolate_network,
             one_process=any(s.one_process for s in options.strategies),
-            deepspeed_configs=[dict(s.launcher_config) for s in options.strategies if s.engine == "deepspeed"],
+            deepspeed_configs=[dict(s.launcher_config) for s in options.strategies if s.engine_traits.builds_ops],
             **options.common(placement.largest_trial),
         )
 

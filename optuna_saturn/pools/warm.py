@@ -24,7 +24,7 @@ from typing import Any
 
 from optuna_saturn.channel import ChannelServer
 from optuna_saturn.devices import Device, available_cores, physical_gpus, pin_cores
-from optuna_saturn.pools.deepspeed_ops import build_missing
+from optuna_saturn.pools.deepspeed_ops import build_missing, needed_by
 from optuna_saturn.pools.forked_host import ForkedHost, start_host, why_not_fork
 from optuna_saturn.pools.launch_commands import host_environment
 from optuna_saturn.pools.logs import last_unindented_line
@@ -140,7 +140,7 @@ class WorkerPool:
         config_path.write_text(json.dumps(config), encoding="utf-8")
         os.chmod(config_path, 0o600)
         env = host_environment(self.devices[0].kind, self._log_dir)
-        if "deepspeed" in self._engines:  # before any timed or watched run: see deepspeed_ops
+        if needed_by(self._engines):  # before any timed or watched run: see deepspeed_ops
             build_missing(
                 self.devices[0].kind, env, log=self._log_dir / "deepspeed-ops.log", configs=self._deepspeed_configs
             )

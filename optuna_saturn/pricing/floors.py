@@ -36,10 +36,4 @@ def no_better_than_linear_scaling(
 def computes_plainly(strategy: Strategy) -> bool:
     """Whether the strategy does the step's compute with nothing traded for memory (activation recomputation,
     offload to CPU), so that no other strategy's step can beat it by more than its device count."""
-    knobs = strategy.knobs
-    if knobs.get("activation_checkpointing") or knobs.get("cpu_offload"):
-        return False
-    zero = strategy.launcher_config.get("zero_optimization", {})
-    return not any(
-        str(zero.get(part, {}).get("device", "none")) != "none" for part in ("offload_optimizer", "offload_param")
-    )
+    return not strategy.engine_traits.trades_compute_for_memory(strategy.knobs, strategy.launcher_config)

@@ -1,9 +1,10 @@
 """A cheap analytic lower bound on per-device memory, to skip options that cannot fit before launching anything.
 
 Model state is counted: parameters, gradients and the optimizer's state (the per-parameter tensors of optimizers
-known to keep them, such as Adam's two moments; none for others), in the model's dtype, sharded as each strategy
-shards it. Activations come on top, so an option this rejects can never fit; an option it accepts may still run
-out of memory, which the profile run then reports.
+known to keep them, such as Adam's two moments; none for others), in the model's dtype, sharded as each strategy's
+engine shards it (:meth:`~optuna_saturn.strategy.engine_traits.EngineTraits.state_bytes`). Activations come on
+top, so an option this rejects can never fit; an option it accepts may still run out of memory, which the profile
+run then reports.
 """
 
 from __future__ import annotations
@@ -47,18 +48,7 @@ def optimizer_states(optimizer: Any) -> int:
 def model_state_bytes(
     n_params: int, bytes_per_param: int, strategy: Strategy, devices: int, *, optimizer_states: int = 0
 ) -> float:
+    """Bytes of model state on each of ``devices`` devices, sharded (or offloaded) as the strategy's engine says."""
     params = grads = float(n_params * bytes_per_param)
     states = params * optimizer_states
-    knobs, config = strategy.knobs, strategy.launcher_config
-    if strategy.engine == "fsdp":
-        return 0.0 if knobs.get("cpu_offload") else (params + grads + states) / devices
-    if strategy.engine == "deepspeed":
-        zero = config.get("zero_optimization", {})
-        stage = int(zero.get("stage", 0))
-        on_device = 0.0 if zero.get("offload_optimizer") else states
-        if stage >= 3:
-            return 0.0 if zero.get("offload_param") else (params + grads + on_device) / devices
-        if stage == 2:
-            return params + (grads + on_device) / devices
-        return params + grads + (on_device / devices if stage == 1 else on_device)
-    return params + grads + states
+    return strategy.engine_traits.state_bytes(params, grads, states, devices, strategy.knobs, strategy.launcher_config)

@@ -29,12 +29,9 @@ def _version(distribution: str) -> str:
         return "absent"
 
 
-def library_versions(engine: str) -> dict[str, str]:
-    """The libraries whose version changes a strategy's speed: torch always, DeepSpeed for its engine."""
-    versions = {"torch": _version("torch")}
-    if engine == "deepspeed":
-        versions["deepspeed"] = _version("deepspeed")
-    return versions
+def library_versions(strategy: Strategy) -> dict[str, str]:
+    """The libraries whose version changes a strategy's speed: torch always, and those its engine runs on."""
+    return {library: _version(library) for library in ("torch", *strategy.engine_traits.libraries)}
 
 
 def profile_key(
@@ -58,7 +55,7 @@ def profile_key(
         "config": dict(strategy.launcher_config),
         "devices": devices,
         "hardware": hardware,
-        "versions": library_versions(strategy.engine),
+        "versions": library_versions(strategy),
     }
     if gradient_accumulation > 1:
         parts["gradient_accumulation"] = gradient_accumulation

@@ -68,7 +68,7 @@ class Faults:
             taken_over=taken_over,
             # (a real sweep's ZeRO trials may build an op, or wait for another's build; a simulated one's never)
             since_build=seconds_since_a_build
-            if settings.plan_work is None and any(s.engine == "deepspeed" for s in settings.strategies)
+            if settings.plan_work is None and any(s.engine_traits.builds_ops for s in settings.strategies)
             else lambda: math.inf,
         )
 

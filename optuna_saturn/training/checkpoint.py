@@ -12,7 +12,8 @@ before it is removed only once the executor has stored that record (:func:`prune
 stays, so a checkpoint found damaged when it is loaded (its files are not as they were written: the record
 lists their sizes) falls back to the one before it (:func:`usable`), then to the start.
 
-Two formats, chosen by the strategy's engine:
+Two formats; each engine declares its own and which checkpoints it can resume
+(:class:`~optuna_saturn.strategy.engine_traits.EngineTraits`):
 
 - **torch.distributed.checkpoint** (single, DDP, FSDP): every rank writes its shards, each tensor under its
   parameter's name (``get_state_dict`` strips DDP's and FSDP's wrappers), and loading reshards: a checkpoint saved
@@ -41,13 +42,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from optuna_saturn.strategy.engine_registry import traits_of
+from optuna_saturn.strategy.engine_traits import DCP as DCP  # (engines and tests name it here)
+from optuna_saturn.strategy.engine_traits import DEEPSPEED
 from optuna_saturn.training import trainer_state
 from optuna_saturn.training.checkpoint_paths import make_private_folders, refusal
 from optuna_saturn.training.engine_protocol import TrainingEngine
 from optuna_saturn.training.random_state import capture, restore
 
-DCP = "torch.distributed.checkpoint"
-DEEPSPEED = "deepspeed"
 _RECORD_FILE = "saturn-checkpoint.json"
 _TAG = "state"  # DeepSpeed's tag: its files go in step-<k>/state/
 _UNIVERSAL_TAG = "state_universal"  # the same, converted to DeepSpeed's universal checkpoint
@@ -80,18 +82,11 @@ class CheckpointRecord:
         )
 
 
-def format_of(engine_name: str) -> str:
-    """The format a strategy's engine (its template's ``engine``) checkpoints in."""
-    return DEEPSPEED if engine_name == "deepspeed" else DCP
-
-
 def can_resume(record: CheckpointRecord, engine_name: str, world_size: int, strategy: str | None = None) -> bool:
-    """Whether a run under this engine, world size and strategy can load ``record``: any run of the reshardable
-    format's; a DeepSpeed run on as many ranks as wrote its partitions, or of the same strategy (the same ZeRO
-    stage) on any number of ranks, through the universal checkpoint."""
-    if format_of(engine_name) != record.format:
-        return False
-    return record.format == DCP or record.world_size == world_size or strategy == record.strategy
+    """Whether a run under this engine, world size and strategy can load ``record``, as the engine says: any run
+    of the reshardable format's; a DeepSpeed run on as many ranks as wrote its partitions, or of the same strategy
+    (the same ZeRO stage) on any number of ranks, through the universal checkpoint."""
+    return traits_of(engine_name).can_resume(record, world_size, strategy)
 
 
 def exists(record: CheckpointRecord) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import gc
+import importlib
 import json
 import os
 import sys
@@ -278,12 +279,12 @@ def _import_what_strategies_import(engines: Sequence[str], *, multi_device: bool
     once, before the workers fork, not during a trial; what the sweep's strategies do not use is not imported at
     all. DeepSpeed's accelerator is named in the environment (``DS_ACCELERATOR``), so importing it probes no GPU;
     if anything did, the host starts its workers fresh (see :mod:`optuna_saturn.pools.warm_host`)."""
-    from optuna_saturn.engines import engine_class
+    from optuna_saturn.engines import engine_class, traits_of
 
     for name in engines:
         engine_class(name)
-    if "deepspeed" in engines:
-        import deepspeed  # noqa: F401
+        for library in traits_of(name).libraries:
+            importlib.import_module(library)
     if multi_device:
         import torch._dynamo  # noqa: F401
 

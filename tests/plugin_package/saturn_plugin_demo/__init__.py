@@ -1,1 +1,1 @@
-"""A plug-in of optuna-saturn from outside its package: a pool kind and a strategy."""
+"""A plug-in of optuna-saturn from outside its package: a pool kind, strategies, and an engine."""

@@ -1,7 +1,9 @@
 """Parallelism strategies as declarative templates (DESIGN decision 2).
 
 A strategy is a TOML file: which launcher starts the trial's processes, which engine applies the strategy to the
-user's model inside the worker, which device counts make sense, and its knobs. The package ships the files of the
+user's model inside the worker, which device counts make sense, and its knobs. Engines are named by the one
+registry of engines (:mod:`optuna_saturn.strategy.engine_registry`), and what a template may set for its engine
+is the engine's to say (:mod:`optuna_saturn.strategy.engine_traits`). The package ships the files of the
 top-level ``strategies/`` folder; users add their own folders, or an installed package adds them through the
 ``optuna_saturn.strategies`` entry-point group. Templates are data only: nothing is unpickled or executed.
 """
@@ -17,13 +19,15 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from optuna_saturn.strategy.engine_registry import EngineError, engine_names, traits_of
+from optuna_saturn.strategy.engine_traits import EngineTraits
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
 LAUNCHERS = ("torchrun", "accelerate", "deepspeed")
-ENGINES = ("single", "ddp", "fsdp", "deepspeed")
 ENTRY_POINT_GROUP = "optuna_saturn.strategies"
 _KEYS = {
     "name",
@@ -36,13 +40,6 @@ _KEYS = {
     "knobs",
     "launcher_config",
     "one_process",
-}
-#: Knobs the engines understand, with what each must be.
-KNOBS = {
-    "activation_checkpointing": "true or false: recompute each block's activations in backward",
-    "cpu_offload": "true or false (engine 'fsdp'): keep sharded state in host memory",
-    "gradient_accumulation": "a list of micro-batch counts to try, e.g. [1, 2, 4, 8]: more only when fewer "
-    "runs out of memory",
 }
 
 
@@ -67,6 +64,11 @@ class Strategy:
     #: One process drives all the trial's devices: CPU devices only, whose cores all become its threads (the
     #: other devices' workers lend their cores and wait). See :mod:`optuna_saturn.worker.one_process`.
     one_process: bool = False
+
+    @property
+    def engine_traits(self) -> EngineTraits:
+        """What its engine is, as the executor's side needs to know it (state per device, checkpoints, ...)."""
+        return traits_of(self.engine)
 
     def allows(self, devices: int) -> bool:
         if devices < self.min_devices or (self.max_devices is not None and devices > self.max_devices):
@@ -122,8 +124,10 @@ def parse_strategy(data: Mapping[str, Any], *, source: str) -> Strategy:
             raise StrategyError(f"{source}: '{key}' is required and must be a non-empty string.")
     if data["launcher"] not in LAUNCHERS:
         raise StrategyError(f"{source}: launcher {data['launcher']!r} is not one of {list(LAUNCHERS)}.")
-    if data["engine"] not in ENGINES:
-        raise StrategyError(f"{source}: engine {data['engine']!r} is not one of {list(ENGINES)}.")
+    try:
+        engine = traits_of(data["engine"])  # (an unknown name's error lists the known ones)
+    except EngineError as exc:
+        raise StrategyError(f"{source}: {exc}") from exc
     min_devices = data.get("min_devices", 1)
     max_devices = data.get("max_devices")
     if not isinstance(min_devices, int) or min_devices < 1:
@@ -135,20 +139,25 @@ def parse_strategy(data: Mapping[str, Any], *, source: str) -> Strategy:
     one_process = data.get("one_process", False)
     if not isinstance(one_process, bool):
         raise StrategyError(f"{source}: one_process must be true or false, got {one_process!r}.")
-    if one_process and (data["engine"] != "single" or data["launcher"] != "torchrun"):
+    if one_process and (not engine.runs_one_process or data["launcher"] != "torchrun"):
+        one_process_engines = [name for name in engine_names() if traits_of(name).runs_one_process]
         raise StrategyError(
-            f"{source}: one_process = true needs engine = 'single' and launcher = 'torchrun' (one "
-            "warm worker runs the objective on the cores of all the trial's CPU devices)."
+            f"{source}: one_process = true needs an engine that runs one process ({one_process_engines}) and "
+            "launcher = 'torchrun' (one warm worker runs the objective on the cores of all the trial's CPU devices)."
         )
-    if data["engine"] == "single" and not one_process and (max_devices or 0) != 1:
+    if engine.runs_one_process and not one_process and (max_devices or 0) != 1:
         raise StrategyError(
-            f"{source}: engine 'single' runs one process; set max_devices = 1 (or one_process = "
+            f"{source}: engine {engine.name!r} runs one process; set max_devices = 1 (or one_process = "
             "true, for one process on the cores of several CPU devices)."
         )
     for key in ("knobs", "launcher_config"):
         if not isinstance(data.get(key, {}), Mapping):
             raise StrategyError(f"{source}: '{key}' must be a table.")
-    knobs = _check_knobs(dict(data.get("knobs", {})), data["engine"], source)
+    knobs = dict(data.get("knobs", {}))
+    for key, value in knobs.items():
+        problem = engine.knob_problem(key, value)
+        if problem is not None:
+            raise StrategyError(f"{source}: {problem}")
     config = data.get("launcher_config", {})
     if "gradient_accumulation_steps" in config or "train_batch_size" in config:
         raise StrategyError(
@@ -168,33 +177,6 @@ def parse_strategy(data: Mapping[str, Any], *, source: str) -> Strategy:
         source=source,
         one_process=one_process,
     )
-
-
-def _check_knobs(knobs: dict[str, Any], engine: str, source: str) -> dict[str, Any]:
-    unknown = set(knobs) - set(KNOBS)
-    if unknown:
-        allowed = "; ".join(f"{k}: {v}" for k, v in KNOBS.items())
-        raise StrategyError(f"{source}: unknown knob(s) {sorted(unknown)}. Known knobs: {allowed}.")
-    for key in ("activation_checkpointing", "cpu_offload"):
-        if key in knobs and not isinstance(knobs[key], bool):
-            raise StrategyError(f"{source}: knobs.{key} must be true or false, got {knobs[key]!r}.")
-    if knobs.get("cpu_offload") and engine != "fsdp":
-        raise StrategyError(
-            f"{source}: knobs.cpu_offload applies to engine 'fsdp' only; for DeepSpeed set "
-            "launcher_config.zero_optimization.offload_optimizer / offload_param."
-        )
-    factors = knobs.get("gradient_accumulation")
-    if factors is not None and (
-        not isinstance(factors, list)
-        or not factors
-        or any(not isinstance(f, int) or isinstance(f, bool) or f < 1 for f in factors)
-        or factors != sorted(set(factors))
-    ):
-        raise StrategyError(
-            f"{source}: knobs.gradient_accumulation must be a non-empty, increasing list of positive ints, "
-            f"e.g. [1, 2, 4, 8]; got {factors!r}."
-        )
-    return knobs
 
 
 def _read_folder(folder: Any) -> Iterable[Strategy]:
