@@ -25,7 +25,7 @@ from optuna_saturn.simulation.pool import SimulatedPool
 from optuna_saturn.simulation.simulator import simulate
 from optuna_saturn.sweep import dispatch, reporting
 from optuna_saturn.sweep.asking import Asking
-from optuna_saturn.sweep.effects import intake, prices, starts
+from optuna_saturn.sweep.effects import intake, repricing, starts
 from optuna_saturn.sweep.elastic import Elastic
 from optuna_saturn.sweep.faults import Faults
 from optuna_saturn.sweep.loop import Sweep
@@ -37,7 +37,7 @@ from optuna_saturn.sweep.profiling import Profiling
 PARTS = [
     (SimulatedPool, "wait", "pool (simulated)"),
     (Sweep, "_ended", "job ends: telling, learning"),
-    (prices, "reprice", "re-pricing"),
+    (repricing, "reprice", "re-pricing"),
     (Planning, "plan", "planning"),
     (Planning, "due", "planning"),
     (dispatch, "starts", "dispatch"),

@@ -15,7 +15,19 @@ PACKAGE = Path(__file__).resolve().parent.parent / "optuna_saturn"
 OPTIONAL = "# optional dependency"
 #: The loop, each policy, and every module, in lines.
 LOOP_LINES, POLICY_LINES, MODULE_LINES = 250, 200, 400
-POLICIES = ("asking", "options", "planning", "dispatch", "profiling", "faults", "elastic", "outcomes", "releasing")
+POLICIES = (
+    "policy",
+    "asking",
+    "options",
+    "planning",
+    "dispatch",
+    "profiling",
+    "faults",
+    "elastic",
+    "outcomes",
+    "releasing",
+    "unstarted",
+)
 
 
 def _module_name(path: Path) -> str:

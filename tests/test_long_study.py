@@ -14,7 +14,7 @@ from optuna_saturn.planner import Cluster
 from optuna_saturn.pricing.learned import LearnedOverheads
 from optuna_saturn.pricing.step_time_model import POINTS_PER_FAMILY, CostModel, Work
 from optuna_saturn.simulation.simulator import run_simulation
-from optuna_saturn.sweep.outcomes import KEPT_PRICES, kept_prices
+from optuna_saturn.sweep.run_attrs import KEPT_PRICES, kept_prices
 
 try:
     from test_scheduler import job, study_of

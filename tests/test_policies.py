@@ -76,7 +76,7 @@ def priced(*options: tuple[str, int, float], measured: bool = True) -> TrialPric
 
 
 def waiting(price: TrialPrice, state: SweepState | None = None) -> Waiting:
-    w = Waiting(_study.ask(), price, prices=[[-1, []]])
+    w = Waiting(_study.ask(), price, price_history=[[-1, []]])
     if state is not None:
         state.admit(w)
     return w

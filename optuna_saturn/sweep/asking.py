@@ -32,6 +32,9 @@ from enum import Enum
 from optuna_saturn.study.queue import MOST_QUEUED_TRIALS, QUEUED_TRIALS_PER_DEVICE
 from optuna_saturn.sweep.decisions import Admit, Fail
 from optuna_saturn.sweep.options import OptionsView
+from optuna_saturn.sweep.outcomes import Catch, stop_on
+from optuna_saturn.sweep.policy import Arrival, Decisions, Ending, Policy, Round, Steps
+from optuna_saturn.sweep.run_failures import out_of_memory_undescribed
 from optuna_saturn.sweep.settings import SweepSettings
 from optuna_saturn.sweep.state import SweepState, Waiting
 
@@ -46,9 +49,9 @@ class Next(Enum):
     PREVIEW = "preview"  # under a deadline, before the first trial: plan on one the study never sees, to refuse
 
 
-class Asking:
+class Asking(Policy):
     """When to take a trial in (see the module's docstring). Its own memory, written by its own methods only: how
-    long asking took (:meth:`asked`), whether trials are described (:meth:`describe_from_now`), the first round."""
+    long asking took, whether trials are described (:meth:`on_end`), the first round."""
 
     def __init__(
         self,
@@ -59,6 +62,7 @@ class Asking:
         describe_ahead: bool,
         ask_ahead: bool = True,
         preview: bool = False,
+        catch: Catch = (),
     ) -> None:
         self.timeout = timeout
         self.lookahead = lookahead
@@ -68,11 +72,13 @@ class Asking:
         self.describes_asked = ask_ahead  # an asked trial is described before it is planned (else it runs as is)
         self._had_a_first_round = False
         self._preview_due = preview and not profile_only  # (see :meth:`next`)
-        self._owed_a_start: set[int] | None = None  # queued trials to run although asking stopped
+        self._catch = catch  # the exceptions of the objective that end only their trial (study.optimize's catch)
         self.ask_seconds: list[float] = []  # how long asking and describing each trial took
 
     @classmethod
-    def for_sweep(cls, settings: SweepSettings, *, timeout: float | None, lookahead: int, describes: bool) -> Asking:
+    def for_sweep(
+        cls, settings: SweepSettings, *, timeout: float | None, lookahead: int, describes: bool, catch: Catch = ()
+    ) -> Asking:
         """``describes``: the sweep can describe trials (it prices them). It asks ahead where it describes the
         trials it asks (describing is what asking ahead hides), and describes the queue's trials ahead unless
         nothing is to choose on one device (their order then cannot change when the sweep ends either)."""
@@ -83,12 +89,34 @@ class Asking:
             describe_ahead=describes and (settings.describe_asked or len(settings.devices) > 1),
             ask_ahead=describes and settings.describe_asked,
             preview=settings.objective.refuses_first_miss,
+            catch=catch,
         )
 
-    def describe_from_now(self) -> None:
+    def on_end(self, ending: Ending) -> Decisions:
         """A trial that ran undescribed ran out of memory: from now on trials are described, so that they are
         planned with the micro-batches their workload needs (they are still asked once a device is free)."""
-        self.describes_asked = True
+        run = ending.trial_run
+        if run is not None and not ending.reason and out_of_memory_undescribed(run, ending.end):
+            self.describes_asked = True
+        return []
+
+    def on_asked(self, arrival: Arrival) -> Steps:
+        """The trial waits to be planned, or fails; an exception it raised while described may stop the sweep."""
+        waiting = arrival.waiting
+        self.ask_seconds.append(arrival.seconds)
+        stop = stop_on(waiting.price.raised, waiting.number, self._catch)
+        admitted = self.admission(waiting, stops=stop is not None)
+        yield admitted
+        if stop is not None:
+            yield stop
+        if isinstance(admitted, Admit):
+            arrival.admitted = True
+            arrival.view.saw(waiting)
+
+    def on_round(self, round: Round) -> Decisions:
+        """Once every device had a trial, it stays had (a node that joins later reopens no asking)."""
+        self._had_a_first_round = self._had_a_first_round or not self._first_round_due(round.state)
+        return []
 
     def may_ask(self, state: SweepState, now: float, stop_requested: bool) -> bool:
         """Whether the sweep may take on another trial: asked, or described from the queue."""
@@ -141,38 +169,6 @@ class Asking:
         if waiting.price.failure:
             return Fail(waiting, waiting.price.failure, call_back=not stops)
         return Fail(waiting, "no strategy fits this trial on these devices (every option ran out of memory or failed)")
-
-    def asked(self, seconds: float) -> None:
-        """Asking and describing a trial took ``seconds``."""
-        self.ask_seconds.append(seconds)
-
-    def note_the_first_round(self, state: SweepState) -> None:
-        """Once every device had a trial, it stays had (a node that joins later reopens no asking)."""
-        self._had_a_first_round = self._had_a_first_round or not self._first_round_due(state)
-
-    def not_to_start(self, state: SweepState) -> list[int]:
-        """Asking stopped: the queued trials described and not started stay in the study's queue (WAITING, for
-        the next optimize), except those owed a start: a first trial for each device that has run no job yet
-        (its worker was starting, or the trial was being described), planned there (the device is free now,
-        whenever the plan would start it) or not planned yet. Those would run but for the sweep's start-up
-        (plain Optuna's first trials start at once, one per thread, and its timeout lets them finish). Which are
-        owed a start is decided once, one per device."""
-        if self._owed_a_start is None:
-            self._owed_a_start = set()
-            without_a_job = {d for d in state.free() if d not in state.idle_seconds}
-            queued = sorted(
-                (w for w in state.waiting.values() if w.queued),
-                key=lambda w: (w.assignment is None, w.planned_start if w.assignment else 0.0, w.number),
-            )
-            for waiting in queued:
-                if waiting.assignment is None:  # (described, not planned yet: it takes a device of its own)
-                    devices = {min(without_a_job)} if without_a_job else {-1}
-                else:
-                    devices = set(waiting.assignment.devices)
-                if devices <= without_a_job:
-                    self._owed_a_start.add(waiting.number)
-                    without_a_job -= devices
-        return [n for n, w in state.waiting.items() if w.queued and n not in self._owed_a_start]
 
     def _first_round_due(self, state: SweepState) -> bool:
         """Whether some device has yet to get its first trial: fewer trials than devices were asked (or described

@@ -29,12 +29,14 @@ from optuna_saturn.sweep.options import OptionsView
 from optuna_saturn.sweep.outcomes import Outcomes
 from optuna_saturn.sweep.parts import Parts
 from optuna_saturn.sweep.planning import Planning
+from optuna_saturn.sweep.policy import Policy
 from optuna_saturn.sweep.profiling import Profiling
 from optuna_saturn.sweep.releasing import Releasing
 from optuna_saturn.sweep.requests import JobRequests, run_folder
 from optuna_saturn.sweep.resumes import Resumes
 from optuna_saturn.sweep.settings import SweepSettings
 from optuna_saturn.sweep.state import SweepState
+from optuna_saturn.sweep.unstarted import Unstarted
 
 
 def assemble(
@@ -53,9 +55,11 @@ def assemble(
     gc_after_trial: bool = False,
     catch: tuple[type[BaseException], ...] = (),
     n_jobs: int | None = None,
+    more_policies: Sequence[Policy] = (),
 ) -> Sweep:
     """The sweep of ``study`` on ``pool``, on ``clock``'s time; ``prices`` price its trials (None: runtime
-    estimates alone), describing them under ``study_lock``, the lock every call into the study takes."""
+    estimates alone), describing them under ``study_lock``, the lock every call into the study takes.
+    ``more_policies``: rules of the caller's, whose hooks the loop calls after the sweep's own."""
     state = SweepState(clock.now(), list(settings.devices), n_trials=n_trials, n_jobs=n_jobs)
     state.nodes_seen({d.node: pool.node_of(d) for d in settings.devices})
     folder = study_folder(study)  # (not the study's name: two storages may hold studies of one name)
@@ -100,28 +104,34 @@ def assemble(
         callbacks=list(callbacks),
         gc_after_trial=gc_after_trial,
     )
+    describes = prices is not None
+    asking = Asking.for_sweep(settings, timeout=timeout, lookahead=batch_size, describes=describes, catch=catch)
+    planning = Planning(settings)
+    profiling = Profiling(prices, budget=settings.profile_budget, profile_only=settings.profile_only)
+    # Every rule, in the order the loop calls their hooks (sweep/policy.py). The order matters: asking notes the
+    # first round before releasing reads it; releasing gives devices back before a move or a profiling job counts on
+    # them; elastic, then profiling, see a job's end before faults and outcomes, which settle a trial's; faults
+    # say whether it runs again before outcomes tell it; the queue's unstarted trials go back last.
+    policies: tuple[Policy, ...] = (
+        asking,
+        planning,
+        Releasing(enabled=settings.objective.whole_sweep),
+        Elastic(
+            # (moves serve the makespan: under a deadline or a budget the trials keep their options)
+            enabled=settings.elastic and not settings.profile_only and settings.objective.earliest_end,
+            max_moves=settings.max_moves,
+            engines={s.name: s.engine for s in settings.strategies},
+            seed=settings.seed,
+            plan_work=settings.plan_work,
+        ),
+        profiling,
+        Faults.for_sweep(settings, may_leave_out=describes, taken_over=gateway.taken_over),
+        Outcomes(catch=catch),
+        Unstarted(asking),
+        *more_policies,
+    )
     return Sweep(
         Parts(
-            settings,
-            pool,
-            clock,
-            bool(callbacks),
-            state,
-            Effects(world),
-            view,
-            Asking.for_sweep(settings, timeout=timeout, lookahead=batch_size, describes=prices is not None),
-            Planning(settings),
-            Profiling(prices, budget=settings.profile_budget, profile_only=settings.profile_only),
-            Faults.for_sweep(settings, may_leave_out=prices is not None, taken_over=gateway.taken_over),
-            Elastic(
-                # (moves serve the makespan: under a deadline or a budget the trials keep their options)
-                enabled=settings.elastic and not settings.profile_only and settings.objective.earliest_end,
-                max_moves=settings.max_moves,
-                engines={s.name: s.engine for s in settings.strategies},
-                seed=settings.seed,
-                plan_work=settings.plan_work,
-            ),
-            Outcomes(catch=catch),
-            Releasing(enabled=settings.objective.whole_sweep),
+            settings, pool, clock, bool(callbacks), state, Effects(world), view, policies, asking, planning, profiling
         )
     )

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from optuna_saturn.planner import Assignment, Option, Plan
+from optuna_saturn.pools.protocol import JobEnd
 from optuna_saturn.pricing.prices import ProfileJob
-from optuna_saturn.sweep.state import TrialRun, Waiting
+from optuna_saturn.sweep.state import ProfileRun, TrialRun, Waiting
 
 
 @dataclass(frozen=True)
@@ -164,3 +165,64 @@ class Release:
     """Give ``devices`` back to the cluster: no trial the sweep will run needs them (releasing)."""
 
     devices: frozenset[int]
+
+
+@dataclass(frozen=True)
+class AfterTrial:
+    """What follows a trial's end in the study: the listeners hear of ``frozen`` (ended at ``at``), then Optuna's
+    callbacks if ``call_back`` (outcomes: not for the trial whose exception ``optimize`` raises)."""
+
+    frozen: FrozenTrial
+    at: float
+    call_back: bool = True
+
+
+@dataclass(frozen=True)
+class Profiled:
+    """Store what the profiling job ``run`` measured (``where``: per trial, where its profiling ran); carried out,
+    it returns the jobs that measure what it did not reach (profiling)."""
+
+    run: ProfileRun
+    end: JobEnd
+    where: dict[int, list[dict]]
+
+
+@dataclass(frozen=True)
+class Reprice:
+    """Measurements came in (trial ``taught``'s run; None: a profiling job): price every waiting trial again."""
+
+    taught: int | None
+
+
+@dataclass(frozen=True)
+class KeepQueued:
+    """Asking stopped before trial ``number`` of the study's queue started: it stays in the queue (WAITING, for
+    the next optimize), and the sweep lets it go."""
+
+    number: int
+
+
+#: Every kind of decision: :class:`~optuna_saturn.sweep.effects.Effects` has exactly one handler for each.
+Decision: TypeAlias = (
+    Start
+    | Measure
+    | Planned
+    | Refusal
+    | Stop
+    | Fail
+    | StopOnError
+    | RequestMove
+    | LeaveOut
+    | Learn
+    | Tell
+    | Admit
+    | Describe
+    | Readmit
+    | Moved
+    | Unplan
+    | Release
+    | AfterTrial
+    | Profiled
+    | Reprice
+    | KeepQueued
+)

@@ -29,11 +29,12 @@ from optuna_saturn.study.trial_session import TrialSession
 from optuna_saturn.sweep.decisions import Moved, RequestMove
 from optuna_saturn.sweep.options import OptionsView
 from optuna_saturn.sweep.planning import REPLAN_SECONDS, URGENT_SOLVER, work_limit
+from optuna_saturn.sweep.policy import Decisions, Ending, Policy, Round
 from optuna_saturn.sweep.state import SweepState, TrialRun
 from optuna_saturn.training import checkpoint
 
 
-class Elastic:
+class Elastic(Policy):
     """Whether to move a running trial now (see the module's docstring). Its own memory, written by its own methods
     only: whether moves are due (:meth:`job_ended`, :meth:`move`)."""
 
@@ -53,6 +54,19 @@ class Elastic:
         self._max_moves = max_moves  # per trial (a plan's estimates are noisy: no ping-pong on them)
         self._due = False  # a job ended since moves were last weighed
         self._checkpoints_seen = 0  # checkpoints the running trials had saved when moves were last weighed
+
+    def on_end(self, ending: Ending) -> Decisions:
+        """Any job's end makes moves due; a trial that stopped at its checkpoint to move waits again."""
+        self.job_ended()
+        run = ending.trial_run
+        if run is None or ending.reason or (run.session.outcome or {}).get("op") != "moved":
+            return []
+        ending.settle(taught=True)
+        return [self.moved(run, ending.now, ending.state.started_at)]
+
+    def on_round(self, round: Round) -> Decisions:
+        move = self.move(round.state, round.view, round.now)
+        return [move] if move is not None else []
 
     def job_ended(self) -> None:
         self._due = True

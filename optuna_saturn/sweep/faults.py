@@ -28,6 +28,8 @@ from optuna_saturn.pools.deepspeed_ops import seconds_since_a_build
 from optuna_saturn.pools.protocol import JobEnd
 from optuna_saturn.pricing.prices import TrialPrice
 from optuna_saturn.sweep.decisions import Describe, Fail, LeaveOut, Readmit, Stop
+from optuna_saturn.sweep.policy import Decisions, Ending, Policy, Round, Steps
+from optuna_saturn.sweep.run_failures import failure_kind, out_of_memory_undescribed
 from optuna_saturn.sweep.settings import SweepSettings
 from optuna_saturn.sweep.startup import stall_reason, startup_limit
 from optuna_saturn.sweep.state import SweepState, TrialRun
@@ -41,7 +43,7 @@ MAX_ATTEMPTS = 3
 MIN_STALL_SECONDS = 120.0
 
 
-class Faults:
+class Faults(Policy):
     """What a fault means for a trial: stop it, leave its option out, run it again, or fail it. It keeps no memory."""
 
     def __init__(
@@ -71,6 +73,28 @@ class Faults:
             if settings.plan_work is None and any(s.engine_traits.builds_ops for s in settings.strategies)
             else lambda: math.inf,
         )
+
+    def on_end(self, ending: Ending) -> Steps:
+        """A run that failed: described late, its option left out (the trial waits for another), or run again."""
+        run, end = ending.trial_run, ending.end
+        if run is None or ending.reason:
+            return
+        describe = self.describe_late(run, end)
+        if describe is not None:
+            yield describe
+        left = self.left_out(run, end)
+        readmit = self.after_leaving_out(left, (yield left)) if left is not None else None
+        if readmit is not None:
+            yield readmit
+            ending.settle(taught=True)  # an option left out for its workload: the prices changed
+            return
+        ending.run_again = self.run_again(run, end)
+
+    def on_nodes_lost(self, state: SweepState) -> Decisions:
+        return self.without_a_node(state)
+
+    def on_round(self, round: Round) -> Decisions:
+        return self.stalled(round.state, round.now)
 
     def stalled(self, state: SweepState, now: float) -> list[Stop]:
         """Running trials to stop: their ranks stopped moving (see the module's docstring)."""
@@ -120,7 +144,7 @@ class Faults:
 
     def describe_late(self, run: TrialRun, end: JobEnd) -> Describe | None:
         """A trial that ran undescribed (nothing to choose) ran out of memory: describe it, for more micro-batches."""
-        if failure_kind(run, end) != OUT_OF_MEMORY or run.waiting.price.workload is not None:
+        if not out_of_memory_undescribed(run, end):
             return None
         return Describe(run) if self._may_leave_out else None
 
@@ -163,17 +187,3 @@ class Faults:
             for w in state.waiting.values()
             if not any(p.option.devices <= largest for p in w.price.options)
         ]
-
-
-def failure_kind(run: TrialRun, end: JobEnd) -> str | None:
-    """How the trial's run failed (out of memory, mismatch, crash), or None if it did not. The rank that failed
-    first says, whichever rank it was: rank 0 may only have seen a peer go away, or never reported at all (it was
-    stopped while it waited for that peer in a collective)."""
-    outcome = run.session.outcome or {}
-    if outcome.get("op") not in ("fail", None) or (outcome.get("op") is None and end.clean):
-        return None
-    if end.failure is not None:
-        return end.failure.kind
-    if outcome.get("op") == "fail":
-        return str(outcome.get("kind", CRASH))
-    return None

@@ -1,9 +1,10 @@
 """One call of :meth:`SaturnExecutor.optimize` (or of the simulator): the loop.
 
-It waits on the pool, routes each event to the policies (:mod:`~optuna_saturn.sweep.asking`, ``planning``,
-``dispatch``, ``profiling``, ``faults``, ``elastic``, ``outcomes``; ``options`` is their view of the trials), and
-has their decisions carried out (:mod:`~optuna_saturn.sweep.effects`). Only the loop and its effects talk to the
-pool and to the study, and time comes from the clock it is given: wall time in a real sweep, virtual time in a
+It waits on the pool, hands each event to the hooks of every policy in its list (:mod:`~optuna_saturn.sweep.policy`:
+a job's end, nodes lost, a trial taken in, the round), and has the decisions they return carried out
+(:mod:`~optuna_saturn.sweep.effects`). Planning, dispatch and asking also say when it plans, what starts and when it
+takes a trial in; ``options`` is the policies' view of the trials. Only the loop and its effects talk to the pool
+and to the study, and time comes from the clock it is given: wall time in a real sweep, virtual time in a
 simulated one, where the same loop runs on a simulated pool. Its parts are built by
 :func:`~optuna_saturn.sweep.assemble.assemble`.
 """
@@ -23,9 +24,10 @@ from optuna_saturn.study.ownership import RecoveryRounds
 from optuna_saturn.study.queue import QueuedTrial
 from optuna_saturn.sweep import dispatch, reporting
 from optuna_saturn.sweep.asking import Next
-from optuna_saturn.sweep.decisions import Admit
-from optuna_saturn.sweep.effects import ends, intake, moves, prices
+from optuna_saturn.sweep.decisions import Reprice
+from optuna_saturn.sweep.effects import intake, moves
 from optuna_saturn.sweep.parts import Parts
+from optuna_saturn.sweep.policy import Arrival, Ending, Round, carry_out_all
 from optuna_saturn.sweep.state import ProfileRun, TrialRun
 
 _logger = optuna.logging.get_logger("optuna.saturn")
@@ -36,8 +38,7 @@ class Sweep:
         self.settings, self._pool, self._clock = parts.settings, parts.pool, parts.clock
         self._state, self._effects, self._view = parts.state, parts.effects, parts.view
         self._asking, self._planning, self._profiling = parts.asking, parts.planning, parts.profiling
-        self._faults, self._elastic, self._outcomes = parts.faults, parts.elastic, parts.outcomes
-        self._releasing, self._world = parts.releasing, parts.effects.world
+        self._policies, self._world = parts.policies, parts.effects.world
         self._do, self._gateway, self._called_back = self._effects.carry_out, self._world.gateway, parts.called_back
         self._planning_seconds = 0.0
         owner, retries = self._world.owner, self.settings.max_retries
@@ -97,27 +98,15 @@ class Sweep:
         if self._planning.due(state, self._pool.ready()):
             self._plan()
             self._dispatch()
-        self._asking.note_the_first_round(state)
-        asking_done, profiling = not self._may_ask(), self._profiling.pending
-        if release := self._releasing.idle(state, asking_done=asking_done, profiling=profiling):
-            self._do(release)
-        if move := self._elastic.move(state, self._view, self._now()):
-            self._do(move)
-        ready, version = self._pool.ready(), self._planning.version
-        for measure in self._profiling.measurements(state, ready, self._view, version, self._now()):
-            self._do(measure)
+        ready, stop_requested = self._pool.ready(), self._gateway.stop_requested
+        round_ = Round(
+            state, self._view, self._now(), ready, not self._may_ask(), self._profiling.pending, stop_requested
+        )
+        for policy in self._policies:  # (releasing, elastic moves, profiling jobs, stalls, early lessons, ...)
+            carry_out_all(policy.on_round(round_), self._do)
         for run in state.trial_runs():
             reporting.relay_progress(self._world.events, run)
-        taught = [learn.number for learn in self._outcomes.early_lessons(state) if self._do(learn)]
-        for number in taught:
-            prices.reprice(self._world, number)
-        for stop in self._faults.stalled(state, self._now()):
-            self._do(stop)
         self._recover()
-        if self._asking.stopped(state, self._now(), self._gateway.stop_requested):
-            for number in self._asking.not_to_start(state):
-                state.forget(number)
-                _logger.info(f"Trial {number} was not started before the sweep stopped asking: it stays queued.")
         more = self._profiling.pending if self.settings.profile_only else bool(state.waiting)
         return bool(more or state.running or self._may_ask())
 
@@ -154,16 +143,9 @@ class Sweep:
                 taken = intake.ask(self._world, describe=self._asking.describes_asked)
             if taken.waiting is None:
                 continue  # another sweep took it from the queue first
-            self._asking.asked(taken.seconds)
-            stop = self._outcomes.stop_on(taken.waiting.price.raised, taken.waiting.number)
-            admitted = self._asking.admission(taken.waiting, stops=stop is not None)
-            self._do(admitted)
-            if stop:
-                self._do(stop)
-            if isinstance(admitted, Admit):
-                self._view.saw(taken.waiting)
-                if self._asking.profile_only:
-                    self._profiling.measure_every_option(taken.waiting.trial, taken.waiting.price)
+            arrival = Arrival(taken.waiting, taken.seconds, self._state, self._view)
+            for policy in self._policies:
+                carry_out_all(policy.on_asked(arrival), self._do)
 
     def _recover(self) -> None:
         """At the start, then every :data:`RECOVER_SECONDS`: dead sweeps' trials end FAIL and run again here."""
@@ -180,58 +162,42 @@ class Sweep:
     # -- ends -------------------------------------------------------------------------------------------------------
     def _ended(self, ended: Sequence[tuple[TrialRun | ProfileRun, JobEnd]], at: float) -> None:
         """``at``: when the loop saw them end (before it started the next trials, which may have come first)."""
-        taught: int | bool | None = False  # the trial whose run taught the prices (None: a profiling job)
+        taught: list[int | None] = []  # the runs that taught the prices (None: a profiling job)
         for index, (run, end) in enumerate(ended):
             try:
-                self._elastic.job_ended()
-                if isinstance(run, ProfileRun):
-                    where = self._profiling.ran(run, self._now(), [str(self._state.devices[i]) for i in run.devices])
-                    self._profiling.follow_up(prices.profile_ended(self._world, run, end, where))
-                    taught = None
-                elif self._trial_ended(run, end, at=at):
-                    taught = run.number
+                if self._end(run, end, at=at):
+                    taught.append(run.number if isinstance(run, TrialRun) else None)
             except BaseException:  # (a callback stopped the sweep: the ends not told yet are the abort's to end)
                 self._state.running.update((later.key, later) for later, _ in ended[index + 1 :])
                 raise
-        if taught is not False:  # measurements came in: every waiting trial is priced again
-            prices.reprice(self._world, taught)
+        if taught:  # measurements came in: every waiting trial is priced again
+            self._do(Reprice(taught[-1]))
 
-    def _trial_ended(
-        self, run: TrialRun, end: JobEnd, *, reason: str = "", call_back: bool = True, at: float | None = None
+    def _end(
+        self,
+        run: TrialRun | ProfileRun,
+        end: JobEnd,
+        *,
+        reason: str = "",
+        call_back: bool = True,
+        at: float | None = None,
     ) -> bool:
-        """Whether the run taught the prices something (then the waiting trials are priced again)."""
-        reporting.relay_progress(self._world.events, run)  # the last steps of a short trial land between two relays
-        if not reason:
-            describe = self._faults.describe_late(run, end)
-            if describe is not None:
-                self._do(describe)
-                self._asking.describe_from_now()  # (more micro-batches may fit: that takes a description)
-            left = self._faults.left_out(run, end)
-            readmit = left and self._faults.after_leaving_out(left, self._do(left))
-            if readmit:
-                self._do(readmit)
-                return True  # an option left out for its workload
-            if (run.session.outcome or {}).get("op") == "moved":
-                self._do(self._elastic.moved(run, self._now(), self._state.started_at))
-                return True
-        run_again = not reason and self._faults.run_again(run, end)
-        profiling = self._profiling.where.get(run.number)
-        now = self._now() if at is None else at
-        tell = self._outcomes.tell(run, end, self._state, now, run_again=run_again, reason=reason, profiling=profiling)
-        frozen = ends.told(self._world, tell)
-        if stop := self._outcomes.stop_after(run, frozen.state, run_again=run_again, reason=reason):
-            self._do(stop)  # (and, as in study.optimize, the callbacks do not hear of the trial it raised in)
-        self._view.ended(run, frozen.state, tell.attrs["actual_runtime"])
-        taught = tell.learn is not None and self._do(tell.learn)
-        ends.after_trial(self._world, frozen, tell.attrs["actual_end"], call_back=call_back and stop is None)
-        return bool(taught)
+        """The policies see the end in turn until one settles it; whether it taught the prices something."""
+        if isinstance(run, TrialRun):  # the last steps of a short trial land between two relays
+            reporting.relay_progress(self._world.events, run)
+        now = self._now()
+        ending = Ending(run, end, self._state, self._view, now, now if at is None else at, reason, call_back)
+        for policy in self._policies:
+            carry_out_all(policy.on_end(ending), self._do)
+            if ending.settled:
+                return ending.taught
+        raise RuntimeError(f"no policy settled the end of {run.key}: the sweep's policies need one that tells trials")
 
     def _nodes(self) -> None:
         """Devices of nodes that joined are planned on; not those of nodes that died, nor trials none can hold."""
         if moves.nodes(self._world, self._pool.joined(), self._pool.lost()):
-            self._do(self._planning.unplan_lost(self._state))
-            for fail in self._faults.without_a_node(self._state):
-                self._do(fail)
+            for policy in self._policies:
+                carry_out_all(policy.on_nodes_lost(self._state), self._do)
 
     def _abort(self, reason: str) -> None:
         """Stop every process, then end every trial this sweep holds in a clear state."""
@@ -241,7 +207,7 @@ class Sweep:
         try:
             for run in runs:
                 stopped = JobEnd(run.key, run.devices, False, "stopped")
-                self._trial_ended(run, stopped, reason=f"sweep stopped: {reason}", call_back=False)
+                self._end(run, stopped, reason=f"sweep stopped: {reason}", call_back=False)
             for waiting in self._state.waiting.values():  # (a queued one stays in the queue, for the next optimize)
                 if not isinstance(waiting.trial, QueuedTrial):
                     self._gateway.fail(waiting.trial, f"not started: sweep stopped: {reason}")

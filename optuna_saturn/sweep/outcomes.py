@@ -17,10 +17,11 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from optuna_saturn.devices import Device
 from optuna_saturn.pools.protocol import JobEnd
 from optuna_saturn.raised import caught
-from optuna_saturn.sweep.decisions import Learn, StopOnError, Tell
+from optuna_saturn.sweep.decisions import AfterTrial, Learn, Reprice, StopOnError, Tell
+from optuna_saturn.sweep.policy import Ending, Policy, Round, Steps
+from optuna_saturn.sweep.run_attrs import ended_run_attrs
 from optuna_saturn.sweep.state import SweepState, TrialRun
 
 #: A run teaches its step rate once it took this many steps (or all of its steps, if it has fewer): a profiling run
@@ -28,26 +29,55 @@ from optuna_saturn.sweep.state import SweepState, TrialRun
 EARLY_LESSON_STEPS = 10
 
 
-class Outcomes:
+#: The exceptions of the objective that end only their trial (``study.optimize``'s ``catch``).
+Catch = tuple[type[BaseException], ...]
+
+
+def stop_on(raised: dict | None, number: int, catch: Catch) -> StopOnError | None:
+    """Trial ``number`` ended FAIL on an exception its objective ``raised`` (None: it did not; a fault of the
+    sweep's machinery, which the faults policy runs again, never is one): it stops the sweep, unless ``catch``
+    lists it."""
+    return None if raised is None or caught(raised, catch) else StopOnError(number, raised)
+
+
+class Outcomes(Policy):
     """How a run's trial ends, and what it teaches. Its own memory: the trials that already taught early."""
 
-    def __init__(self, *, catch: tuple[type[BaseException], ...] = ()) -> None:
+    def __init__(self, *, catch: Catch = ()) -> None:
         self._taught_early: set[int] = set()  # trials whose runs taught their step rate while running
         self._catch = catch  # the exceptions of the objective that end only their trial (study.optimize's catch)
 
-    def stop_on(self, raised: dict | None, number: int) -> StopOnError | None:
-        """Trial ``number`` ended FAIL on an exception its objective ``raised`` (None: it did not; a fault of the
-        sweep's machinery, which the faults policy runs again, never is one): it stops the sweep, unless ``catch``
-        lists it."""
-        if raised is None or caught(raised, self._catch):
-            return None
-        return StopOnError(number, raised)
+    def on_end(self, ending: Ending) -> Steps:
+        """A trial's run ended: its trial is told, what the run teaches is learned, then the listeners and the
+        callbacks hear of it (not of the trial whose exception stops the sweep)."""
+        run = ending.trial_run
+        if run is None:
+            return
+        tell = self.tell(run, ending.end, ending.state, ending.at, run_again=ending.run_again, reason=ending.reason,
+                         profiling=ending.profiling)  # fmt: skip
+        frozen = yield tell
+        stop = self.stop_after(run, frozen.state, run_again=ending.run_again, reason=ending.reason)
+        if stop is not None:
+            yield stop
+        ending.view.ended(run, frozen.state, tell.attrs["actual_runtime"])
+        taught = tell.learn is not None and bool((yield tell.learn))
+        yield AfterTrial(frozen, tell.attrs["actual_end"], call_back=ending.call_back and stop is None)
+        ending.settle(taught=taught)
+
+    def on_round(self, round: Round) -> Steps:
+        """The running trials that teach early; each lesson that changed a price prices the waiting trials again."""
+        taught: list[int] = []
+        for learn in self.early_lessons(round.state):
+            if (yield learn):
+                taught.append(learn.number)
+        for number in taught:
+            yield Reprice(number)
 
     def stop_after(self, run: TrialRun, told: TrialState, *, run_again: bool, reason: str) -> StopOnError | None:
-        """:meth:`stop_on` for a run told ``told``: not one the sweep failed (``reason``) or runs again."""
+        """:func:`stop_on` for a run told ``told``: not one the sweep failed (``reason``) or runs again."""
         if told != TrialState.FAIL or run_again or reason:
             return None
-        return self.stop_on((run.session.outcome or {}).get("raised"), run.number)
+        return stop_on((run.session.outcome or {}).get("raised"), run.number, self._catch)
 
     def early_lessons(self, state: SweepState) -> list[Learn]:
         """Running trials whose option nobody measured for their workload, and which have now taken enough steps
@@ -93,63 +123,11 @@ class Outcomes:
             trial_state, values = TrialState.COMPLETE, outcome["values"]
         elif op == "pruned" and not reason:
             trial_state = TrialState.PRUNED
-        attrs = self.attrs(run, state, now, profiling)
+        attrs = ended_run_attrs(run, state, now, profiling)
         if reason:
             attrs["fail_reason"] = reason
         learn = self._learned(run, state, trial_state)
         return Tell(run, trial_state, values, attrs, reason, run_again=run_again, learn=learn)
-
-    def attrs(self, run: TrialRun, state: SweepState, now: float, profiling: list[dict] | None) -> dict[str, Any]:
-        """``saturn:`` attributes of an ended run (see the module's docstring)."""
-        waiting, session = run.waiting, run.session
-        option = run.assignment.option
-        priced = waiting.price.option(option.choice)
-        attrs: dict[str, Any] = {
-            "strategy": option.strategy,
-            "num_devices": option.devices,
-            "gradient_accumulation": option.gradient_accumulation,
-            "devices": [str(state.devices[i]) for i in run.devices],
-            "device_ids": list(run.devices),
-            "planned_start": round(waiting.planned_start, 3),
-            "planned_end": round(waiting.planned_end, 3),
-            "planned_runtime": round(option.runtime, 3),
-            "actual_start": round(run.started, 3),
-            "actual_end": round(now, 3),
-            "actual_runtime": round(now - run.started, 3),
-            "sweep_started_at": state.started_at,
-            "log": str(run.log),
-            **self._node(state, state.devices[run.devices[0]]),
-            "priced_by": "measured" if priced is None or priced.measured else priced.basis,
-            "asked_at": round(waiting.asked_at, 3),
-            "describe_seconds": round(waiting.describe_seconds, 3),
-        }
-        pool = state.pool_to_record()
-        if pool is not None:
-            attrs["pool"] = pool
-        if profiling:
-            attrs["profiling"] = profiling
-        if len(waiting.prices) > 1:  # its price changed while it waited (the first and latest prices kept)
-            attrs["prices"] = kept_prices(waiting.prices)
-        started_at = state.started_at
-        if session.objective_started_at is not None:
-            attrs["objective_start"] = round(session.objective_started_at - started_at, 3)
-        if session.first_step_at is not None:
-            attrs["first_step"] = round(session.first_step_at - started_at, 3)
-        if session.last_progress_at is not None:
-            attrs["last_step"] = round(session.last_progress_at - started_at, 3)
-        if session.step_seconds is not None:
-            attrs["step_seconds"] = round(session.step_seconds, 5)
-        if session.total_steps:
-            attrs["steps"] = [session.step, session.total_steps]
-        if session.resumed_from:
-            attrs["resumed_from_step"] = session.resumed_from
-        return attrs
-
-    @staticmethod
-    def _node(state: SweepState, device: Device) -> dict[str, Any]:
-        """``saturn:node``: the Ray node a trial ran on (its name, Ray id and IP); absent on the local runner."""
-        node = state.nodes.get(device.node)
-        return {"node": node} if node else {}
 
     @staticmethod
     def _learned(run: TrialRun, state: SweepState, trial_state: TrialState) -> Learn | None:
@@ -179,13 +157,3 @@ class Outcomes:
             "tail_seconds": tail,
             "loop_steps": session.loop_steps,
         }
-
-
-#: How many of a trial's prices its ``saturn:prices`` keeps: the first, and the latest ones (a trial that waits
-#: behind a thousand others is re-priced after each end that teaches the pricer something).
-KEPT_PRICES = 8
-
-
-def kept_prices(prices: list[list]) -> list[list]:
-    """The first of ``prices`` and the latest ones, :data:`KEPT_PRICES` in all."""
-    return prices if len(prices) <= KEPT_PRICES else [prices[0], *prices[-(KEPT_PRICES - 1) :]]

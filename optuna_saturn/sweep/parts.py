@@ -8,20 +8,19 @@ from optuna_saturn.clock import Clock
 from optuna_saturn.pools.protocol import Pool
 from optuna_saturn.sweep.asking import Asking
 from optuna_saturn.sweep.effects import Effects
-from optuna_saturn.sweep.elastic import Elastic
-from optuna_saturn.sweep.faults import Faults
 from optuna_saturn.sweep.options import OptionsView
-from optuna_saturn.sweep.outcomes import Outcomes
 from optuna_saturn.sweep.planning import Planning
+from optuna_saturn.sweep.policy import Policy
 from optuna_saturn.sweep.profiling import Profiling
-from optuna_saturn.sweep.releasing import Releasing
 from optuna_saturn.sweep.settings import SweepSettings
 from optuna_saturn.sweep.state import SweepState
 
 
 @dataclass(frozen=True)
 class Parts:
-    """A sweep's parts: the policies read ``state`` and return decisions, ``effects`` carry them out."""
+    """A sweep's parts: the policies read ``state`` and return decisions, ``effects`` carry them out. ``policies``
+    is every rule, in the order the loop calls their hooks; ``asking``, ``planning`` and ``profiling`` are among
+    them, and also answer the loop directly (when to take a trial in, when and what to plan, what it spent)."""
 
     settings: SweepSettings
     pool: Pool
@@ -30,10 +29,7 @@ class Parts:
     state: SweepState
     effects: Effects
     view: OptionsView
+    policies: tuple[Policy, ...]
     asking: Asking
     planning: Planning
     profiling: Profiling
-    faults: Faults
-    elastic: Elastic
-    outcomes: Outcomes
-    releasing: Releasing

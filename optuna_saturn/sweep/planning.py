@@ -27,6 +27,7 @@ from optuna_saturn.sweep.decisions import Planned, Refusal, Unplan
 from optuna_saturn.sweep.objective_now import Misses, objective_now
 from optuna_saturn.sweep.options import FUTURE, OptionsView
 from optuna_saturn.sweep.plan_following import FRESH_SHARE, Fresh, followed, small
+from optuna_saturn.sweep.policy import Decisions, Policy
 from optuna_saturn.sweep.settings import SweepSettings
 from optuna_saturn.sweep.state import SweepState
 from optuna_saturn.sweep.weighing import standing_for
@@ -45,7 +46,7 @@ URGENT_SOLVER = "list"
 REFINE_GAP = 0.02
 
 
-class Planning:
+class Planning(Policy):
     """When and how to plan. Its memory (the last fresh plan, plans made, what was said) is its own, written here."""
 
     def __init__(self, settings: SweepSettings) -> None:
@@ -65,6 +66,9 @@ class Planning:
         self.version = 0  # plans made
         self.first_makespan: float | None = None
         self._fresh: Fresh | None = None  # the last fresh plan
+
+    def on_nodes_lost(self, state: SweepState) -> Decisions:
+        return [self.unplan_lost(state)]
 
     @staticmethod
     def unplan_lost(state: SweepState) -> Unplan:

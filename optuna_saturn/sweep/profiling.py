@@ -19,14 +19,15 @@ import optuna
 from optuna_saturn.pricing.prices import ProfileJob, TrialPrice
 from optuna_saturn.pricing.source import PriceSource
 from optuna_saturn.pricing.value_of_information import profile_gain, worth_measuring
-from optuna_saturn.sweep.decisions import Measure
+from optuna_saturn.sweep.decisions import Measure, Profiled
 from optuna_saturn.sweep.options import OptionsView
+from optuna_saturn.sweep.policy import Arrival, Decisions, Ending, Policy, Round, Steps
 from optuna_saturn.sweep.state import ProfileRun, SweepState
 
 _logger = optuna.logging.get_logger("optuna.saturn")
 
 
-class Profiling:
+class Profiling(Policy):
     """Keeps the profiling jobs to run, and what was measured or is being measured: its own memory, written by its
     own methods only (:meth:`measure_every_option`, :meth:`follow_up`, :meth:`ran`, :meth:`measurements`)."""
 
@@ -42,6 +43,25 @@ class Profiling:
         self.device_seconds = 0.0  # spent in profiling jobs
         self.runs = 0
         self.where: dict[int, list[dict]] = {}  # per trial: where and when its profiling jobs ran
+
+    def on_end(self, ending: Ending) -> Steps:
+        """A profiling job's end: its device time is spent, and what it did not reach is measured next. A trial's:
+        where its options were measured, for its attributes."""
+        run = ending.run
+        if not isinstance(run, ProfileRun):
+            ending.profiling = self.where.get(run.number)
+            return
+        where = self.ran(run, ending.now, [str(ending.state.devices[i]) for i in run.devices])
+        self.follow_up((yield Profiled(run, ending.end, where)))
+        ending.settle(taught=True)
+
+    def on_asked(self, arrival: Arrival) -> Decisions:
+        if arrival.admitted and self._profile_only:
+            self.measure_every_option(arrival.waiting.trial, arrival.waiting.price)
+        return []
+
+    def on_round(self, round: Round) -> Decisions:
+        return self.measurements(round.state, round.ready, round.view, round.state.plans, round.now)
 
     @property
     def pending(self) -> bool:

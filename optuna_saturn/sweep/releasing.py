@@ -11,15 +11,20 @@ mode nothing is given back: idle devices are where elastic moves widen the last 
 from __future__ import annotations
 
 from optuna_saturn.sweep.decisions import Release
+from optuna_saturn.sweep.policy import Decisions, Policy, Round
 from optuna_saturn.sweep.state import SweepState
 
 
-class Releasing:
+class Releasing(Policy):
     """It keeps no memory: what it offers and the pool does not take (a node with a worker starting, or one
     replaced after a job failed) is offered again at the next round, until the pool takes it."""
 
     def __init__(self, *, enabled: bool) -> None:
         self._enabled = enabled
+
+    def on_round(self, round: Round) -> Decisions:
+        release = self.idle(round.state, asking_done=round.asking_done, profiling=round.profiling)
+        return [release] if release is not None else []
 
     def idle(self, state: SweepState, *, asking_done: bool, profiling: bool) -> Release | None:
         """The devices no trial left will use, once no more trials come and every trial left is planned."""

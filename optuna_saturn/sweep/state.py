@@ -39,9 +39,9 @@ class Waiting:
     retries: int = 0  # runs of its params before this trial (saturn:retries), read when it was taken in
     asked_at: float = 0.0  # seconds since the sweep started, when it was asked (or described from the queue)
     describe_seconds: float = 0.0  # how long asking and describing it took the loop
-    #: its prices while it waited: [the trial whose run taught the change (-1: as first priced; None: a profiling
-    #: job), its options]
-    prices: list[list] = field(default_factory=list)
+    #: its prices while it waited, as ``saturn:prices`` records them: [the trial whose run taught the change (-1: as
+    #: first priced; None: a profiling job), its options]
+    price_history: list[list] = field(default_factory=list)
     number: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -108,6 +108,7 @@ class SweepState:
     n_jobs: int | None = None  # the most trials running at once (``optimize(n_jobs=)``; None: one per device)
     plan_dirty: bool = False  # something changed since the last plan (every transition; planning clears it)
     plan_order: list[int] = field(default_factory=list)  # the planned trials, by planned start (planning)
+    plans: int = 0  # plans made (planning; profiling judges what to measure once per plan)
     changes: int = 0  # counts what changes plans besides ends and arrivals: prices, nodes
     free_since: dict[int, float] = field(default_factory=dict)  # per device: when its last job ended
     idle_seconds: dict[int, float] = field(default_factory=dict)  # per device: time between jobs
@@ -179,6 +180,7 @@ class SweepState:
         self.plan_dirty = False
         if order is not None:
             self.plan_order = order
+            self.plans += 1
 
     def priced_again(self) -> None:
         """The waiting trials' prices changed: they are planned again."""

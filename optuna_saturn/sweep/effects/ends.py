@@ -16,7 +16,7 @@ from optuna_saturn.study.ownership import run_again
 from optuna_saturn.study.queue import QueuedTrial
 from optuna_saturn.study.records import record
 from optuna_saturn.sweep import reporting
-from optuna_saturn.sweep.decisions import Fail, StopOnError, Tell
+from optuna_saturn.sweep.decisions import AfterTrial, Fail, StopOnError, Tell
 from optuna_saturn.sweep.effects.world import World
 from optuna_saturn.sweep.state import TrialRun
 from optuna_saturn.training import checkpoint
@@ -24,17 +24,10 @@ from optuna_saturn.training import checkpoint
 _logger = optuna.logging.get_logger("optuna.saturn")
 
 
-def tell(world: World, tell: Tell, *, call_back: bool = True) -> FrozenTrial:
-    """End the trial in the study, then what follows every end (:func:`after_trial`); returns it as the study now
-    has it (another sweep may have ended it first)."""
-    frozen = told(world, tell)
-    after_trial(world, frozen, tell.attrs["actual_end"], call_back=call_back)
-    return frozen
-
-
-def told(world: World, tell: Tell) -> FrozenTrial:
-    """:func:`tell` up to what follows the end: the loop learns from the run in between, before any callback (one
-    that stops the sweep would lose what the run taught)."""
+def tell(world: World, tell: Tell) -> FrozenTrial:
+    """End the trial in the study; returns it as the study now has it (another sweep may have ended it first).
+    What follows every end is :class:`AfterTrial`'s: the outcomes policy learns from the run in between, before
+    any callback (one that stops the sweep would lose what the run taught)."""
     run = tell.run
     frozen = world.gateway.tell(run.session.trial, tell.state, tell.values, attrs=tell.attrs, log=run.log)
     if frozen.state in (TrialState.COMPLETE, TrialState.PRUNED) and not world.keep_checkpoints:
@@ -81,6 +74,10 @@ def after_trial(world: World, frozen: FrozenTrial, now: float, *, call_back: boo
         gc.collect()
 
 
+def carry_on(world: World, after: AfterTrial) -> None:
+    after_trial(world, after.frozen, after.at, call_back=after.call_back)
+
+
 def _run_again(world: World, frozen: FrozenTrial) -> None:
     """A trial whose rank died or hung: its params run again next, resuming from its checkpoint if it saved
     one. ``n_trials`` still counts new trials."""
@@ -101,4 +98,4 @@ def _remove_checkpoints(world: World, run: TrialRun) -> None:
 
 
 #: The decisions this module carries out, and how.
-HANDLERS: dict[type, Callable[..., Any]] = {Tell: tell, Fail: fail, StopOnError: stop_on_error}
+HANDLERS: dict[type, Callable[..., Any]] = {Tell: tell, Fail: fail, StopOnError: stop_on_error, AfterTrial: carry_on}

@@ -16,10 +16,12 @@ from optuna_saturn.study.earlier_run import inherit_earlier_run, retries_of
 from optuna_saturn.study.outbox import STORAGE_ERRORS, retrying
 from optuna_saturn.study.queue import ParameterNotFixed, QueuedTrial
 from optuna_saturn.study.stand_in import stand_in_trial
-from optuna_saturn.sweep.decisions import Admit
-from optuna_saturn.sweep.effects.prices import price
+from optuna_saturn.sweep.decisions import Admit, KeepQueued
+from optuna_saturn.sweep.effects.repricing import price
 from optuna_saturn.sweep.effects.world import World
 from optuna_saturn.sweep.state import Waiting
+
+_logger = optuna.logging.get_logger("optuna.saturn")
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,7 @@ def _priced(
     now = world.now()
     options = [[-1, [p.option.to_json() for p in priced.options]]]
     waiting = Waiting(
-        trial, priced, asked_at=asked_at, describe_seconds=now - asked_at, prices=options, retries=retries
+        trial, priced, asked_at=asked_at, describe_seconds=now - asked_at, price_history=options, retries=retries
     )
     return Taken(trial, waiting, now - asked_at)
 
@@ -97,5 +99,10 @@ def admit(world: World, admit: Admit) -> None:
     world.state.admit(admit.waiting)
 
 
+def keep_queued(world: World, kept: KeepQueued) -> None:
+    world.state.forget(kept.number)
+    _logger.info(f"Trial {kept.number} was not started before the sweep stopped asking: it stays queued.")
+
+
 #: The decisions this module carries out, and how.
-HANDLERS: dict[type, Callable[..., Any]] = {Admit: admit}
+HANDLERS: dict[type, Callable[..., Any]] = {Admit: admit, KeepQueued: keep_queued}

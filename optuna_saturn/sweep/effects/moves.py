@@ -13,7 +13,7 @@ from optuna_saturn.devices import Device
 from optuna_saturn.events import TrialMove
 from optuna_saturn.sweep import reporting
 from optuna_saturn.sweep.decisions import Moved, Readmit, Release, RequestMove, Stop, Unplan
-from optuna_saturn.sweep.effects.prices import price
+from optuna_saturn.sweep.effects.repricing import price
 from optuna_saturn.sweep.effects.world import World
 
 _logger = optuna.logging.get_logger("optuna.saturn")

@@ -1,5 +1,5 @@
-"""Effects on prices: a trial priced (recorded on it), priced again, described late; what runs and profiling jobs
-measured taught to the prices; an option left out for a workload."""
+"""Effects on what the trials cost: a trial priced (recorded on it), priced again, described late; what runs and
+profiling jobs measured taught to the price source; an option left out for a workload."""
 
 from __future__ import annotations
 
@@ -9,14 +9,12 @@ from typing import Any
 import optuna
 
 from optuna_saturn.events import ProfileEvent
-from optuna_saturn.pools.protocol import JobEnd
 from optuna_saturn.pricing.prices import ProfileJob, TrialPrice
 from optuna_saturn.study.queue import QueuedTrial
 from optuna_saturn.sweep import reporting
-from optuna_saturn.sweep.decisions import Describe, Learn, LeaveOut
+from optuna_saturn.sweep.decisions import Describe, Learn, LeaveOut, Profiled, Reprice
 from optuna_saturn.sweep.effects.world import World
 from optuna_saturn.sweep.measuring import profile_results
-from optuna_saturn.sweep.state import ProfileRun
 
 _logger = optuna.logging.get_logger("optuna.saturn")
 
@@ -57,16 +55,17 @@ def describe(world: World, decision: Describe) -> None:
     waiting.price = price(world, waiting.trial, describe=True)
 
 
-def reprice(world: World, taught: int | None) -> None:
-    """Measurements came in (trial ``taught``'s run, or a profiling job): every waiting trial is priced again,
-    and keeps the change in its price history (the simulator replays a sweep's prices from it)."""
+def reprice(world: World, reprice: Reprice) -> None:
+    """Measurements came in (trial ``reprice.taught``'s run, or a profiling job): every waiting trial is priced
+    again, and keeps the change in its price history (the simulator replays a sweep's prices from it)."""
     if world.prices is None:
         return
     for waiting in world.state.waiting.values():
-        waiting.price = price(world, waiting.trial, leaving=waiting.left, was=waiting.prices[-1][1])
+        history = waiting.price_history
+        waiting.price = price(world, waiting.trial, leaving=waiting.left, was=history[-1][1])
         options = [p.option.to_json() for p in waiting.price.options]
-        if not waiting.prices or waiting.prices[-1][1] != options:
-            waiting.prices.append([taught, options])
+        if not history or history[-1][1] != options:
+            history.append([reprice.taught, options])
     world.state.priced_again()
 
 
@@ -95,10 +94,10 @@ def leave_out(world: World, left: LeaveOut) -> TrialPrice:
     return price(world, run.waiting.trial, leaving=run.waiting.left)
 
 
-def profile_ended(world: World, run: ProfileRun, end: JobEnd, where: dict[int, list[dict]]) -> list[ProfileJob]:
+def profile_ended(world: World, profiled: Profiled) -> list[ProfileJob]:
     """Store what a profiling job measured (``where``: per trial, where its profiling ran); returns the jobs that
     measure what it did not reach."""
-    state = world.state
+    state, run, end, where = world.state, profiled.run, profiled.end, profiled.where
     for number, places in where.items():
         if number in state.waiting:
             world.gateway.set_attrs(state.waiting[number].trial, {"profiling": places})
@@ -121,4 +120,10 @@ def profile_ended(world: World, run: ProfileRun, end: JobEnd, where: dict[int, l
 
 
 #: The decisions this module carries out, and how.
-HANDLERS: dict[type, Callable[..., Any]] = {Describe: describe, Learn: learn, LeaveOut: leave_out}
+HANDLERS: dict[type, Callable[..., Any]] = {
+    Describe: describe,
+    Learn: learn,
+    LeaveOut: leave_out,
+    Reprice: reprice,
+    Profiled: profile_ended,
+}

@@ -1,0 +1,100 @@
+"""The policies' one interface (:mod:`optuna_saturn.sweep.policy`): every kind of decision has exactly one handler,
+and a rule joins a sweep as one more entry in the list of policies, whose hooks the loop calls and whose decisions
+it has carried out. Simulated sweeps: no process starts, time is virtual."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import get_args
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from optuna_saturn.clock import VirtualClock
+from optuna_saturn.planner import Cluster, WorkLimit
+from optuna_saturn.simulation.pool import Behaviour, SimulatedPool
+from optuna_saturn.simulation.simulator import simulated_devices, simulated_strategies
+from optuna_saturn.study.records import record
+from optuna_saturn.sweep import effects
+from optuna_saturn.sweep.assemble import assemble
+from optuna_saturn.sweep.decisions import Decision, Release, Stop
+from optuna_saturn.sweep.policy import Decisions, Policy, Round
+from optuna_saturn.sweep.settings import SweepSettings
+
+
+def test_every_kind_of_decision_has_exactly_one_handler():
+    declared = effects.handlers()
+    assert set(declared) == set(get_args(Decision))
+    assert {kind.__name__: len(found) for kind, found in declared.items() if len(found) != 1} == {}
+
+
+def test_the_effects_refuse_to_be_built_while_a_kind_of_decision_has_no_handler(monkeypatch):
+    from optuna_saturn.sweep.effects import moves
+
+    monkeypatch.setattr(moves, "HANDLERS", {k: h for k, h in moves.HANDLERS.items() if k is not Release})
+    with pytest.raises(TypeError, match=r"exactly one handler.*'Release': 0"):
+        effects.Effects(world=None)  # type: ignore[arg-type]  # (refused before the world is used)
+
+
+class _Runtimes(dict):
+    def __missing__(self, choice: tuple) -> float:
+        return 100.0
+
+
+class StopAtThirtySeconds(Policy):
+    """A toy rule: every trial that has run 30 s is stopped. It only returns decisions; the loop carries them out."""
+
+    def __init__(self) -> None:
+        self.rounds = 0
+
+    def on_round(self, round: Round) -> Decisions:
+        self.rounds += 1
+        return [
+            Stop(run, "the toy rule stops it at 30 s")
+            for run in round.state.trial_runs()
+            if round.now - run.started >= 30.0 and not run.stalled
+        ]
+
+
+def _simulated_sweep(tmp_path: Path, more_policies: list[Policy]) -> optuna.Study:
+    """Two trials of 100 s on one device, on the simulated pool, with the sweep's own policies and ``more_policies``
+    (no price source: the trials are planned from runtime estimates)."""
+    clock = VirtualClock()
+    devices = simulated_devices(Cluster([1]))
+    settings = SweepSettings(
+        devices=devices,
+        strategies=simulated_strategies(["single"]),
+        solver="list",
+        time_limit=2.0,
+        log_dir=tmp_path,
+        plan_work=WorkLimit(2.0),
+        owned=False,
+        max_retries=0,
+    )
+    pool = SimulatedPool(devices, clock, lambda number: Behaviour(_Runtimes()), tick=5.0)
+    study = optuna.create_study()
+    sweep = assemble(
+        settings,
+        study,
+        pool=pool,
+        clock=clock,
+        prices=None,
+        n_trials=2,
+        timeout=None,
+        batch_size=1,
+        more_policies=more_policies,
+    )
+    sweep.run()
+    return study
+
+
+def test_a_policy_added_to_the_list_is_called_each_round_and_its_decisions_are_carried_out(tmp_path):
+    toy = StopAtThirtySeconds()
+    study = _simulated_sweep(tmp_path, [toy])
+    assert toy.rounds > 0
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.FAIL]
+    assert all("the toy rule stops it at 30 s" in record(t, "fail_reason") for t in study.trials)
+    # without it, the same sweep completes both trials
+    plain = _simulated_sweep(tmp_path / "plain", [])
+    assert [t.state for t in plain.trials] == [TrialState.COMPLETE, TrialState.COMPLETE]
