@@ -18,8 +18,8 @@ import random
 import _common  # noqa: F401
 
 from optuna_saturn.planner import Cluster, Deadline, DeadlineUnreachable, Goal, Job, Makespan, Option
+from optuna_saturn.simulation.known_prices import SimulatedJob
 from optuna_saturn.simulation.pool import Behaviour
-from optuna_saturn.simulation.prices import SimulatedJob
 from optuna_saturn.simulation.simulator import run_simulation
 
 
@@ -29,7 +29,7 @@ def simulated(jobs: list[Job]) -> list[SimulatedJob]:
 
 def run(jobs: list[Job], cluster: Cluster, goal: Goal | None = None) -> dict:
     try:
-        result = run_simulation(simulated(jobs), cluster, solver="auto", time_limit=2.0, goal=goal or Makespan())
+        result = run_simulation(simulated(jobs), cluster, solver="auto", work_limit=2.0, goal=goal or Makespan())
     except DeadlineUnreachable as refused:
         return {"refused": str(refused), "earliest_end": refused.earliest_end}
     return result.info

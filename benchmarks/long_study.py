@@ -51,8 +51,8 @@ from workloads import markdown_table, random_workload
 
 from optuna_saturn.planner import Cluster, Job
 from optuna_saturn.report.dashboard import DashboardPublisher
+from optuna_saturn.simulation.known_prices import JOB_PARAMETER, SimulatedJob
 from optuna_saturn.simulation.pool import Behaviour
-from optuna_saturn.simulation.prices import JOB_PARAMETER, SimulatedJob
 from optuna_saturn.simulation.simulator import run_simulation
 
 ATTR = "saturn:"

@@ -22,7 +22,7 @@ from optuna_saturn.simulation.simulator import simulate
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--time-limit", type=float, default=1.0)
+    parser.add_argument("--work-limit", type=float, default=1.0, help="planner work per plan (planner.WorkLimit units)")
     parser.add_argument("--prune-rate", type=float, default=0.3)
     args = parser.parse_args()
     cases = [
@@ -43,7 +43,7 @@ def main() -> None:
                     noise=noise,
                     prune_at=prunes,
                     mode=mode.split("-")[0],
-                    time_limit=args.time_limit,
+                    work_limit=args.work_limit,
                     seed=seed,
                     observe_step_rate=mode != "replan-estimated",
                     tick=60.0,

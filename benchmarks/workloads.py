@@ -208,12 +208,12 @@ def paper_like(*, startup: float = STARTUP_SECONDS) -> list[Job]:
 
 
 def paper_like_simulated(*, cold: bool, uncertainty: float = 0.3, seed: int = 0) -> list:
-    """The paper-like trials as the simulator's jobs (``optuna_saturn.simulation.prices.SimulatedJob``), with warm
+    """The paper-like trials as the simulator's jobs (``optuna_saturn.simulation.known_prices.SimulatedJob``), with warm
     workers' start-up (a process group and the model load per trial) and their real step counts. ``cold``: every
     option is predicted off by a seeded factor within ``1 +- uncertainty`` and nothing is measured yet (the
     learning-rate siblings share their profiles); else every option is measured."""
+    from optuna_saturn.simulation.known_prices import SimulatedJob
     from optuna_saturn.simulation.pool import Behaviour
-    from optuna_saturn.simulation.prices import SimulatedJob
 
     rng = random.Random(seed)
     out = []

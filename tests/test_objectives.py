@@ -35,8 +35,8 @@ from optuna_saturn.planner import (
     validate,
 )
 from optuna_saturn.pools.protocol import PoolBroken
+from optuna_saturn.simulation.known_prices import SimulatedJob
 from optuna_saturn.simulation.pool import Behaviour, Fault
-from optuna_saturn.simulation.prices import SimulatedJob
 from optuna_saturn.simulation.simulator import run_simulation
 
 WORK = WorkLimit(0.5)
@@ -133,13 +133,13 @@ def _simulated(jobs: list[Job]) -> list[SimulatedJob]:
 
 def test_a_simulated_sweep_meets_its_deadline_with_fewer_device_seconds_and_refuses_one_it_cannot_meet():
     jobs, cluster = scaling_jobs(), CLUSTER
-    fastest = run_simulation(_simulated(jobs), cluster, solver="auto", time_limit=0.5)
+    fastest = run_simulation(_simulated(jobs), cluster, solver="auto", work_limit=0.5)
     end = fastest.info["wall_seconds"]
-    relaxed = run_simulation(_simulated(jobs), cluster, solver="auto", time_limit=0.5, goal=Deadline(1.3 * end))
+    relaxed = run_simulation(_simulated(jobs), cluster, solver="auto", work_limit=0.5, goal=Deadline(1.3 * end))
     assert relaxed.info["wall_seconds"] <= 1.3 * end
     assert device_seconds(relaxed.executed) < 0.85 * device_seconds(fastest.executed)
     with pytest.raises(DeadlineUnreachable, match="earliest end") as refused:
-        run_simulation(_simulated(jobs), cluster, solver="auto", time_limit=0.5, goal=Deadline(0.5 * end))
+        run_simulation(_simulated(jobs), cluster, solver="auto", work_limit=0.5, goal=Deadline(0.5 * end))
     assert refused.value.earliest_end == pytest.approx(end, rel=0.05)
 
 
@@ -191,10 +191,10 @@ def test_a_deadline_the_heuristics_alone_would_refuse_is_met_once_the_solvers_ha
         options = [Option("single", 1, 900 * size), Option("ddp", 2, 520 * size), Option("ddp", 4, 380 * size)]
         jobs.append(Job(str(i), options))
     cluster = Cluster([4])
-    end = run_simulation(_simulated(jobs), cluster, solver="auto", time_limit=2.0).info["wall_seconds"]
+    end = run_simulation(_simulated(jobs), cluster, solver="auto", work_limit=2.0).info["wall_seconds"]
     deadline = Deadline(1.1 * end)
     assert solve(jobs, cluster, "list", time_limit=0.1, goal=deadline).info["met"] is False
-    met = run_simulation(_simulated(jobs), cluster, solver="auto", time_limit=2.0, goal=deadline)
+    met = run_simulation(_simulated(jobs), cluster, solver="auto", work_limit=2.0, goal=deadline)
     assert met.info["wall_seconds"] <= 1.1 * end
 
 
@@ -203,9 +203,9 @@ def test_a_deadline_counts_every_trial_n_trials_will_ask_not_only_the_first_four
     is refused at once (it was accepted, then missed)."""
     jobs = [Job(str(i), [Option("single", 1, 100.0)]) for i in range(24)]
     with pytest.raises(DeadlineUnreachable) as refused:
-        run_simulation(_simulated(jobs), Cluster([2]), solver="auto", time_limit=0.5, goal=Deadline(600))
+        run_simulation(_simulated(jobs), Cluster([2]), solver="auto", work_limit=0.5, goal=Deadline(600))
     assert refused.value.earliest_end == pytest.approx(1200, rel=0.05)
-    met = run_simulation(_simulated(jobs), Cluster([2]), solver="auto", time_limit=0.5, goal=Deadline(1300))
+    met = run_simulation(_simulated(jobs), Cluster([2]), solver="auto", work_limit=0.5, goal=Deadline(1300))
     assert met.info["wall_seconds"] <= 1300
 
 
@@ -213,11 +213,11 @@ def test_under_a_deadline_a_node_no_trial_left_needs_is_given_back_and_nothing_r
     """Two trials on two nodes of 8: the deadline's plan puts both on node 0, so node 1 goes back to the cluster
     at once, and the devices the pool held are the ones the trials used. In makespan mode nothing goes back."""
     jobs, cluster = scaling_jobs(), CLUSTER
-    fastest = run_simulation(_simulated(jobs), cluster, solver="auto", time_limit=0.5)
+    fastest = run_simulation(_simulated(jobs), cluster, solver="auto", work_limit=0.5)
     assert fastest.info["released"] == {}
     assert fastest.info["held_device_seconds"] == pytest.approx(16 * fastest.info["wall_seconds"])
     end = fastest.info["wall_seconds"]
-    relaxed = run_simulation(_simulated(jobs), cluster, solver="auto", time_limit=0.5, goal=Deadline(1.3 * end))
+    relaxed = run_simulation(_simulated(jobs), cluster, solver="auto", work_limit=0.5, goal=Deadline(1.3 * end))
     released = relaxed.info["released"]
     assert sorted(released) == [f"node1/cuda:{i}" for i in range(8)], released
     given_back = max(released.values())
@@ -233,7 +233,7 @@ def test_a_sweep_whose_kept_node_dies_after_another_was_given_back_ends_instead_
     simulated, deadline = _simulated(scaling_jobs()), Deadline(390.0)
     with pytest.raises(PoolBroken):
         run_simulation(
-            simulated, CLUSTER, solver="auto", time_limit=0.5, goal=deadline, faults=[Fault(100.0, "lose", "node0")]
+            simulated, CLUSTER, solver="auto", work_limit=0.5, goal=deadline, faults=[Fault(100.0, "lose", "node0")]
         )
 
 

@@ -22,8 +22,8 @@ from optuna_saturn.pools.warm import WorkerPool
 from optuna_saturn.pools.warm_backend import WarmBackend
 from optuna_saturn.pricing.pricer import Pricer
 from optuna_saturn.pricing.source import PriceSource
+from optuna_saturn.simulation.known_prices import KnownPrices
 from optuna_saturn.simulation.pool import SimulatedPool
-from optuna_saturn.simulation.prices import KnownPrices
 
 PLUG_IN_POINTS = [
     (Pool, [ProcessPool, SimulatedPool]),

@@ -11,8 +11,8 @@ from optuna.trial import TrialState
 from optuna_saturn.devices import Device
 from optuna_saturn.events import ProfileEvent, SweepListener
 from optuna_saturn.planner import Assignment, Cluster, Job, Option, Plan
+from optuna_saturn.simulation.known_prices import JOB_PARAMETER, SimulatedJob
 from optuna_saturn.simulation.pool import Behaviour, Fault
-from optuna_saturn.simulation.prices import JOB_PARAMETER, SimulatedJob
 from optuna_saturn.simulation.simulator import run_simulation
 
 

@@ -55,7 +55,7 @@ def test_without_noise_a_static_replay_of_a_plan_ends_no_later_than_the_plan(clu
 def test_noisy_executions_are_valid_and_use_true_runtimes(mode: str) -> None:
     jobs, cluster = random_jobs(12, 32), Cluster([8, 4])
     noise, prunes = noisy(jobs, 1)
-    result = simulate(jobs, cluster, noise=noise, prune_at=prunes, mode=mode, time_limit=0.2)
+    result = simulate(jobs, cluster, noise=noise, prune_at=prunes, mode=mode, work_limit=0.2)
     plan, truth = executed_as_plan(result, jobs)
     validate(plan, truth, cluster)
     for a in result.executed:
@@ -67,7 +67,7 @@ def test_noisy_executions_are_valid_and_use_true_runtimes(mode: str) -> None:
 def test_clairvoyant_mode_matches_its_own_plan() -> None:
     jobs, cluster = random_jobs(12, 33), Cluster([8])
     noise, prunes = noisy(jobs, 2)
-    result = simulate(jobs, cluster, noise=noise, prune_at=prunes, mode="clairvoyant", time_limit=0.5)
+    result = simulate(jobs, cluster, noise=noise, prune_at=prunes, mode="clairvoyant", work_limit=0.5)
     assert result.makespan <= result.planned_makespan + 1e-6
 
 
@@ -77,7 +77,7 @@ def test_replanning_never_makes_the_clairvoyant_case_worse(seed: int) -> None:
     jobs, cluster = random_jobs(12, 40 + seed), Cluster([8])
     plan = solve(jobs, cluster, "list")  # a deliberately improvable starting plan
     static = simulate(jobs, cluster, plan=plan)
-    replanned = simulate(jobs, cluster, plan=plan, mode="replan", time_limit=0.3)
+    replanned = simulate(jobs, cluster, plan=plan, mode="replan", work_limit=0.3)
     assert replanned.makespan <= static.makespan + 1e-6
 
 

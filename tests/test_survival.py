@@ -10,7 +10,7 @@ from test_scheduler import job, runs, single, study_of
 
 from optuna_saturn.planner import Cluster, Option
 from optuna_saturn.pricing.survival import PRIOR_TRIALS, Survival
-from optuna_saturn.simulation.prices import JOB_PARAMETER
+from optuna_saturn.simulation.known_prices import JOB_PARAMETER
 from optuna_saturn.simulation.simulator import run_simulation
 from optuna_saturn.sweep.weighing import most_efficient
 

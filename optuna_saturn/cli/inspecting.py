@@ -129,15 +129,19 @@ def simulate(
         ),
     ] = "replan",
     solver: SolverOption = "auto",
-    time_limit: Annotated[
+    work_limit: Annotated[
         float,
         typer.Option(
-            "--time-limit",
+            "--work-limit",
             min=0.0,
             help="Work the planner may use per plan, in units of planner.WorkLimit (about a second each; the sweep "
             "caps it at 0.025): not seconds, so the answer is the same on any machine.",
         ),
     ] = 2.0,
+    old_time_limit: Annotated[
+        float | None,
+        typer.Option("--time-limit", min=0.0, hidden=True, help="Deprecated: --work-limit (work units, not seconds)."),
+    ] = None,
     runtimes: RuntimesOption = "observed",
     sweep: Annotated[
         int,
@@ -157,6 +161,11 @@ def simulate(
     from optuna_saturn.simulation.replay import replay_of
     from optuna_saturn.simulation.simulator import MODES, run_simulation
 
+    if old_time_limit is not None:
+        typer.echo(
+            "--time-limit of simulate is deprecated: it is work units, not seconds; pass --work-limit.", err=True
+        )
+        work_limit = old_time_limit
     if mode not in MODES:
         fail(f"--mode must be one of {', '.join(MODES)}, got {mode!r}.")
     if runtimes not in ("observed", "estimated"):
@@ -172,7 +181,7 @@ def simulate(
             goal = goal_of(deadline, budget, price_per_device_hour)
         except ValueError as exc:
             fail(str(exc))
-        _size(replay, goal, counts, mode, solver, time_limit)
+        _size(replay, goal, counts, mode, solver, work_limit)
         return
     clusters = [Cluster([n]) for n in ints(devices, "--devices")] if devices else []
     clusters += [Cluster(ints(spec, "--nodes")) for spec in nodes or ()]
@@ -194,7 +203,7 @@ def simulate(
                 cluster,
                 mode=mode,
                 solver=solver,
-                time_limit=time_limit,
+                work_limit=work_limit,
                 known_ahead=replay.known_ahead,
                 workers_ready=replay.workers_ready if same else replay.typical_ready,
             )
@@ -217,13 +226,13 @@ def simulate(
         )
 
 
-def _size(replay: Any, goal: Goal, counts: Any, mode: str, solver: str, time_limit: float) -> None:
+def _size(replay: Any, goal: Goal, counts: Any, mode: str, solver: str, work_limit: float) -> None:
     """The fewest devices that meet a deadline, or the earliest end within a budget (``simulation.sizing``)."""
     from rich.table import Table
 
     from optuna_saturn.simulation.sizing import answer, sizes
 
-    rows = sizes(replay, goal, counts, mode=mode, solver=solver, time_limit=time_limit)
+    rows = sizes(replay, goal, counts, mode=mode, solver=solver, work_limit=work_limit)
     table = Table(title=f"{len(replay.jobs)} trial(s) planned for the {goal.name}", title_justify="left")
     for column in ("devices", "ends (s)", "device-hours", "cost", "meets it"):
         table.add_column(column, justify="right")

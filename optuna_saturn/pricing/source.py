@@ -2,7 +2,7 @@
 
 Two sources implement it: :class:`~optuna_saturn.pricing.pricer.Pricer` (a real sweep: trials described by
 running their objective up to its loop, options measured by profiling jobs or predicted) and
-:class:`~optuna_saturn.simulation.prices.KnownPrices` (a simulation: the workload's runtimes are given). A new
+:class:`~optuna_saturn.simulation.known_prices.KnownPrices` (a simulation: the workload's runtimes are given). A new
 source (prices shared by a team's profile service, say) implements this and nothing else.
 """
 

@@ -17,8 +17,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from optuna_saturn.planner import Cluster, Job, Option
+from optuna_saturn.simulation.known_prices import SimulatedJob
 from optuna_saturn.simulation.pool import Behaviour
-from optuna_saturn.simulation.prices import SimulatedJob
 from optuna_saturn.study.records import record, records
 
 ATTR = "saturn:"

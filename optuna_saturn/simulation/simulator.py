@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import tempfile
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,8 +30,8 @@ from optuna_saturn.clock import VirtualClock
 from optuna_saturn.devices import Device
 from optuna_saturn.events import SweepListener, TrialMove, TrialStart
 from optuna_saturn.planner import MAKESPAN, Assignment, Cluster, Goal, Job, Plan, WorkLimit
+from optuna_saturn.simulation.known_prices import JOB_PARAMETER, KnownPrices, SimulatedJob
 from optuna_saturn.simulation.pool import Behaviour, Fault, SimulatedPool
-from optuna_saturn.simulation.prices import JOB_PARAMETER, KnownPrices, SimulatedJob
 from optuna_saturn.strategy import Strategy, load_strategies
 from optuna_saturn.sweep import SweepSettings, assemble
 
@@ -68,7 +70,7 @@ def simulate(
     prune_at: Mapping[str, float] | None = None,
     mode: str = "static",
     solver: str = "auto",
-    time_limit: float = 2.0,
+    work_limit: float = 2.0,
     seed: int = 0,
     min_improvement: float = 0.02,
     plan: Plan | None = None,
@@ -81,6 +83,7 @@ def simulate(
     steps: int = 100,
     plan_for_pruning: bool = False,
     plan_to_next_rung: bool = False,
+    time_limit: float | None = None,
 ) -> SimulationResult:
     """Run ``jobs`` on ``cluster`` with true runtimes ``estimate * noise[job]``, each pruned after the share
     ``prune_at[job]`` of its steps (defaults 1), through the real sweep loop.
@@ -97,8 +100,10 @@ def simulate(
     (pruning-blind planning; the clairvoyant mode always is, as it prices with the pruned runtimes themselves).
     ``plan_to_next_rung``: that too, and a trial more likely pruned at its next rung than not is offered only its
     most efficient options until it survives the rung (:mod:`optuna_saturn.sweep.options`).
-    ``time_limit`` is the planner's budget per plan in work units, not seconds (see :func:`run_simulation`).
+    ``work_limit`` is the planner's work per plan, in units of :class:`~optuna_saturn.planner.WorkLimit`, not
+    seconds (see :func:`run_simulation`); ``time_limit``, its old name, is deprecated.
     """
+    work_limit = _work_units(work_limit, time_limit)
     if mode not in MODES:
         raise ValueError(f"mode must be 'static', 'replan' or 'clairvoyant', got {mode!r}.")
     if resize_seconds is not None and mode != "replan":
@@ -124,7 +129,7 @@ def simulate(
         cluster,
         mode=mode,
         solver=solver,
-        time_limit=time_limit,
+        work_limit=work_limit,
         seed=seed,
         min_improvement=min_improvement,
         plan=plan,
@@ -145,7 +150,7 @@ def run_simulation(
     *,
     mode: str = "replan",
     solver: str = "auto",
-    time_limit: float = 2.0,
+    work_limit: float = 2.0,
     seed: int = 0,
     min_improvement: float = 0.02,
     plan: Plan | None = None,
@@ -168,15 +173,17 @@ def run_simulation(
     plan_for_pruning: bool = False,
     plan_to_next_rung: bool = False,
     goal: Goal = MAKESPAN,
+    time_limit: float | None = None,
 ) -> SimulationResult:
     """The real loop on ``jobs`` (see :func:`simulate`), with ``faults`` injected into the simulated pool, planning
     for ``goal`` (:class:`~optuna_saturn.planner.Makespan`, ``Deadline`` or ``Budget``). A
     ``study`` given must hold ``jobs`` enqueued (their index as the parameter ``job``); by default an in-memory
     one is made.
 
-    The sweep plans by work, not by the wall clock (``time_limit`` is read as units of
-    :class:`~optuna_saturn.planner.WorkLimit`), so the same arguments give the same sweep, to the second, on any
-    machine, however busy."""
+    The sweep plans by work, not by the wall clock (``work_limit``: units of
+    :class:`~optuna_saturn.planner.WorkLimit` per plan; ``time_limit``, its old name, is deprecated), so the same
+    arguments give the same sweep, to the second, on any machine, however busy."""
+    work_limit = _work_units(work_limit, time_limit)
     clock = VirtualClock()
     devices = simulated_devices(cluster)
     strategies = simulated_strategies(o.strategy for j in jobs for o in j.job.options)
@@ -191,14 +198,14 @@ def run_simulation(
             devices=devices,
             strategies=strategies,
             solver=solver,
-            time_limit=time_limit,
+            time_limit=math.inf,  # (never read: plan_work replaces the wall clock's limit)
             log_dir=Path(folder),
             listeners=(record, *listeners),
             elastic=elastic,
             replan=mode != "static",
             min_improvement=min_improvement,
             seed=seed,
-            plan_work=WorkLimit(time_limit),
+            plan_work=WorkLimit(work_limit),
             first_plan=_numbered(plan, jobs) if plan is not None else None,
             max_moves=max_moves,
             owned=False,
@@ -245,6 +252,20 @@ def _quiet() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
+
+
+def _work_units(work_limit: float, time_limit: float | None) -> float:
+    """``work_limit``, or the number given under its old name ``time_limit`` (with a warning: it is work units, not
+    the seconds ``solve(time_limit=)`` means)."""
+    if time_limit is None:
+        return work_limit
+    warnings.warn(
+        "time_limit= of simulate() and run_simulation() is renamed work_limit= (units of planner.WorkLimit, not "
+        "seconds); pass work_limit=.",
+        FutureWarning,
+        stacklevel=3,
+    )
+    return time_limit
 
 
 def simulated_devices(cluster: Cluster) -> list[Device]:
