@@ -1,15 +1,17 @@
 """A real sweep with ``SlurmPool`` inside a SLURM allocation of the test cluster (``tests/slurm_cluster.py``), for
 ``tests/test_slurm_pool.py``. Run it as the user would, inside the allocation, in the controller's namespace:
 ``salloc -N2 --exclusive --no-kill python tests/slurm_pool_sweep.py MODE OUT.json [EXTRA_JSON]``, MODE ``spread``
-(8 trials over both nodes' 2 CPU devices, single and DDP) or ``node-death`` (the ``slurmd`` of the node a trial
-runs on is killed, ``kill -9``, once that trial has started: EXTRA_JSON gives the pid files' folder). Writes what
-the test checks as JSON."""
+(8 trials over both nodes' 2 CPU devices, single and DDP), ``node-death`` (the ``slurmd`` of the node a trial
+runs on is killed, ``kill -9``, once that trial has started: EXTRA_JSON gives the pid files' folder) or ``release``
+(3 trials on a device per node under a deadline of an hour: one node suffices; ``sinfo`` is watched while the sweep
+runs). Writes what the test checks as JSON."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -48,6 +50,26 @@ class KillSlurmdWhenATrialRunsThere(SweepListener):
         self.killed_at = time.time()
 
 
+class WatchNodeStates:
+    """``sinfo``'s state of each node, every 0.25 s, with the time, in a thread, until stopped."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[float, dict[str, str]]] = []
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(0.25):
+            done = subprocess.run(["sinfo", "--noheader", "--Node", "--format=%N %t"], capture_output=True, text=True)
+            self.seen.append((time.time(), dict(line.split() for line in done.stdout.splitlines() if line.strip())))
+
+    def stop(self) -> list[tuple[float, dict[str, str]]]:
+        self._stopped.set()
+        self._thread.join()
+        return self.seen
+
+
 def slow_on_node1(trial) -> float:
     """``sleepy``, long on node1 (45 s: past the time SLURM takes to call a node without its ``slurmd`` DOWN) and
     short elsewhere (3 s). Its worker knows its node from ``srun``'s environment."""
@@ -76,6 +98,7 @@ def main(mode: str, out: str, run: str | None = None) -> None:
         assert run is not None
         killer = KillSlurmdWhenATrialRunsThere("node1", run)
         listeners.append(killer)
+    watch = WatchNodeStates() if mode == "release" else None
     executor = SaturnExecutor(
         devices=2 if mode == "spread" else 1,
         strategies=["ddp"] if mode == "spread" else ["single"],  # (ddp: every trial on 2 devices of one node)
@@ -86,11 +109,15 @@ def main(mode: str, out: str, run: str | None = None) -> None:
         dashboard=False,
         listeners=listeners,
         max_retries=1,
+        deadline="1h" if mode == "release" else None,
     )
     import slurm_pool_sweep  # (its objective, from a module the workers import by name)
 
-    objective = slurm_pool_sweep.train_linear_on_its_node if mode == "spread" else slurm_pool_sweep.slow_on_node1
+    objective = {"spread": slurm_pool_sweep.train_linear_on_its_node, "release": objectives.sleepy}.get(
+        mode, slurm_pool_sweep.slow_on_node1
+    )
     executor.optimize(study, objective, n_trials=8 if mode == "spread" else 3)
+    ended_at = time.time()
     result = {
         # (node-death: the lost node's worker runs its trial to its end, 45 s after its start, then is refused)
         "left_behind": _left_behind(os.environ["SLURM_JOB_ID"], wait=20.0 if mode == "spread" else 45.0),
@@ -111,6 +138,12 @@ def main(mode: str, out: str, run: str | None = None) -> None:
     }
     if mode == "node-death":
         result["victim"], result["killed_at"] = killer.victim, killer.killed_at
+    if watch is not None:
+        result["states_seen"], result["ended_at"] = watch.stop(), ended_at
+        result["summary"] = study.user_attrs["saturn:last_sweep"]
+        result["job_nodelist"] = os.environ["SLURM_JOB_NODELIST"]  # (as the shrink left it, SLURM's resize script)
+        plain = subprocess.run(["srun", "--overlap", "hostname"], capture_output=True, text=True, timeout=60)
+        result["plain_srun"] = [plain.returncode, plain.stdout.strip(), plain.stderr.strip()]
     with open(out, "w", encoding="utf-8") as f:
         json.dump(result, f, default=str)
 

@@ -161,3 +161,47 @@ def test_a_node_whose_slurmd_is_killed_mid_trial_loses_it_and_the_trial_runs_aga
     # node1's slurmd is gone, not node1: its worker, which no step can reach now, is refused by the pool once its
     # trial ends there, and exits; its host gives up and exits too
     assert result["left_behind"] == [], result["left_behind"]
+
+
+@pytest.mark.launch
+def test_under_a_deadline_the_node_no_trial_left_needs_goes_back_to_slurm_before_the_sweep_ends(cluster, tmp_path):
+    """Three 5 s trials on a device of each node of ``salloc -N2``, a deadline of an hour (one node suffices): while
+    the sweep still runs, ``sinfo`` shows the node given back IDLE (the other still ALLOCATED), the job holds the
+    other only, no trial starts on the given-back node after, and all COMPLETE. The user's script then sees the job as
+    it is (SLURM's resize script applied: a plain ``srun`` works)."""
+    result = _sweep_in_an_allocation(cluster, "release", tmp_path, SATURN_TEST_SLEEPY_STEPS="50")
+    assert [t["state"] for t in result["trials"]] == ["COMPLETE"] * 3
+    released = result["summary"]["released"]
+    assert len(released) == 1, result["summary"]
+    [(device, released_at)] = released.items()
+    given, kept = device.split("/")[0], {"node0": "node1", "node1": "node0"}[device.split("/")[0]]
+    during = [states for at, states in result["states_seen"] if at < result["ended_at"] - 0.5]
+    assert {given: "idle", kept: "alloc"} in during, result["states_seen"]
+    assert result["job_nodelist"] == kept
+    assert result["plain_srun"][:2] == [0, kept], result["plain_srun"]
+    late = [t for t in result["trials"] if t["attrs"]["saturn:actual_start"] >= released_at]
+    assert all(t["attrs"]["saturn:node"]["name"] == kept for t in late)
+    assert result["left_behind"] == [], result["left_behind"]
+
+
+def test_slurms_resize_script_is_applied_as_a_shell_would(tmp_path, monkeypatch):
+    """``scontrol update`` run in the job writes ``slurm_job_N_resize.sh`` in its working folder; ``shrink`` runs it
+    in a temporary folder (never the user's) and applies it to the environment given: exports and unsets."""
+    from optuna_saturn.pools import slurm_job
+
+    def scontrol(arguments, *, cwd=None):
+        assert arguments == ["update", "JobId=7", "NodeList=node0"] and cwd is not None and cwd != os.getcwd()
+        (tmp_path / "cwd").write_text(cwd)
+        script = 'export SLURM_NODELIST="node0"\nexport SLURM_NNODES=1\nunset SLURM_TASKS_PER_NODE\n'
+        with open(os.path.join(cwd, "slurm_job_7_resize.sh"), "w") as f:
+            f.write(script)
+        return ""
+
+    monkeypatch.setattr(slurm_job, "scontrol", scontrol)
+    env = {"SLURM_JOB_ID": "7", "SLURM_NODELIST": "node[0-1]", "SLURM_NNODES": "2", "SLURM_TASKS_PER_NODE": "2(x2)"}
+    slurm_job.shrink("7", ["node0"], env)
+    assert env == {"SLURM_JOB_ID": "7", "SLURM_NODELIST": "node0", "SLURM_NNODES": "1"}
+    assert not os.path.exists((tmp_path / "cwd").read_text()), "the temporary folder was left"
+    other = {"SLURM_JOB_ID": "8", "SLURM_NNODES": "2"}
+    slurm_job.shrink("7", ["node0"], other)  # (another job's environment: untouched)
+    assert other == {"SLURM_JOB_ID": "8", "SLURM_NNODES": "2"}

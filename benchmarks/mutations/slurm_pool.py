@@ -7,6 +7,7 @@ from mutations import Mutation
 _TESTS = "tests/test_slurm_pool.py"
 _SPREAD = f"{_TESTS}::test_eight_trials_run_on_both_nodes_of_an_allocation_each_ddp_trial_inside_one_node"
 _DEATH = f"{_TESTS}::test_a_node_whose_slurmd_is_killed_mid_trial_loses_it_and_the_trial_runs_again_on_the_other"
+_RELEASE = f"{_TESTS}::test_under_a_deadline_the_node_no_trial_left_needs_goes_back_to_slurm_before_the_sweep_ends"
 
 MUTATIONS: list[Mutation] = [
     Mutation(
@@ -88,5 +89,29 @@ MUTATIONS: list[Mutation] = [
         old="host_config=dict(common_config)",
         new="host_config=host_config(study)",  # (a sweep id of its own for each node's host)
         tests=(_SPREAD,),
+    ),
+    Mutation(
+        name="slurm-release-keeps-the-node-in-the-job",
+        contract="a node a deadline gives back leaves the SLURM job: sinfo shows it IDLE before the sweep ends",
+        path="optuna_saturn/pools/slurm.py",
+        old="                shrink(self.allocation.job_id, keep)\n",
+        new="                pass\n",
+        tests=(_RELEASE,),
+    ),
+    Mutation(
+        name="slurm-release-offers-nothing",
+        contract="the SLURM pool takes the nodes a deadline's release offers (it gave none back before)",
+        path="optuna_saturn/pools/slurm.py",
+        old="        for name, members in whole_nodes(self.devices, devices & self.ready(), gone).items():",
+        new="        for name, members in whole_nodes(self.devices, set(), gone).items():",
+        tests=(_RELEASE,),
+    ),
+    Mutation(
+        name="slurm-shrunk-job-environment-stale",
+        contract="after a shrink, the script in the allocation sees the job as it is (SLURM's resize script applied)",
+        path="optuna_saturn/pools/slurm_job.py",
+        old='            apply_resize_script(script.read_text(encoding="utf-8"), env)\n',
+        new="            pass\n",
+        tests=(f"{_TESTS}::test_slurms_resize_script_is_applied_as_a_shell_would", _RELEASE),
     ),
 ]

@@ -9,6 +9,11 @@ allocation (a pool host started on its node by ``srun``, a warm worker per devic
   step of its host ends: its devices are lost, its running jobs end unclean with the reason (the sweep runs their
   trials again on the nodes left), and its workers are refused from then on. A killed ``slurmd`` kills no process
   and closes no connection: SLURM's verdict is what tells (about 30 s with ``SlurmdTimeout=10``).
+- **A node given back** (a deadline's or a budget's release: :meth:`SlurmWorkers.release`): its host and workers
+  stop, then the job shrinks without it (:mod:`optuna_saturn.pools.slurm_job`), so SLURM shows it IDLE while the
+  sweep runs on. A node an earlier sweep gave back is not the job's any more: its devices are lost from the start.
+- **A job the pool asked for itself** (``SlurmPool(nodes=...)`` outside an allocation) ends when the pool closes
+  (:class:`~optuna_saturn.pools.slurm_request.SlurmRequest`).
 """
 
 from __future__ import annotations
@@ -26,8 +31,9 @@ import optuna
 from optuna_saturn.channel import ChannelServer
 from optuna_saturn.devices import Device
 from optuna_saturn.leases import LEASES_ENV
-from optuna_saturn.pools.protocol import JobEnd
+from optuna_saturn.pools.protocol import JobEnd, whole_nodes
 from optuna_saturn.pools.slurm_allocation import Allocation, scontrol
+from optuna_saturn.pools.slurm_job import fixed_node, job_fields, shrink
 from optuna_saturn.pools.slurm_node import SlurmNodeWorkers
 
 _logger = optuna.logging.get_logger("optuna.saturn.runner")
@@ -42,8 +48,11 @@ class SlurmWorkers:
     #: Each node may have its own disk: a checkpoint is read elsewhere only from a folder every node mounts.
     shares_checkpoints = False
 
-    def __init__(self, allocation: Allocation, *, log_dir: Path, study: str = "", **common: Any) -> None:
+    def __init__(
+        self, allocation: Allocation, *, log_dir: Path, study: str = "", on_close: Any = None, **common: Any
+    ) -> None:
         self.allocation = allocation
+        self._on_close = on_close  # (what ends a job the pool asked for: called last)
         self.devices: list[Device] = allocation.devices
         self._ended: queue.Queue = queue.Queue()
         common_config = host_config(study)
@@ -57,6 +66,8 @@ class SlurmWorkers:
         self._first = {id(pool): self._where.index((pool, 0)) for pool in self._nodes}
         self._jobs: dict[Any, tuple[int, ...]] = {}  # job -> its devices, as the sweep numbers them
         self._watch = NodeWatch([n.name for n in allocation.nodes])
+        self._released: set[str] = set()  # nodes given back to SLURM (release)
+        self._fixed: list[str | None] = []  # (the node that cannot leave the job, once asked: see slurm_job)
 
     @property
     def channel_host(self) -> str:
@@ -67,7 +78,11 @@ class SlurmWorkers:
         return {**self.allocation.node(device.node).to_json(), "slurm_job": self.allocation.job_id}
 
     def start(self, channel: ChannelServer, preload: dict | None = None) -> None:
+        held = set(scontrol(["show", "hostnames", job_fields(self.allocation.job_id).get("NodeList", "")]).split())
         for pool in self._nodes:
+            if pool.node.name not in held:  # (an earlier sweep gave it back)
+                pool.lost_because = f"SLURM node {pool.node.name} is not SLURM job {self.allocation.job_id}'s any more"
+                continue
             pool.start(channel, preload)
         self._watch.start()
         _logger.info(
@@ -77,13 +92,21 @@ class SlurmWorkers:
 
     def close(self) -> None:
         self._watch.stop()
-        for pool in self._nodes:
-            pool.close()
+        try:
+            for pool in self._active():
+                pool.close()
+        finally:
+            if self._on_close is not None:
+                self._on_close()
+
+    def _active(self) -> list[SlurmNodeWorkers]:
+        """The nodes not given back."""
+        return [pool for pool in self._nodes if pool.node.name not in self._released]
 
     # -- devices --------------------------------------------------------------------------------------------------
     def ready(self) -> set[int]:
         self._check_nodes()
-        return {self._first[id(pool)] + i for pool in self._nodes for i in pool.ready()}
+        return {self._first[id(pool)] + i for pool in self._active() for i in pool.ready()}
 
     def joined(self) -> list[Device]:
         return []  # (an allocation's nodes are fixed)
@@ -91,16 +114,41 @@ class SlurmWorkers:
     def lost(self) -> set[int]:
         return {
             self._first[id(pool)] + i
-            for pool in self._nodes
+            for pool in self._active()
             for i in (range(len(pool.devices)) if pool.lost_because is not None else pool.lost())
         }
 
     def release(self, devices: set[int]) -> set[int]:
-        return set()  # (giving a node back to SLURM is a later step)
+        """Whole nodes all of whose devices are idle and offered: their host and workers stop, and the job shrinks
+        without them (see the module's docstring), so SLURM has them back. A batch job's script's node stays."""
+        gone = self.lost() | {self._first[id(p)] + i for p in self._nodes for i in range(len(p.devices))} - {
+            self._first[id(p)] + i for p in self._active() for i in range(len(p.devices))
+        }
+        given: set[int] = set()
+        for name, members in whole_nodes(self.devices, devices & self.ready(), gone).items():
+            if not self._fixed:
+                self._fixed.append(fixed_node(self.allocation.job_id))
+            keep = [p.node.name for p in self._active() if p.node.name != name]
+            if name == self._fixed[0] or not keep:
+                continue
+            pool = next(p for p in self._nodes if p.node.name == name)
+            pool.close()
+            self._released.add(name)
+            given |= members
+            try:
+                shrink(self.allocation.job_id, keep)
+            except RuntimeError as exc:
+                _logger.warning(f"SLURM node {name} could not be given back ({exc}); the sweep no longer uses it.")
+                continue
+            _logger.info(
+                f"SLURM node {name}'s {len(members)} device(s) are given back: SLURM job {self.allocation.job_id} "
+                f"holds {', '.join(keep)} now."
+            )
+        return given
 
     def host_problem(self) -> str | None:
         self._check_nodes()
-        reasons = [pool.lost_because for pool in self._nodes]
+        reasons = [pool.lost_because for pool in self._active()]
         if all(reasons):
             return f"every node of SLURM job {self.allocation.job_id} is gone ({reasons[0]})"
         return None
@@ -117,9 +165,10 @@ class SlurmWorkers:
     def wait(self, timeout: float) -> list[JobEnd]:
         """Jobs that ended since the last call (on any node); waits up to ``timeout`` for the first."""
         self._check_nodes()
-        for pool in self._nodes[1:]:
+        active = self._active() or self._nodes
+        for pool in active[1:]:
             pool.check_workers()
-        ends = self._nodes[0].wait(timeout)  # (every node's jobs end into the one queue it waits on)
+        ends = active[0].wait(timeout)  # (every node's jobs end into the one queue it waits on)
         return [self._global(end) for end in ends]
 
     def stop(self, key: Any, reason: str = "stopped") -> None:
@@ -133,7 +182,7 @@ class SlurmWorkers:
     def _check_nodes(self) -> None:
         """Lose the nodes SLURM says are down, and those whose host's step ended."""
         down = self._watch.down()
-        for pool in self._nodes:
+        for pool in self._active():
             if pool.lost_because is not None:
                 continue
             why = down.get(pool.node.name) or pool.host_ended()

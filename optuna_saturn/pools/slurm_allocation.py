@@ -143,10 +143,13 @@ def _is_local(address: str) -> bool:
         return False
 
 
-def scontrol(arguments: list[str]) -> str:
-    """``scontrol``'s answer; raises with the fix where SLURM's commands are missing or fail."""
+def scontrol(arguments: list[str], *, cwd: str | None = None) -> str:
+    """``scontrol``'s answer (run in ``cwd``: where it writes a file); raises with the fix where SLURM's commands
+    are missing or fail."""
     try:
-        done = subprocess.run(["scontrol", *arguments], capture_output=True, text=True, timeout=60, check=False)
+        done = subprocess.run(
+            ["scontrol", *arguments], capture_output=True, text=True, timeout=60, check=False, cwd=cwd
+        )
     except FileNotFoundError as exc:
         raise RuntimeError("SlurmPool needs SLURM's commands (scontrol, srun) on the PATH.") from exc
     except subprocess.TimeoutExpired as exc:
