@@ -90,3 +90,12 @@ class DeepSpeedTraits(EngineTraits):
         they are, and a run of the same strategy (the same ZeRO stage) on any number of ranks loads them through
         DeepSpeed's universal checkpoint."""
         return saved.format == self.checkpoint_format and (saved.world_size == world_size or strategy == saved.strategy)
+
+
+#: The package's own engines by name (the registry's first entries: a new one is its class above and a line here).
+BUILTIN_TRAITS: dict[str, type[EngineTraits]] = {
+    "single": SingleTraits,
+    "ddp": DDPTraits,
+    "fsdp": FSDPTraits,
+    "deepspeed": DeepSpeedTraits,
+}

@@ -12,16 +12,12 @@ import functools
 import importlib
 from importlib.metadata import entry_points
 
+from optuna_saturn.strategy.builtin_engines import BUILTIN_TRAITS
 from optuna_saturn.strategy.engine_traits import EngineTraits
 
 ENTRY_POINT_GROUP = "optuna_saturn.engines"
-_BUILTIN = "optuna_saturn.strategy.builtin_engines"
-BUILTIN_ENGINES: dict[str, str] = {
-    "single": f"{_BUILTIN}:SingleTraits",
-    "ddp": f"{_BUILTIN}:DDPTraits",
-    "fsdp": f"{_BUILTIN}:FSDPTraits",
-    "deepspeed": f"{_BUILTIN}:DeepSpeedTraits",
-}
+#: The package's own engines, as an entry point would name them.
+BUILTIN_ENGINES: dict[str, str] = {name: f"{c.__module__}:{c.__qualname__}" for name, c in BUILTIN_TRAITS.items()}
 
 
 class EngineError(ValueError):
