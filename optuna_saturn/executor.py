@@ -19,7 +19,7 @@ from optuna_saturn.events import SweepListener
 from optuna_saturn.executor_arguments import check_executor_arguments
 from optuna_saturn.leases import leased
 from optuna_saturn.optimize_arguments import checked
-from optuna_saturn.planner import goal_of
+from optuna_saturn.planner import Goal, goal_of
 from optuna_saturn.pools.describing import DESCRIBE_TIMEOUT_SECONDS
 from optuna_saturn.pools.kinds import PoolKind
 from optuna_saturn.pools.launched import exclusive_mode_conflict
@@ -125,9 +125,13 @@ class SaturnExecutor:
             most efficient options where the deadline allows. One the first plan cannot meet is refused before
             any trial starts (``DeadlineUnreachable``, with the earliest end). On a Ray cluster, the nodes no trial
             left needs go back to the cluster. See docs/deadlines-and-budgets.md.
-        budget: device-hours the sweep may spend (trials and profiling jobs, devices times runtime): the plans
-            are the earliest end within it. Under a deadline or a budget, elastic moves are off.
+        budget: DEVICE-HOURS the sweep may spend (trials and profiling jobs, devices times runtime): the plans
+            are the earliest end within it (the planner's ``Budget`` counts device-seconds: 1 device-hour is
+            3,600). Under a deadline or a budget, elastic moves are off.
         price_per_device_hour: what a device-hour costs you; the plans and the sweep's summary say the cost.
+        goal: the planner's goal as an instance, in place of ``deadline``/``budget``: ``planner.Makespan()``,
+            ``planner.Deadline("8h")``, ``planner.Budget(device_seconds)``, or a ``planner.Goal`` of your own
+            (docs/internals.md, "How to add a goal"). Its own ``price_per_device_hour`` counts then.
     """
 
     def __init__(
@@ -162,6 +166,7 @@ class SaturnExecutor:
         deadline: float | str | None = None,
         budget: float | None = None,
         price_per_device_hour: float = 0.0,
+        goal: Goal | None = None,
         runner: str = "local",
         ray_address: str | None = None,
         pool: PoolKind | None = None,
@@ -206,7 +211,7 @@ class SaturnExecutor:
             keep_checkpoints=bool(keep_checkpoints),
             stall_timeout=stall_timeout,
             elastic=bool(elastic),
-            objective=goal_of(deadline, budget, price_per_device_hour),
+            objective=goal_of(deadline, budget, price_per_device_hour, goal=goal),
         )
         self._options = RealSweepOptions(
             pool=self.pool,

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from optuna_saturn.planner._devices import assign_devices, compact
+from optuna_saturn.planner._goal import MAKESPAN, Goal
 from optuna_saturn.planner._types import Cluster, Job, Option, Plan, Reservation
 from optuna_saturn.planner._work_limit import WorkLimit
 
@@ -31,8 +32,10 @@ def solve_cpsat(
     lower_bound: float = 0.0,
     workers: int = 1,
     work_limit: WorkLimit | None = None,
+    goal: Goal = MAKESPAN,
 ) -> Plan | None:
-    """Improve on ``hint`` (a valid plan) within ``time_limit``; None if CP-SAT found nothing.
+    """Improve on ``hint`` (a valid plan) for ``goal`` within ``time_limit``; None if CP-SAT found nothing (or
+    nothing that meets the goal's constraint).
 
     ``workers=1`` (the default) makes a run reproducible for a given ``seed`` whenever it ends before the time
     limit; more workers search faster but are not deterministic. Given ``work_limit``, CP-SAT stops at its
@@ -46,7 +49,8 @@ def solve_cpsat(
         return None
     if not jobs:
         return hint
-    unit = _unit(jobs, busy, hint.makespan)
+    reach = goal.latest_end(hint.makespan)  # (a deadline's plans may end later than the hint)
+    unit = _unit(jobs, busy, reach)
 
     def ticks(t: float) -> int:
         return math.ceil(t / unit - 1e-9)
@@ -62,7 +66,7 @@ def solve_cpsat(
         hint_start[a.job] = s
         for d in a.devices:
             free[(a.node, d)] = s + ticks(a.option.runtime)
-    horizon = max(free.values(), default=0) + 1
+    horizon = max([*free.values(), ticks(reach)], default=0) + 1
     hint_choice = {a.job: (a.option, a.node) for a in hint.assignments}
 
     m = cp_model.CpModel()
@@ -73,6 +77,7 @@ def solve_cpsat(
             per_node[r.node][0].append(m.new_fixed_size_interval_var(0, ticks(r.until), f"busy_{r.job}"))
             per_node[r.node][1].append(len(r.devices))
     choices: list[tuple[str, Option, int, Any, Any]] = []  # (job, option, node, its literal, the job's start)
+    spent: list[tuple[Any, float]] = []  # (a literal, the device-seconds its option holds)
     for j, job in enumerate(jobs):
         start = m.new_int_var(0, horizon, f"s{j}")
         m.add_hint(start, hint_start[job.name])
@@ -91,12 +96,13 @@ def solve_cpsat(
                 m.add(makespan >= start + dur).only_enforce_if(lit)
                 m.add_hint(lit, hint_choice[job.name] == (option, node))
                 lits.append(lit)
+                spent.append((lit, option.devices * option.runtime))
                 choices.append((job.name, option, node, lit, start))
         m.add_exactly_one(lits)
     for node, (intervals, demands) in enumerate(per_node):
         if intervals:
             m.add_cumulative(intervals, demands, cluster.nodes[node])
-    m.minimize(makespan)
+    goal.shape(_CpTerms(m, makespan, unit, spent))
 
     solver = cp_model.CpSolver()
     p = solver.parameters
@@ -125,6 +131,32 @@ def solve_cpsat(
         grid=unit,
     )
     return plan
+
+
+class _CpTerms:
+    """The CP-SAT model as a goal shapes it (:class:`~optuna_saturn.planner.GoalModel`). Device-seconds are counted
+    in whole steps of a millionth of the most a plan can spend, each option's rounded up, so a plan within a limit
+    on the steps is within it in device-seconds too."""
+
+    def __init__(self, m: Any, makespan: Any, unit: float, spent: list[tuple[Any, float]]) -> None:
+        self._m, self._makespan, self._unit = m, makespan, unit
+        self._step = max(sum(s for _, s in spent), 1e-9) / 1_000_000
+        self._spent = [(lit, math.ceil(s / self._step - 1e-9)) for lit, s in spent]
+
+    def _sum(self) -> Any:
+        return sum(lit * steps for lit, steps in self._spent)
+
+    def limit_end(self, seconds: float) -> None:
+        self._m.add(self._makespan <= math.floor(seconds / self._unit + 1e-9))
+
+    def limit_spent(self, device_seconds: float) -> None:
+        self._m.add(self._sum() <= math.floor(device_seconds / self._step + 1e-9))
+
+    def minimise_end(self) -> None:
+        self._m.minimize(self._makespan)
+
+    def minimise_spent(self) -> None:
+        self._m.minimize(self._sum())
 
 
 def _unit(jobs: Sequence[Job], busy: Sequence[Reservation], horizon: float) -> float:

@@ -42,7 +42,9 @@ def device_seconds(assignments: Iterable[Assignment]) -> float:
 class GoalModel(Protocol):
     """The part of an exact solver's model (the MILP's, CP-SAT's) that a goal shapes: the plan's end (the latest
     job's end, seconds) and its device-seconds, each of which can be bounded or minimised. A solver that takes a
-    goal implements these four; the goal calls the ones it needs, so a new goal edits no solver."""
+    goal implements these four; the goal calls the ones it needs, so a new goal edits no solver. (No tie-break on
+    the end where the device-seconds are minimised: one, of 0.01 device-seconds per second, ended the simulated
+    sweeps of ``benchmarks/deadlines.py`` earlier but spent more device-hours in one of them.)"""
 
     def limit_end(self, seconds: float) -> None: ...
 
@@ -286,11 +288,21 @@ MAKESPAN = Makespan()
 
 
 def goal_of(
-    deadline: float | str | None = None, budget: float | None = None, price_per_device_hour: float = 0.0
+    deadline: float | str | None = None,
+    budget: float | None = None,
+    price_per_device_hour: float = 0.0,
+    *,
+    goal: Goal | None = None,
 ) -> Goal:
     """The goal that a sweep's options name: a ``deadline`` (seconds, or ``"8h"``), a ``budget`` in DEVICE-HOURS,
-    neither (the makespan); ``price_per_device_hour`` to report costs. Each is checked under the name the user gave
-    it."""
+    neither (the makespan), or a ``goal`` instance; ``price_per_device_hour`` to report costs. Each is checked under
+    the name the user gave it."""
+    if goal is not None:
+        if not isinstance(goal, Goal):
+            raise TypeError(f"goal must be an optuna_saturn.planner.Goal (Makespan(), Deadline(...)), got {goal!r}.")
+        if deadline is not None or budget is not None:
+            raise ValueError("Give goal= or deadline=/budget=, not both: Deadline(...) and Budget(...) are goals.")
+        return goal
     if deadline is not None and budget is not None:
         raise ValueError("A sweep has a deadline or a budget, not both: plan for one of them.")
     price = float(price_per_device_hour)

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from optuna_saturn.planner._devices import compact
+from optuna_saturn.planner._goal import MAKESPAN, Goal
 from optuna_saturn.planner._linear import BACKENDS, LinearModel
 from optuna_saturn.planner._types import Assignment, Cluster, Job, Option, Plan, Reservation
 from optuna_saturn.planner._work_limit import WorkLimit
@@ -76,12 +77,43 @@ class BlockModel:
     choices: list[tuple[int, int, Option, int]]  # (var, job index, option, block index)
     blocks: list[Block]
     cmax: int
+    feasible: bool = True  # False: the goal's bound is below what any plan reaches (no need to run the solver)
+
+
+class _BlockTerms:
+    """The block model as a goal shapes it (:class:`~optuna_saturn.planner.GoalModel`): its end is ``Cmax``, its
+    device-seconds the chosen options' ``devices x runtime``."""
+
+    def __init__(self, bm: BlockModel) -> None:
+        self._bm = bm
+        self._spent = {v: option.devices * option.runtime for v, _, option, _ in bm.choices}
+
+    def limit_end(self, seconds: float) -> None:
+        model, cmax = self._bm.model, self._bm.cmax
+        model.upper[cmax] = min(model.upper[cmax], seconds)
+        self._bm.feasible &= model.lower[cmax] <= model.upper[cmax]
+
+    def limit_spent(self, device_seconds: float) -> None:
+        self._bm.model.add_row(self._spent, -math.inf, device_seconds)
+
+    def minimise_end(self) -> None:
+        self._bm.model.cost[self._bm.cmax] = 1.0
+
+    def minimise_spent(self) -> None:
+        for v, cost in self._spent.items():
+            self._bm.model.cost[v] = cost
 
 
 def build_block_model(
-    jobs: Sequence[Job], cluster: Cluster, *, busy: Sequence[Reservation] = (), lower_bound: float = 0.0
+    jobs: Sequence[Job],
+    cluster: Cluster,
+    *,
+    busy: Sequence[Reservation] = (),
+    lower_bound: float = 0.0,
+    goal: Goal = MAKESPAN,
 ) -> BlockModel:
-    """The aligned-block MILP described in the module docstring."""
+    """The aligned-block MILP described in the module docstring; ``goal`` sets what it bounds and minimises (the
+    makespan's: min Cmax)."""
     blocks = node_blocks(cluster)
     m = LinearModel()
     busy_until: dict[tuple[int, int], float] = {}
@@ -89,7 +121,7 @@ def build_block_model(
         for d in r.devices:
             busy_until[(r.node, d)] = max(busy_until.get((r.node, d), 0.0), float(r.until))
     horizon = sum(max(o.runtime for o in j.options) for j in jobs) + max(busy_until.values(), default=0.0)
-    cmax = m.add_var(cost=1.0, lower=lower_bound, upper=max(horizon, lower_bound))
+    cmax = m.add_var(lower=lower_bound, upper=max(horizon, lower_bound))
     comp = [m.add_var(upper=max(horizon, lower_bound)) for _ in blocks]
     sizes_by_node: dict[int, list[int]] = {}
     for b in blocks:
@@ -139,7 +171,9 @@ def build_block_model(
         for c1, c2 in itertools.pairwise(kids):
             if blocks[c1].size == blocks[c2].size:
                 m.add_row({comp[c1]: 1.0, comp[c2]: -1.0}, 0.0, math.inf)
-    return BlockModel(m, choices, blocks, cmax)
+    out = BlockModel(m, choices, blocks, cmax)
+    goal.shape(_BlockTerms(out))
+    return out
 
 
 def warm_start(bm: BlockModel, jobs: Sequence[Job], plan: Plan, busy: Sequence[Reservation]) -> list[float]:
@@ -264,10 +298,14 @@ def solve_block_milp(
     hint: Plan | None,
     lower_bound: float,
     work_limit: WorkLimit | None = None,
+    goal: Goal = MAKESPAN,
 ) -> Plan | None:
-    """Build the block model, solve it with ``backend`` and decode; None if no solution was found in time (or, given
-    ``work_limit``, within that work: see :func:`solve_gurobi` and :func:`solve_highs`)."""
-    bm = build_block_model(jobs, cluster, busy=busy, lower_bound=lower_bound)
+    """Build the block model for ``goal``, solve it with ``backend`` and decode; None if no solution was found in
+    time (or, given ``work_limit``, within that work: see :func:`solve_gurobi` and :func:`solve_highs`), or none
+    meets the goal's constraint."""
+    bm = build_block_model(jobs, cluster, busy=busy, lower_bound=lower_bound, goal=goal)
+    if not bm.feasible:
+        return None
     start = warm_start(bm, jobs, hint, busy) if hint is not None else None
     result = BACKENDS[backend](bm.model, time_limit=time_limit, seed=seed, start=start, work_limit=work_limit)
     if result.values is None:

@@ -61,9 +61,12 @@ def solve(
     quarter for the list heuristic; in "auto", 0.4 for the MILP and 0.6 for CP-SAT, or 0.6 for the search and 0.4
     for CP-SAT on more than 60 jobs; all of it for a single backend.
 
-    Under a deadline or a budget the plan is the best, for the goal, of the makespan plan (the earliest end
-    any plan reaches) and the moldable list plans weighed by the goal; ``plan.info`` says whether it meets
-    the goal (``met``), its device-seconds, its cost, and where a deadline is missed, the earliest end.
+    Under another goal than the makespan (a :class:`Deadline`, a :class:`Budget`), the plan is the best, for the
+    goal, of the makespan plan (the earliest end any plan reaches), the moldable list plans weighed by the goal, and
+    what the MILP and CP-SAT find with the goal's own constraint and measure in their models (warm-started from the
+    best of those); ``plan.info`` says whether it meets the goal (``met``), its device-seconds, its cost, and where
+    a deadline is missed, the earliest end. Given a work limit, the exact stage has half of it again (the makespan
+    plan and the list plans take the first two halves).
     """
     if not goal.earliest_end:
         return _for_goal(jobs, cluster, solver, time_limit, busy, seed, hint, work_limit, goal)
@@ -163,11 +166,57 @@ def _for_goal(
     )
     best = min((fastest, weighed), key=lambda p: goal.plan_key(p.assignments))
     notes = dict(fastest.info) if best is fastest else {}  # (the solvers' notes are the makespan plan's own)
+    for name, share in _goal_stages(solver, pruned, cluster):
+        left = max(0.0, time_limit - (time.perf_counter() - t0))
+        if work_limit is None and left <= 0.02:
+            break
+        shaped: dict = {}
+        candidate = _run_backend(
+            name,
+            pruned,
+            cluster,
+            busy,
+            left * share if work_limit is None else math.inf,
+            seed,
+            best,
+            fastest.lower_bound,
+            shaped,
+            level=logging.WARNING if solver == name else logging.INFO,
+            work_limit=None if half is None else half.share(share),
+            goal=goal,
+        )
+        if candidate is not None and _better(goal.plan_key(candidate.assignments), goal.plan_key(best.assignments)):
+            best, notes = candidate, {**candidate.info, **shaped}
     plan = _finish(best, jobs, cluster, busy, fastest.lower_bound, t0, notes)
     plan.info.update(goal.report(plan))
     if not plan.info["met"]:  # (the earliest end of any plan found: the makespan plan's, or a weighed one's)
         plan.info["earliest_end"] = round(min(fastest.makespan, weighed.makespan), 3)
     return plan
+
+
+def _goal_stages(solver: str, jobs: Sequence[Job], cluster: Cluster) -> list[tuple[str, float]]:
+    """The exact backends that plan for a goal (stage, its share of what is left): the one asked for, or in "auto"
+    those that "auto" would run on an instance this size for the makespan (not the search: it knows only the
+    makespan)."""
+    if solver in ("gurobi", "highs", "cpsat"):
+        return [(solver, 1.0)]
+    if solver != "auto":
+        return []
+    intervals = sum(len(j.options) for j in jobs) * len(cluster.nodes)
+    milp = (
+        [(_milp_name(), 0.4)] if len(jobs) <= _AUTO_MILP_JOBS and _block_vars(jobs, cluster) <= _MILP_MAX_VARS else []
+    )
+    return milp + ([("cpsat", 1.0)] if intervals <= _AUTO_CPSAT_INTERVALS else [])
+
+
+def _better(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """``a`` is lower than ``b`` by more than rounding, in the first part where they differ by more."""
+    for x, y in zip(a, b):
+        if x < y - 1e-6 * max(1.0, abs(y)):
+            return True
+        if x > y + 1e-6 * max(1.0, abs(y)):
+            return False
+    return False
 
 
 def _milp_name() -> str:
@@ -190,6 +239,7 @@ def _run_backend(
     notes: dict,
     level: int = logging.WARNING,
     work_limit: WorkLimit | None = None,
+    goal: Goal = MAKESPAN,
 ) -> Plan | None:
     """Run one backend; on ``SolverUnavailable`` log and fall back (recorded in ``notes``).
 
@@ -209,7 +259,15 @@ def _run_backend(
         )
     if name == "cpsat":
         return solve_cpsat(
-            jobs, cluster, busy=busy, time_limit=time_limit, seed=seed, hint=hint, lower_bound=lb, work_limit=work_limit
+            jobs,
+            cluster,
+            busy=busy,
+            time_limit=time_limit,
+            seed=seed,
+            hint=hint,
+            lower_bound=lb,
+            work_limit=work_limit,
+            goal=goal,
         )
     try:
         return solve_block_milp(
@@ -222,6 +280,7 @@ def _run_backend(
             hint=hint,
             lower_bound=lb,
             work_limit=work_limit,
+            goal=goal,
         )
     except SolverUnavailable as e:
         if name != "gurobi":
@@ -232,7 +291,18 @@ def _run_backend(
         _logger.log(level, "gurobi backend unavailable: %s; falling back to %r.", e, fallback)
         notes["fallback"] = f"gurobi -> {fallback}: {e}"
         return _run_backend(
-            fallback, jobs, cluster, busy, time_limit, seed, hint, lb, notes, level=level, work_limit=work_limit
+            fallback,
+            jobs,
+            cluster,
+            busy,
+            time_limit,
+            seed,
+            hint,
+            lb,
+            notes,
+            level=level,
+            work_limit=work_limit,
+            goal=goal,
         )
 
 

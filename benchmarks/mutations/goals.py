@@ -1,0 +1,74 @@
+"""Mutations of the planner's goal (Makespan, Deadline, Budget): the exact solvers see it, the validator checks it,
+nothing outside the planner reads its fields, and the simulator's work limit keeps its old name for a while."""
+
+from mutations import Mutation
+
+_GOALS = "tests/test_goals.py"
+_DEADLINE = f"{_GOALS}::test_under_a_deadline_the_exact_solvers_spend_fewer_device_seconds_than_the_heuristics"
+
+MUTATIONS: list[Mutation] = [
+    Mutation(
+        name="goal-unseen-by-milp",
+        contract="the block MILP bounds the end by a deadline and minimises device-seconds (the goal shapes it)",
+        path="optuna_saturn/planner/_milp.py",
+        old="    goal.shape(_BlockTerms(out))\n",
+        new="    MAKESPAN.shape(_BlockTerms(out))\n",
+        tests=(f"{_DEADLINE}[highs]",),
+    ),
+    Mutation(
+        name="goal-unseen-by-cpsat",
+        contract="CP-SAT bounds the end by a deadline and minimises device-seconds (the goal shapes it)",
+        path="optuna_saturn/planner/_cpsat.py",
+        old="    goal.shape(_CpTerms(m, makespan, unit, spent))\n",
+        new="    MAKESPAN.shape(_CpTerms(m, makespan, unit, spent))\n",
+        tests=(f"{_DEADLINE}[cpsat]",),
+    ),
+    Mutation(
+        name="goal-exact-stages-skipped",
+        contract="solve() under a deadline runs the exact solvers with the goal, not only the heuristics",
+        path="optuna_saturn/planner/_solve.py",
+        old="    for name, share in _goal_stages(solver, pruned, cluster):\n",
+        new="    for name, share in []:\n",
+        tests=(f"{_DEADLINE}[auto]",),
+    ),
+    Mutation(
+        name="goal-budget-unbounded-in-cpsat",
+        contract="CP-SAT keeps a budget's device-seconds as a constraint",
+        path="optuna_saturn/planner/_cpsat.py",
+        old="        self._m.add(self._sum() <= math.floor(device_seconds / self._step + 1e-9))\n",
+        new="        pass\n",
+        tests=(f"{_GOALS}::test_within_a_budget_the_exact_solvers_end_earlier_than_the_heuristics[cpsat]",),
+    ),
+    Mutation(
+        name="goal-validator-blind",
+        contract="the independent validator checks a plan against its goal's constraint",
+        path="optuna_saturn/planner/_validate.py",
+        old="    why = goal.violation(end, spent)",
+        new='    why = ""',
+        tests=("tests/test_objectives.py::test_a_deadline_no_plan_meets_says_so_with_the_earliest_end",),
+    ),
+    Mutation(
+        name="goal-field-read-outside-planner",
+        contract="no module outside planner/ reads a goal's fields (the sweep asks it questions instead)",
+        path="optuna_saturn/sweep/reporting.py",
+        old='        out["objective"] = goal.summary()\n',
+        new='        out["objective"] = {"kind": goal.name, "deadline": goal.seconds}  # type: ignore[attr-defined]\n',
+        tests=(f"{_GOALS}::test_nothing_outside_the_planner_reads_a_goals_fields_or_asks_its_kind",),
+    ),
+    Mutation(
+        name="simulate-time-limit-silent",
+        contract="simulate(time_limit=) still works, with a FutureWarning naming work_limit",
+        path="optuna_saturn/simulation/simulator.py",
+        old="        FutureWarning,\n",
+        new="        UserWarning,\n",
+        tests=(f"{_GOALS}::test_the_simulators_work_limit_keeps_its_old_name_time_limit_for_a_while_with_a_warning",),
+    ),
+    Mutation(
+        name="executor-goal-ignored",
+        contract="SaturnExecutor(goal=...) plans for the goal given",
+        path="optuna_saturn/executor.py",
+        old="goal_of(deadline, budget, price_per_device_hour, goal=goal)",
+        new="goal_of(deadline, budget, price_per_device_hour)",
+        tests=(f"{_GOALS}::test_an_executor_takes_a_goal_instance_or_deadline_and_budget_but_not_both",),
+    ),
+]
