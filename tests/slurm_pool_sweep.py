@@ -4,7 +4,8 @@
 (8 trials over both nodes' 2 CPU devices, single and DDP), ``node-death`` (the ``slurmd`` of the node a trial
 runs on is killed, ``kill -9``, once that trial has started: EXTRA_JSON gives the pid files' folder) or ``release``
 (3 trials on a device per node under a deadline of an hour: one node suffices; ``sinfo`` is watched while the sweep
-runs). Writes what the test checks as JSON."""
+runs). MODE ``outside`` runs without ``salloc``: ``SlurmPool(nodes=2, ...)`` asks SLURM for the nodes itself, and
+the example's GPT-2 (``examples/gpt2_sweep.py``) runs 4 trials on them. Writes what the test checks as JSON."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import time
 from pathlib import Path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.dirname(HERE)]
+sys.path[:0] = [HERE, os.path.dirname(HERE), os.path.join(os.path.dirname(HERE), "examples")]
 
 import objectives  # noqa: E402
 import optuna  # noqa: E402
@@ -88,7 +89,7 @@ def train_linear_on_its_node(trial) -> float:
     return value
 
 
-def main(mode: str, out: str, run: str | None = None) -> None:
+def main(mode: str, out: str, run: str | None = None, partition: str = "debug") -> None:
     started = time.time()
     tmp = tempfile.mkdtemp(prefix="saturn-slurm-test-")
     storage = f"sqlite:///{tmp}/study.db"
@@ -99,10 +100,15 @@ def main(mode: str, out: str, run: str | None = None) -> None:
         killer = KillSlurmdWhenATrialRunsThere("node1", run)
         listeners.append(killer)
     watch = WatchNodeStates() if mode == "release" else None
+    outside = mode == "outside"
+    if outside:
+        import gpt2_sweep
+
+        gpt2_sweep.token_ids()  # (the example's data, built once before its trials start)
     executor = SaturnExecutor(
-        devices=2 if mode == "spread" else 1,
+        devices=2 if mode in ("spread", "outside") else 1,
         strategies=["ddp"] if mode == "spread" else ["single"],  # (ddp: every trial on 2 devices of one node)
-        pool=SlurmPool(),
+        pool=SlurmPool(nodes=2, partition=partition, time="10:00") if outside else SlurmPool(),
         log_dir=f"{tmp}/runs",
         profile_store=f"{tmp}/profiles",
         progress="plain",
@@ -113,17 +119,26 @@ def main(mode: str, out: str, run: str | None = None) -> None:
     )
     import slurm_pool_sweep  # (its objective, from a module the workers import by name)
 
-    objective = {"spread": slurm_pool_sweep.train_linear_on_its_node, "release": objectives.sleepy}.get(
-        mode, slurm_pool_sweep.slow_on_node1
-    )
-    executor.optimize(study, objective, n_trials=8 if mode == "spread" else 3)
+    objective = {
+        "spread": slurm_pool_sweep.train_linear_on_its_node,
+        "release": objectives.sleepy,
+        "outside": gpt2_sweep.objective if outside else None,
+    }.get(mode, slurm_pool_sweep.slow_on_node1)
+    executor.optimize(study, objective, n_trials={"spread": 8, "outside": 4}.get(mode, 3))
     ended_at = time.time()
+    queue_after = subprocess.run(["squeue", "--noheader", "--name=optuna-saturn"], capture_output=True, text=True)
+    job = (
+        {**study.trials[0].user_attrs, **study.trials[0].system_attrs}["saturn:node"]["slurm_job"]
+        if outside
+        else os.environ["SLURM_JOB_ID"]
+    )
     result = {
         # (node-death: the lost node's worker runs its trial to its end, 45 s after its start, then is refused)
-        "left_behind": _left_behind(os.environ["SLURM_JOB_ID"], wait=20.0 if mode == "spread" else 45.0),
+        "left_behind": _left_behind(job, wait=20.0 if mode in ("spread", "outside") else 45.0),
         "seconds": time.time() - started,
         "driver_pid": os.getpid(),
-        "slurm_job": os.environ.get("SLURM_JOB_ID"),
+        "slurm_job": job,
+        "queue_after": queue_after.stdout.strip(),  # (the pool's jobs, as soon as the sweep ended)
         "devices": [str(d) for d in executor.devices],
         "trials": [
             {

@@ -205,3 +205,95 @@ def test_slurms_resize_script_is_applied_as_a_shell_would(tmp_path, monkeypatch)
     other = {"SLURM_JOB_ID": "8", "SLURM_NNODES": "2"}
     slurm_job.shrink("7", ["node0"], other)  # (another job's environment: untouched)
     assert other == {"SLURM_JOB_ID": "8", "SLURM_NNODES": "2"}
+
+
+def _our_jobs(cluster) -> str:
+    """``squeue``'s lines of the jobs the pool asks for (named optuna-saturn), running or queued."""
+    return cluster.run("squeue", "--noheader", "--name=optuna-saturn", "--format=%i %T %N").stdout.strip()
+
+
+@pytest.mark.launch
+def test_outside_an_allocation_the_slurm_pool_asks_slurm_for_two_nodes_and_ends_its_job_after(cluster, tmp_path):
+    """The example's GPT-2, 4 trials, from a script run outside any allocation: ``SlurmPool(nodes=2, ...)`` asks
+    SLURM for the nodes (``salloc``), every trial COMPLETEs, on both nodes, in the job SLURM started for it; once the
+    sweep ends, ``squeue`` shows no job of the pool's and no host or worker is left on the nodes."""
+    out = tmp_path / "outside.json"
+    command = cluster.command(sys.executable, os.path.join(HERE, "slurm_pool_sweep.py"), "outside", str(out))
+    done = subprocess.run(command, capture_output=True, text=True, timeout=250, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    assert "SLURM started job" in done.stderr, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert [t["state"] for t in result["trials"]] == ["COMPLETE"] * 4
+    assert result["devices"] == ["node0/cpu:0", "node0/cpu:1", "node1/cpu:0", "node1/cpu:1"]
+    assert {t["attrs"]["saturn:node"]["name"] for t in result["trials"]} == {"node0", "node1"}
+    assert {t["attrs"]["saturn:node"]["slurm_job"] for t in result["trials"]} == {result["slurm_job"]}
+    assert result["left_behind"] == [], result["left_behind"]
+    assert result["queue_after"] == "", "the job outlived the sweep"
+    assert _our_jobs(cluster) == ""
+    assert cluster.job_state(result["slurm_job"]) in ("CANCELLED", "COMPLETED", ""), "the job did not end"
+
+
+@pytest.mark.launch
+def test_a_partition_slurm_does_not_know_is_refused_in_slurms_words_and_nothing_stays_queued(cluster):
+    """``SlurmPool(nodes=2, partition="nope")``: the executor's constructor raises with SLURM's own message and the
+    fix, and no job of the pool's is left in ``squeue``."""
+    script = (
+        "from optuna_saturn import SaturnExecutor\n"
+        "from optuna_saturn.pools import SlurmPool\n"
+        "try:\n"
+        "    SaturnExecutor(devices=1, pool=SlurmPool(nodes=2, partition='nope', time='5:00'), dashboard=False)\n"
+        "except RuntimeError as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run(
+        cluster.command(sys.executable, "-c", script), capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "SLURM did not start the pool's job (salloc --nodes=2" in done.stdout, done.stdout
+    assert "Invalid partition name specified" in done.stdout and "sinfo lists the partitions" in done.stdout
+    assert _our_jobs(cluster) == ""
+
+
+def test_slurm_pool_options_are_checked_and_turned_into_salloc_options():
+    from optuna_saturn.pools import SlurmPool
+    from optuna_saturn.pools.slurm_request import SlurmRequest
+
+    with pytest.raises(ValueError, match="pass nodes= too"):
+        SlurmPool(partition="gpu")
+    with pytest.raises(ValueError, match="whole number of at least 1"):
+        SlurmPool(nodes=0)
+    with pytest.raises(ValueError, match="takes a list of options"):
+        SlurmPool(nodes=1, salloc_options="--account=lab")
+    asked = SlurmRequest(nodes=2, partition="gpu", time_limit="1:00:00", gpus_per_node=4, salloc_options=["-A", "x"])
+    command = asked.command()
+    assert command[: command.index(sys.executable)] == [
+        "salloc", "--nodes=2", "--ntasks-per-node=1", "--exclusive", "--partition=gpu", "--time=1:00:00",
+        "--gpus-per-node=4", "--no-kill", "--job-name=optuna-saturn", "-A", "x",
+    ]  # fmt: skip
+    again = SlurmRequest(nodes=2, cpus_per_node=8).command(["node3", "node4"])
+    assert "--cpus-per-task=8" in again and "--exclusive" not in again and "--nodelist=node3,node4" in again
+
+
+@pytest.mark.launch
+def test_a_job_slurm_cannot_start_is_waited_for_with_its_reason_then_cancelled_at_the_start_timeout(cluster):
+    """3 nodes of a 2-node partition: SLURM queues the job and never starts it; the pool says why it waits
+    (``squeue``'s state and reason), and at ``start_timeout`` raises naming both and cancels it: nothing stays
+    queued."""
+    script = (
+        "from optuna_saturn import SaturnExecutor\n"
+        "from optuna_saturn.pools import SlurmPool, slurm_request\n"
+        "slurm_request.PROGRESS_SECONDS = 1.0\n"
+        "try:\n"
+        "    SaturnExecutor(devices=1, pool=SlurmPool(nodes=3, start_timeout=4), dashboard=False)\n"
+        "except TimeoutError as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run(
+        cluster.command(sys.executable, "-c", script), capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "waiting for SLURM to start job" in done.stderr and ": PENDING (PartitionNodeLimit)" in done.stderr, (
+        done.stderr[-3000:]
+    )
+    assert "in 4 s (PENDING (PartitionNodeLimit)); it is cancelled" in done.stdout, done.stdout
+    assert _our_jobs(cluster) == ""

@@ -8,6 +8,9 @@ _TESTS = "tests/test_slurm_pool.py"
 _SPREAD = f"{_TESTS}::test_eight_trials_run_on_both_nodes_of_an_allocation_each_ddp_trial_inside_one_node"
 _DEATH = f"{_TESTS}::test_a_node_whose_slurmd_is_killed_mid_trial_loses_it_and_the_trial_runs_again_on_the_other"
 _RELEASE = f"{_TESTS}::test_under_a_deadline_the_node_no_trial_left_needs_goes_back_to_slurm_before_the_sweep_ends"
+_OUTSIDE = f"{_TESTS}::test_outside_an_allocation_the_slurm_pool_asks_slurm_for_two_nodes_and_ends_its_job_after"
+_PARTITION = f"{_TESTS}::test_a_partition_slurm_does_not_know_is_refused_in_slurms_words_and_nothing_stays_queued"
+_NO_START = f"{_TESTS}::test_a_job_slurm_cannot_start_is_waited_for_with_its_reason_then_cancelled_at_the_start_timeout"
 
 MUTATIONS: list[Mutation] = [
     Mutation(
@@ -113,5 +116,37 @@ MUTATIONS: list[Mutation] = [
         old='            apply_resize_script(script.read_text(encoding="utf-8"), env)\n',
         new="            pass\n",
         tests=(f"{_TESTS}::test_slurms_resize_script_is_applied_as_a_shell_would", _RELEASE),
+    ),
+    Mutation(
+        name="slurm-pool-never-asks-for-nodes",
+        contract="outside an allocation, SlurmPool(nodes=...) asks SLURM for its nodes (it refused before)",
+        path="optuna_saturn/pools/slurm_kind.py",
+        old="        if inside or self._request is None:\n",
+        new="        if True:\n",
+        tests=(_OUTSIDE,),
+    ),
+    Mutation(
+        name="slurm-pool-job-outlives-the-sweep",
+        contract="the job the pool asked SLURM for ends when the sweep ends, not when the executor's process does",
+        path="optuna_saturn/pools/slurm_kind.py",
+        old="on_close=None if request is None else request.end,",
+        new="on_close=None,",
+        tests=(_OUTSIDE,),
+    ),
+    Mutation(
+        name="slurm-refusal-not-in-slurms-words",
+        contract="a job SLURM refuses (a partition it does not know) is an error that passes SLURM's own message on",
+        path="optuna_saturn/pools/slurm_request.py",
+        old='said = "\\n".join(self._said[-6:]) or f"salloc exited',
+        new='said = "" or f"salloc exited',
+        tests=(_PARTITION,),
+    ),
+    Mutation(
+        name="slurm-job-not-started-left-queued",
+        contract="a job given up on while SLURM has not started it (a timeout, an error, a Ctrl-C) is cancelled",
+        path="optuna_saturn/pools/slurm_request.py",
+        old="        except BaseException:\n            self.end()\n            raise\n",
+        new="        except BaseException:\n            raise\n",
+        tests=(_NO_START,),
     ),
 ]

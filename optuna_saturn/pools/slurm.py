@@ -78,6 +78,13 @@ class SlurmWorkers:
         return {**self.allocation.node(device.node).to_json(), "slurm_job": self.allocation.job_id}
 
     def start(self, channel: ChannelServer, preload: dict | None = None) -> None:
+        try:
+            self._start(channel, preload)
+        except BaseException:
+            self.close()  # (a job the pool asked for ends here: the sweep closes only a started pool)
+            raise
+
+    def _start(self, channel: ChannelServer, preload: dict | None) -> None:
         held = set(scontrol(["show", "hostnames", job_fields(self.allocation.job_id).get("NodeList", "")]).split())
         for pool in self._nodes:
             if pool.node.name not in held:  # (an earlier sweep gave it back)

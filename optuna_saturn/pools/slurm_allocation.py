@@ -20,9 +20,9 @@ from optuna_saturn.pools.node_devices import kind_and_count
 
 #: What the errors say to a user whose script runs outside an allocation.
 OUTSIDE_AN_ALLOCATION = (
-    "SlurmPool runs inside a SLURM allocation, and this process is not in one (no SLURM_JOB_ID). Run the script "
+    "SlurmPool() runs inside a SLURM allocation, and this process is not in one (no SLURM_JOB_ID). Run the script "
     "with sbatch (a batch script: see docs/clusters.md), or inside salloc (salloc -N2 --exclusive python "
-    "script.py). Asking SLURM for nodes from outside an allocation is not supported yet."
+    "script.py), or let the pool ask SLURM for nodes: SlurmPool(nodes=2, partition=..., time='1:00:00')."
 )
 
 
