@@ -106,6 +106,9 @@ def run_case(trials: int, nodes: int, tick: float, seed: int, *, breakdown: bool
         original = getattr(holder, attribute)
         saved.append((holder, attribute, original))
         setattr(holder, attribute, timer.wrap(name, original))
+        for kind, handler in getattr(holder, "HANDLERS", {}).items():  # (an effect is reached through its module's)
+            if handler is original:
+                holder.HANDLERS[kind] = getattr(holder, attribute)
     try:
         with event_rounds() as measured:
             began = time.perf_counter()
@@ -114,6 +117,9 @@ def run_case(trials: int, nodes: int, tick: float, seed: int, *, breakdown: bool
         rounds.extend(measured)
     finally:
         for holder, attribute, original in saved:
+            for kind, handler in getattr(holder, "HANDLERS", {}).items():
+                if handler is getattr(holder, attribute):
+                    holder.HANDLERS[kind] = original
             setattr(holder, attribute, original)
     rounds.sort()
     total = sum(timer.seconds.values()) if breakdown else wall
