@@ -529,7 +529,8 @@ def test_a_zero_sweep_builds_what_is_missing_before_its_pool_starts(saturn_optio
             study, gpu_objectives.ranks_environment, n_trials=1
         )
     assert study.trials[0].state == TrialState.COMPLETE, study.trials[0].system_attrs.get("saturn:fail_reason")
-    assert all(r["deepspeed_imported"] for r in study.trials[0].user_attrs["ranks"])  # (once, in the pool's host)
+    # (whether its ranks imported DeepSpeed is not this test's: an objective that prepares nothing, as this one,
+    # imports no strategy in the host, so that depended on what earlier tests had imported in this process)
     assert "Building DeepSpeed's no_such_op for this machine before the sweep starts" in caplog.text
     log = next(saturn_options["log_dir"].rglob("deepspeed-ops.log")).read_text()
     assert "NoSuchBuilder does not apply here" in log
