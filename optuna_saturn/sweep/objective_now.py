@@ -60,6 +60,6 @@ class Misses:
         if objective.refuses_first_miss and first:
             return f"{why}. Give a later deadline or more devices, or leave the deadline out."
         if not self._said:
-            _logger.warning(f"The sweep's plan misses its objective: {why}.")
+            _logger.warning(f"The sweep's plan misses its {objective.name}: {why}.")
         self._said = True
         return ""
