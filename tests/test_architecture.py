@@ -153,7 +153,8 @@ def test_only_pools_know_which_kinds_of_pool_there_are():
     workers, only the protocol (``pools.kinds``) and the names ``runner=`` gives them (``pools.registry``); so a new
     kind touches ``pools/`` and nothing else."""
     kinds_inside = {"local_kind", "ray_kind", "ray", "ray_cluster", "ray_nodes", "ray_actor", "ray_lease", "warm"}
-    kinds_inside |= {"slurm_kind", "slurm", "slurm_node", "slurm_allocation", "slurm_host"}
+    kinds_inside |= {"slurm_kind", "slurm", "slurm_node", "slurm_allocation", "slurm_host", "slurm_job"}
+    kinds_inside |= {"slurm_request"}
     outside = {
         (module, imported)
         for module, edges in import_graph().items()

@@ -297,3 +297,37 @@ def test_a_job_slurm_cannot_start_is_waited_for_with_its_reason_then_cancelled_a
     )
     assert "in 4 s (PENDING (PartitionNodeLimit)); it is cancelled" in done.stdout, done.stdout
     assert _our_jobs(cluster) == ""
+
+
+def test_pool_options_of_the_command_line_make_the_runners_pool_or_name_what_it_takes():
+    from optuna_saturn.cli.app import pool_arguments
+    from optuna_saturn.pools.options import pool_from_options
+
+    pool = pool_from_options("slurm", ["nodes=2", "partition=gpu", "time=4:00:00", "salloc_options=--qos=high -A x"])
+    assert pool.nodes == 2 and pool._request is not None
+    assert (pool._request.partition, pool._request.time_limit) == ("gpu", "4:00:00")
+    assert pool._request.salloc_options == ("--qos=high", "-A", "x")
+    with pytest.raises(ValueError, match="takes no option 'gpus'; it takes channel_host, cpus_per_node, gpus_per_node"):
+        pool_from_options("slurm", ["gpus=4"])
+    with pytest.raises(ValueError, match="takes KEY=VALUE, got 'nodes'"):
+        pool_from_options("slurm", ["nodes"])
+    assert pool_arguments("ray", "10.0.0.1:6379", ()) == {"runner": "ray", "ray_address": "10.0.0.1:6379"}
+    assert pool_arguments("slurm", None, ()) == {"runner": "slurm", "ray_address": None}
+
+
+@pytest.mark.launch
+def test_the_command_line_asks_slurm_for_nodes_and_says_slurms_refusal_without_a_traceback(cluster, tmp_path):
+    """``optuna-saturn run ... --runner slurm --pool-option nodes=2 --pool-option partition=nope``: exit code 2, SLURM's
+    words on stderr, no traceback, nothing queued."""
+    objective = tmp_path / "objective.py"
+    objective.write_text("def objective(trial):\n    return trial.suggest_float('x', 0, 1)\n")
+    command = cluster.command(
+        sys.executable, "-c", "from optuna_saturn.cli import main; main()", "run", f"{objective}:objective",
+        "--n-trials", "1",
+        "--storage", f"sqlite:///{tmp_path}/s.db", "--study", "s", "--runner", "slurm",
+        "--pool-option", "nodes=2", "--pool-option", "partition=nope", "--no-dashboard",
+    )  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Invalid partition name specified" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert _our_jobs(cluster) == ""

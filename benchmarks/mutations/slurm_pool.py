@@ -149,4 +149,12 @@ MUTATIONS: list[Mutation] = [
         new="        except BaseException:\n            raise\n",
         tests=(_NO_START,),
     ),
+    Mutation(
+        name="cli-pool-options-dropped",
+        contract="optuna-saturn run --runner slurm --pool-option nodes=2 ... makes the pool with those options",
+        path="optuna_saturn/cli/running.py",
+        old="**pool_arguments(runner, ray_address, pool_option or ()),",
+        new="**pool_arguments(runner, ray_address, ()),",
+        tests=(f"{_TESTS}::test_the_command_line_asks_slurm_for_nodes_and_says_slurms_refusal_without_a_traceback",),
+    ),
 ]

@@ -4,6 +4,7 @@ storage URL, bad input turned into a message that names the fix."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -87,6 +88,15 @@ RayAddressOption = Annotated[
         help="With --runner ray: the cluster's address, HEAD_IP:6379 (default: the one `ray start` runs here).",
     ),
 ]
+PoolOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--pool-option",
+        help="KEY=VALUE: a keyword of the --runner's pool (see docs/clusters.md: nodes=2, partition=gpu, "
+        "time=4:00:00 ask a SLURM cluster for nodes); may be repeated.",
+    ),
+]
+
 SharedCoresOption = Annotated[
     bool,
     typer.Option(
@@ -263,3 +273,13 @@ def console() -> Any:
 def main() -> None:
     """Entry point of the ``optuna-saturn`` script (the package's ``__init__`` has added every command)."""
     app()
+
+
+def pool_arguments(runner: str, ray_address: str | None, options: Sequence[str]) -> dict[str, Any]:
+    """The executor's keywords for the pool: ``pool=`` made with the ``--pool-option`` values where there are some,
+    else ``runner=`` (and ``ray_address=``, which a Ray pool alone takes)."""
+    if not options:
+        return {"runner": runner, "ray_address": ray_address if runner == "ray" else None}
+    from optuna_saturn.pools.options import pool_from_options  # (here: the pools import torch)
+
+    return {"pool": pool_from_options(runner, options)}

@@ -15,6 +15,7 @@ from optuna_saturn.cli.app import (
     DevicesOption,
     IsolateOption,
     LogDirOption,
+    PoolOption,
     PriceOption,
     ProfileStoreOption,
     RayAddressOption,
@@ -29,6 +30,7 @@ from optuna_saturn.cli.app import (
     fail,
     ints,
     open_storage,
+    pool_arguments,
     split,
 )
 from optuna_saturn.cli.checks import check_storage_url, check_sweep_options
@@ -172,6 +174,7 @@ def run(
     ] = True,
     runner: RunnerOption = "local",
     ray_address: RayAddressOption = None,
+    pool_option: PoolOption = None,
     deadline: DeadlineOption = None,
     budget: BudgetOption = None,
     price_per_device_hour: PriceOption = 0.0,
@@ -215,14 +218,13 @@ def run(
             profile_store=profile_store,
             profile_budget=profile_budget,
             elastic=elastic,
-            runner=runner,
-            ray_address=ray_address if runner == "ray" else None,
+            **pool_arguments(runner, ray_address, pool_option or ()),
             deadline=deadline,
             budget=budget,
             price_per_device_hour=price_per_device_hour,
             allow_shared_cores=allow_shared_cores,
         )
-    except (ValueError, TypeError, ImportError, ConnectionError) as exc:  # StrategyError is a ValueError
+    except (ValueError, TypeError, ImportError, ConnectionError, RuntimeError, TimeoutError) as exc:
         fail(str(exc))
     verbosity = optuna.logging.get_verbosity()
     if not isinstance(view, RichProgress):  # plain or quiet: our lines replace Optuna's per-trial INFO lines
@@ -337,7 +339,6 @@ def profile(
             isolate_network,
             log_dir,
             profile_store=profile_store,
-            progress=None,
             allow_shared_cores=allow_shared_cores,
         )
     except (ValueError, TypeError) as exc:
