@@ -150,6 +150,15 @@ def test_simulate_answers_the_fewest_devices_for_a_deadline_and_refuses_one_no_p
     assert "refused (earliest" in tight.output
 
 
+def test_simulates_old_time_limit_still_works_as_its_work_limit_and_says_it_is_deprecated(recorded: str) -> None:
+    args = ("simulate", "--storage", recorded, "--study", STUDY, "--devices", "1", "--sweep", "1")
+    new = invoke(*args, "--work-limit", "0.05")
+    old = invoke(*args, "--time-limit", "0.05")
+    assert new.exit_code == 0 and old.exit_code == 0, old.output
+    assert "--time-limit of simulate is deprecated" in old.output and "--work-limit" in old.output
+    assert table_rows(old.output) == table_rows(new.output)
+
+
 @pytest.mark.launch
 def test_simulate_replays_the_sweep_on_other_device_counts_and_on_its_own(recorded: str) -> None:
     study = optuna.load_study(study_name=STUDY, storage=recorded)

@@ -71,4 +71,14 @@ MUTATIONS: list[Mutation] = [
         new="goal_of(deadline, budget, price_per_device_hour)",
         tests=(f"{_GOALS}::test_an_executor_takes_a_goal_instance_or_deadline_and_budget_but_not_both",),
     ),
+    Mutation(
+        name="simulate-cli-time-limit-silent",
+        contract="optuna-saturn simulate --time-limit still works, and says it is deprecated for --work-limit",
+        path="optuna_saturn/cli/inspecting.py",
+        old='"--time-limit of simulate is deprecated: it is work units, not seconds; pass --work-limit."',
+        new='""',
+        tests=(
+            "tests/test_cli.py::test_simulates_old_time_limit_still_works_as_its_work_limit_and_says_it_is_deprecated",
+        ),
+    ),
 ]
