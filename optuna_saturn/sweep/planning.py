@@ -24,7 +24,7 @@ from functools import partial
 from optuna_saturn.planner import Assignment, Goal, Plan, WorkLimit, fewest_nodes, replan
 from optuna_saturn.pricing.prices import TrialPrice
 from optuna_saturn.sweep.decisions import Planned, Refusal, Unplan
-from optuna_saturn.sweep.objective_now import Misses, objective_now
+from optuna_saturn.sweep.goal_now import Misses, goal_now
 from optuna_saturn.sweep.options import FUTURE, OptionsView
 from optuna_saturn.sweep.plan_following import FRESH_SHARE, Fresh, followed, small
 from optuna_saturn.sweep.policy import Decisions, Policy
@@ -107,7 +107,7 @@ class Planning(Policy):
         min_improvement = self._min_improvement
         if previous is None and self._first_plan is not None:  # a replay: the first plan is given
             previous, self._first_plan, min_improvement = self._first_plan, None, float("inf")
-        objective = objective_now(self._objective, state, busy, now)
+        objective = goal_now(self._objective, state, busy, now)
         plan = followed(previous, self._fresh, jobs, busy, state, now) if objective.earliest_end else None
         if plan is None:
             urgent = self._solver == "auto" and bool(state.free())
@@ -152,7 +152,7 @@ class Planning(Policy):
         if not jobs:
             return Refusal("", 0.0)
         unsure = min(p.uncertainty for p in price.options) if price is not None else 0.0
-        objective = objective_now(self._objective, state, [], now, unsure=unsure)
+        objective = goal_now(self._objective, state, [], now, unsure=unsure)
         plan = self._solved(None, jobs, [], state, objective, self._min_improvement, first=True)
         end = now + max((a.end for a in plan.assignments), default=0.0)
         return Refusal(self._misses.refusal(plan, end, objective, first=True), end)

@@ -20,7 +20,7 @@ _logger = optuna.logging.get_logger("optuna.saturn")
 DEADLINE_SLACK = 0.5
 
 
-def objective_now(
+def goal_now(
     objective: Goal, state: SweepState, busy: Sequence[Reservation], now: float, *, unsure: float = 0.0
 ) -> Goal:
     """``objective`` for a plan of the waiting trials made at ``now`` (``busy``: the running jobs' devices;
