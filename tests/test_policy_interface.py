@@ -19,7 +19,7 @@ from optuna_saturn.study.records import record
 from optuna_saturn.sweep import effects
 from optuna_saturn.sweep.assemble import assemble
 from optuna_saturn.sweep.decisions import Decision, Release, Stop
-from optuna_saturn.sweep.policy import Decisions, Policy, Round
+from optuna_saturn.sweep.policy import Decisions, Ending, Policy, Round
 from optuna_saturn.sweep.settings import SweepSettings
 
 
@@ -55,6 +55,17 @@ class StopAtThirtySeconds(Policy):
             for run in round.state.trial_runs()
             if round.now - run.started >= 30.0 and not run.stalled
         ]
+
+
+class CountsEnds(Policy):
+    """A toy rule that only watches: the trials whose end it saw (the sweep's own rules then settle them)."""
+
+    def __init__(self) -> None:
+        self.ended: list[int] = []
+
+    def on_end(self, ending: Ending) -> Decisions:
+        self.ended.append(ending.run.number)
+        return []
 
 
 def _simulated_sweep(tmp_path: Path, more_policies: list[Policy]) -> optuna.Study:
@@ -98,3 +109,10 @@ def test_a_policy_added_to_the_list_is_called_each_round_and_its_decisions_are_c
     # without it, the same sweep completes both trials
     plain = _simulated_sweep(tmp_path / "plain", [])
     assert [t.state for t in plain.trials] == [TrialState.COMPLETE, TrialState.COMPLETE]
+
+
+def test_a_policy_added_to_the_list_sees_every_trials_end_before_it_is_settled(tmp_path):
+    watcher = CountsEnds()
+    study = _simulated_sweep(tmp_path, [watcher])
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.COMPLETE]
+    assert sorted(watcher.ended) == [0, 1]

@@ -48,4 +48,14 @@ MUTATIONS: list[Mutation] = [
             "test_the_effects_refuse_to_be_built_while_a_kind_of_decision_has_no_handler",
         ),
     ),
+    Mutation(
+        name="policies-more-policies-after-the-settling-ones",
+        contract="a caller's rule sees every job's end: it stands before the policies that settle ends",
+        path="optuna_saturn/sweep/assemble.py",
+        old="        *more_policies,\n        profiling,\n",
+        new="        profiling,\n",
+        tests=(
+            "tests/test_policy_interface.py::test_a_policy_added_to_the_list_sees_every_trials_end_before_it_is_settled",
+        ),
+    ),
 ]

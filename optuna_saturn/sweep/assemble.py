@@ -59,7 +59,8 @@ def assemble(
 ) -> Sweep:
     """The sweep of ``study`` on ``pool``, on ``clock``'s time; ``prices`` price its trials (None: runtime
     estimates alone), describing them under ``study_lock``, the lock every call into the study takes.
-    ``more_policies``: rules of the caller's, whose hooks the loop calls after the sweep's own."""
+    ``more_policies``: rules of the caller's. The loop calls their hooks after elastic's and before profiling's,
+    faults' and outcomes' (those settle every job's end: a rule after them would never see one)."""
     state = SweepState(clock.now(), list(settings.devices), n_trials=n_trials, n_jobs=n_jobs)
     state.nodes_seen({d.node: pool.node_of(d) for d in settings.devices})
     folder = study_folder(study)  # (not the study's name: two storages may hold studies of one name)
@@ -124,11 +125,11 @@ def assemble(
             seed=settings.seed,
             plan_work=settings.plan_work,
         ),
+        *more_policies,
         profiling,
         Faults.for_sweep(settings, may_leave_out=describes, taken_over=gateway.taken_over),
         Outcomes(catch=catch),
         Unstarted(asking),
-        *more_policies,
     )
     return Sweep(
         Parts(
