@@ -22,7 +22,8 @@ import os
 import queue
 import secrets
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,13 @@ class SlurmWorkers:
     shares_checkpoints = False
 
     def __init__(
-        self, allocation: Allocation, *, log_dir: Path, study: str = "", on_close: Any = None, **common: Any
+        self,
+        allocation: Allocation,
+        *,
+        log_dir: Path,
+        study: str = "",
+        on_close: Callable[[], None] | None = None,
+        **common: Any,
     ) -> None:
         self.allocation = allocation
         self._on_close = on_close  # (what ends a job the pool asked for: called last)
@@ -67,7 +74,6 @@ class SlurmWorkers:
         self._jobs: dict[Any, tuple[int, ...]] = {}  # job -> its devices, as the sweep numbers them
         self._watch = NodeWatch([n.name for n in allocation.nodes])
         self._released: set[str] = set()  # nodes given back to SLURM (release)
-        self._fixed: list[str | None] = []  # (the node that cannot leave the job, once asked: see slurm_job)
 
     @property
     def channel_host(self) -> str:
@@ -110,6 +116,14 @@ class SlurmWorkers:
         """The nodes not given back."""
         return [pool for pool in self._nodes if pool.node.name not in self._released]
 
+    def _devices_of(self, pools: list[SlurmNodeWorkers]) -> set[int]:
+        return {self._first[id(pool)] + i for pool in pools for i in range(len(pool.devices))}
+
+    @cached_property
+    def _fixed_node(self) -> str | None:
+        """The node that cannot leave the job (see :mod:`~optuna_saturn.pools.slurm_job`), asked once."""
+        return fixed_node(self.allocation.job_id)
+
     # -- devices --------------------------------------------------------------------------------------------------
     def ready(self) -> set[int]:
         self._check_nodes()
@@ -128,15 +142,11 @@ class SlurmWorkers:
     def release(self, devices: set[int]) -> set[int]:
         """Whole nodes all of whose devices are idle and offered: their host and workers stop, and the job shrinks
         without them (see the module's docstring), so SLURM has them back. A batch job's script's node stays."""
-        gone = self.lost() | {self._first[id(p)] + i for p in self._nodes for i in range(len(p.devices))} - {
-            self._first[id(p)] + i for p in self._active() for i in range(len(p.devices))
-        }
+        gone = self.lost() | (self._devices_of(self._nodes) - self._devices_of(self._active()))
         given: set[int] = set()
         for name, members in whole_nodes(self.devices, devices & self.ready(), gone).items():
-            if not self._fixed:
-                self._fixed.append(fixed_node(self.allocation.job_id))
             keep = [p.node.name for p in self._active() if p.node.name != name]
-            if name == self._fixed[0] or not keep:
+            if not keep or name == self._fixed_node:
                 continue
             pool = next(p for p in self._nodes if p.node.name == name)
             pool.close()
