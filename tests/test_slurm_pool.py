@@ -331,3 +331,31 @@ def test_the_command_line_asks_slurm_for_nodes_and_says_slurms_refusal_without_a
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Invalid partition name specified" in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert _our_jobs(cluster) == ""
+
+
+@pytest.mark.launch
+def test_a_job_the_pool_asked_for_ends_when_the_executors_process_is_killed(cluster):
+    """``kill -9`` of the process whose pool asked SLURM for nodes (no ``finally`` runs): its watcher sees it gone
+    and ``salloc`` gives the nodes back, in seconds, not at the job's time limit."""
+    script = (
+        "from optuna_saturn import SaturnExecutor\n"
+        "from optuna_saturn.pools import SlurmPool\n"
+        "import time\n"
+        "SaturnExecutor(devices=1, pool=SlurmPool(nodes=2, time='30:00'), dashboard=False)\n"
+        "print('allocated', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    process = subprocess.Popen(
+        cluster.command(sys.executable, "-c", script), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None and process.stdout.readline().strip() == "allocated", process.stderr
+        assert " RUNNING " in _our_jobs(cluster) + " ", _our_jobs(cluster)
+    finally:
+        process.kill()  # (ip netns exec execs: this is the executor's process itself)
+        process.wait()
+    deadline = time.monotonic() + 20
+    while (left := _our_jobs(cluster)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left == "", f"the job outlived its executor: {left}"
+    assert set(cluster.states().values()) == {"idle"}, cluster.states()

@@ -157,4 +157,12 @@ MUTATIONS: list[Mutation] = [
         new="**pool_arguments(runner, ray_address, ()),",
         tests=(f"{_TESTS}::test_the_command_line_asks_slurm_for_nodes_and_says_slurms_refusal_without_a_traceback",),
     ),
+    Mutation(
+        name="slurm-job-outlives-a-killed-executor",
+        contract="a job the pool asked for ends within seconds of its executor's process being killed (kill -9)",
+        path="optuna_saturn/pools/slurm_request.py",
+        old='    "        break\\n"\n',
+        new='    "        pass\\n"\n',
+        tests=(f"{_TESTS}::test_a_job_the_pool_asked_for_ends_when_the_executors_process_is_killed",),
+    ),
 ]
