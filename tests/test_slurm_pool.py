@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -359,3 +360,29 @@ def test_a_job_the_pool_asked_for_ends_when_the_executors_process_is_killed(clus
         time.sleep(0.2)
     assert left == "", f"the job outlived its executor: {left}"
     assert set(cluster.states().values()) == {"idle"}, cluster.states()
+
+
+@pytest.mark.launch
+def test_a_ctrl_c_while_slurm_queues_the_pools_job_cancels_it(cluster):
+    """SIGINT (a Ctrl-C) while the pool waits for a job SLURM cannot start: the process ends with KeyboardInterrupt,
+    and nothing of the pool's stays queued."""
+    script = (
+        "from optuna_saturn import SaturnExecutor\n"
+        "from optuna_saturn.pools import SlurmPool, slurm_request\n"
+        "slurm_request.PROGRESS_SECONDS = 0.5\n"
+        "SaturnExecutor(devices=1, pool=SlurmPool(nodes=3), dashboard=False)\n"
+    )
+    process = subprocess.Popen(
+        cluster.command(sys.executable, "-c", script), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert process.stderr is not None
+    for line in process.stderr:  # (SLURM queued it, and the pool says so)
+        if "waiting for SLURM to start job" in line:
+            break
+    else:
+        pytest.fail(f"no progress line; the process ended with {process.wait()}")
+    assert "PENDING" in _our_jobs(cluster), _our_jobs(cluster)
+    process.send_signal(signal.SIGINT)
+    rest = process.communicate(timeout=60)[1]
+    assert process.returncode != 0 and "KeyboardInterrupt" in rest, rest[-2000:]
+    assert _our_jobs(cluster) == "", "the queued job outlived the Ctrl-C"

@@ -147,7 +147,7 @@ MUTATIONS: list[Mutation] = [
         path="optuna_saturn/pools/slurm_request.py",
         old="        except BaseException:\n            self.end()\n            raise\n",
         new="        except BaseException:\n            raise\n",
-        tests=(_NO_START,),
+        tests=(_NO_START, f"{_TESTS}::test_a_ctrl_c_while_slurm_queues_the_pools_job_cancels_it"),
     ),
     Mutation(
         name="cli-pool-options-dropped",
