@@ -49,7 +49,8 @@ def solve_cpsat(
         return None
     if not jobs:
         return hint
-    reach = goal.latest_end(hint.makespan)  # (a deadline's plans may end later than the hint)
+    # (a deadline's or a budget's plans may end later than the hint)
+    reach = goal.latest_end(hint.makespan, cheapest_end=_cheapest_serial_end(jobs, cluster, busy))
     unit = _unit(jobs, busy, reach)
 
     def ticks(t: float) -> int:
@@ -78,6 +79,7 @@ def solve_cpsat(
             per_node[r.node][1].append(len(r.devices))
     choices: list[tuple[str, Option, int, Any, Any]] = []  # (job, option, node, its literal, the job's start)
     spent: list[tuple[Any, float]] = []  # (a literal, the device-seconds its option holds)
+    least = 0.0  # the device-seconds of the cheapest plan
     for j, job in enumerate(jobs):
         start = m.new_int_var(0, horizon, f"s{j}")
         m.add_hint(start, hint_start[job.name])
@@ -99,10 +101,11 @@ def solve_cpsat(
                 spent.append((lit, option.devices * option.runtime))
                 choices.append((job.name, option, node, lit, start))
         m.add_exactly_one(lits)
+        least += min(s for _, s in spent[-len(lits) :]) if lits else 0.0
     for node, (intervals, demands) in enumerate(per_node):
         if intervals:
             m.add_cumulative(intervals, demands, cluster.nodes[node])
-    goal.shape(_CpTerms(m, makespan, unit, spent))
+    goal.shape(_CpTerms(m, makespan, unit, spent, least, len(jobs)))
 
     solver = cp_model.CpSolver()
     p = solver.parameters
@@ -135,12 +138,14 @@ def solve_cpsat(
 
 class _CpTerms:
     """The CP-SAT model as a goal shapes it (:class:`~optuna_saturn.planner.GoalModel`). Device-seconds are counted
-    in whole steps of a millionth of the most a plan can spend, each option's rounded up, so a plan within a limit
-    on the steps is within it in device-seconds too."""
+    in whole steps, each option's rounded up; a limit allows one step more per job, so that a plan exactly at it
+    (the cheapest plan at a budget of its spend) stays in. A step is a ten-millionth of the cheapest plan's spend
+    per job: a plan within the steps is within the limit to a ten-millionth of the least any plan spends (the
+    goal's own tolerance is a millionth)."""
 
-    def __init__(self, m: Any, makespan: Any, unit: float, spent: list[tuple[Any, float]]) -> None:
-        self._m, self._makespan, self._unit = m, makespan, unit
-        self._step = max(sum(s for _, s in spent), 1e-9) / 1_000_000
+    def __init__(self, m: Any, makespan: Any, unit: float, spent: list[tuple[Any, float]], least: float, jobs: int):
+        self._m, self._makespan, self._unit, self._jobs = m, makespan, unit, jobs
+        self._step = max(least / max(jobs, 1), 1e-9) / 10_000_000
         self._spent = [(lit, math.ceil(s / self._step - 1e-9)) for lit, s in spent]
 
     def _sum(self) -> Any:
@@ -150,13 +155,22 @@ class _CpTerms:
         self._m.add(self._makespan <= math.floor(seconds / self._unit + 1e-9))
 
     def limit_spent(self, device_seconds: float) -> None:
-        self._m.add(self._sum() <= math.floor(device_seconds / self._step + 1e-9))
+        self._m.add(self._sum() <= math.floor(device_seconds / self._step + 1e-9) + self._jobs)
 
     def minimise_end(self) -> None:
         self._m.minimize(self._makespan)
 
     def minimise_spent(self) -> None:
         self._m.minimize(self._sum())
+
+
+def _cheapest_serial_end(jobs: Sequence[Job], cluster: Cluster, busy: Sequence[Reservation]) -> float:
+    """Where the plan of each job's cheapest option (fewest device-seconds, then the shortest) ends when its jobs run
+    one after another once every busy device is free: a valid plan, so the end no plan of the least spend passes."""
+    largest = max(cluster.nodes, default=0)
+    start = max((float(r.until) for r in busy), default=0.0)
+    fits = [[o for o in j.options if o.devices <= largest] for j in jobs]
+    return start + sum(min(opts, key=lambda o: (o.devices * o.runtime, o.runtime)).runtime for opts in fits if opts)
 
 
 def _unit(jobs: Sequence[Job], busy: Sequence[Reservation], horizon: float) -> float:

@@ -116,9 +116,10 @@ class Goal(abc.ABC):
         """The seconds from ``now`` to the time the goal ends the sweep by (0 where it fixes none)."""
         return 0.0
 
-    def latest_end(self, makespan: float) -> float:
+    def latest_end(self, makespan: float, *, cheapest_end: float = 0.0) -> float:
         """How late a plan may end and still serve the goal, given one that ends at ``makespan``: how far the
-        solvers' search reaches."""
+        solvers' search reaches. ``cheapest_end`` is where the plan that spends least ends with its jobs run one
+        after another once every busy device is free (0 where unknown)."""
         return makespan
 
     def missed(self, *, earliest_end: float, least_spent: float, now_seen: Goal) -> str:
@@ -220,7 +221,7 @@ class Deadline(Goal):
     def seconds_left(self, now: float) -> float:
         return max(0.0, self.seconds - now)
 
-    def latest_end(self, makespan: float) -> float:
+    def latest_end(self, makespan: float, *, cheapest_end: float = 0.0) -> float:
         return max(makespan, self.seconds)
 
     def missed(self, *, earliest_end: float, least_spent: float, now_seen: Goal) -> str:
@@ -268,6 +269,11 @@ class Budget(Goal):
 
     def shifted(self, *, elapsed: float = 0.0, spent: float = 0.0) -> Goal:
         return replace(self, device_seconds=max(self.device_seconds - spent, _TOL))
+
+    def latest_end(self, makespan: float, *, cheapest_end: float = 0.0) -> float:
+        # A plan over budget is no use however early it ends; if any plan is within it, the cheapest is, so the
+        # earliest within it ends by the cheapest one's serial end.
+        return max(makespan, cheapest_end)
 
     def missed(self, *, earliest_end: float, least_spent: float, now_seen: Goal) -> str:
         left = now_seen.device_seconds if isinstance(now_seen, Budget) else 0.0

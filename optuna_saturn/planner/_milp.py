@@ -77,6 +77,8 @@ class BlockModel:
     choices: list[tuple[int, int, Option, int]]  # (var, job index, option, block index)
     blocks: list[Block]
     cmax: int
+    comp: list[int]  # C[B] per block
+    busy_until: dict[tuple[int, int], float]
     feasible: bool = True  # False: the goal's bound is below what any plan reaches (no need to run the solver)
 
 
@@ -89,9 +91,20 @@ class _BlockTerms:
         self._spent = {v: option.devices * option.runtime for v, _, option, _ in bm.choices}
 
     def limit_end(self, seconds: float) -> None:
-        model, cmax = self._bm.model, self._bm.cmax
-        model.upper[cmax] = min(model.upper[cmax], seconds)
-        self._bm.feasible &= model.lower[cmax] <= model.upper[cmax]
+        """Every planned job's end, not a running one's (the goal counts the plan's jobs, as CP-SAT does): a block
+        whose devices are all free by ``seconds`` completes by then; no job goes on a block with a device busy
+        past it (its jobs would start later), and that block's completion, like ``Cmax``, may pass it."""
+        bm, model = self._bm, self._bm.model
+        late = {where for where, until in bm.busy_until.items() if until > seconds}
+        for bi, b in enumerate(bm.blocks):
+            if any((b.node, d) in late for d in range(b.offset, b.offset + b.size)):
+                for v in (v for v, _, _, on in bm.choices if on == bi):
+                    model.upper[v] = 0.0
+            else:
+                model.upper[bm.comp[bi]] = min(model.upper[bm.comp[bi]], seconds)
+        last = max([seconds, *bm.busy_until.values()])
+        model.upper[bm.cmax] = min(model.upper[bm.cmax], last)
+        bm.feasible &= model.lower[bm.cmax] <= min(seconds, model.upper[bm.cmax])
 
     def limit_spent(self, device_seconds: float) -> None:
         self._bm.model.add_row(self._spent, -math.inf, device_seconds)
@@ -171,7 +184,7 @@ def build_block_model(
         for c1, c2 in itertools.pairwise(kids):
             if blocks[c1].size == blocks[c2].size:
                 m.add_row({comp[c1]: 1.0, comp[c2]: -1.0}, 0.0, math.inf)
-    out = BlockModel(m, choices, blocks, cmax)
+    out = BlockModel(m, choices, blocks, cmax, comp, busy_until)
     goal.shape(_BlockTerms(out))
     return out
 

@@ -65,8 +65,9 @@ def solve(
     goal, of the makespan plan (the earliest end any plan reaches), the moldable list plans weighed by the goal, and
     what the MILP and CP-SAT find with the goal's own constraint and measure in their models (warm-started from the
     best of those); ``plan.info`` says whether it meets the goal (``met``), its device-seconds, its cost, and where
-    a deadline is missed, the earliest end. Given a work limit, the exact stage has half of it again (the makespan
-    plan and the list plans take the first two halves).
+    a deadline is missed, the earliest end. Given a work limit, the exact stages have half of it again between them
+    (in "auto", 0.4 of that half for the MILP and 0.6 for CP-SAT; the makespan plan and the list plans take the
+    first two halves).
     """
     if not goal.earliest_end:
         return _for_goal(jobs, cluster, solver, time_limit, busy, seed, hint, work_limit, goal)
@@ -166,7 +167,7 @@ def _for_goal(
     )
     best = min((fastest, weighed), key=lambda p: goal.plan_key(p.assignments))
     notes = dict(fastest.info) if best is fastest else {}  # (the solvers' notes are the makespan plan's own)
-    for name, share in _goal_stages(solver, pruned, cluster):
+    for name, share, work_share in _goal_stages(solver, pruned, cluster):
         left = max(0.0, time_limit - (time.perf_counter() - t0))
         if work_limit is None and left <= 0.02:
             break
@@ -182,7 +183,7 @@ def _for_goal(
             fastest.lower_bound,
             shaped,
             level=logging.WARNING if solver == name else logging.INFO,
-            work_limit=None if half is None else half.share(share),
+            work_limit=None if half is None else half.share(work_share),
             goal=goal,
         )
         if candidate is not None and _better(goal.plan_key(candidate.assignments), goal.plan_key(best.assignments)):
@@ -194,19 +195,21 @@ def _for_goal(
     return plan
 
 
-def _goal_stages(solver: str, jobs: Sequence[Job], cluster: Cluster) -> list[tuple[str, float]]:
-    """The exact backends that plan for a goal (stage, its share of what is left): the one asked for, or in "auto"
-    those that "auto" would run on an instance this size for the makespan (not the search: it knows only the
-    makespan)."""
+def _goal_stages(solver: str, jobs: Sequence[Job], cluster: Cluster) -> list[tuple[str, float, float]]:
+    """The exact backends that plan for a goal (stage, its share of the time left, its share of the exact stage's
+    work limit: the shares of the work limit add up to 1, as a work limit is not "what is left"): the one asked
+    for, or in "auto" those that "auto" would run on an instance this size for the makespan (not the search: it
+    knows only the makespan)."""
     if solver in ("gurobi", "highs", "cpsat"):
-        return [(solver, 1.0)]
+        return [(solver, 1.0, 1.0)]
     if solver != "auto":
         return []
     intervals = sum(len(j.options) for j in jobs) * len(cluster.nodes)
-    milp = (
-        [(_milp_name(), 0.4)] if len(jobs) <= _AUTO_MILP_JOBS and _block_vars(jobs, cluster) <= _MILP_MAX_VARS else []
-    )
-    return milp + ([("cpsat", 1.0)] if intervals <= _AUTO_CPSAT_INTERVALS else [])
+    milp = len(jobs) <= _AUTO_MILP_JOBS and _block_vars(jobs, cluster) <= _MILP_MAX_VARS
+    cpsat = intervals <= _AUTO_CPSAT_INTERVALS
+    if milp and cpsat:
+        return [(_milp_name(), 0.4, 0.4), ("cpsat", 1.0, 0.6)]
+    return [(_milp_name(), 1.0, 1.0)] if milp else [("cpsat", 1.0, 1.0)] if cpsat else []
 
 
 def _better(a: tuple[float, float], b: tuple[float, float]) -> bool:
