@@ -211,7 +211,7 @@ class SaturnExecutor:
             keep_checkpoints=bool(keep_checkpoints),
             stall_timeout=stall_timeout,
             elastic=bool(elastic),
-            objective=goal_of(deadline, budget, price_per_device_hour, goal=goal),
+            goal=goal_of(deadline, budget, price_per_device_hour, goal=goal),
         )
         self._options = RealSweepOptions(
             pool=self.pool,

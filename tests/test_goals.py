@@ -174,7 +174,7 @@ def test_nothing_outside_the_planner_reads_a_goals_fields_or_asks_its_kind():
 
 
 def test_the_scan_finds_a_field_read_and_a_kind_check():
-    code = "if settings.objective.deadline is not None and isinstance(goal, Deadline) or goal.name == 'budget': pass"
+    code = "if settings.goal.deadline is not None and isinstance(goal, Deadline) or goal.name == 'budget': pass"
     assert len(_goal_reads(ast.parse(code))) == 3
 
 
@@ -192,8 +192,8 @@ def test_an_executor_takes_a_goal_instance_or_deadline_and_budget_but_not_both(t
     from optuna_saturn import SaturnExecutor
 
     common = dict(devices=1, strategies=["single"], log_dir=tmp_path, progress=None, dashboard=False)
-    assert SaturnExecutor(**common, goal=_Cheapest())._settings.objective == _Cheapest()
-    assert SaturnExecutor(**common, budget=2.0)._settings.objective == Budget(7200.0)  # device-HOURS there
+    assert SaturnExecutor(**common, goal=_Cheapest())._settings.goal == _Cheapest()
+    assert SaturnExecutor(**common, budget=2.0)._settings.goal == Budget(7200.0)  # device-HOURS there
     with pytest.raises(ValueError, match="not both"):
         SaturnExecutor(**common, goal=Deadline("8h"), deadline="8h")
     with pytest.raises(TypeError, match="Goal"):

@@ -302,7 +302,7 @@ def test_without_a_deadline_or_a_budget_the_sweep_plans_for_the_makespan_exactly
     executor = SaturnExecutor(
         devices=1, strategies=["single"], log_dir=tmp_path, progress=None, dashboard=False, price_per_device_hour=2.0
     )
-    objective = executor._settings.objective
+    objective = executor._settings.goal
     assert objective == Makespan(price_per_device_hour=2.0)
     jobs = scaling_jobs()
     with_price = solve(jobs, CLUSTER, "list", goal=objective)  # (a price only adds costs to the reports)

@@ -214,7 +214,7 @@ def run_simulation(
             profile_budget=profile_budget,
             plan_for_pruning=plan_for_pruning,
             plan_to_next_rung=plan_to_next_rung,
-            objective=goal,
+            goal=goal,
         )
         pool = SimulatedPool(
             devices,

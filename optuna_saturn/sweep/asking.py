@@ -88,7 +88,7 @@ class Asking(Policy):
             profile_only=settings.profile_only,
             describe_ahead=describes and (settings.describe_asked or len(settings.devices) > 1),
             ask_ahead=describes and settings.describe_asked,
-            preview=settings.objective.refuses_first_miss,
+            preview=settings.goal.refuses_first_miss,
             catch=catch,
         )
 

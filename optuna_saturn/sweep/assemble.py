@@ -116,10 +116,10 @@ def assemble(
     policies: tuple[Policy, ...] = (
         asking,
         planning,
-        Releasing(enabled=settings.objective.whole_sweep),
+        Releasing(enabled=settings.goal.whole_sweep),
         Elastic(
             # (moves serve the makespan: under a deadline or a budget the trials keep their options)
-            enabled=settings.elastic and not settings.profile_only and settings.objective.earliest_end,
+            enabled=settings.elastic and not settings.profile_only and settings.goal.earliest_end,
             max_moves=settings.max_moves,
             engines={s.name: s.engine for s in settings.strategies},
             seed=settings.seed,

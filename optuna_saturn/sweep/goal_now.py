@@ -20,15 +20,13 @@ _logger = optuna.logging.get_logger("optuna.saturn")
 DEADLINE_SLACK = 0.5
 
 
-def goal_now(
-    objective: Goal, state: SweepState, busy: Sequence[Reservation], now: float, *, unsure: float = 0.0
-) -> Goal:
-    """``objective`` for a plan of the waiting trials made at ``now`` (``busy``: the running jobs' devices;
+def goal_now(goal: Goal, state: SweepState, busy: Sequence[Reservation], now: float, *, unsure: float = 0.0) -> Goal:
+    """``goal`` for a plan of the waiting trials made at ``now`` (``busy``: the running jobs' devices;
     ``unsure``: the uncertainty of trials planned beside the waiting ones)."""
     spent = state.spent_by(now) + sum(len(r.devices) * r.until for r in busy)
     unsure = max([unsure, *(_uncertainty(w) for w in state.waiting.values())])
-    spare = DEADLINE_SLACK * unsure * objective.seconds_left(now)
-    return objective.shifted(elapsed=now + spare, spent=spent)
+    spare = DEADLINE_SLACK * unsure * goal.seconds_left(now)
+    return goal.shifted(elapsed=now + spare, spent=spent)
 
 
 def _uncertainty(waiting: Waiting) -> float:
@@ -44,22 +42,22 @@ class Misses:
     sweep; a later miss (of the deadline, or of a budget) is said once, and the sweep goes on. Its memory (whether it
     was said) is its own."""
 
-    def __init__(self, objective: Goal) -> None:
-        self._objective = objective
+    def __init__(self, goal: Goal) -> None:
+        self._goal = goal
         self._said = False
 
     def refusal(self, plan: Plan, earliest: float, now_seen: Goal, *, first: bool) -> str:
         """Why the sweep is refused (its trials, those to come included, end at ``earliest`` at the earliest, after
         its deadline, and ``plan`` is its first), or ""."""
-        objective = self._objective
-        if not objective.misses(plan, earliest):
+        goal = self._goal
+        if not goal.misses(plan, earliest):
             self._said = False
             return ""
         least = plan.info.get("device_seconds", 0.0)
-        why = objective.missed(earliest_end=earliest, least_spent=least, now_seen=now_seen)
-        if objective.refuses_first_miss and first:
+        why = goal.missed(earliest_end=earliest, least_spent=least, now_seen=now_seen)
+        if goal.refuses_first_miss and first:
             return f"{why}. Give a later deadline or more devices, or leave the deadline out."
         if not self._said:
-            _logger.warning(f"The sweep's plan misses its {objective.name}: {why}.")
+            _logger.warning(f"The sweep's plan misses its {goal.name}: {why}.")
         self._said = True
         return ""

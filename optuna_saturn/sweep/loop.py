@@ -69,7 +69,7 @@ class Sweep:
             self._state, self._now(), self._asking, self._planning_seconds, self._planning, self._profiling
         )
         self._gateway.set_study_attr(
-            "last_sweep", {**summary, **reporting.objective(self.settings.objective, self._state)}
+            "last_sweep", {**summary, **reporting.goal_report(self.settings.goal, self._state)}
         )
         _logger.info(f"Sweep finished in {self._now():.1f} s; logs in {self._world.requests.run_dir}.")
         events.send("on_sweep_end", self._now(), False)

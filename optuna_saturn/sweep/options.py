@@ -53,7 +53,7 @@ class OptionsView:
     def for_sweep(cls, settings: SweepSettings, study: optuna.Study, largest_node: int) -> OptionsView:
         blind = not (settings.plan_for_pruning or settings.plan_to_next_rung)
         survival = Survival.of_study(study, blind=blind, to_next_rung=settings.plan_to_next_rung)
-        future = FUTURE_TRIALS_TO_MEET if settings.objective.whole_sweep else FUTURE_TRIALS
+        future = FUTURE_TRIALS_TO_MEET if settings.goal.whole_sweep else FUTURE_TRIALS
         estimator = RuntimeEstimator(settings.strategies, largest_node)
         return cls(estimator, profile_steps=settings.profile_steps, survival=survival, future_trials=future)
 

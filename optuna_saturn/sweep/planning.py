@@ -56,8 +56,8 @@ class Planning(Policy):
         self._whole_limits = settings.time_limit, settings.plan_work  # (before a sweep is refused)
         self._min_improvement = settings.min_improvement if settings.replan else float("inf")
         self._seed = settings.seed
-        self._objective = settings.objective
-        self._misses = Misses(settings.objective)
+        self._goal = settings.goal
+        self._misses = Misses(settings.goal)
         self._tried_fewer: tuple | None = None  # what the last try of fewer nodes saw, if it left none out
         self._ready_seen = 0  # devices whose workers were up at the last plan
         self._first_plan = settings.first_plan
@@ -79,7 +79,7 @@ class Planning(Policy):
 
     def workers_came_up(self, state: SweepState) -> bool:
         """Under a deadline or a budget, workers that came up are planned on at once (the last plan counted on them)."""
-        if not self._objective.whole_sweep or len(state.ready_at) == self._ready_seen:
+        if not self._goal.whole_sweep or len(state.ready_at) == self._ready_seen:
             return False
         self._ready_seen = len(state.ready_at)
         return True
@@ -107,17 +107,17 @@ class Planning(Policy):
         min_improvement = self._min_improvement
         if previous is None and self._first_plan is not None:  # a replay: the first plan is given
             previous, self._first_plan, min_improvement = self._first_plan, None, float("inf")
-        objective = goal_now(self._objective, state, busy, now)
-        plan = followed(previous, self._fresh, jobs, busy, state, now) if objective.earliest_end else None
+        goal = goal_now(self._goal, state, busy, now)
+        plan = followed(previous, self._fresh, jobs, busy, state, now) if goal.earliest_end else None
         if plan is None:
             urgent = self._solver == "auto" and bool(state.free())
-            plan = self._solved(previous, jobs, busy, state, objective, min_improvement, first=self.version == 1)
+            plan = self._solved(previous, jobs, busy, state, goal, min_improvement, first=self.version == 1)
             solver = URGENT_SOLVER if urgent else self._solver
             # (nodes idle to the end go back; a try that left none out is made again once the trials, or the nodes
             # free of jobs, changed)
             tried = (frozenset(j.name for j in jobs), frozenset(r.node for r in busy), state.cluster)
-            if objective.packs_nodes and plan.info.get("met") and state.all_asked and tried != self._tried_fewer:
-                fewer = partial(replan, None, jobs, seed=self._seed, goal=objective, solver=solver,
+            if goal.packs_nodes and plan.info.get("met") and state.all_asked and tried != self._tried_fewer:
+                fewer = partial(replan, None, jobs, seed=self._seed, goal=goal, solver=solver,
                                 time_limit=self._time_limit, work_limit=self._work_limit)  # fmt: skip
                 on_fewer = fewest_nodes(plan, state.cluster, busy, lambda c, b: fewer(cluster=c, busy=b))
                 plan, self._tried_fewer = on_fewer, (tried if on_fewer is plan else None)
@@ -142,7 +142,7 @@ class Planning(Policy):
             self.first_makespan = now + shown.makespan
         to_come = [a.end for a in plan.assignments if a.job.startswith(FUTURE)]  # (a deadline is the whole sweep's)
         end = now + max([shown.makespan, *to_come, *(r.until for r in busy)])
-        return Planned(places, shown, now, self._misses.refusal(plan, end, objective, first=self.version == 1), end)
+        return Planned(places, shown, now, self._misses.refusal(plan, end, goal, first=self.version == 1), end)
 
     def deadline_check(self, price: TrialPrice | None, state: SweepState, view: OptionsView, now: float) -> Refusal:
         """Under a deadline, before the first trial is asked: the sweep planned as trials like ``price``'s (a trial
@@ -152,10 +152,10 @@ class Planning(Policy):
         if not jobs:
             return Refusal("", 0.0)
         unsure = min(p.uncertainty for p in price.options) if price is not None else 0.0
-        objective = goal_now(self._objective, state, [], now, unsure=unsure)
-        plan = self._solved(None, jobs, [], state, objective, self._min_improvement, first=True)
+        goal = goal_now(self._goal, state, [], now, unsure=unsure)
+        plan = self._solved(None, jobs, [], state, goal, self._min_improvement, first=True)
         end = now + max((a.end for a in plan.assignments), default=0.0)
-        return Refusal(self._misses.refusal(plan, end, objective, first=True), end)
+        return Refusal(self._misses.refusal(plan, end, goal, first=True), end)
 
     def _solved(
         self,
@@ -163,7 +163,7 @@ class Planning(Policy):
         jobs: list,
         busy: list,
         state: SweepState,
-        objective: Goal,
+        goal: Goal,
         improve: float,
         *,
         first: bool,
@@ -171,13 +171,13 @@ class Planning(Policy):
         """A fresh plan, by the heuristics alone while a device waits; the first one that misses a deadline the
         lower bound allows is made again with the solvers' whole time before the sweep is refused."""
         urgent = self._solver == "auto" and bool(state.free())
-        solve = partial(replan, jobs=jobs, cluster=state.cluster, busy=busy, seed=self._seed, goal=objective)
+        solve = partial(replan, jobs=jobs, cluster=state.cluster, busy=busy, seed=self._seed, goal=goal)
         solver = URGENT_SOLVER if urgent else self._solver
         plan = solve(previous, solver=solver, time_limit=self._time_limit, min_improvement=improve,
                      work_limit=self._work_limit)  # fmt: skip
         whole_time, whole_work = self._whole_limits
-        refused = objective.refuses_first_miss and first and plan.info.get("met") is False
-        if refused and urgent and not objective.violation(plan.lower_bound, 0.0):
+        refused = goal.refuses_first_miss and first and plan.info.get("met") is False
+        if refused and urgent and not goal.violation(plan.lower_bound, 0.0):
             plan = solve(None, solver=self._solver, time_limit=whole_time, work_limit=whole_work)
         return plan
 

@@ -104,8 +104,9 @@ def summary(
     }
 
 
-def objective(goal: Goal, state: SweepState) -> dict[str, Any]:
-    """The summary's part on what the sweep planned for (none for the earliest end) and its cost (at a price)."""
+def goal_report(goal: Goal, state: SweepState) -> dict[str, Any]:
+    """The summary's part on what the sweep planned for (none for the earliest end) and its cost (at a price); its
+    key stays "objective", which users' code reads."""
     out: dict[str, Any] = {}
     if not goal.earliest_end:
         out["objective"] = goal.summary()

@@ -43,7 +43,7 @@ class SweepSettings:
     plan_work: WorkLimit | None = None
     # what the plans are best at: the earliest end (makespan), every known trial by a deadline (seconds from the
     # sweep's start) at the fewest device-seconds, or the earliest end within a budget of device-seconds
-    objective: Goal = MAKESPAN  # the planner's goal (the user's objective function is not a setting)
+    goal: Goal = MAKESPAN  # the planner's (the user's objective function is not a setting)
     first_plan: Plan | None = None  # the plan of the first trials, instead of solving it (a replay)
     max_moves: int = 2  # elastic moves per trial
     # -- what a storage shared with other sweeps needs (off in a simulation's in-memory study) -------------------
