@@ -1,10 +1,11 @@
 """Where a sweep's trials run, as the object ``SaturnExecutor(pool=...)`` takes: this machine's devices
-(:class:`~optuna_saturn.pools.local_kind.LocalPool`) or a Ray cluster's nodes
-(:class:`~optuna_saturn.pools.ray_kind.RayPool`). ``runner="local"`` and ``runner="ray"`` are shorthands for them.
+(:class:`~optuna_saturn.pools.local_kind.LocalPool`), a Ray cluster's nodes
+(:class:`~optuna_saturn.pools.ray_kind.RayPool`) or a SLURM job's (:class:`~optuna_saturn.pools.slurm_kind.SlurmPool`).
+``runner="local"``, ``"ray"`` and ``"slurm"`` are shorthands for them (their default options).
 
 Why instances: a pool kind was a string that five modules outside ``pools/`` branched on (a review counted 6-7
 files touched to add one). Now the executor, the real sweep and the CLI ask the kind, and only ``pools/`` knows
-which kinds there are. A new kind (SLURM, Kubernetes) implements :class:`PoolKind`, which finds the devices
+which kinds there are. A new kind (Kubernetes, say) implements :class:`PoolKind`, which finds the devices
 (:meth:`~PoolKind.place`) and builds the warm workers on them (:meth:`~PoolKind.warm_backend`, a
 :class:`~optuna_saturn.pools.warm_backend.WarmBackend`), and adds one line to
 :data:`optuna_saturn.pools.registry.BUILT_IN` for its ``runner=`` name.

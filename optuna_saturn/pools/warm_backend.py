@@ -1,10 +1,10 @@
 """Where new kinds of workers plug in: warm workers that run jobs' ranks, one worker per device.
 
 :class:`~optuna_saturn.pools.processes.ProcessPool` puts the channel, the objective's recipe, the sessions'
-tokens and the first rank's error in front of a warm backend, so that a new kind (a Kubernetes or SLURM pool)
-implements only this. Two do: :class:`~optuna_saturn.pools.warm.WorkerPool` (this machine's devices) and
-:class:`~optuna_saturn.pools.ray.RayWorkers` (a Ray cluster's nodes). The executor builds one and hands it to the
-process pool.
+tokens and the first rank's error in front of a warm backend, so that a new kind of pool (Kubernetes, say)
+implements only this and its :class:`~optuna_saturn.pools.kinds.PoolKind`, which builds it. Three do:
+:class:`~optuna_saturn.pools.warm.WorkerPool` (this machine's devices), :class:`~optuna_saturn.pools.ray.RayWorkers`
+(a Ray cluster's nodes) and :class:`~optuna_saturn.pools.slurm.SlurmWorkers` (a SLURM job's nodes).
 """
 
 from __future__ import annotations
