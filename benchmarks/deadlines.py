@@ -29,8 +29,8 @@ def poorly_scaling(seed: int) -> list:
     import random
 
     from optuna_saturn.planner import Job, Option
-    from optuna_saturn.simulation.pool import Behaviour
     from optuna_saturn.simulation.known_prices import SimulatedJob
+    from optuna_saturn.simulation.pool import Behaviour
 
     rng, shape = random.Random(seed), {1: 900.0, 2: 520.0, 4: 380.0, 8: 300.0}
     out = []
