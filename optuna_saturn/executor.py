@@ -21,7 +21,7 @@ from optuna_saturn.leases import leased
 from optuna_saturn.optimize_arguments import checked
 from optuna_saturn.planner import Goal, goal_of
 from optuna_saturn.pools.describing import DESCRIBE_TIMEOUT_SECONDS
-from optuna_saturn.pools.kinds import PoolKind
+from optuna_saturn.pools.kinds import PoolKind, pool_closed_on_error
 from optuna_saturn.pools.launched import exclusive_mode_conflict
 from optuna_saturn.pools.registry import pool_kind
 from optuna_saturn.profiler import ProfileStore
@@ -134,6 +134,7 @@ class SaturnExecutor:
             (docs/internals.md, "How to add a goal"). Its own ``price_per_device_hour`` counts then.
     """
 
+    @pool_closed_on_error
     def __init__(
         self,
         devices: DeviceSpec = "auto",

@@ -11,6 +11,8 @@ _RELEASE = f"{_TESTS}::test_under_a_deadline_the_node_no_trial_left_needs_goes_b
 _OUTSIDE = f"{_TESTS}::test_outside_an_allocation_the_slurm_pool_asks_slurm_for_two_nodes_and_ends_its_job_after"
 _PARTITION = f"{_TESTS}::test_a_partition_slurm_does_not_know_is_refused_in_slurms_words_and_nothing_stays_queued"
 _NO_START = f"{_TESTS}::test_a_job_slurm_cannot_start_is_waited_for_with_its_reason_then_cancelled_at_the_start_timeout"
+_FAKED = "tests/test_slurm_pool_faked.py"
+_REFUSED = f"{_FAKED}::test_a_node_slurm_refuses_to_take_back_is_not_reported_given_and_its_devices_are_lost"
 
 MUTATIONS: list[Mutation] = [
     Mutation(
@@ -164,5 +166,85 @@ MUTATIONS: list[Mutation] = [
         old='    "        break\\n"\n',
         new='    "        pass\\n"\n',
         tests=(f"{_TESTS}::test_a_job_the_pool_asked_for_ends_when_the_executors_process_is_killed",),
+    ),
+    Mutation(
+        name="slurm-pool-asks-again-while-its-job-runs",
+        contract="a second executor of one SlurmPool runs on the job the pool asked for while it runs (one salloc)",
+        path="optuna_saturn/pools/slurm_kind.py",
+        old="env = dict(self._request.env) if self._request.running() else self._request.start()",
+        new="env = self._request.start()",
+        tests=(f"{_FAKED}::test_a_second_executor_of_one_slurm_pool_runs_on_its_live_job_and_slurm_is_asked_once",),
+    ),
+    Mutation(
+        name="slurm-request-started-twice-loses-the-first-job",
+        contract="asking for the pool's job again while one runs ends that one first (none is left out of reach)",
+        path="optuna_saturn/pools/slurm_request.py",
+        old="        if self.running():\n            self.end()",
+        new="        if False:\n            self.end()",
+        tests=(f"{_FAKED}::test_asking_for_the_job_again_while_it_runs_ends_the_first_one",),
+    ),
+    Mutation(
+        name="slurm-job-held-by-an-executor-never-made",
+        contract="an executor whose construction fails after its pool placed it closes the pool (its SLURM job ends)",
+        path="optuna_saturn/executor.py",
+        old="    @pool_closed_on_error\n    def __init__(",
+        new="    def __init__(",
+        tests=(f"{_FAKED}::test_an_executor_whose_construction_fails_after_slurm_gave_it_nodes_ends_that_job",),
+    ),
+    Mutation(
+        name="slurm-scancel-timeout-skips-ending-salloc",
+        contract="an scancel that times out is a warning, and the salloc holding the job is ended all the same",
+        path="optuna_saturn/pools/slurm_request.py",
+        old="        except (subprocess.SubprocessError, OSError) as exc:",
+        new="        except ZeroDivisionError as exc:",
+        tests=(f"{_FAKED}::test_an_scancel_that_times_out_still_ends_the_salloc_holding_the_job",),
+    ),
+    Mutation(
+        name="slurm-scancel-failure-skips-ending-salloc",
+        contract="the salloc holding the job is ended even where scancel failed before it",
+        path="optuna_saturn/pools/slurm_request.py",
+        old="        finally:\n            self._end_salloc()\n",
+        new="        else:\n            self._end_salloc()\n",
+        tests=(f"{_FAKED}::test_an_scancel_that_times_out_still_ends_the_salloc_holding_the_job",),
+    ),
+    Mutation(
+        name="slurm-scontrol-failure-aborts-the-release",
+        contract="an scontrol failure before a release gives nothing back, with SLURM's words, and the sweep runs on",
+        path="optuna_saturn/pools/slurm.py",
+        old="            fixed = self._fixed_node()\n        except RuntimeError as exc:",
+        new="            fixed = self._fixed_node()\n        except KeyError as exc:",
+        tests=(f"{_FAKED}::test_an_scontrol_failure_before_a_release_gives_nothing_back_and_the_sweep_runs_on",),
+    ),
+    Mutation(
+        name="slurm-refused-shrink-reported-given",
+        contract="a node SLURM refuses to take back is not among the devices release says it gave back",
+        path="optuna_saturn/pools/slurm.py",
+        old="            pool.close()  # (before the shrink",
+        new="            given |= members\n            pool.close()  # (before the shrink",
+        tests=(_REFUSED,),
+    ),
+    Mutation(
+        name="slurm-refused-shrink-devices-not-lost",
+        contract="a node SLURM refuses to take back, its host stopped, has its devices lost (not ready)",
+        path="optuna_saturn/pools/slurm.py",
+        old="                pool.lost_because = why\n",
+        new="",
+        tests=(_REFUSED,),
+    ),
+    Mutation(
+        name="slurm-refused-shrink-tries-the-next-node",
+        contract="after SLURM refuses a shrink no other node's host is stopped in that release",
+        path="optuna_saturn/pools/slurm.py",
+        old="                break  # (SLURM would refuse",
+        new="                continue  # (SLURM would refuse",
+        tests=(_REFUSED,),
+    ),
+    Mutation(
+        name="slurm-release-keeps-only-a-lost-node",
+        contract="a release keeps a node the sweep can run on (a lost node, still the job's, does not count)",
+        path="optuna_saturn/pools/slurm.py",
+        old="if name == fixed or all(p.lost_because is not None for p in self._active() if p.node.name in keep):",
+        new="if name == fixed or not keep:",
+        tests=(_REFUSED,),
     ),
 ]

@@ -13,11 +13,12 @@ which kinds there are. A new kind (Kubernetes, say) implements :class:`PoolKind`
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
 from optuna_saturn.devices import Device, DeviceSpec
 from optuna_saturn.pools.warm_backend import WarmBackend
@@ -63,7 +64,9 @@ class BackendOptions:
 
 @runtime_checkable
 class PoolKind(Protocol):
-    """A kind of pool: what a new one implements (besides its :class:`WarmBackend`)."""
+    """A kind of pool: what a new one implements (besides its :class:`WarmBackend`). One whose :meth:`place` takes
+    something that must be given back (a SLURM job it asks for) may also have a ``close()``, which the executor
+    calls when its construction fails after ``place`` (see :func:`pool_closed_on_error`)."""
 
     #: how the CLI's ``--runner`` and the logs name it
     name: str
@@ -82,3 +85,23 @@ class PoolKind(Protocol):
 
     def warm_backend(self, placement: Placement, options: BackendOptions) -> WarmBackend:
         """The warm workers, one per device of ``placement``."""
+
+
+_Init = TypeVar("_Init", bound=Callable[..., None])
+
+
+def pool_closed_on_error(init: _Init) -> _Init:
+    """An ``__init__`` that, where it raises, first calls ``self.pool.close()`` if the pool kind has one: what its
+    ``place`` took (a SLURM job) is not held, idle, until the process ends by an executor that was never made."""
+
+    @functools.wraps(init)
+    def init_or_close(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            init(self, *args, **kwargs)
+        except BaseException:
+            close = getattr(getattr(self, "pool", None), "close", None)
+            if callable(close):
+                close()
+            raise
+
+    return cast(_Init, init_or_close)

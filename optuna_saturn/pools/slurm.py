@@ -23,7 +23,6 @@ import queue
 import secrets
 import threading
 from collections.abc import Callable, Sequence
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +73,7 @@ class SlurmWorkers:
         self._jobs: dict[Any, tuple[int, ...]] = {}  # job -> its devices, as the sweep numbers them
         self._watch = NodeWatch([n.name for n in allocation.nodes])
         self._released: set[str] = set()  # nodes given back to SLURM (release)
+        self._fixed: tuple[str | None] | None = None  # (the node that cannot leave the job, once SLURM said)
 
     @property
     def channel_host(self) -> str:
@@ -119,10 +119,12 @@ class SlurmWorkers:
     def _devices_of(self, pools: list[SlurmNodeWorkers]) -> set[int]:
         return {self._first[id(pool)] + i for pool in pools for i in range(len(pool.devices))}
 
-    @cached_property
     def _fixed_node(self) -> str | None:
-        """The node that cannot leave the job (see :mod:`~optuna_saturn.pools.slurm_job`), asked once."""
-        return fixed_node(self.allocation.job_id)
+        """The node that cannot leave the job (see :mod:`~optuna_saturn.pools.slurm_job`), asked once SLURM answers
+        (raises where ``scontrol`` fails: asked again at the next release)."""
+        if self._fixed is None:
+            self._fixed = (fixed_node(self.allocation.job_id),)
+        return self._fixed[0]
 
     # -- devices --------------------------------------------------------------------------------------------------
     def ready(self) -> set[int]:
@@ -144,19 +146,26 @@ class SlurmWorkers:
         without them (see the module's docstring), so SLURM has them back. A batch job's script's node stays."""
         gone = self.lost() | (self._devices_of(self._nodes) - self._devices_of(self._active()))
         given: set[int] = set()
+        try:
+            fixed = self._fixed_node()
+        except RuntimeError as exc:  # (scontrol failed or timed out: nothing goes back this time; the sweep runs on)
+            _logger.warning(f"SLURM job {self.allocation.job_id}'s nodes are not given back now: {exc}")
+            return given
         for name, members in whole_nodes(self.devices, devices & self.ready(), gone).items():
             keep = [p.node.name for p in self._active() if p.node.name != name]
-            if not keep or name == self._fixed_node:
-                continue
+            if name == fixed or all(p.lost_because is not None for p in self._active() if p.node.name in keep):
+                continue  # (the sweep keeps a node to run on)
             pool = next(p for p in self._nodes if p.node.name == name)
-            pool.close()
-            self._released.add(name)
-            given |= members
+            pool.close()  # (before the shrink: SLURM would end its host's step unclean)
             try:
                 shrink(self.allocation.job_id, keep)
-            except RuntimeError as exc:
-                _logger.warning(f"SLURM node {name} could not be given back ({exc}); the sweep no longer uses it.")
-                continue
+            except RuntimeError as exc:  # (still the job's, and billed; its host is stopped: its devices are lost)
+                why = f"SLURM node {name} could not be given back ({exc}); its host is stopped"
+                _logger.warning(f"{why}: the sweep no longer uses it, and the job still holds it.")
+                pool.lost_because = why
+                break  # (SLURM would refuse the next node too: its host is not stopped for nothing)
+            self._released.add(name)
+            given |= members
             _logger.info(
                 f"SLURM node {name}'s {len(members)} device(s) are given back: SLURM job {self.allocation.job_id} "
                 f"holds {', '.join(keep)} now."

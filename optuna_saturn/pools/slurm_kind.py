@@ -94,7 +94,8 @@ class SlurmPool:
                 )
                 self._request = None
             return read_allocation(devices, channel_host=self.channel_host)
-        env = self._request.start()
+        # (a second executor of this pool runs on the job the first one asked for, while it runs)
+        env = dict(self._request.env) if self._request.running() else self._request.start()
         try:
             return read_allocation(devices, channel_host=self.channel_host, env=env)
         except BaseException:
@@ -123,6 +124,12 @@ class SlurmPool:
             on_close=None if request is None else request.end,
             **options.common(placement.largest_trial),
         )
+
+    def close(self) -> None:
+        """End the job the pool asked for, if it runs: the executor calls it when its construction fails after
+        :meth:`place` (the job would be held, idle, until the process ends)."""
+        if self._request is not None:
+            self._request.end()
 
     def __repr__(self) -> str:
         asked = "" if self.nodes is None else f"nodes={self.nodes}, "

@@ -84,6 +84,7 @@ class SlurmRequest:
         self._salloc: subprocess.Popen | None = None
         self._watcher: int | None = None  # (salloc runs it in a process group of its own)
         self._said: list[str] = []  # what salloc wrote on its stderr
+        self.env: dict[str, str] = {}  # the running job's environment (start's answer)
 
     def command(self, nodelist: Sequence[str] = ()) -> list[str]:
         """The ``salloc`` that asks for the job (``nodelist``: exactly those nodes, as a pool asks again)."""
@@ -112,6 +113,8 @@ class SlurmRequest:
     def start(self, nodelist: Sequence[str] = ()) -> dict[str, str]:
         """Ask for the job and wait until it runs, saying why it waits; its environment, as a script inside it sees
         it. Raises with SLURM's own words where it refuses the job (nothing is left queued)."""
+        if self.running():
+            self.end()  # (never two jobs at once: the first would be out of reach)
         command = self.command(nodelist)
         self._said = []
         self.job_id = None
@@ -148,6 +151,7 @@ class SlurmRequest:
             try:
                 env: dict[str, str] = json.loads(lines.get(timeout=0.5))
                 self._watcher, self.job_id = int(env.pop("watcher")), env["SLURM_JOB_ID"]
+                self.env = env
                 _logger.info(f"SLURM started job {self.job_id} on {env.get('SLURM_JOB_NODELIST')}.")
                 return env
             except queue.Empty:
@@ -182,9 +186,18 @@ class SlurmRequest:
         return f"{state} ({reason})" if state else "not in squeue"
 
     def end(self) -> None:
-        """Cancel the job and end the ``salloc`` that holds it."""
-        if self.job_id is not None:
-            subprocess.run(["scancel", self.job_id], capture_output=True, timeout=60, check=False)
+        """Cancel the job and end the ``salloc`` that holds it. An ``scancel`` that fails or times out is a warning,
+        not an error (it runs from a ``finally``: it must not hide the sweep's own error), and ``salloc`` is ended
+        all the same, which ends the job too."""
+        try:
+            if self.job_id is not None:
+                subprocess.run(["scancel", self.job_id], capture_output=True, timeout=60, check=False)
+        except (subprocess.SubprocessError, OSError) as exc:
+            _logger.warning(f"scancel {self.job_id} failed ({exc}); ending its salloc ends the job instead.")
+        finally:
+            self._end_salloc()
+
+    def _end_salloc(self) -> None:
         salloc, self._salloc = self._salloc, None
         if salloc is not None and salloc.poll() is None:
             for pid in filter(None, (self._watcher, salloc.pid)):  # (salloc waits for its command, whatever it gets)
