@@ -19,7 +19,18 @@ from types import FrameType
 from typing import Any
 
 _depth = 0  # storage calls under way in the main thread (signals are handled there)
-_pending: str | None = None
+_pending: int | None = None  # the signal kept while a storage call was under way
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: what ended the sweep is the machine's scheduler, not you (SLURM at the job's time limit, a
+    pre-emption, a node drained), so the trials it stopped run again: the next ``optimize`` on the study runs them.
+    A ``KeyboardInterrupt``, so that ``optimize`` raises it as Ctrl-C's."""
+
+
+def _interrupt(signum: int) -> KeyboardInterrupt:
+    reason = f"signal {signum}"
+    return Terminated(reason) if signum == signal.SIGTERM else KeyboardInterrupt(reason)
 
 
 @contextlib.contextmanager
@@ -35,22 +46,23 @@ def storage_call() -> Iterator[None]:
     finally:
         _depth -= 1
         if _depth == 0 and _pending is not None:
-            reason, _pending = _pending, None
-            raise KeyboardInterrupt(reason)
+            signum, _pending = _pending, None
+            raise _interrupt(signum)
 
 
 def stop_signal(signum: int, frame: FrameType | None) -> None:
     """The handler of SIGINT and SIGTERM while a sweep runs."""
     global _pending
     if _depth > 0:
-        _pending = f"signal {signum}"
+        _pending = signum
         return
-    raise KeyboardInterrupt(f"signal {signum}")
+    raise _interrupt(signum)
 
 
 class sigterm_as_keyboard_interrupt:
-    """Treat SIGTERM like Ctrl-C while a sweep runs, so a killed sweep still stops its trials cleanly; either one
-    waits for a storage call under way (:mod:`optuna_saturn.study.interrupts`)."""
+    """Treat SIGTERM like Ctrl-C while a sweep runs, so a killed sweep still stops its trials cleanly (as
+    :class:`Terminated`: they run again next time); either one waits for a storage call under way
+    (:mod:`optuna_saturn.study.interrupts`)."""
 
     def __enter__(self) -> None:
         self._previous: dict[int, Any] = {}

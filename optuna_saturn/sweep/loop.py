@@ -18,9 +18,11 @@ import optuna
 
 from optuna_saturn.pools.protocol import JobEnd
 from optuna_saturn.raised import rebuilt
+from optuna_saturn.study.interrupts import Terminated
 from optuna_saturn.study.liveness import Heartbeat
 from optuna_saturn.study.outbox import STORAGE_ERRORS
 from optuna_saturn.study.ownership import RecoveryRounds
+from optuna_saturn.study.ownership import run_again as queue_again
 from optuna_saturn.study.queue import QueuedTrial
 from optuna_saturn.sweep import dispatch, reporting
 from optuna_saturn.sweep.asking import Next
@@ -60,7 +62,9 @@ class Sweep:
                     pass
             except BaseException as exc:
                 reason = "interrupted (KeyboardInterrupt)" if isinstance(exc, KeyboardInterrupt) else repr(exc)
-                self._abort(reason)
+                if isinstance(exc, Terminated):  # (SLURM's time limit, a pre-emption: not the user's stop)
+                    reason = f"terminated ({exc}): run again by the next optimize"
+                self._abort(reason, run_again=isinstance(exc, Terminated))
                 events.send("on_sweep_end", self._now(), True)
                 raise
             finally:
@@ -181,12 +185,14 @@ class Sweep:
         reason: str = "",
         call_back: bool = True,
         at: float | None = None,
+        run_again: bool = False,
     ) -> bool:
-        """The policies see the end in turn until one settles it; whether it taught the prices something."""
+        """The policies see the end in turn until one settles it; whether it taught the prices something.
+        ``run_again``: the sweep's own stop queues the trial again (faults decide it for any other end)."""
         if isinstance(run, TrialRun):  # the last steps of a short trial land between two relays
             reporting.relay_progress(self._world.events, run)
         now = self._now()
-        ending = Ending(run, end, self._state, self._view, now, now if at is None else at, reason, call_back)
+        ending = Ending(run, end, self._state, self._view, now, now if at is None else at, reason, call_back, run_again)
         for policy in self._policies:
             carry_out_all(policy.on_end(ending), self._do)
             if ending.settled:
@@ -199,18 +205,22 @@ class Sweep:
             for policy in self._policies:
                 carry_out_all(policy.on_nodes_lost(self._state), self._do)
 
-    def _abort(self, reason: str) -> None:
-        """Stop every process, then end every trial this sweep holds in a clear state."""
+    def _abort(self, reason: str, *, run_again: bool = False) -> None:
+        """Stop every process, then end every trial this sweep holds in a clear state; ``run_again``: the running
+        ones' params are queued again (within ``max_retries``), for the next optimize."""
         runs = self._state.trial_runs()
         _logger.warning(f"Stopping the sweep: {reason}. Stopping {len(runs)} running trial(s).")
         self._pool.close()
         try:
             for run in runs:
                 stopped = JobEnd(run.key, run.devices, False, "stopped")
-                self._end(run, stopped, reason=f"sweep stopped: {reason}", call_back=False)
+                again = run_again and run.waiting.retries < self.settings.max_retries
+                self._end(run, stopped, reason=f"sweep stopped: {reason}", call_back=False, run_again=again)
             for waiting in self._state.waiting.values():  # (a queued one stays in the queue, for the next optimize)
                 if not isinstance(waiting.trial, QueuedTrial):
-                    self._gateway.fail(waiting.trial, f"not started: sweep stopped: {reason}")
+                    frozen = self._gateway.fail(waiting.trial, f"not started: sweep stopped: {reason}")
+                    if run_again:  # (its sampled params wait in the queue too: nothing the study asked is lost)
+                        queue_again(self._gateway, frozen)
         except STORAGE_ERRORS:  # (what it could not tell is in the outbox: the next sweep tells it)
             _logger.exception("The storage failed while the sweep stopped; the next optimize ends its trials.")
         self._state.abandoned()

@@ -59,7 +59,7 @@ class Ending:
     at: float  # when the loop saw the job end: a trial's end as told
     reason: str = ""  # the sweep's own (it is stopping): the trial fails whatever it said, and nothing else is tried
     call_back: bool = True  # Optuna's callbacks hear of the trial (not of those the sweep's interruption ended)
-    run_again: bool = False  # noted by faults: a rank died or hung, and the trial runs again
+    run_again: bool = False  # the trial runs again: faults note it (a rank died or hung), or the sweep's stop asks it
     profiling: list[dict] | None = None  # noted by profiling: where the trial's options were measured
     settled: bool = False  # a policy ended the matter: no later policy sees it
     taught: bool = False  # it changed a price: every waiting trial is priced again

@@ -1,0 +1,25 @@
+"""Mutations of a sweep the machine's scheduler ends (SIGTERM: SLURM's time limit, a pre-emption): its running and
+asked trials run again in the next optimize, where Ctrl-C (you) fails them as study.optimize does."""
+
+from mutations import Mutation
+
+_TEST = "tests/test_interrupt.py::test_interrupt_stops_every_process_and_ends_every_trial[15]"
+
+MUTATIONS: list[Mutation] = [
+    Mutation(
+        name="terminated-trials-not-run-again",
+        contract="a sweep ended by SIGTERM queues its running trials' params again",
+        path="optuna_saturn/sweep/loop.py",
+        old="self._abort(reason, run_again=isinstance(exc, Terminated))",
+        new="self._abort(reason, run_again=False)",
+        tests=(_TEST,),
+    ),
+    Mutation(
+        name="terminated-sigterm-read-as-ctrl-c",
+        contract="SIGTERM is told from Ctrl-C (Terminated), also when it came during a storage call",
+        path="optuna_saturn/study/interrupts.py",
+        old="    return Terminated(reason) if signum == signal.SIGTERM else KeyboardInterrupt(reason)",
+        new="    return KeyboardInterrupt(reason)",
+        tests=(_TEST,),
+    ),
+]
