@@ -4,8 +4,11 @@
 (8 trials over both nodes' 2 CPU devices, single and DDP), ``node-death`` (the ``slurmd`` of the node a trial
 runs on is killed, ``kill -9``, once that trial has started: EXTRA_JSON gives the pid files' folder) or ``release``
 (3 trials on a device per node under a deadline of an hour: one node suffices; ``sinfo`` is watched while the sweep
-runs). MODE ``outside`` runs without ``salloc``: ``SlurmPool(nodes=2, ...)`` asks SLURM for the nodes itself, and
-the example's GPT-2 (``examples/gpt2_sweep.py``) runs 4 trials on them. Writes what the test checks as JSON."""
+runs). MODE ``time-limit`` runs 6 trials of 5 minutes (``SATURN_TEST_SLEEPY_STEPS=3000``) on the SQLite
+storage EXTRA_JSON names (``storage``), in ``sbatch --time=1``: SLURM stops it mid-trial, and the test reads the
+storage after. MODE ``outside`` runs without ``salloc``: ``SlurmPool(nodes=2, ...)`` asks SLURM for the nodes
+itself, and the example's GPT-2 (``examples/gpt2_sweep.py``) runs 4 trials on them. Writes what the test checks as
+JSON."""
 
 from __future__ import annotations
 
@@ -89,10 +92,10 @@ def train_linear_on_its_node(trial) -> float:
     return value
 
 
-def main(mode: str, out: str, run: str | None = None, partition: str = "debug") -> None:
+def main(mode: str, out: str, run: str | None = None, partition: str = "debug", storage: str | None = None) -> None:
     started = time.time()
     tmp = tempfile.mkdtemp(prefix="saturn-slurm-test-")
-    storage = f"sqlite:///{tmp}/study.db"
+    storage = storage or f"sqlite:///{tmp}/study.db"
     study = optuna.create_study(storage=storage, study_name=mode)
     listeners: list[SweepListener] = []
     if mode == "node-death":
@@ -122,9 +125,10 @@ def main(mode: str, out: str, run: str | None = None, partition: str = "debug") 
     objective = {
         "spread": slurm_pool_sweep.train_linear_on_its_node,
         "release": objectives.sleepy,
+        "time-limit": objectives.sleepy,
         "outside": gpt2_sweep.objective if outside else None,
     }.get(mode, slurm_pool_sweep.slow_on_node1)
-    executor.optimize(study, objective, n_trials={"spread": 8, "outside": 4}.get(mode, 3))
+    executor.optimize(study, objective, n_trials={"spread": 8, "outside": 4, "time-limit": 6}.get(mode, 3))
     ended_at = time.time()
     queue_after = subprocess.run(["squeue", "--noheader", "--name=optuna-saturn"], capture_output=True, text=True)
     job = (

@@ -386,3 +386,44 @@ def test_a_ctrl_c_while_slurm_queues_the_pools_job_cancels_it(cluster):
     rest = process.communicate(timeout=60)[1]
     assert process.returncode != 0 and "KeyboardInterrupt" in rest, rest[-2000:]
     assert _our_jobs(cluster) == "", "the queued job outlived the Ctrl-C"
+
+
+@pytest.mark.launch
+def test_a_sweep_in_a_batch_job_signalled_before_its_time_limit_queues_its_running_trials_again(cluster, tmp_path):
+    """``sbatch --time=1 --signal=B:TERM@30`` of ``exec python script``, as clusters.md tells: 6 trials of 5 minutes
+    on a device of each node; 30 s before the time limit SLURM sends the batch script (only) SIGTERM, and the sweep
+    ends each running trial FAIL, "terminated", with its params WAITING again (``saturn:retry_of``) for the next
+    job, and exits before the limit; nothing stays RUNNING, and no host or worker outlives the job. (At the time
+    limit itself SLURM signals every step at once: the trials' workers die with the script, a race the sweep may
+    see as a worker's death.)"""
+    import optuna
+    from optuna.trial import TrialState
+
+    storage = f"sqlite:///{tmp_path}/study.db"
+    sweep = f"{sys.executable} {os.path.join(HERE, 'slurm_pool_sweep.py')} time-limit {tmp_path}/o.json"
+    extra = json.dumps({"storage": storage})
+    submitted = cluster.run(
+        "env", "SATURN_TEST_SLEEPY_STEPS=3000",
+        "sbatch", "--parsable", "-N2", "--exclusive", "--no-kill", "--time=1", "--signal=B:TERM@30",
+        f"--output={tmp_path}/job.out",
+        f"--wrap=exec {sweep} '{extra}'",
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    started = time.monotonic()
+    state = cluster.wait_for_job(job, timeout=150)
+    print(f"job {job}: {state} after {time.monotonic() - started:.1f} s")
+    output = (tmp_path / "job.out").read_text()
+    assert state == "FAILED" and "Terminated: signal 15" in output, (state, output[-4000:])  # (not TIMEOUT)
+    trials = optuna.load_study(study_name="time-limit", storage=storage).trials
+    stopped = [t for t in trials if t.state == TrialState.FAIL]
+    described = [(t.number, t.state.name, t.system_attrs.get("saturn:fail_reason"), t.user_attrs) for t in trials]
+    assert len(stopped) == 2, (described, output[-4000:])
+    assert all("terminated" in t.system_attrs["saturn:fail_reason"] for t in stopped), described
+    again = {t.user_attrs.get("saturn:retry_of"): t for t in trials if t.state == TrialState.WAITING}
+    assert sorted(again) == [t.number for t in stopped], described
+    assert all(again[t.number].system_attrs["fixed_params"] == t.params for t in stopped)
+    assert not [t for t in trials if t.state == TrialState.RUNNING], described
+    from slurm_pool_sweep import _left_behind
+
+    assert _left_behind(job, wait=20.0) == [], "a host or worker outlived the job"
