@@ -4,6 +4,8 @@ it has carried out. Simulated sweeps: no process starts, time is virtual."""
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 from typing import get_args
 
@@ -15,6 +17,7 @@ from optuna_saturn.clock import VirtualClock
 from optuna_saturn.planner import Cluster, WorkLimit
 from optuna_saturn.simulation.pool import Behaviour, SimulatedPool
 from optuna_saturn.simulation.simulator import simulated_devices, simulated_strategies
+from optuna_saturn.study.interrupts import Terminated, sigterm_as_keyboard_interrupt
 from optuna_saturn.study.records import record
 from optuna_saturn.sweep import effects
 from optuna_saturn.sweep.assemble import assemble
@@ -68,7 +71,7 @@ class CountsEnds(Policy):
         return []
 
 
-def _simulated_sweep(tmp_path: Path, more_policies: list[Policy]) -> optuna.Study:
+def _simulated_sweep(tmp_path: Path, more_policies: list[Policy], *, study_name: str | None = None) -> optuna.Study:
     """Two trials of 100 s on one device, on the simulated pool, with the sweep's own policies and ``more_policies``
     (no price source: the trials are planned from runtime estimates)."""
     clock = VirtualClock()
@@ -84,7 +87,8 @@ def _simulated_sweep(tmp_path: Path, more_policies: list[Policy]) -> optuna.Stud
         max_retries=0,
     )
     pool = SimulatedPool(devices, clock, lambda number: Behaviour(_Runtimes()), tick=5.0)
-    study = optuna.create_study()
+    storage = f"sqlite:///{tmp_path / 'study.db'}" if study_name else None
+    study = optuna.create_study(study_name=study_name, storage=storage)
     sweep = assemble(
         settings,
         study,
@@ -116,3 +120,28 @@ def test_a_policy_added_to_the_list_sees_every_trials_end_before_it_is_settled(t
     study = _simulated_sweep(tmp_path, [watcher])
     assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.COMPLETE]
     assert sorted(watcher.ended) == [0, 1]
+
+
+class TerminatedAtTheFirstEnd(Policy):
+    """A toy rule that sends this process SIGTERM while the sweep handles a trial's end (as SLURM's time limit may
+    land at any moment)."""
+
+    def __init__(self) -> None:
+        self.sent = False
+
+    def on_end(self, ending: Ending) -> Decisions:
+        if not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGTERM)
+        return []
+
+
+def test_a_sigterm_while_a_trial_ends_waits_until_its_end_is_told(tmp_path):
+    """The end the signal lands in is told whole, then the sweep stops: not cut between leaving the running set
+    and being told (or between being told and its retry queued), which left it RUNNING for ever."""
+    rule = TerminatedAtTheFirstEnd()
+    with pytest.raises(Terminated), sigterm_as_keyboard_interrupt():
+        _simulated_sweep(tmp_path, [rule], study_name="terminated")
+    trials = optuna.load_study(study_name="terminated", storage=f"sqlite:///{tmp_path / 'study.db'}").trials
+    assert rule.sent
+    assert [t.state for t in trials] == [TrialState.COMPLETE]  # (one device: the next trial was not asked yet)

@@ -22,4 +22,12 @@ MUTATIONS: list[Mutation] = [
         new="    return KeyboardInterrupt(reason)",
         tests=(_TEST,),
     ),
+    Mutation(
+        name="terminated-end-cut-in-two",
+        contract="a stop signal waits until what ended is told whole (else the trial stays RUNNING for ever)",
+        path="optuna_saturn/sweep/loop.py",
+        old="        with signals_held():\n",
+        new="        with contextlib.nullcontext():\n",
+        tests=("tests/test_policy_interface.py::test_a_sigterm_while_a_trial_ends_waits_until_its_end_is_told",),
+    ),
 ]

@@ -50,6 +50,10 @@ def storage_call() -> Iterator[None]:
             raise _interrupt(signum)
 
 
+#: Around a step that must not be cut in two (a trial's end: told, then its retry queued), for the same reason.
+signals_held = storage_call
+
+
 def stop_signal(signum: int, frame: FrameType | None) -> None:
     """The handler of SIGINT and SIGTERM while a sweep runs."""
     global _pending

@@ -18,7 +18,7 @@ import optuna
 
 from optuna_saturn.pools.protocol import JobEnd
 from optuna_saturn.raised import rebuilt
-from optuna_saturn.study.interrupts import Terminated
+from optuna_saturn.study.interrupts import Terminated, signals_held
 from optuna_saturn.study.liveness import Heartbeat
 from optuna_saturn.study.outbox import STORAGE_ERRORS
 from optuna_saturn.study.ownership import RecoveryRounds
@@ -84,14 +84,16 @@ class Sweep:
         """One round: what ended, what the pool's nodes did, then every policy's decisions. False at the end."""
         state = self._state
         idle = not (state.waiting or state.running) and self._may_ask()  # (the first trial)
-        ends = self._pool.wait(0.0 if idle else 0.05 if state.waiting and not state.running else 0.25)
-        ended_at = self._now()
-        ended = state.ended(ends, ended_at)
-        try:  # (with callbacks, each end is told first: a callback may stop the study, as in study.optimize)
-            if not self._called_back and dispatch.before_telling(ended):
-                self._dispatch()
-        finally:  # (what ended is told whatever a start did: its result is never lost to it)
-            self._ended(ended, ended_at)
+        # (a stop signal waits until what ended is told whole, its retry queued: the abort sees only running ones)
+        with signals_held():
+            ends = self._pool.wait(0.0 if idle else 0.05 if state.waiting and not state.running else 0.25)
+            ended_at = self._now()
+            ended = state.ended(ends, ended_at)
+            try:  # (with callbacks, each end is told first: a callback may stop the study, as in study.optimize)
+                if not self._called_back and dispatch.before_telling(ended):
+                    self._dispatch()
+            finally:  # (what ended is told whatever a start did: its result is never lost to it)
+                self._ended(ended, ended_at)
         if state.note_ready(self._pool.ready(), self._now()):  # (every worker is up, for the first time)
             self._world.events.send("on_workers_ready", self._now())
         self._nodes()
