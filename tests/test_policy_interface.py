@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Sequence
 from pathlib import Path
 from typing import get_args
 
@@ -15,7 +16,8 @@ from optuna.trial import TrialState
 
 from optuna_saturn.clock import VirtualClock
 from optuna_saturn.planner import Cluster, WorkLimit
-from optuna_saturn.simulation.pool import Behaviour, SimulatedPool
+from optuna_saturn.pools.protocol import PoolBroken
+from optuna_saturn.simulation.pool import Behaviour, Fault, SimulatedPool
 from optuna_saturn.simulation.simulator import simulated_devices, simulated_strategies
 from optuna_saturn.study.interrupts import Terminated, sigterm_as_keyboard_interrupt
 from optuna_saturn.study.records import record
@@ -71,7 +73,14 @@ class CountsEnds(Policy):
         return []
 
 
-def _simulated_sweep(tmp_path: Path, more_policies: list[Policy], *, study_name: str | None = None) -> optuna.Study:
+def _simulated_sweep(
+    tmp_path: Path,
+    more_policies: list[Policy],
+    *,
+    study_name: str | None = None,
+    faults: Sequence[Fault] = (),
+    max_retries: int = 0,
+) -> optuna.Study:
     """Two trials of 100 s on one device, on the simulated pool, with the sweep's own policies and ``more_policies``
     (no price source: the trials are planned from runtime estimates)."""
     clock = VirtualClock()
@@ -84,9 +93,9 @@ def _simulated_sweep(tmp_path: Path, more_policies: list[Policy], *, study_name:
         log_dir=tmp_path,
         plan_work=WorkLimit(2.0),
         owned=False,
-        max_retries=0,
+        max_retries=max_retries,
     )
-    pool = SimulatedPool(devices, clock, lambda number: Behaviour(_Runtimes()), tick=5.0)
+    pool = SimulatedPool(devices, clock, lambda number: Behaviour(_Runtimes()), tick=5.0, faults=faults)
     storage = f"sqlite:///{tmp_path / 'study.db'}" if study_name else None
     study = optuna.create_study(study_name=study_name, storage=storage)
     sweep = assemble(
@@ -145,3 +154,16 @@ def test_a_sigterm_while_a_trial_ends_waits_until_its_end_is_told(tmp_path):
     trials = optuna.load_study(study_name="terminated", storage=f"sqlite:///{tmp_path / 'study.db'}").trials
     assert rule.sent
     assert [t.state for t in trials] == [TrialState.COMPLETE]  # (one device: the next trial was not asked yet)
+
+
+def test_a_pool_that_breaks_queues_its_running_trial_again(tmp_path):
+    """Every node gone (SLURM ended the job the pool asked for at its time limit): the sweep ends, and the trial it
+    was running waits in the queue again, for the next optimize, as under SIGTERM."""
+    with pytest.raises(PoolBroken):
+        _simulated_sweep(
+            tmp_path, [], study_name="broken", faults=[Fault(50.0, "lose", "")], max_retries=1
+        )  # (its one node)
+    trials = optuna.load_study(study_name="broken", storage=f"sqlite:///{tmp_path / 'study.db'}").trials
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.WAITING]
+    assert "the pool broke" in record(trials[0], "fail_reason")
+    assert trials[1].user_attrs["saturn:retry_of"] == 0

@@ -10,8 +10,8 @@ MUTATIONS: list[Mutation] = [
         name="terminated-trials-not-run-again",
         contract="a sweep ended by SIGTERM queues its running trials' params again",
         path="optuna_saturn/sweep/loop.py",
-        old="self._abort(reason, run_again=isinstance(exc, Terminated))",
-        new="self._abort(reason, run_again=False)",
+        old="                self._abort(reason, run_again=run_again)",
+        new="                self._abort(reason, run_again=False)",
         tests=(_TEST,),
     ),
     Mutation(
@@ -29,5 +29,13 @@ MUTATIONS: list[Mutation] = [
         old="        with signals_held():\n",
         new="        with contextlib.nullcontext():\n",
         tests=("tests/test_policy_interface.py::test_a_sigterm_while_a_trial_ends_waits_until_its_end_is_told",),
+    ),
+    Mutation(
+        name="broken-pool-trials-not-run-again",
+        contract="a pool that breaks (every node gone) queues its running trials again for the next optimize",
+        path="optuna_saturn/sweep/loop.py",
+        old="                run_again = isinstance(exc, (Terminated, PoolBroken))",
+        new="                run_again = isinstance(exc, Terminated)",
+        tests=("tests/test_policy_interface.py::test_a_pool_that_breaks_queues_its_running_trial_again",),
     ),
 ]

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import optuna
 
-from optuna_saturn.pools.protocol import JobEnd
+from optuna_saturn.pools.protocol import JobEnd, PoolBroken
 from optuna_saturn.raised import rebuilt
 from optuna_saturn.study.interrupts import Terminated, signals_held
 from optuna_saturn.study.liveness import Heartbeat
@@ -62,9 +62,11 @@ class Sweep:
                     pass
             except BaseException as exc:
                 reason = "interrupted (KeyboardInterrupt)" if isinstance(exc, KeyboardInterrupt) else repr(exc)
-                if isinstance(exc, Terminated):  # (SLURM's time limit, a pre-emption: not the user's stop)
-                    reason = f"terminated ({exc}): run again by the next optimize"
-                self._abort(reason, run_again=isinstance(exc, Terminated))
+                # (SLURM's time limit, a pre-emption, every node gone: not the user's stop, nor the trials' fault)
+                run_again = isinstance(exc, (Terminated, PoolBroken))
+                if run_again:
+                    reason = f"{'terminated' if isinstance(exc, Terminated) else 'the pool broke'} ({exc}): run again"
+                self._abort(reason, run_again=run_again)
                 events.send("on_sweep_end", self._now(), True)
                 raise
             finally:
