@@ -22,6 +22,7 @@ import os
 import sys
 import tempfile
 import time
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -29,6 +30,22 @@ sys.path[:0] = [ROOT, HERE, os.path.join(ROOT, "examples")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 _ISOLATED = "SATURN_BENCH_ISOLATED"
+
+
+def local_ray_cluster(per_node: int) -> Any:
+    """Two Ray nodes of ``per_node`` CPUs each on this machine's loopback, this process connected as the driver
+    (``ray.cluster_utils.Cluster``): the cluster every Ray arm of the benchmarks runs on."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": per_node, "node_ip_address": "127.0.0.1", "include_dashboard": False},
+    )
+    cluster.add_node(num_cpus=per_node, node_ip_address="127.0.0.1")
+    ray.init(address=cluster.address, log_to_driver=False, runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}})
+    cluster.wait_for_nodes()
+    return cluster
 
 
 def run_arm(arm: str, objective: str, params: list[dict], devices: int, folder: str) -> dict:
@@ -43,16 +60,9 @@ def run_arm(arm: str, objective: str, params: list[dict], devices: int, folder: 
     started = time.time()
     if arm == "ray":
         import ray
-        from ray.cluster_utils import Cluster
 
         per_node = devices // 2
-        cluster = Cluster(
-            initialize_head=True,
-            head_node_args={"num_cpus": per_node, "node_ip_address": "127.0.0.1", "include_dashboard": False},
-        )
-        cluster.add_node(num_cpus=per_node, node_ip_address="127.0.0.1")
-        ray.init(address=cluster.address, log_to_driver=False, runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}})
-        cluster.wait_for_nodes()
+        cluster = local_ray_cluster(per_node)
         options = {"runner": "ray"}
         devices = per_node
     study = optuna.create_study(pruner=optuna.pruners.NopPruner())

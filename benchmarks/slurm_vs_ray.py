@@ -52,15 +52,9 @@ def run_arm(arm: str, params: list[dict], folder: str) -> dict:
     options: dict = {"pool": SlurmPool(nodes=2, partition="debug", time="30:00")}
     if arm == "ray":
         import ray
-        from ray.cluster_utils import Cluster
+        from ray_two_nodes import local_ray_cluster
 
-        cluster = Cluster(
-            initialize_head=True,
-            head_node_args={"num_cpus": PER_NODE, "node_ip_address": "127.0.0.1", "include_dashboard": False},
-        )
-        cluster.add_node(num_cpus=PER_NODE, node_ip_address="127.0.0.1")
-        ray.init(address=cluster.address, log_to_driver=False, runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}})
-        cluster.wait_for_nodes()
+        cluster = local_ray_cluster(PER_NODE)
         options = {"runner": "ray"}
     study = optuna.create_study(pruner=optuna.pruners.NopPruner())
     for p in params:
