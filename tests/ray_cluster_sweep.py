@@ -170,7 +170,7 @@ def _sweep(
 ) -> None:
     started = time.time()
     per_node = 2 if mode == "spread" else 1
-    steps = "30" if mode == "node-joins" else "100"  # 3 s or 10 s a trial
+    steps = "30"  # 3 s a trial (node-joins, release)
     # spread: 6 s trials, so that both nodes' workers are up before the trials are all done
     env = {
         "SATURN_TEST_SLEEPY_STEPS": steps,
@@ -178,7 +178,8 @@ def _sweep(
         "HF_HUB_OFFLINE": "1",
         "SATURN_TEST_STEP_SLEEP": "0.25",
         "SATURN_TEST_CHECKPOINT_EVERY": "4",
-    }  # (node-death: 6 s trials)
+        "SATURN_TEST_EPOCHS": "4",
+    }  # (node-death: 4 s trials of 16 steps, the node killed once the first checkpoint, at step 4, is in the study)
     # the trials' environment reaches the actors through Ray (they are not the driver's children)
     if address is None:
         cluster = Cluster(
@@ -196,7 +197,10 @@ def _sweep(
     else:
         ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": env})
         stack.callback(ray.shutdown)
-        worker_id = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == worker_ip)
+        alive = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == worker_ip]
+        if not alive:
+            sys.exit(f"the worker host's node ({worker_ip}) is not alive (its raylet is killed only in node-death)")
+        worker_id = alive[0]
         kill = lambda: os.kill(raylet_pid, signal.SIGKILL)  # noqa: E731
     tmp = tempfile.mkdtemp(prefix="saturn-ray-test-")
     if mode == "spread":
