@@ -21,6 +21,7 @@ cluster's folder, and every client finds them through ``SLURM_CONF`` (which name
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -34,7 +35,8 @@ from pathlib import Path
 NODES = 2
 CPUS_PER_NODE = 2
 PARTITION = "debug"
-SLURMD_TIMEOUT_S = 10  # a node whose slurmd is gone is DOWN after this (the SLURM pool's fault tests need it short)
+SLURMD_TIMEOUT_S = 5  # a node whose slurmd is gone is DOWN after this (the SLURM pool's fault tests need it short)
+_STARTS = itertools.count()  # (clusters this process started: a part of their namespaces' names)
 _TOOLS = ("munged", "slurmctld", "slurmd", "sinfo", "srun", "sbatch", "scontrol", "ip", "unshare")
 
 
@@ -95,6 +97,10 @@ def start(folder: str | os.PathLike, *, timeout: float = 60) -> SlurmCluster:
     Path(cluster.folder).mkdir(parents=True, exist_ok=True)
     if (Path(cluster.folder) / "cluster.json").exists():
         raise RuntimeError(f"{cluster.folder} already holds a cluster: stop it first (slurm_cluster.py stop FOLDER)")
+    taken = set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout.split())
+    for namespace in [cluster.namespace, *cluster.node_namespaces.values()]:
+        if namespace in taken:  # (before cluster.json: a failed start's stop must not delete another's namespaces)
+            raise RuntimeError(f"network namespace {namespace} exists: stop its cluster, or `ip netns del {namespace}`")
     (Path(cluster.folder) / "cluster.json").write_text(json.dumps(asdict(cluster), indent=1), encoding="utf-8")
     try:
         _make_network(cluster)
@@ -133,8 +139,9 @@ def load(folder: str | os.PathLike) -> SlurmCluster:
 
 # -- the folder and the network ----------------------------------------------------------------------------------------
 def _layout(folder: Path) -> SlurmCluster:
-    tag = os.getpid() % 100000
-    subnet = f"10.214.{tag % 250}"
+    pid = os.getpid() % 100000
+    tag = f"{pid}-{next(_STARTS)}"  # (one process may run two clusters at once: a test's own beside a shared one)
+    subnet = f"10.214.{pid % 250}"  # (private to the cluster's namespaces: another cluster may use it too)
     nodes = {f"node{i}": f"{subnet}.{i + 2}" for i in range(NODES)}
     conf = str(folder / "slurm.conf")
     return SlurmCluster(
@@ -153,11 +160,8 @@ def _layout(folder: Path) -> SlurmCluster:
 def _make_network(cluster: SlurmCluster) -> None:
     """A bridge in the controller's namespace and a veth pair per node, each end created in its namespace (nothing
     is ever made in the machine's own namespace)."""
-    taken = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout.split()
     ctl = cluster.namespace
     for namespace in [ctl, *cluster.node_namespaces.values()]:
-        if namespace in taken:
-            raise RuntimeError(f"network namespace {namespace} exists: stop its cluster, or `ip netns del {namespace}`")
         _ip("netns", "add", namespace)
         _ip("-n", namespace, "link", "set", "lo", "up")
     _ip("-n", ctl, "link", "add", "br0", "type", "bridge")
@@ -217,6 +221,7 @@ def _slurm_conf(cluster: SlurmCluster) -> str:
         "ReturnToService=2",  # (a node whose slurmd comes back is usable again)
         f"SlurmdTimeout={SLURMD_TIMEOUT_S}",
         "SlurmctldTimeout=10",
+        "MessageTimeout=5",  # (default 10: a lost slurmd's pings fail sooner, and it is DOWN sooner)
         "InactiveLimit=0",
         "KillWait=5",
         "MinJobAge=60",

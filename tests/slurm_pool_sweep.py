@@ -75,9 +75,10 @@ class WatchNodeStates:
 
 
 def slow_on_node1(trial) -> float:
-    """``sleepy``, long on node1 (45 s: past the time SLURM takes to call a node without its ``slurmd`` DOWN) and
-    short elsewhere (3 s). Its worker knows its node from ``srun``'s environment."""
-    os.environ["SATURN_TEST_SLEEPY_STEPS"] = "450" if os.environ.get("SLURMD_NODENAME") == "node1" else "30"
+    """``sleepy``, long on node1 (35 s: past the time SLURM takes to call a node without its ``slurmd`` DOWN, about
+    18 s on the test cluster, and the pool's next look) and short elsewhere (3 s). Its worker knows its node from
+    ``srun``'s environment."""
+    os.environ["SATURN_TEST_SLEEPY_STEPS"] = "350" if os.environ.get("SLURMD_NODENAME") == "node1" else "30"
     trial.set_user_attr("ran_on", os.environ.get("SLURMD_NODENAME"))
     return objectives.sleepy(trial)
 
@@ -137,7 +138,7 @@ def main(mode: str, out: str, run: str | None = None, partition: str = "debug", 
         else os.environ["SLURM_JOB_ID"]
     )
     result = {
-        # (node-death: the lost node's worker runs its trial to its end, 45 s after its start, then is refused)
+        # (node-death: the lost node's worker runs its trial to its end, 35 s after its start, then is refused)
         "left_behind": _left_behind(job, wait=20.0 if mode in ("spread", "outside") else 45.0),
         "seconds": time.time() - started,
         "driver_pid": os.getpid(),
