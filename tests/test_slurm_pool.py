@@ -81,9 +81,8 @@ def test_a_slurm_nodes_host_leases_its_devices_shared_with_its_sweeps_other_node
                 lease._leases.release()
 
 
-@pytest.fixture
-def cluster():
-    """A two-node SLURM cluster of its own (a test may kill a slurmd), stopped by its PIDs after."""
+def _a_cluster():
+    """A two-node SLURM cluster, stopped by its PIDs after."""
     require(os.geteuid() == 0, "root (network namespaces, SLURM's daemons)", fix="run the tests as root")
     missing = slurm_cluster.missing_tools()
     require(not missing, f"{', '.join(missing)} (SLURM, MUNGE, iproute2, util-linux)", fix="run .ci/install-slurm")
@@ -93,6 +92,32 @@ def cluster():
     finally:
         slurm_cluster.stop(folder)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+own_cluster = pytest.fixture(_a_cluster)  # (of one test only: it may damage it, as a killed slurmd does)
+_module_cluster = pytest.fixture(scope="module")(_a_cluster)
+
+
+@pytest.fixture
+def cluster(_module_cluster):
+    """The module's cluster, shared by the tests that leave it as they found it (one start, not one a test): each
+    finds it, and must leave it, with no job in it and both nodes idle; it fails, saying what it found, otherwise."""
+    _as_found(_module_cluster, "before this test (the test before left it so)")
+    yield _module_cluster
+    _as_found(_module_cluster, "after this test")
+
+
+def _as_found(cluster, when: str, wait: float = 30.0) -> None:
+    """No job in ``squeue`` and every node idle, within ``wait`` s (a job that just ended may still be COMPLETING)."""
+    deadline = time.monotonic() + wait
+    while True:
+        jobs = cluster.run("squeue", "--noheader", "--format=%i %j %T %N").stdout.strip()
+        states = cluster.states()
+        if not jobs and states == dict.fromkeys(cluster.nodes, "idle"):
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"the shared SLURM cluster is not as found {when}: jobs {jobs!r}, nodes {states}")
+        time.sleep(0.2)
 
 
 def _sweep_in_an_allocation(cluster, mode: str, tmp_path, extra: dict | None = None, **env: str) -> dict:
@@ -143,10 +168,11 @@ def test_eight_trials_run_on_both_nodes_of_an_allocation_each_ddp_trial_inside_o
 
 
 @pytest.mark.launch
-def test_a_node_whose_slurmd_is_killed_mid_trial_loses_it_and_the_trial_runs_again_on_the_other(cluster, tmp_path):
+def test_a_node_whose_slurmd_is_killed_mid_trial_loses_it_and_the_trial_runs_again_on_the_other(own_cluster, tmp_path):
     """node1's ``slurmd`` is killed (``kill -9``) while a trial runs there: once SLURM calls the node lost, the
     trial ends FAIL with the reason naming the node, its params run again on node0 and COMPLETE, and so does every
     other trial; nothing stays RUNNING; the lost node's host and worker, still running there, end once refused."""
+    cluster = own_cluster
     result = _sweep_in_an_allocation(cluster, "node-death", tmp_path, {"run": os.path.join(cluster.folder, "run")})
     trials = {t["number"]: t for t in result["trials"]}
     victim = trials[result["victim"]]
@@ -389,7 +415,7 @@ def test_a_ctrl_c_while_slurm_queues_the_pools_job_cancels_it(cluster):
 
 
 @pytest.mark.launch
-def test_a_sweep_in_a_batch_job_signalled_before_its_time_limit_queues_its_running_trials_again(cluster, tmp_path):
+def test_a_sweep_in_a_batch_job_signalled_before_its_time_limit_queues_its_running_trials_again(own_cluster, tmp_path):
     """``sbatch --time=1 --signal=B:TERM@30`` of ``exec python script``, as clusters.md tells: 6 trials of 5 minutes
     on a device of each node; 30 s before the time limit SLURM sends the batch script (only) SIGTERM, and the sweep
     ends each running trial FAIL, "terminated", with its params WAITING again (``saturn:retry_of``) for the next
@@ -399,6 +425,9 @@ def test_a_sweep_in_a_batch_job_signalled_before_its_time_limit_queues_its_runni
     import optuna
     from optuna.trial import TrialState
 
+    # (a fresh cluster: slurmctld looks at time limits every 30 s from its start, and one that has run longer may
+    # send the job its signal at once, before any trial runs)
+    cluster = own_cluster
     storage = f"sqlite:///{tmp_path}/study.db"
     sweep = f"{sys.executable} {os.path.join(HERE, 'slurm_pool_sweep.py')} time-limit {tmp_path}/o.json"
     extra = json.dumps({"storage": storage})
