@@ -326,6 +326,28 @@ def test_a_job_slurm_cannot_start_is_waited_for_with_its_reason_then_cancelled_a
     assert _our_jobs(cluster) == ""
 
 
+def test_a_request_given_up_on_before_slurm_starts_its_job_cancels_the_job_itself(cluster):
+    """The request's own promise, whoever calls it (the executor's construction closes its pool on an error too,
+    which hides a request that leaves its job behind; a second sweep's request has no such net): ``start`` that
+    times out while SLURM queues the job cancels it before raising. ``salloc`` runs in a session of its own, so a
+    job left queued would outlive the process that asked for it."""
+    script = (
+        "from optuna_saturn.pools.slurm_request import SlurmRequest\n"
+        "try:\n"
+        "    SlurmRequest(nodes=3, start_timeout=2).start()\n"
+        "except TimeoutError as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run(
+        cluster.command(sys.executable, "-c", script), capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0 and "it is cancelled" in done.stdout, (done.stdout, done.stderr[-3000:])
+    left = _our_jobs(cluster)
+    if left:  # (cancelled here, so that the module's next test finds the cluster as it was)
+        cluster.run("scancel", "--name=optuna-saturn")
+    assert left == "", f"the job was left queued: {left}"
+
+
 def test_pool_options_of_the_command_line_make_the_runners_pool_or_name_what_it_takes():
     from optuna_saturn.cli.app import pool_arguments
     from optuna_saturn.pools.options import pool_from_options

@@ -149,7 +149,11 @@ MUTATIONS: list[Mutation] = [
         path="optuna_saturn/pools/slurm_request.py",
         old="        except BaseException:\n            self.end()\n            raise\n",
         new="        except BaseException:\n            raise\n",
-        tests=(_NO_START, f"{_TESTS}::test_a_ctrl_c_while_slurm_queues_the_pools_job_cancels_it"),
+        tests=(
+            _NO_START,
+            f"{_TESTS}::test_a_ctrl_c_while_slurm_queues_the_pools_job_cancels_it",
+            f"{_TESTS}::test_a_request_given_up_on_before_slurm_starts_its_job_cancels_the_job_itself",
+        ),
     ),
     Mutation(
         name="cli-pool-options-dropped",
