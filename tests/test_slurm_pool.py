@@ -111,13 +111,23 @@ def _as_found(cluster, when: str, wait: float = 30.0) -> None:
     """No job in ``squeue`` and every node idle, within ``wait`` s (a job that just ended may still be COMPLETING)."""
     deadline = time.monotonic() + wait
     while True:
-        jobs = cluster.run("squeue", "--noheader", "--format=%i %j %T %N").stdout.strip()
+        jobs = _squeue(cluster, "--format=%i %j %T %N")
         states = cluster.states()
         if not jobs and states == dict.fromkeys(cluster.nodes, "idle"):
             return
         if time.monotonic() > deadline:
+            left = [line.split()[0] for line in jobs.splitlines()]
+            if left:  # (cancelled, so that only this test fails, not every later one on the cluster)
+                cluster.run("scancel", "--full", "--quiet", *left)
             pytest.fail(f"the shared SLURM cluster is not as found {when}: jobs {jobs!r}, nodes {states}")
         time.sleep(0.2)
+
+
+def _squeue(cluster, *options: str) -> str:
+    """``squeue``'s lines (an empty answer is no job only where squeue itself did not fail)."""
+    done = cluster.run("squeue", "--noheader", *options)
+    assert done.returncode == 0, f"squeue failed: {done.stderr}"
+    return done.stdout.strip()
 
 
 def _sweep_in_an_allocation(cluster, mode: str, tmp_path, extra: dict | None = None, **env: str) -> dict:
@@ -236,7 +246,7 @@ def test_slurms_resize_script_is_applied_as_a_shell_would(tmp_path, monkeypatch)
 
 def _our_jobs(cluster) -> str:
     """``squeue``'s lines of the jobs the pool asks for (named optuna-saturn), running or queued."""
-    return cluster.run("squeue", "--noheader", "--name=optuna-saturn", "--format=%i %T %N").stdout.strip()
+    return _squeue(cluster, "--name=optuna-saturn", "--format=%i %T %N")
 
 
 @pytest.mark.launch
@@ -326,6 +336,7 @@ def test_a_job_slurm_cannot_start_is_waited_for_with_its_reason_then_cancelled_a
     assert _our_jobs(cluster) == ""
 
 
+@pytest.mark.launch
 def test_a_request_given_up_on_before_slurm_starts_its_job_cancels_the_job_itself(cluster):
     """The request's own promise, whoever calls it (the executor's construction closes its pool on an error too,
     which hides a request that leaves its job behind; a second sweep's request has no such net): ``start`` that
