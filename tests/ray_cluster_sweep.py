@@ -170,10 +170,9 @@ def _sweep(
 ) -> None:
     started = time.time()
     per_node = 2 if mode == "spread" else 1
-    steps = "30"  # 3 s a trial (node-joins, release)
     # spread: 6 s trials, so that both nodes' workers are up before the trials are all done
     env = {
-        "SATURN_TEST_SLEEPY_STEPS": steps,
+        "SATURN_TEST_SLEEPY_STEPS": "30",  # (node-joins, release: 3 s a trial)
         "SATURN_TEST_EPOCH_SLEEP": "0.4",
         "HF_HUB_OFFLINE": "1",
         "SATURN_TEST_STEP_SLEEP": "0.25",

@@ -32,18 +32,18 @@ def uninterrupted(tmp_path_factory):
     option they resume under it ends where this run ends (ddp x2, fsdp x4, zero2 x2 and x4, zero3 x4 run
     uninterrupted differ from it by under 4e-7, against the 1e-4 the tests allow). Called with the test's
     ``saturn_options``: it runs in a loopback-only network namespace as every launch does."""
-    runs: dict[str, optuna.trial.FrozenTrial] = {}
+    done: list[optuna.trial.FrozenTrial] = []  # (run by the first test that asks, with its options)
 
     def run(saturn_options) -> optuna.trial.FrozenTrial:
-        if "single" not in runs:
+        if not done:
             study = optuna.create_study()
             study.enqueue_trial(PARAMS)
             options = {**saturn_options, "log_dir": tmp_path_factory.mktemp("reference")}
             SaturnExecutor(devices=1, strategies=["single"], **options).optimize(
                 study, objectives.resumable, n_trials=1
             )
-            runs["single"] = study.trials[0]
-        return runs["single"]
+            done.append(study.trials[0])
+        return done[0]
 
     return run
 

@@ -244,6 +244,15 @@ def test_slurms_resize_script_is_applied_as_a_shell_would(tmp_path, monkeypatch)
     assert other == {"SLURM_JOB_ID": "8", "SLURM_NNODES": "2"}
 
 
+def _printing_what_it_raises(cluster, imports: str, call: str, raised: type[Exception]) -> subprocess.CompletedProcess:
+    """``call`` (after ``imports``) in a Python of the controller's namespace, as a user's script runs it there; what
+    it raises of ``raised`` it prints, and exits 0."""
+    script = f"{imports}\ntry:\n    {call}\nexcept {raised.__name__} as exc:\n    print(exc)\n"
+    return subprocess.run(
+        cluster.command(sys.executable, "-c", script), capture_output=True, text=True, timeout=120, check=False
+    )
+
+
 def _our_jobs(cluster) -> str:
     """``squeue``'s lines of the jobs the pool asks for (named optuna-saturn), running or queued."""
     return _squeue(cluster, "--name=optuna-saturn", "--format=%i %T %N")
@@ -274,16 +283,11 @@ def test_outside_an_allocation_the_slurm_pool_asks_slurm_for_two_nodes_and_ends_
 def test_a_partition_slurm_does_not_know_is_refused_in_slurms_words_and_nothing_stays_queued(cluster):
     """``SlurmPool(nodes=2, partition="nope")``: the executor's constructor raises with SLURM's own message and the
     fix, and no job of the pool's is left in ``squeue``."""
-    script = (
-        "from optuna_saturn import SaturnExecutor\n"
-        "from optuna_saturn.pools import SlurmPool\n"
-        "try:\n"
-        "    SaturnExecutor(devices=1, pool=SlurmPool(nodes=2, partition='nope', time='5:00'), dashboard=False)\n"
-        "except RuntimeError as exc:\n"
-        "    print(exc)\n"
-    )
-    done = subprocess.run(
-        cluster.command(sys.executable, "-c", script), capture_output=True, text=True, timeout=120, check=False
+    done = _printing_what_it_raises(
+        cluster,
+        "from optuna_saturn import SaturnExecutor\nfrom optuna_saturn.pools import SlurmPool",
+        "SaturnExecutor(devices=1, pool=SlurmPool(nodes=2, partition='nope', time='5:00'), dashboard=False)",
+        RuntimeError,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "SLURM did not start the pool's job (salloc --nodes=2" in done.stdout, done.stdout
@@ -316,17 +320,12 @@ def test_a_job_slurm_cannot_start_is_waited_for_with_its_reason_then_cancelled_a
     """3 nodes of a 2-node partition: SLURM queues the job and never starts it; the pool says why it waits
     (``squeue``'s state and reason), and at ``start_timeout`` raises naming both and cancels it: nothing stays
     queued."""
-    script = (
-        "from optuna_saturn import SaturnExecutor\n"
-        "from optuna_saturn.pools import SlurmPool, slurm_request\n"
-        "slurm_request.PROGRESS_SECONDS = 1.0\n"
-        "try:\n"
-        "    SaturnExecutor(devices=1, pool=SlurmPool(nodes=3, start_timeout=4), dashboard=False)\n"
-        "except TimeoutError as exc:\n"
-        "    print(exc)\n"
-    )
-    done = subprocess.run(
-        cluster.command(sys.executable, "-c", script), capture_output=True, text=True, timeout=120, check=False
+    done = _printing_what_it_raises(
+        cluster,
+        "from optuna_saturn import SaturnExecutor\nfrom optuna_saturn.pools import SlurmPool, slurm_request\n"
+        "slurm_request.PROGRESS_SECONDS = 1.0",
+        "SaturnExecutor(devices=1, pool=SlurmPool(nodes=3, start_timeout=4), dashboard=False)",
+        TimeoutError,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "waiting for SLURM to start job" in done.stderr and ": PENDING (PartitionNodeLimit)" in done.stderr, (
@@ -342,15 +341,11 @@ def test_a_request_given_up_on_before_slurm_starts_its_job_cancels_the_job_itsel
     which hides a request that leaves its job behind; a second sweep's request has no such net): ``start`` that
     times out while SLURM queues the job cancels it before raising. ``salloc`` runs in a session of its own, so a
     job left queued would outlive the process that asked for it."""
-    script = (
-        "from optuna_saturn.pools.slurm_request import SlurmRequest\n"
-        "try:\n"
-        "    SlurmRequest(nodes=3, start_timeout=2).start()\n"
-        "except TimeoutError as exc:\n"
-        "    print(exc)\n"
-    )
-    done = subprocess.run(
-        cluster.command(sys.executable, "-c", script), capture_output=True, text=True, timeout=60, check=False
+    done = _printing_what_it_raises(
+        cluster,
+        "from optuna_saturn.pools.slurm_request import SlurmRequest",
+        "SlurmRequest(nodes=3, start_timeout=2).start()",
+        TimeoutError,
     )
     assert done.returncode == 0 and "it is cancelled" in done.stdout, (done.stdout, done.stderr[-3000:])
     left = _our_jobs(cluster)
